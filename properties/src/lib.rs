@@ -1,0 +1,9 @@
+//! `logprobe-properties`: the tolerance model, proptest strategies, the
+//! property checks, the dump verifier, and the `logprobe` binary.
+#![warn(missing_docs)]
+
+pub mod dump;
+pub mod mutants;
+pub mod strategies;
+pub mod tolerance;
+pub mod verify;

@@ -1,0 +1,1 @@
+//! (module being written)

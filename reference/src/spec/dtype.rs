@@ -1,0 +1,274 @@
+//! Floating-point formats of logits and outputs, and exact conversions.
+
+use half::{bf16, f16};
+
+/// A floating-point format of logits, outputs or accumulation.
+///
+/// All four are IEEE-754 binary formats with subnormals: `F64` (binary64),
+/// `F32` (binary32), `Bf16` (bfloat16: 8 significant bits, f32's exponent
+/// range) and `F16` (binary16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dtype {
+    /// binary64: 53 significant bits.
+    F64,
+    /// binary32: 24 significant bits.
+    F32,
+    /// bfloat16: 8 significant bits, exponent range of f32.
+    Bf16,
+    /// binary16: 11 significant bits, largest finite 65504.
+    F16,
+}
+
+impl Dtype {
+    /// Every dtype, widest first.
+    pub const ALL: [Dtype; 4] = [Dtype::F64, Dtype::F32, Dtype::Bf16, Dtype::F16];
+
+    /// Significant bits `p`, the implicit bit included.
+    pub const fn precision(self) -> u32 {
+        match self {
+            Dtype::F64 => 53,
+            Dtype::F32 => 24,
+            Dtype::Bf16 => 8,
+            Dtype::F16 => 11,
+        }
+    }
+
+    /// Exponent `e` of the smallest normal number `2^e`.
+    pub const fn min_normal_exp(self) -> i32 {
+        match self {
+            Dtype::F64 => -1022,
+            Dtype::F32 | Dtype::Bf16 => -126,
+            Dtype::F16 => -14,
+        }
+    }
+
+    /// Exponent `e` of the largest power of two `2^e` that is finite.
+    pub const fn max_exp(self) -> i32 {
+        match self {
+            Dtype::F64 => 1023,
+            Dtype::F32 | Dtype::Bf16 => 127,
+            Dtype::F16 => 15,
+        }
+    }
+
+    /// Exponent of the smallest subnormal (the quantum at the bottom of the
+    /// range): `min_normal_exp - (precision - 1)`.
+    pub const fn min_subnormal_exp(self) -> i32 {
+        self.min_normal_exp() - (self.precision() as i32 - 1)
+    }
+
+    /// Unit roundoff `u = 2^-p` (round to nearest).
+    pub fn unit_roundoff(self) -> f64 {
+        pow2(-(self.precision() as i32))
+    }
+
+    /// Largest finite value, as an f64 (exact).
+    pub fn max_finite(self) -> f64 {
+        (2.0 - pow2(1 - self.precision() as i32)) * pow2(self.max_exp())
+    }
+
+    /// The accumulation dtype the design prescribes for this input dtype:
+    /// f64 for f64, f32 otherwise.
+    pub const fn accumulation(self) -> Dtype {
+        match self {
+            Dtype::F64 => Dtype::F64,
+            _ => Dtype::F32,
+        }
+    }
+
+    /// Size of one element in bytes.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            Dtype::F64 => 8,
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+
+    /// Lower-case name as in safetensors and PyTorch (`f64`, `f32`, `bf16`, `f16`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dtype::F64 => "f64",
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+
+    /// The ulp of this dtype at magnitude `|x|`: the spacing `2^(e - p + 1)`
+    /// of the binade `[2^e, 2^(e+1))` holding `|x|`, never below the
+    /// subnormal quantum. For `|x|` beyond the largest finite value the ulp
+    /// of the top binade. Units: those of `x`. Exact (a power of two).
+    pub fn ulp(self, x: f64) -> f64 {
+        let a = x.abs();
+        let q_min = self.min_subnormal_exp();
+        if !(a > 0.0) || a.is_nan() {
+            return pow2(q_min);
+        }
+        let e = if a.is_infinite() { self.max_exp() } else { exponent(a).min(self.max_exp()) };
+        pow2((e - self.precision() as i32 + 1).max(q_min))
+    }
+
+    /// Rounds `x` to the nearest value of this dtype (ties to even, overflow
+    /// to infinity, gradual underflow), returned as the exactly equal f64.
+    /// NaN stays NaN. Computed on the f64 bits, never through an
+    /// intermediate format, so there is no double rounding (`half`'s
+    /// `from_f64` is not used for this reason).
+    pub fn round_f64(self, x: f64) -> f64 {
+        if self == Dtype::F64 || x == 0.0 || !x.is_finite() {
+            return x;
+        }
+        let e = exponent(x.abs());
+        let q = (e - self.precision() as i32 + 1).max(self.min_subnormal_exp());
+        // x / 2^q and r * 2^q are exact: only powers of two, all within f64's range.
+        let r = (x * pow2(-q)).round_ties_even() * pow2(q);
+        if r.abs() > self.max_finite() {
+            r.signum() * f64::INFINITY
+        } else {
+            r
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `2^e` as an f64 for `-1074 <= e <= 1023`, exact.
+pub fn pow2(e: i32) -> f64 {
+    if e >= -1022 {
+        f64::from_bits(((e + 1023) as u64) << 52)
+    } else {
+        f64::from_bits(1u64 << (e + 1074))
+    }
+}
+
+/// `floor(log2 a)` for finite `a > 0`, subnormals included.
+fn exponent(a: f64) -> i32 {
+    let bits = a.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i32;
+    if biased == 0 {
+        let mant = bits & ((1u64 << 52) - 1);
+        -1074 + (63 - mant.leading_zeros() as i32)
+    } else {
+        biased - 1023
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f64 {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+/// An element type of logits or outputs: `f64`, `f32`, `bf16` or `f16`.
+/// Sealed: these four are the problem's dtypes.
+pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The dtype tag of this type.
+    const DTYPE: Dtype;
+    /// The exactly equal f64 (every value of every dtype is an f64).
+    fn to_f64(self) -> f64;
+    /// Widened to f32: exact for f32, bf16 and f16; rounds to nearest for f64.
+    fn to_f32(self) -> f32;
+    /// Rounds an f64 to this type, correctly (see [`Dtype::round_f64`]).
+    fn from_f64(x: f64) -> Self;
+}
+
+impl Element for f64 {
+    const DTYPE: Dtype = Dtype::F64;
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+}
+
+impl Element for bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+    fn to_f64(self) -> f64 {
+        self.to_f32() as f64
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f64(x: f64) -> Self {
+        // The rounded value is exact in bf16, so the narrowing below is exact.
+        bf16::from_f32(Dtype::Bf16.round_f64(x) as f32)
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: Dtype = Dtype::F16;
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f64(x: f64) -> Self {
+        f16::from_f64(Dtype::F16.round_f64(x))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_f64_matches_half_on_f32_values() {
+        // From f32, half's conversion is correctly rounded: compare on a sweep.
+        let mut x = 1.0e-9f32;
+        while x < 7.0e4 {
+            for s in [1.0f32, -1.0] {
+                let v = s * x;
+                assert_eq!(Dtype::Bf16.round_f64(v as f64), bf16::from_f32(v).to_f64(), "{v}");
+                assert_eq!(Dtype::F16.round_f64(v as f64), f16::from_f32(v).to_f64(), "{v}");
+            }
+            x *= 1.000_37;
+        }
+    }
+
+    #[test]
+    fn round_f64_has_no_double_rounding() {
+        // 1 + 2^-8 + 2^-30 rounds up in bf16; via f32 it would tie to even (1).
+        let x = 1.0 + pow2(-8) + pow2(-30);
+        assert_eq!(Dtype::Bf16.round_f64(x), 1.0 + pow2(-7));
+        assert_eq!(Dtype::F16.round_f64(65520.0), f64::INFINITY);
+        assert_eq!(Dtype::F16.round_f64(65519.0), 65504.0);
+        assert_eq!(Dtype::F16.round_f64(pow2(-25)), 0.0);
+        assert_eq!(Dtype::F16.round_f64(pow2(-25) * 1.5), pow2(-24));
+    }
+
+    #[test]
+    fn ulp_of_each_dtype() {
+        assert_eq!(Dtype::F32.ulp(1.0), pow2(-23));
+        assert_eq!(Dtype::F32.ulp(1.5), pow2(-23));
+        assert_eq!(Dtype::Bf16.ulp(-3.0), pow2(-6));
+        assert_eq!(Dtype::F16.ulp(0.0), pow2(-24));
+        assert_eq!(Dtype::F16.ulp(65504.0), 32.0);
+        assert_eq!(Dtype::F64.ulp(pow2(-1074)), pow2(-1074));
+        assert_eq!(Dtype::F16.max_finite(), 65504.0);
+        assert_eq!(Dtype::Bf16.max_finite(), bf16::MAX.to_f64());
+    }
+}

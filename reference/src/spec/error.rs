@@ -1,0 +1,124 @@
+//! The typed errors of bad input, shared by the oracle, every kernel and the
+//! verifier.
+
+/// Bad input to a log-prob / entropy / top-k computation. Every variant names
+/// the tensor and, where one exists, the row and column.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    /// A logit is NaN or `+inf` inside the real vocabulary.
+    #[error("{tensor}[{row}, {col}] is {value}: NaN and +inf logits are bad input")]
+    NonFiniteLogit {
+        /// Name of the tensor (`logits`).
+        tensor: &'static str,
+        /// Row index.
+        row: usize,
+        /// Column index.
+        col: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// A target token outside `[0, vocab_size)` that is not `ignore_index`.
+    #[error("tokens[{row}] = {token} is outside [0, {vocab_size}) and is not ignore_index")]
+    TokenOutOfRange {
+        /// Row index.
+        row: usize,
+        /// The token.
+        token: i64,
+        /// The real vocabulary size.
+        vocab_size: usize,
+    },
+    /// A target token that the sampling mask disallows.
+    #[error("tokens[{row}] = {token} is masked out by sampling_mask[{row}, {token}]")]
+    TokenMasked {
+        /// Row index.
+        row: usize,
+        /// The token.
+        token: i64,
+    },
+    /// A target token whose logit is `-inf` (probability 0, log-prob `-inf`).
+    #[error("tokens[{row}] = {token} has logit -inf (log-prob -inf)")]
+    TokenNegInf {
+        /// Row index.
+        row: usize,
+        /// The token.
+        token: i64,
+    },
+    /// A top-k id outside `[0, vocab_size)`.
+    #[error("topk_ids[{row}, {k}] = {id} is outside [0, {vocab_size})")]
+    TopkIdOutOfRange {
+        /// Row index.
+        row: usize,
+        /// Position in the row's top-k list.
+        k: usize,
+        /// The id.
+        id: i64,
+        /// The real vocabulary size.
+        vocab_size: usize,
+    },
+    /// A row in which no allowed logit is finite (all masked out or `-inf`);
+    /// `entropy_over` names which logits: `masked` or `unmasked` ones.
+    #[error("row {row} of {tensor} has no allowed finite logit ({which})")]
+    NoFiniteLogit {
+        /// Name of the tensor (`logits`).
+        tensor: &'static str,
+        /// Row index.
+        row: usize,
+        /// `"allowed by sampling_mask"` or `"unmasked, for the entropy"`.
+        which: &'static str,
+    },
+    /// `chunk_size == 0`.
+    #[error("chunk_size must be at least 1, got 0")]
+    ZeroChunkSize,
+    /// A temperature that is not finite and positive (after rounding to the
+    /// accumulation dtype).
+    #[error("temperature must be finite and > 0, got {temperature}")]
+    BadTemperature {
+        /// The temperature as given.
+        temperature: f64,
+    },
+    /// A tensor of the wrong shape.
+    #[error("{tensor} has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        /// Name of the tensor.
+        tensor: &'static str,
+        /// Expected shape (`usize::MAX` marks a free dimension).
+        expected: Vec<usize>,
+        /// Actual shape.
+        found: Vec<usize>,
+    },
+    /// `vocab_size` larger than the number of columns, or zero with columns
+    /// present.
+    #[error("vocab_size = {vocab_size} does not fit logits with {columns} columns")]
+    BadVocabSize {
+        /// The declared real vocabulary size.
+        vocab_size: usize,
+        /// Columns of `logits`.
+        columns: usize,
+    },
+    /// An output was asked for without the tensor it needs (log-probs
+    /// without `tokens`, say).
+    #[error("{output} needs tensor {tensor}, which is missing")]
+    MissingTensor {
+        /// The output.
+        output: &'static str,
+        /// The missing tensor.
+        tensor: &'static str,
+    },
+    /// A cotangent was given for an output that is not computed, or
+    /// gradients were asked for without any cotangent.
+    #[error("gradient requested without a cotangent: {what}")]
+    NoCotangent {
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A cotangent that is NaN or infinite.
+    #[error("{tensor}[{index}] is {value}: cotangents must be finite")]
+    NonFiniteCotangent {
+        /// Name of the cotangent tensor.
+        tensor: &'static str,
+        /// Flat index.
+        index: usize,
+        /// The offending value.
+        value: f64,
+    },
+}

@@ -1,0 +1,460 @@
+//! The problem: input views, options, cotangents, and their validation.
+//!
+//! The math these inputs define is DESIGN.md's "The math" section; the
+//! oracle's module docs restate it with sources.
+
+use half::{bf16, f16};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
+
+use super::dtype::{Dtype, Element};
+use super::error::SpecError;
+
+/// PyTorch's default `ignore_index`.
+pub const DEFAULT_IGNORE_INDEX: i64 = -100;
+
+/// Logits `[N, V_total]` in one of the four dtypes, borrowed. Only the first
+/// `vocab_size` columns are real vocabulary; the rest are padding.
+#[derive(Clone, Copy, Debug)]
+pub enum Logits<'a> {
+    /// binary64 logits.
+    F64(ArrayView2<'a, f64>),
+    /// binary32 logits.
+    F32(ArrayView2<'a, f32>),
+    /// bfloat16 logits.
+    Bf16(ArrayView2<'a, bf16>),
+    /// binary16 logits.
+    F16(ArrayView2<'a, f16>),
+}
+
+/// Mutable logits `[N, V_total]`, for the in-place backward.
+#[derive(Debug)]
+pub enum LogitsMut<'a> {
+    /// binary64 logits.
+    F64(ArrayViewMut2<'a, f64>),
+    /// binary32 logits.
+    F32(ArrayViewMut2<'a, f32>),
+    /// bfloat16 logits.
+    Bf16(ArrayViewMut2<'a, bf16>),
+    /// binary16 logits.
+    F16(ArrayViewMut2<'a, f16>),
+}
+
+/// Dispatches `$body` over the element type of a [`Logits`]: `$v` is bound to
+/// the typed `ArrayView2<T>`.
+#[macro_export]
+macro_rules! with_logits {
+    ($logits:expr, $v:ident => $body:expr) => {
+        match $logits {
+            $crate::spec::Logits::F64($v) => $body,
+            $crate::spec::Logits::F32($v) => $body,
+            $crate::spec::Logits::Bf16($v) => $body,
+            $crate::spec::Logits::F16($v) => $body,
+        }
+    };
+}
+
+impl<'a> Logits<'a> {
+    /// The dtype of the logits.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            Logits::F64(_) => Dtype::F64,
+            Logits::F32(_) => Dtype::F32,
+            Logits::Bf16(_) => Dtype::Bf16,
+            Logits::F16(_) => Dtype::F16,
+        }
+    }
+
+    /// `(N, V_total)`.
+    pub fn dim(&self) -> (usize, usize) {
+        with_logits!(self, v => v.dim())
+    }
+
+    /// Element `[row, col]` as the exactly equal f64. Panics if out of bounds
+    /// (indices come from validated shapes).
+    pub fn get_f64(&self, row: usize, col: usize) -> f64 {
+        with_logits!(self, v => v[[row, col]].to_f64())
+    }
+
+    /// Row `row` converted exactly to f64 (`[V_total]`).
+    pub fn row_f64(&self, row: usize) -> Vec<f64> {
+        with_logits!(self, v => v.row(row).iter().map(|x| x.to_f64()).collect())
+    }
+
+    /// Rows `range` as a view of the same dtype.
+    pub fn slice_rows(&self, range: std::ops::Range<usize>) -> Logits<'a> {
+        use ndarray::s;
+        match *self {
+            Logits::F64(v) => Logits::F64(v.slice_move(s![range, ..])),
+            Logits::F32(v) => Logits::F32(v.slice_move(s![range, ..])),
+            Logits::Bf16(v) => Logits::Bf16(v.slice_move(s![range, ..])),
+            Logits::F16(v) => Logits::F16(v.slice_move(s![range, ..])),
+        }
+    }
+
+    /// Columns `range` as a view of the same dtype (a vocabulary shard).
+    pub fn slice_cols(&self, range: std::ops::Range<usize>) -> Logits<'a> {
+        use ndarray::s;
+        match *self {
+            Logits::F64(v) => Logits::F64(v.slice_move(s![.., range])),
+            Logits::F32(v) => Logits::F32(v.slice_move(s![.., range])),
+            Logits::Bf16(v) => Logits::Bf16(v.slice_move(s![.., range])),
+            Logits::F16(v) => Logits::F16(v.slice_move(s![.., range])),
+        }
+    }
+}
+
+impl<'a> LogitsMut<'a> {
+    /// A read-only view of the same buffer.
+    pub fn view(&self) -> Logits<'_> {
+        match self {
+            LogitsMut::F64(v) => Logits::F64(v.view()),
+            LogitsMut::F32(v) => Logits::F32(v.view()),
+            LogitsMut::Bf16(v) => Logits::Bf16(v.view()),
+            LogitsMut::F16(v) => Logits::F16(v.view()),
+        }
+    }
+}
+
+/// How the temperature division is materialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum TemperatureDtype {
+    /// `z_j = x_j / T` taken exactly (the division happens in the accumulation).
+    #[default]
+    Accumulation,
+    /// `z_j = round_input(x_j / T)`: the caller materialised z in the input
+    /// dtype (PyTorch's `bf16_logits.div_(T)`), so that rounded z is the input.
+    Input,
+}
+
+/// Which logits the entropy is taken over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum EntropyLogits {
+    /// Entropy of softmax(z), the sampling mask ignored (on-policy RL code).
+    #[default]
+    Unmasked,
+    /// Entropy of softmax(z'), disallowed entries at `-inf`.
+    Masked,
+}
+
+/// Options of the computation (DESIGN.md, "The math").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Options {
+    /// Temperature `T > 0`; rounded to the accumulation dtype (f32 for
+    /// f32/bf16/f16 logits, f64 for f64) before use, as PyTorch does with a
+    /// Python float. Default 1.
+    pub temperature: f64,
+    /// How `z = x / T` is materialised. Default [`TemperatureDtype::Accumulation`].
+    pub temperature_dtype: TemperatureDtype,
+    /// Real vocabulary size; columns at or past it are padding (ignored,
+    /// gradient 0). `None` = all columns.
+    pub vocab_size: Option<usize>,
+    /// Rows whose token equals this have no log-prob to check and a zero
+    /// log-prob cotangent. Default -100.
+    pub ignore_index: i64,
+    /// Whether to compute the entropy, and over which logits. Default
+    /// `Some(Unmasked)`.
+    pub entropy: Option<EntropyLogits>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            temperature: 1.0,
+            temperature_dtype: TemperatureDtype::Accumulation,
+            vocab_size: None,
+            ignore_index: DEFAULT_IGNORE_INDEX,
+            entropy: Some(EntropyLogits::Unmasked),
+        }
+    }
+}
+
+impl Options {
+    /// The temperature as the computation uses it: rounded to `acc` (f32 or
+    /// f64), as an exact f64.
+    ///
+    /// # Errors
+    /// [`SpecError::BadTemperature`] unless the rounded value is finite and > 0.
+    pub fn effective_temperature(&self, acc: Dtype) -> Result<f64, SpecError> {
+        let t = acc.round_f64(self.temperature);
+        if t.is_finite() && t > 0.0 {
+            Ok(t)
+        } else {
+            Err(SpecError::BadTemperature { temperature: self.temperature })
+        }
+    }
+}
+
+/// One log-prob / entropy / top-k problem over `N` rows.
+///
+/// Shapes: `logits [N, V_total]`; `tokens [N]`; `sampling_mask [N, V_total]`
+/// (`true` = allowed); `topk_ids [N, K]`. Log-probs are computed when
+/// `tokens` is present, top-k log-probs when `topk_ids` is, the entropy when
+/// `options.entropy` is `Some`.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem<'a> {
+    /// Logits `[N, V_total]`.
+    pub logits: Logits<'a>,
+    /// Target token per row `[N]`, or `ignore_index`.
+    pub tokens: Option<ArrayView1<'a, i64>>,
+    /// Allowed set `[N, V_total]`; `None` = everything allowed.
+    pub sampling_mask: Option<ArrayView2<'a, bool>>,
+    /// Ids `[N, K]` whose log-probs to compute.
+    pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// Options.
+    pub options: Options,
+}
+
+/// Upstream cotangents (VJP inputs), all f64 (every f32/bf16/f16 value is
+/// exact in f64). Absent = zero.
+///
+/// Shapes: `grad_log_probs [N]`, `grad_entropy [N]`, `grad_topk_log_probs [N, K]`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cotangents<'a> {
+    /// Cotangent of `log_probs`.
+    pub grad_log_probs: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `entropy`.
+    pub grad_entropy: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `topk_log_probs`.
+    pub grad_topk_log_probs: Option<ArrayView2<'a, f64>>,
+}
+
+/// Facts established by [`Problem::validate_shapes`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Shape {
+    /// Rows `N`.
+    pub n: usize,
+    /// Real vocabulary size `V` (<= `v_total`).
+    pub vocab_size: usize,
+    /// Columns of `logits`, padding included.
+    pub v_total: usize,
+    /// Top-k width `K` (0 without `topk_ids`).
+    pub k: usize,
+    /// Dtype of the logits.
+    pub dtype: Dtype,
+    /// Temperature rounded to the accumulation dtype.
+    pub temperature: f64,
+}
+
+impl<'a> Problem<'a> {
+    /// A problem over `logits` with default options and no tokens, mask or ids.
+    pub fn new(logits: Logits<'a>) -> Self {
+        Problem { logits, tokens: None, sampling_mask: None, topk_ids: None, options: Options::default() }
+    }
+
+    /// Checks shapes, `vocab_size` and temperature; O(1) in N and V.
+    ///
+    /// # Errors
+    /// [`SpecError::ShapeMismatch`], [`SpecError::BadVocabSize`],
+    /// [`SpecError::BadTemperature`].
+    pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
+        let (n, v_total) = self.logits.dim();
+        let dtype = self.logits.dtype();
+        let temperature = self.options.effective_temperature(dtype.accumulation())?;
+        let vocab_size = self.options.vocab_size.unwrap_or(v_total);
+        if vocab_size > v_total {
+            return Err(SpecError::BadVocabSize { vocab_size, columns: v_total });
+        }
+        if let Some(t) = self.tokens {
+            if t.len() != n {
+                return Err(shape_err("tokens", vec![n], t.shape()));
+            }
+        }
+        if let Some(m) = self.sampling_mask {
+            if m.dim() != (n, v_total) {
+                return Err(shape_err("sampling_mask", vec![n, v_total], m.shape()));
+            }
+        }
+        let mut k = 0;
+        if let Some(ids) = self.topk_ids {
+            if ids.nrows() != n {
+                return Err(shape_err("topk_ids", vec![n, usize::MAX], ids.shape()));
+            }
+            k = ids.ncols();
+        }
+        Ok(Shape { n, vocab_size, v_total, k, dtype, temperature })
+    }
+
+    /// Checks `cotangents` against this problem's shapes and outputs.
+    ///
+    /// # Errors
+    /// [`SpecError::ShapeMismatch`], [`SpecError::NoCotangent`] (none given,
+    /// or one for an output that is not computed), [`SpecError::MissingTensor`],
+    /// [`SpecError::NonFiniteCotangent`].
+    pub fn validate_cotangents(&self, shape: &Shape, cot: &Cotangents<'_>) -> Result<(), SpecError> {
+        if cot.grad_log_probs.is_none() && cot.grad_entropy.is_none() && cot.grad_topk_log_probs.is_none() {
+            return Err(SpecError::NoCotangent { what: "no cotangent of log_probs, entropy or topk_log_probs given" });
+        }
+        if let Some(g) = cot.grad_log_probs {
+            if self.tokens.is_none() {
+                return Err(SpecError::MissingTensor { output: "grad_log_probs", tensor: "tokens" });
+            }
+            if g.len() != shape.n {
+                return Err(shape_err("grad_log_probs", vec![shape.n], g.shape()));
+            }
+            check_finite("grad_log_probs", g.iter())?;
+        }
+        if let Some(h) = cot.grad_entropy {
+            if self.options.entropy.is_none() {
+                return Err(SpecError::NoCotangent { what: "grad_entropy given but options.entropy is None" });
+            }
+            if h.len() != shape.n {
+                return Err(shape_err("grad_entropy", vec![shape.n], h.shape()));
+            }
+            check_finite("grad_entropy", h.iter())?;
+        }
+        if let Some(gk) = cot.grad_topk_log_probs {
+            if self.topk_ids.is_none() {
+                return Err(SpecError::MissingTensor { output: "grad_topk_log_probs", tensor: "topk_ids" });
+            }
+            if gk.dim() != (shape.n, shape.k) {
+                return Err(shape_err("grad_topk_log_probs", vec![shape.n, shape.k], gk.shape()));
+            }
+            check_finite("grad_topk_log_probs", gk.iter())?;
+        }
+        Ok(())
+    }
+
+    /// Checks the values of row `row`: no NaN or `+inf` logit in the real
+    /// vocabulary, at least one allowed finite logit, a valid target, valid
+    /// top-k ids. O(V). Call after [`Problem::validate_shapes`].
+    ///
+    /// Note: with `TemperatureDtype::Input`, `round_input(x / T)` may
+    /// overflow; the oracle reports that as [`SpecError::NonFiniteLogit`].
+    ///
+    /// # Errors
+    /// [`SpecError::NonFiniteLogit`], [`SpecError::NoFiniteLogit`],
+    /// [`SpecError::TokenOutOfRange`], [`SpecError::TokenMasked`],
+    /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`].
+    pub fn validate_row(&self, shape: &Shape, row: usize) -> Result<(), SpecError> {
+        let v = shape.vocab_size;
+        let mask = self.sampling_mask.map(|m| m.index_axis_move(Axis(0), row));
+        let any_allowed_finite = with_logits!(self.logits, lv => {
+            let r = lv.row(row);
+            let mut any = false;
+            for j in 0..v {
+                let x = r[j].to_f64();
+                if x.is_nan() || x == f64::INFINITY {
+                    return Err(SpecError::NonFiniteLogit { tensor: "logits", row, col: j, value: x });
+                }
+                if x.is_finite() && mask.map_or(true, |m| m[j]) {
+                    any = true;
+                }
+            }
+            any
+        });
+        if !any_allowed_finite {
+            let which = if self.sampling_mask.is_some() { "allowed by sampling_mask" } else { "any" };
+            return Err(SpecError::NoFiniteLogit { tensor: "logits", row, which });
+        }
+        if let Some(tokens) = self.tokens {
+            let t = tokens[row];
+            if t != self.options.ignore_index {
+                if t < 0 || t as u64 >= v as u64 {
+                    return Err(SpecError::TokenOutOfRange { row, token: t, vocab_size: v });
+                }
+                let tu = t as usize;
+                if mask.is_some_and(|m| !m[tu]) {
+                    return Err(SpecError::TokenMasked { row, token: t });
+                }
+                if self.logits.get_f64(row, tu) == f64::NEG_INFINITY {
+                    return Err(SpecError::TokenNegInf { row, token: t });
+                }
+            }
+        }
+        if let Some(ids) = self.topk_ids {
+            for (k, &id) in ids.row(row).iter().enumerate() {
+                if id < 0 || id as u64 >= v as u64 {
+                    return Err(SpecError::TopkIdOutOfRange { row, k, id, vocab_size: v });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Problem::validate_shapes`] then [`Problem::validate_row`] on every
+    /// row, in row order (the first bad row is reported).
+    ///
+    /// # Errors
+    /// Those of the two functions.
+    pub fn validate(&self) -> Result<Shape, SpecError> {
+        let shape = self.validate_shapes()?;
+        for r in 0..shape.n {
+            self.validate_row(&shape, r)?;
+        }
+        Ok(shape)
+    }
+
+    /// Whether row `row`'s log-prob is wanted (tokens present and the token
+    /// is not `ignore_index`).
+    pub fn has_target(&self, row: usize) -> bool {
+        self.tokens.is_some_and(|t| t[row] != self.options.ignore_index)
+    }
+
+    /// Whether column `col` of row `row` is allowed by the sampling mask.
+    pub fn allowed(&self, row: usize, col: usize) -> bool {
+        self.sampling_mask.map_or(true, |m| m[[row, col]])
+    }
+}
+
+fn shape_err(tensor: &'static str, expected: Vec<usize>, found: &[usize]) -> SpecError {
+    SpecError::ShapeMismatch { tensor, expected, found: found.to_vec() }
+}
+
+fn check_finite<'b>(tensor: &'static str, it: impl Iterator<Item = &'b f64>) -> Result<(), SpecError> {
+    for (index, &value) in it.enumerate() {
+        if !value.is_finite() {
+            return Err(SpecError::NonFiniteCotangent { tensor, index, value });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{array, Array2};
+
+    #[test]
+    fn every_bad_row_gives_its_typed_error() {
+        let x = array![[0.0f32, 1.0, f32::NEG_INFINITY], [0.0, f32::NAN, 1.0]];
+        let mut p = Problem::new(Logits::F32(x.view()));
+        assert!(matches!(p.validate(), Err(SpecError::NonFiniteLogit { row: 1, col: 1, .. })));
+        p.options.vocab_size = Some(1);
+        assert!(p.validate().is_ok());
+        p.options.vocab_size = Some(4);
+        assert!(matches!(p.validate(), Err(SpecError::BadVocabSize { .. })));
+        p.options.vocab_size = Some(3);
+        let x = array![[0.0f32, 1.0, f32::NEG_INFINITY]];
+        p.logits = Logits::F32(x.view());
+        let t = array![2i64];
+        p.tokens = Some(t.view());
+        assert_eq!(p.validate(), Err(SpecError::TokenNegInf { row: 0, token: 2 }));
+        let t = array![3i64];
+        p.tokens = Some(t.view());
+        assert!(matches!(p.validate(), Err(SpecError::TokenOutOfRange { row: 0, token: 3, .. })));
+        let t = array![-100i64];
+        p.tokens = Some(t.view());
+        assert!(p.validate().is_ok());
+        let t = array![1i64];
+        p.tokens = Some(t.view());
+        let m = array![[true, false, true]];
+        p.sampling_mask = Some(m.view());
+        assert_eq!(p.validate(), Err(SpecError::TokenMasked { row: 0, token: 1 }));
+        let m = array![[false, false, true]];
+        p.tokens = None;
+        p.sampling_mask = Some(m.view());
+        assert!(matches!(p.validate(), Err(SpecError::NoFiniteLogit { row: 0, .. })));
+        p.sampling_mask = None;
+        p.options.temperature = 0.0;
+        assert!(matches!(p.validate(), Err(SpecError::BadTemperature { .. })));
+        p.options.temperature = 1e-50; // rounds to 0 in f32
+        assert!(matches!(p.validate(), Err(SpecError::BadTemperature { .. })));
+    }
+
+    #[test]
+    fn empty_problem_is_valid() {
+        let x = Array2::<f32>::zeros((0, 1 << 20));
+        let p = Problem::new(Logits::F32(x.view()));
+        assert_eq!(p.validate().unwrap().n, 0);
+    }
+}
