@@ -1,9 +1,80 @@
-//! The exact oracle (MPFR through `rug`). API SKELETON: the oracle helper
-//! fills in the bodies; signatures here are the contract other crates use.
+//! The exact oracle: MPFR (through `rug`) enclosures of logsumexp,
+//! log-probs, entropy, top-k log-probs and their VJP, correctly rounded to
+//! f64, f32, bf16 or f16.
+//!
+//! # The math (DESIGN.md, "The math")
+//!
+//! Per row, with the real vocabulary `j < V` (padded columns ignored,
+//! gradient exactly 0), temperature `T` rounded to the accumulation dtype
+//! ([`crate::spec::Options::effective_temperature`]), logits `v_j` taken
+//! exactly (`v = x`, or `v = z = round_input(x / T)`, correctly rounded once,
+//! with `temperature_dtype = Input`; then the divisor below is 1):
+//!
+//! - `d_j = (v_j - v_max) / T <= 0` over allowed finite entries (`-inf`
+//!   where masked or `-inf`), `v_max` their maximum, so the max term is
+//!   `e^0 = 1` and `m'' = 0`;
+//! - `s = sum_{j != argmax} e^{d_j}` (the sum without one argmax term),
+//!   `S = 1 + s`, `lse = v_max / T + ln_1p(s)`;
+//! - `log_prob = d_t - ln_1p(s)`, `topk_k = d_{id_k} - ln_1p(s)` (`-inf`
+//!   for a masked or `-inf` id);
+//! - entropy over `w` (unmasked logits by default, masked on request):
+//!   `e_j = (w_j - max w) / T`, `S_w = 1 + s_w`, `R = sum q_j |e_j| =
+//!   B / S_w` with `B = sum e^{e_j} |e_j|`, `entropy = ln_1p(s_w) + R`
+//!   (both terms `>= 0`, no cancellation);
+//! - VJP: `dx_j = ( g (1[j=t] - p_j) + sum_k G_k (1[j=id_k] - p_j) - h q_j
+//!   (e_j + R) ) / T` with `1 - p_t = sum_{k != t} e^{d_k} / S` and
+//!   `w_j - E_q[w] = e_j + R` (module `vjp`).
+//!
+//! # Enclosures (directed rounding)
+//!
+//! Every result is an interval `[lo, hi]` computed with MPFR's correctly
+//! rounded operations in directed rounding modes (lower ends toward
+//! `-inf`, upper ends toward `+inf`: MPFR manual, "Rounding Modes"; Fousse
+//! et al., "MPFR: A multiple-precision binary floating-point library with
+//! correct rounding", ACM TOMS 33(2), 2007). Per entry one MPFR `exp`: the
+//! lower end is `exp(d)` rounded down, the upper end its `next_up` (the
+//! value itself when MPFR's ternary says it is exact, as `exp(0) = 1`);
+//! when `d` is an interval (a non-power-of-two `T`, or a difference that
+//! needs more bits than the working precision) the upper end is widened by
+//! `exp(delta) <= 1 + 2 delta` instead of a second exp. Each `e^{d_j}` is
+//! reused for the entropy sums and the gradient. Sums accumulate in
+//! `prec + 64` bits.
+//!
+//! Terms with `e^{d_j} < 2^-K`, `K = prec + ceil(log2 V) + 2` (tested
+//! soundly in f64 before any MPFR work) are left out of the sums and their
+//! total bound (`n 2^-K`, `n K 2^-K` for `B`) is added to the upper ends:
+//! at an f32 offset of 1e30 the gaps of 1e22 would underflow MPFR's
+//! exponent range.
+//!
+//! # Ziv's loop and rounding
+//!
+//! Each result is decided when both ends of its enclosure round to the same
+//! value of the target dtype (A. Ziv, "Fast evaluation of elementary
+//! mathematical functions with correctly rounded last bit", ACM TOMS 17(3),
+//! 1991). Otherwise the row is redone at twice the precision, from
+//! `max(start_precision, 2 p_target + 8 rounded up to 64)` (64 bits for
+//! f32/bf16/f16 targets, 128 for f64) up to `max_precision`; exact results
+//! (point enclosures: ties, `exp(0) = 1`, exact zeros) are decided at once.
+//! At the cap results come back with `decided = false`. Rounding to a dtype
+//! is [`round_to_dtype`] (module `round`): precision 53/24/8/11 with an
+//! explicit minimum exponent (subnormals), overflow to `±inf`.
+//!
+//! Rows run in parallel (rayon), and long rows in fixed chunks of 8192
+//! entries, so the enclosures do not depend on the thread count.
+
+mod bounds;
+mod round;
+mod row;
+mod vjp;
+
+pub use bounds::Bounds;
+pub use round::{round_to_dtype, Rounder};
 
 use ndarray::Array2;
 
-use crate::spec::{Cotangents, Dtype, Problem, SpecError};
+use rayon::prelude::*;
+
+use crate::spec::{Cotangents, Dtype, EntropyLogits, Problem, Shape, SpecError};
 
 /// An outward f64 enclosure `[lo, hi]` of an exact real (`lo <= x <= hi`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -27,20 +98,6 @@ pub struct Exact {
     /// Whether both ends of the enclosure round to `rounded`. False only at
     /// the precision cap.
     pub decided: bool,
-}
-
-impl Exact {
-    /// Upper bound on `|candidate - exact|` (rounded up), over the whole
-    /// enclosure (judges use the far end). `inf` for NaN candidates; 0 when
-    /// candidate and exact are the same infinity.
-    pub fn error(&self, candidate: f64) -> f64 {
-        unimplemented!("oracle helper: {candidate}")
-    }
-
-    /// [`Exact::error`] in ulps of `dtype` at the exact value's magnitude.
-    pub fn error_ulps(&self, candidate: f64, dtype: Dtype) -> f64 {
-        unimplemented!("oracle helper: {candidate} {dtype}")
-    }
 }
 
 /// Row statistics for the tolerance model (DESIGN: "The tolerance model"),
@@ -99,33 +156,239 @@ pub struct Oracle {
 
 impl Default for Oracle {
     fn default() -> Self {
-        Oracle { start_precision: 64, max_precision: 4096 }
+        Oracle {
+            start_precision: 64,
+            max_precision: 4096,
+        }
     }
 }
 
 impl Oracle {
-    /// Exact forward results of `problem`, correctly rounded to `target`.
+    /// The precisions of the Ziv loop for `target`: from
+    /// `max(start_precision, 2 p_target + 8 rounded up to a multiple of 64)`
+    /// doubling up to `max_precision` (at least one step; bits).
+    pub fn precisions(&self, target: Dtype) -> Vec<u32> {
+        let want = (2 * target.precision() + 8).div_ceil(64) * 64;
+        let cap = self.max_precision.max(MIN_PREC);
+        let mut p = self.start_precision.max(want).max(MIN_PREC).min(cap);
+        let mut out = vec![p];
+        while p < cap {
+            p = (p.saturating_mul(2)).min(cap);
+            out.push(p);
+        }
+        out
+    }
+
+    /// Exact forward results of `problem`, correctly rounded to `target`:
+    /// `lse [N]`, `log_probs [N]` (with tokens), `entropy [N]` (when
+    /// `options.entropy` is `Some`), `topk_log_probs [N, K]` (with ids); all
+    /// in nats. Rows run in parallel.
     ///
     /// # Errors
-    /// The spec's validation errors.
-    pub fn forward(&self, problem: &Problem<'_>, target: Dtype) -> Result<OracleForward, SpecError> {
-        unimplemented!("oracle helper {problem:?} {target}")
+    /// The spec's validation errors ([`Problem::validate`]; the first bad
+    /// row in row order), and with `TemperatureDtype::Input` the errors of
+    /// `round_input(x / T)` overflowing ([`SpecError::NonFiniteLogit`] for
+    /// `+inf`, [`SpecError::TokenNegInf`], [`SpecError::NoFiniteLogit`]).
+    pub fn forward(
+        &self,
+        problem: &Problem<'_>,
+        target: Dtype,
+    ) -> Result<OracleForward, SpecError> {
+        let shape = problem.validate()?;
+        let rows: Vec<Result<RowForward, SpecError>> = (0..shape.n)
+            .into_par_iter()
+            .map(|r| self.forward_row(problem, &shape, r, target))
+            .collect();
+        let rows = first_error(rows)?;
+        let k = shape.k;
+        let mut topk = Vec::with_capacity(if problem.topk_ids.is_some() {
+            shape.n * k
+        } else {
+            0
+        });
+        let (mut lse, mut lp, mut ent) = (
+            Vec::with_capacity(shape.n),
+            Vec::with_capacity(shape.n),
+            Vec::with_capacity(shape.n),
+        );
+        for r in rows {
+            lse.push(r.lse);
+            lp.push(r.log_prob);
+            if let Some(e) = r.entropy {
+                ent.push(e);
+            }
+            topk.extend(r.topk);
+        }
+        Ok(OracleForward {
+            dtype: target,
+            lse,
+            log_probs: problem.tokens.map(|_| lp),
+            entropy: problem.options.entropy.map(|_| ent),
+            topk_log_probs: problem
+                .topk_ids
+                .map(|_| Array2::from_shape_vec((shape.n, k), topk).expect("N*K results")),
+        })
+    }
+
+    /// Forward results of row `row` alone (see [`Oracle::forward`]).
+    ///
+    /// # Errors
+    /// As [`Oracle::forward`], for that row; a row index past `N` is
+    /// [`SpecError::ShapeMismatch`] on tensor `row`.
+    pub fn forward_row_of(
+        &self,
+        problem: &Problem<'_>,
+        row: usize,
+        target: Dtype,
+    ) -> Result<RowForward, SpecError> {
+        let shape = problem.validate_shapes()?;
+        check_row(&shape, row)?;
+        problem.validate_row(&shape, row)?;
+        self.forward_row(problem, &shape, row, target)
+    }
+
+    fn forward_row(
+        &self,
+        problem: &Problem<'_>,
+        shape: &Shape,
+        r: usize,
+        target: Dtype,
+    ) -> Result<RowForward, SpecError> {
+        let row = row::prepare(problem, shape, r, problem.options.entropy)?;
+        let mut rounder = Rounder::new();
+        let precs = self.precisions(target);
+        let mut out = None;
+        for &prec in &precs {
+            let sums = row::pass(&row, prec, false, None);
+            let vals = row::values(&row, &sums, prec);
+            let rf = RowForward {
+                lse: rounder.exact(&vals.lse, target),
+                log_prob: vals.log_prob.map(|b| rounder.exact(&b, target)),
+                entropy: vals.entropy.map(|b| rounder.exact(&b, target)),
+                topk: vals.topk.iter().map(|b| rounder.exact(b, target)).collect(),
+                precision: prec,
+            };
+            let done = rf.decided();
+            out = Some(rf);
+            if done {
+                break;
+            }
+        }
+        Ok(out.expect("at least one precision"))
     }
 
     /// Exact VJP: grad logits `[N, V_total]` for `cotangents` (padded
-    /// columns exactly 0), correctly rounded to `target`.
+    /// columns exactly 0), correctly rounded to `target`. Units: nats per
+    /// logit unit. The log-prob cotangent of an `ignore_index` row is taken
+    /// as 0; a masked top-k id's cotangent is ignored (its log-prob is the
+    /// constant `-inf`); a live id whose logit is `-inf` gets `G_k / T` from
+    /// the formula (PyTorch's `log_softmax` backward does the same).
+    /// With `TemperatureDtype::Input` the rounding of `z = x / T` is taken
+    /// as the identity in the derivative (`dz/dx = 1/T`).
     ///
     /// # Errors
-    /// The spec's validation errors.
-    pub fn vjp(&self, problem: &Problem<'_>, cotangents: &Cotangents<'_>, target: Dtype) -> Result<Array2<Exact>, SpecError> {
-        unimplemented!("oracle helper {problem:?} {cotangents:?} {target}")
+    /// The spec's validation errors ([`Problem::validate_cotangents`],
+    /// [`Problem::validate`]) and those of [`Oracle::forward`].
+    pub fn vjp(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        target: Dtype,
+    ) -> Result<Array2<Exact>, SpecError> {
+        let shape = problem.validate_shapes()?;
+        problem.validate_cotangents(&shape, cotangents)?;
+        let shape = problem.validate()?;
+        let (n, vt, v) = (shape.n, shape.v_total, shape.vocab_size);
+        let precs = self.precisions(target);
+        let rows: Vec<Result<Vec<Exact>, SpecError>> = (0..n)
+            .into_par_iter()
+            .map(|r| {
+                let cot = vjp::RowCot {
+                    g: match (cotangents.grad_log_probs, problem.has_target(r)) {
+                        (Some(g), true) => g[r],
+                        _ => 0.0,
+                    },
+                    h: cotangents.grad_entropy.map_or(0.0, |h| h[r]),
+                    gk: cotangents
+                        .grad_topk_log_probs
+                        .map_or(Vec::new(), |gk| gk.row(r).to_vec()),
+                };
+                let entropy = if cot.h != 0.0 {
+                    problem.options.entropy
+                } else {
+                    None
+                };
+                let row = row::prepare(problem, &shape, r, entropy)?;
+                Ok(vjp::vjp_row(&row, &cot, target, &precs))
+            })
+            .collect();
+        let rows = first_error(rows)?;
+        let mut flat = Vec::with_capacity(n * vt);
+        for r in rows {
+            flat.extend(r);
+            flat.extend(std::iter::repeat_n(Exact::point(0.0), vt - v));
+        }
+        Ok(Array2::from_shape_vec((n, vt), flat).expect("N*V_total gradients"))
     }
 
-    /// Statistics of row `row` for the tolerance model.
+    /// Statistics of row `row` for the tolerance model, at
+    /// `start_precision` (f64 outward enclosures; see [`RowStats`]). The
+    /// entropy's logits follow `options.entropy` (unmasked when `None`).
     ///
     /// # Errors
-    /// The spec's validation errors for that row.
+    /// The spec's validation errors for that row ([`Problem::validate_shapes`],
+    /// [`Problem::validate_row`], the `Input`-temperature errors of
+    /// [`Oracle::forward`]); a row index past `N` is
+    /// [`SpecError::ShapeMismatch`] on tensor `row`.
     pub fn row_stats(&self, problem: &Problem<'_>, row: usize) -> Result<RowStats, SpecError> {
-        unimplemented!("oracle helper {problem:?} {row}")
+        let shape = problem.validate_shapes()?;
+        check_row(&shape, row)?;
+        problem.validate_row(&shape, row)?;
+        let entropy = Some(problem.options.entropy.unwrap_or(EntropyLogits::Unmasked));
+        let prepared = row::prepare(problem, &shape, row, entropy)?;
+        Ok(row::stats(&prepared, self.start_precision.max(MIN_PREC)))
     }
+}
+
+/// Forward results of one row in the target dtype.
+#[derive(Clone, Debug)]
+pub struct RowForward {
+    /// `lse(z')` (nats).
+    pub lse: Exact,
+    /// Log-prob of the target (None without tokens or on `ignore_index` rows).
+    pub log_prob: Option<Exact>,
+    /// Entropy (None when not requested).
+    pub entropy: Option<Exact>,
+    /// Top-k log-probs `[K]` (`-inf` for masked ids).
+    pub topk: Vec<Exact>,
+    /// The working precision (bits) of the last Ziv step.
+    pub precision: u32,
+}
+
+impl RowForward {
+    /// Whether every result is decided.
+    pub fn decided(&self) -> bool {
+        self.lse.decided
+            && self.log_prob.is_none_or(|e| e.decided)
+            && self.entropy.is_none_or(|e| e.decided)
+            && self.topk.iter().all(|e| e.decided)
+    }
+}
+
+/// Smallest working precision: every f64 input must be exact.
+const MIN_PREC: u32 = 64;
+
+fn check_row(shape: &Shape, row: usize) -> Result<(), SpecError> {
+    if row >= shape.n {
+        return Err(SpecError::ShapeMismatch {
+            tensor: "row",
+            expected: vec![shape.n],
+            found: vec![row],
+        });
+    }
+    Ok(())
+}
+
+fn first_error<T>(rows: Vec<Result<T, SpecError>>) -> Result<Vec<T>, SpecError> {
+    rows.into_iter().collect()
 }

@@ -1,0 +1,290 @@
+//! The exact VJP of one row: grad logits for upstream cotangents `g`
+//! (log_prob), `h` (entropy), `G_k` (top-k log-probs). DESIGN.md "The math":
+//!
+//! `dx_j = ( g (1[j=t] - p_j) + sum_k G_k (1[j=id_k] - p_j) - h q_j (e_j + R) ) / T`
+//!
+//! regrouped per entry with the exact coefficient sums `A_j = g 1[j=t] +
+//! sum_k G_k 1[j=id_k]` and `C = g + sum_k G_k` (masked ids excluded: their
+//! log-prob is the constant `-inf`):
+//!
+//! `dx_j T = A_j (1 - p_j) - (C - A_j) p_j - h q_j (e_j + R)`,
+//!
+//! with `1 - p_j = sum_{k != j} e^{d'_k} / S` (for the argmax term that is
+//! `s / S`; otherwise `1 + (s - e^{d'_j})`, or the direct sum when
+//! `e^{d'_j} > s / 2` would make the subtraction cancel) and
+//! `e_j + R = R - |e_j|`. Entries with no term are exactly 0.
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+use rug::float::Round;
+use rug::ops::{AddAssignRound, AssignRound};
+use rug::{Assign, Float};
+
+use super::bounds::Bounds;
+use super::round::Rounder;
+use super::row::{one_plus, pass, Cache, Entry, Row, TopId, ACC_EXTRA, CHUNK};
+use super::Exact;
+use crate::spec::Dtype;
+
+/// Precision at which sums of f64 cotangents are exact (f64 values span
+/// 2^-1074 .. 2^1024; the rest is carry room).
+const EXACT_SUM_PREC: u32 = 2300;
+
+/// The row's cotangents, read from the caller's views.
+#[derive(Debug)]
+pub(crate) struct RowCot {
+    /// `g` (0 on `ignore_index` rows or without a log-prob cotangent).
+    pub g: f64,
+    /// `h`.
+    pub h: f64,
+    /// `G_k`, `[K]`.
+    pub gk: Vec<f64>,
+}
+
+/// Row constants at one precision.
+struct Consts {
+    /// `s = S - 1` (accumulator precision).
+    s: Bounds,
+    /// `S T`.
+    st: Bounds,
+    /// `C / (S T)`.
+    k1: Bounds,
+    /// `h / (S_w T)`.
+    k2: Bounds,
+    /// `C != 0`.
+    c_nonzero: bool,
+    /// `R = B / S_w`.
+    r: Bounds,
+    /// `q`'s maximum `max w`, exact.
+    vmax_q: Float,
+}
+
+/// Coefficients of the special entries (target and live top-k ids):
+/// `(A_j, C - A_j)`, exact.
+type Specials = BTreeMap<usize, (Bounds, Bounds)>;
+
+/// Grad logits of one row, `[V]` (real vocabulary), correctly rounded to
+/// `target`, with the Ziv loop over `precisions`.
+pub(crate) fn vjp_row(
+    row: &Row<'_>,
+    cot: &RowCot,
+    target: Dtype,
+    precisions: &[u32],
+) -> Vec<Exact> {
+    let v = row.v.len();
+    let mut out = vec![Exact::point(0.0); v];
+    // Exact coefficient sums.
+    let mut a_map: BTreeMap<usize, Float> = BTreeMap::new();
+    let mut c = Float::new(EXACT_SUM_PREC);
+    if let (Some(t), true) = (row.target, cot.g != 0.0) {
+        *a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC)) += cot.g;
+        c += cot.g;
+    }
+    for (id, &gk) in row.topk.iter().zip(&cot.gk) {
+        if let (TopId::Live(j), true) = (id, gk != 0.0) {
+            *a_map
+                .entry(*j)
+                .or_insert_with(|| Float::new(EXACT_SUM_PREC)) += gk;
+            c += gk;
+        }
+    }
+    let specials: Specials = a_map
+        .into_iter()
+        .map(|(j, a)| {
+            let rest = Float::with_val(EXACT_SUM_PREC, &c - &a);
+            (
+                j,
+                (
+                    Bounds {
+                        lo: a.clone(),
+                        hi: a,
+                    },
+                    Bounds {
+                        lo: rest.clone(),
+                        hi: rest,
+                    },
+                ),
+            )
+        })
+        .collect();
+    if c.is_zero() && cot.h == 0.0 && specials.is_empty() {
+        return out;
+    }
+    let c_nonzero = !c.is_zero();
+    let c = Bounds {
+        lo: c.clone(),
+        hi: c,
+    };
+    let mut pending: Vec<usize> = (0..v)
+        .filter(|&j| row.in_p(j) || row.in_q(j) || specials.contains_key(&j))
+        .collect();
+    let mut cache = Cache::default();
+    for &prec in precisions {
+        let sums = pass(row, prec, false, Some(&mut cache));
+        let acc = prec + ACC_EXTRA;
+        let mut sp = Bounds::new(acc);
+        one_plus(&mut sp, &sums.s_p);
+        let mut st = Bounds::new(prec);
+        st.lo.assign_round(&sp.lo * row.temperature, Round::Down);
+        st.hi.assign_round(&sp.hi * row.temperature, Round::Up);
+        let mut k1 = Bounds::new(prec);
+        k1.div_pos(&c, &st);
+        let mut k2 = Bounds::new(prec);
+        let mut r = Bounds::new(prec);
+        if row.q.is_some() {
+            let mut sw = Bounds::new(acc);
+            one_plus(&mut sw, &sums.s_q);
+            let mut swt = Bounds::new(prec);
+            swt.lo.assign_round(&sw.lo * row.temperature, Round::Down);
+            swt.hi.assign_round(&sw.hi * row.temperature, Round::Up);
+            k2.div_pos(&Bounds::point(53, cot.h), &swt);
+            r.div_pos(&sums.b, &sw);
+        }
+        let vmax_q = Float::with_val(53, row.q.map_or(0.0, |q| q.vmax));
+        let consts = Consts {
+            s: sums.s_p,
+            st,
+            k1,
+            c_nonzero,
+            k2,
+            r,
+            vmax_q,
+        };
+        let results: Vec<Vec<(usize, Exact)>> = pending
+            .par_chunks(CHUNK)
+            .map(|idx| {
+                let mut sc = Scratch::new(prec);
+                idx.iter()
+                    .map(|&j| {
+                        (
+                            j,
+                            entry(row, cot, &consts, &specials, &cache, &mut sc, j, target),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        pending.clear();
+        for (j, e) in results.into_iter().flatten() {
+            if !e.decided {
+                pending.push(j);
+            }
+            out[j] = e;
+        }
+        if pending.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+struct Scratch {
+    en: Entry,
+    y: Bounds,
+    m: Bounds,
+    tq: Bounds,
+    tp: Bounds,
+    dx: Bounds,
+    sigma: Bounds,
+    t: Float,
+    rounder: Rounder,
+}
+
+impl Scratch {
+    fn new(prec: u32) -> Self {
+        Scratch {
+            en: Entry::new(prec),
+            y: Bounds::new(prec),
+            m: Bounds::new(prec),
+            tq: Bounds::new(prec),
+            tp: Bounds::new(prec),
+            dx: Bounds::new(prec),
+            sigma: Bounds::new(prec + ACC_EXTRA),
+            t: Float::new(prec),
+            rounder: Rounder::new(),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn entry(
+    row: &Row<'_>,
+    cot: &RowCot,
+    k: &Consts,
+    specials: &Specials,
+    cache: &Cache,
+    sc: &mut Scratch,
+    j: usize,
+    target: Dtype,
+) -> Exact {
+    let in_p = row.in_p(j);
+    let in_q = row.in_q(j) && cot.h != 0.0;
+    let special = specials.get(&j);
+    let mut any = false;
+    sc.dx.assign_f64(0.0);
+    // p part.
+    if let Some((a, rest)) = special {
+        any = true;
+        if in_p {
+            sigma(row, k, cache, j, &mut sc.sigma);
+            let e = &cache.p[j];
+            // A_j sigma_j - (C - A_j) e^{d'_j}
+            sc.tp.mul(a, &sc.sigma, &mut sc.t);
+            sc.m.mul(rest, e, &mut sc.t);
+            sc.y.sub(&sc.tp, &sc.m);
+            sc.dx.div_pos(&sc.y, &k.st);
+        } else {
+            // p_j = 0 and 1 - p_j = 1: A_j / T.
+            sc.dx.lo.assign_round(&a.lo / row.temperature, Round::Down);
+            sc.dx.hi.assign_round(&a.hi / row.temperature, Round::Up);
+        }
+    } else if in_p && k.c_nonzero {
+        any = true;
+        // -C p_j / T = -K1 e^{d'_j}
+        sc.dx.mul(&k.k1, &cache.p[j], &mut sc.t);
+        sc.dx.neg();
+    }
+    // q part: -h q_j (e_j + R) / T = -K2 e^{e_j} (R - |e_j|).
+    if in_q {
+        any = true;
+        sc.en.shift(&k.vmax_q, row.v[j], row.ts);
+        sc.y.sub(&k.r, &sc.en.a);
+        sc.m.mul(cache.q_slot(row, j), &sc.y, &mut sc.t);
+        sc.tq.mul(&k.k2, &sc.m, &mut sc.t);
+        sc.tp.assign_outward(&sc.dx);
+        sc.dx.sub(&sc.tp, &sc.tq);
+    }
+    if !any {
+        return Exact::point(0.0);
+    }
+    sc.rounder.exact(&sc.dx, target)
+}
+
+/// `sum_{k != j} e^{d'_k}` for a member `j` of `p`'s family.
+fn sigma(row: &Row<'_>, k: &Consts, cache: &Cache, j: usize, out: &mut Bounds) {
+    if j == row.p.argmax {
+        out.assign_outward(&k.s);
+        return;
+    }
+    let e = &cache.p[j];
+    // No cancellation when e <= s / 2: then s - e >= s / 2.
+    let mut half = k.s.lo.clone();
+    half >>= 1u32;
+    if e.hi <= half {
+        out.lo.assign_round(&k.s.lo - &e.hi, Round::Down);
+        out.hi.assign_round(&k.s.hi - &e.lo, Round::Up);
+        out.lo.add_assign_round(1u32, Round::Down);
+        out.hi.add_assign_round(1u32, Round::Up);
+        return;
+    }
+    // Direct sum over the cached terms (all members, skipped ones too).
+    out.lo.assign(0u32);
+    out.hi.assign(0u32);
+    for i in 0..row.v.len() {
+        if i != j && row.in_p(i) {
+            out.lo.add_assign_round(&cache.p[i].lo, Round::Down);
+            out.hi.add_assign_round(&cache.p[i].hi, Round::Up);
+        }
+    }
+}
