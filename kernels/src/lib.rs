@@ -2,6 +2,19 @@
 //! top-k log-probs and their gradients over logits `[N, V]`.
 #![warn(missing_docs)]
 
+#[cfg(feature = "candle")]
+pub mod candle;
+pub mod chunked;
+pub mod exp;
+pub mod fused;
 pub mod kernel;
+pub mod row;
+pub mod stats;
+pub mod vjp;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
+pub use chunked::Chunked;
+pub use fused::Fused;
 pub use kernel::{Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation};
+pub use row::cpu_path;

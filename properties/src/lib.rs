@@ -2,8 +2,12 @@
 //! property checks, the dump verifier, and the `logprobe` binary.
 #![warn(missing_docs)]
 
+pub mod cache;
+pub mod checks;
 pub mod dump;
+pub mod memory;
 pub mod mutants;
 pub mod strategies;
+pub mod suite;
 pub mod tolerance;
 pub mod verify;

@@ -1,1 +1,165 @@
-fn main() {}
+//! The `logprobe` command line. Subcommands:
+//!
+//! - `verify FILE...`: judge dumps of another implementation's log-probs,
+//!   entropy, top-k log-probs and gradients against the exact oracle
+//!   (format: `docs/dump-from-pytorch.md`). Exit 0 when everything is
+//!   within bound (or, with `--expect`, when every verdict is as expected),
+//!   1 otherwise, 2 on bad input.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use logprobe_properties::verify::{
+    exit_status, render_expect, render_table, verify_files, ExpectRow, Expectations, FileOutcome,
+    RowSelection, SummationModel, VerifyConfig,
+};
+use logprobe_reference::spec::Dtype;
+
+/// Exact verification of log-prob, entropy and top-k kernels and their gradients.
+#[derive(Parser, Debug)]
+#[command(name = "logprobe", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Verify safetensors dumps of another implementation against the exact oracle.
+    Verify(VerifyArgs),
+}
+
+#[derive(Args, Debug)]
+struct VerifyArgs {
+    /// Dumps (.safetensors) to verify.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Print the reports as JSON on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Summation model of the bound: lanes=8 (default), lanes=K, tree or sequential.
+    #[arg(long, default_value = "lanes=8", value_parser = parse_model)]
+    model: SummationModel,
+    /// Accumulation dtype of the implementation: f32, f64, bf16 or f16
+    /// (default: f64 for f64 logits, f32 otherwise).
+    #[arg(long, value_parser = parse_dtype)]
+    accumulation: Option<Dtype>,
+    /// Rows to check: `a..b`, `a..` or `sample:K` (K rows spread evenly).
+    #[arg(long, value_parser = parse_rows)]
+    rows: Option<RowSelection>,
+    /// Compare each file's verdict with a JSON file `{"name": {"expect": "pass"|"fail"}}`
+    /// (name = file stem): exit 0 when all match, 1 otherwise.
+    #[arg(long)]
+    expect: Option<PathBuf>,
+    /// Worst elements listed per output.
+    #[arg(long, default_value_t = 3)]
+    worst: usize,
+    /// Never show the progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn parse_model(s: &str) -> Result<SummationModel, String> {
+    s.parse()
+}
+
+fn parse_rows(s: &str) -> Result<RowSelection, String> {
+    s.parse()
+}
+
+fn parse_dtype(s: &str) -> Result<Dtype, String> {
+    Dtype::ALL
+        .into_iter()
+        .find(|d| d.name() == s.trim())
+        .ok_or_else(|| format!("unknown dtype `{s}`: expected f64, f32, bf16 or f16"))
+}
+
+/// The JSON document of `verify --json`.
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    files: Vec<JsonFile<'a>>,
+    expect: Option<&'a [ExpectRow]>,
+    exit_status: u8,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum JsonFile<'a> {
+    Report(&'a logprobe_properties::verify::FileReport),
+    BadInput {
+        path: &'a std::path::Path,
+        verdict: &'static str,
+        error: String,
+    },
+}
+
+fn verify(args: VerifyArgs) -> u8 {
+    let config = VerifyConfig {
+        model: args.model,
+        accumulation: args.accumulation,
+        rows: args.rows.unwrap_or(RowSelection::All),
+        worst: args.worst,
+        progress: !args.no_progress && !args.json,
+        ..VerifyConfig::default()
+    };
+    let expectations = match args.expect.as_deref().map(Expectations::load).transpose() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("logprobe: {e}");
+            return 2;
+        }
+    };
+    let outcomes = verify_files(&args.files, &config);
+    let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
+    let status = exit_status(&outcomes, expect_rows.as_deref());
+    if args.json {
+        let files = outcomes
+            .iter()
+            .map(|o| match o {
+                FileOutcome::Report(r) => JsonFile::Report(r),
+                FileOutcome::BadInput { path, error } => JsonFile::BadInput {
+                    path,
+                    verdict: "bad input",
+                    error: error.to_string(),
+                },
+            })
+            .collect();
+        let doc = JsonOut {
+            files,
+            expect: expect_rows.as_deref(),
+            exit_status: status,
+        };
+        match serde_json::to_string_pretty(&doc) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("logprobe: cannot serialise the report: {e}");
+                return 2;
+            }
+        }
+    } else {
+        for o in &outcomes {
+            match o {
+                FileOutcome::Report(r) => println!("{}", render_table(r)),
+                FileOutcome::BadInput { path, error } => {
+                    println!("{}: bad input: {error}\n", path.display());
+                    eprintln!("logprobe: {}: bad input: {error}", path.display());
+                }
+            }
+        }
+        if let Some(rows) = &expect_rows {
+            print!("{}", render_expect(rows));
+        }
+    }
+    status
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let status = match cli.command {
+        Command::Verify(args) => verify(args),
+    };
+    ExitCode::from(status)
+}

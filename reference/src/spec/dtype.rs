@@ -102,7 +102,7 @@ impl Dtype {
     pub fn ulp(self, x: f64) -> f64 {
         let a = x.abs();
         let q_min = self.min_subnormal_exp();
-        if !(a > 0.0) || a.is_nan() {
+        if a == 0.0 || a.is_nan() {
             return pow2(q_min);
         }
         let e = if a.is_infinite() { self.max_exp() } else { exponent(a).min(self.max_exp()) };

@@ -336,7 +336,7 @@ impl<'a> Problem<'a> {
                 if x.is_nan() || x == f64::INFINITY {
                     return Err(SpecError::NonFiniteLogit { tensor: "logits", row, col: j, value: x });
                 }
-                if x.is_finite() && mask.map_or(true, |m| m[j]) {
+                if x.is_finite() && mask.is_none_or(|m| m[j]) {
                     any = true;
                 }
             }
@@ -392,7 +392,7 @@ impl<'a> Problem<'a> {
 
     /// Whether column `col` of row `row` is allowed by the sampling mask.
     pub fn allowed(&self, row: usize, col: usize) -> bool {
-        self.sampling_mask.map_or(true, |m| m[[row, col]])
+        self.sampling_mask.is_none_or(|m| m[[row, col]])
     }
 }
 

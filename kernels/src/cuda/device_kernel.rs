@@ -1,0 +1,292 @@
+//! The [`Kernel`] trait over a [`Layout`] on a [`CudaRuntime`]: validation
+//! through the spec, upload, launches, download, rounding to the output
+//! dtype, allocation tracking. [`super::CudaFused`], [`super::CudaChunked`]
+//! and [`super::CudaVocabParallel`] are thin names over it.
+
+use std::sync::Arc;
+
+use ndarray::{Array2, ArrayView1, ArrayView2};
+
+use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, Shape};
+
+use super::backward::{backward, Dest, Grads, MAX_SLOTS};
+use super::error::CudaError;
+use super::forward::forward;
+use super::inputs::{check_dtype, check_scaled_logits, HostLogits};
+use super::memory::{MemoryReport, MemoryTracker};
+use super::plan::Layout;
+use super::runtime::CudaRuntime;
+use crate::kernel::{Capabilities, ForwardOutput, KernelError};
+
+/// A CUDA kernel: runtime, layout and its own allocation tracker.
+#[derive(Clone, Debug)]
+pub struct DeviceKernel {
+    rt: Arc<CudaRuntime>,
+    layout: Layout,
+    tracker: MemoryTracker,
+}
+
+impl DeviceKernel {
+    /// A kernel of `layout` on the shared runtime (device 0).
+    ///
+    /// # Errors
+    /// [`CudaError`] when no CUDA device is usable (never a panic).
+    pub fn new(layout: Layout) -> Result<Self, CudaError> {
+        Ok(Self::on(CudaRuntime::shared()?, layout))
+    }
+
+    /// A kernel of `layout` on `rt`.
+    pub fn on(rt: Arc<CudaRuntime>, layout: Layout) -> Self {
+        DeviceKernel {
+            rt,
+            layout,
+            tracker: MemoryTracker::new(),
+        }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<CudaRuntime> {
+        &self.rt
+    }
+
+    /// Device memory of this kernel's calls: live and peak bytes by kind.
+    pub fn memory(&self) -> MemoryReport {
+        self.tracker.report()
+    }
+
+    /// Resets the peaks, so the next call's peak can be read alone.
+    pub fn reset_memory_peak(&self) {
+        self.tracker.reset_peak()
+    }
+
+    /// Short name: `cuda-fused`, `cuda-chunked(chunk_size=64)`,
+    /// `cuda-vocab-parallel(shards=4)`.
+    pub fn name(&self) -> String {
+        match &self.layout {
+            Layout::Fused => "cuda-fused".to_string(),
+            Layout::Chunked { chunk_size } => format!("cuda-chunked(chunk_size={chunk_size})"),
+            Layout::VocabParallel(super::plan::Shards::Even(c)) => {
+                format!("cuda-vocab-parallel(shards={c})")
+            }
+            Layout::VocabParallel(super::plan::Shards::Widths(w)) => {
+                format!("cuda-vocab-parallel(widths={w:?})")
+            }
+        }
+    }
+
+    /// Everything but f64 logits; in place except vocab-parallel.
+    pub fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            entropy: true,
+            masked_entropy: true,
+            topk: true,
+            backward: true,
+            in_place_backward: !matches!(self.layout, Layout::VocabParallel(_)),
+            sampling_mask: true,
+            temperature: true,
+            padded_vocab: true,
+            f64_input: false,
+        }
+    }
+
+    fn device_err(&self) -> impl Fn(CudaError) -> KernelError + '_ {
+        move |e| e.into_kernel_error(self.name())
+    }
+
+    fn validate(&self, problem: &Problem<'_>) -> Result<Shape, KernelError> {
+        let shape = problem.validate_shapes()?;
+        check_dtype(&shape, &self.name())?;
+        let shape = problem.validate()?;
+        check_scaled_logits(problem, &shape)?;
+        if let Layout::VocabParallel(shards) = &self.layout {
+            shards.ranges(shape.v_total)?;
+        }
+        if shape.k + 1 > MAX_SLOTS {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "top-k wider than 12287 ids",
+            });
+        }
+        Ok(shape)
+    }
+
+    /// [`Kernel::forward`].
+    ///
+    /// # Errors
+    /// As [`Kernel::forward`]; [`KernelError::Device`] from the device.
+    pub fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
+        let shape = self.validate(problem)?;
+        forward(&self.rt, &self.tracker, &self.layout, problem, &shape, out)
+            .map_err(self.device_err())
+    }
+
+    /// [`Kernel::backward`].
+    ///
+    /// # Errors
+    /// As [`Kernel::backward`]; [`KernelError::Device`] from the device.
+    pub fn backward(
+        &self,
+        problem: &Problem<'_>,
+        cot: &Cotangents<'_>,
+        out: Dtype,
+    ) -> Result<Array2<f64>, KernelError> {
+        let shape = self.validate(problem)?;
+        problem.validate_cotangents(&shape, cot)?;
+        match backward(
+            &self.rt,
+            &self.tracker,
+            &self.layout,
+            problem,
+            &shape,
+            cot,
+            Dest::New(out),
+        )
+        .map_err(self.device_err())?
+        {
+            Grads::New(g) => Ok(g),
+            Grads::InPlace(_) => Err(CudaError::Driver {
+                context: "backward",
+                message: "unexpected in-place result".into(),
+            })
+            .map_err(self.device_err()),
+        }
+    }
+
+    /// [`Kernel::backward_in_place`].
+    ///
+    /// # Errors
+    /// As [`Kernel::backward_in_place`]; on error the logits are unchanged.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_in_place(
+        &self,
+        mut logits: LogitsMut<'_>,
+        tokens: Option<ArrayView1<'_, i64>>,
+        sampling_mask: Option<ArrayView2<'_, bool>>,
+        topk_ids: Option<ArrayView2<'_, i64>>,
+        options: &Options,
+        cot: &Cotangents<'_>,
+    ) -> Result<(), KernelError> {
+        if matches!(self.layout, Layout::VocabParallel(_)) {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "in-place backward",
+            });
+        }
+        let new_contents = {
+            let problem = Problem {
+                logits: logits.view(),
+                tokens,
+                sampling_mask,
+                topk_ids,
+                options: *options,
+            };
+            let shape = self.validate(&problem)?;
+            problem.validate_cotangents(&shape, cot)?;
+            match backward(
+                &self.rt,
+                &self.tracker,
+                &self.layout,
+                &problem,
+                &shape,
+                cot,
+                Dest::InPlace,
+            )
+            .map_err(self.device_err())?
+            {
+                Grads::InPlace(h) => h,
+                Grads::New(_) => {
+                    return Err(CudaError::Driver {
+                        context: "backward",
+                        message: "unexpected new buffer".into(),
+                    })
+                    .map_err(self.device_err())
+                }
+            }
+        };
+        write_back(&mut logits, &new_contents).map_err(self.device_err())
+    }
+}
+
+/// Copies row-major device contents back over the host logits.
+fn write_back(logits: &mut LogitsMut<'_>, contents: &HostLogits) -> Result<(), CudaError> {
+    use half::{bf16, f16};
+    let mismatch = || CudaError::Driver {
+        context: "writing back",
+        message: "dtype mismatch".into(),
+    };
+    match (logits, contents) {
+        (LogitsMut::F32(v), HostLogits::F32(c)) => v.iter_mut().zip(c).for_each(|(d, &s)| *d = s),
+        (LogitsMut::Bf16(v), HostLogits::U16(c)) => v
+            .iter_mut()
+            .zip(c)
+            .for_each(|(d, &s)| *d = bf16::from_bits(s)),
+        (LogitsMut::F16(v), HostLogits::U16(c)) => v
+            .iter_mut()
+            .zip(c)
+            .for_each(|(d, &s)| *d = f16::from_bits(s)),
+        _ => return Err(mismatch()),
+    }
+    Ok(())
+}
+
+/// Implements [`Kernel`] for a newtype over [`DeviceKernel`] (field `0`).
+macro_rules! delegate_kernel {
+    ($ty:ty) => {
+        impl $crate::kernel::Kernel for $ty {
+            fn name(&self) -> String {
+                self.0.name()
+            }
+            fn capabilities(&self) -> $crate::kernel::Capabilities {
+                self.0.capabilities()
+            }
+            fn algorithm(
+                &self,
+                shape: &logprobe_reference::spec::Shape,
+            ) -> $crate::kernel::Algorithm {
+                self.0.layout().algorithm(shape)
+            }
+            fn workspace_bytes(&self, shape: &logprobe_reference::spec::Shape) -> usize {
+                self.0.layout().workspace_bytes(shape)
+            }
+            fn forward(
+                &self,
+                problem: &logprobe_reference::spec::Problem<'_>,
+                out: logprobe_reference::spec::Dtype,
+            ) -> Result<$crate::kernel::ForwardOutput, $crate::kernel::KernelError> {
+                self.0.forward(problem, out)
+            }
+            fn backward(
+                &self,
+                problem: &logprobe_reference::spec::Problem<'_>,
+                cotangents: &logprobe_reference::spec::Cotangents<'_>,
+                out: logprobe_reference::spec::Dtype,
+            ) -> Result<ndarray::Array2<f64>, $crate::kernel::KernelError> {
+                self.0.backward(problem, cotangents, out)
+            }
+            fn backward_in_place(
+                &self,
+                logits: logprobe_reference::spec::LogitsMut<'_>,
+                tokens: Option<ndarray::ArrayView1<'_, i64>>,
+                sampling_mask: Option<ndarray::ArrayView2<'_, bool>>,
+                topk_ids: Option<ndarray::ArrayView2<'_, i64>>,
+                options: &logprobe_reference::spec::Options,
+                cotangents: &logprobe_reference::spec::Cotangents<'_>,
+            ) -> Result<(), $crate::kernel::KernelError> {
+                self.0.backward_in_place(
+                    logits,
+                    tokens,
+                    sampling_mask,
+                    topk_ids,
+                    options,
+                    cotangents,
+                )
+            }
+        }
+    };
+}
+pub(crate) use delegate_kernel;

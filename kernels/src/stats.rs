@@ -1,0 +1,378 @@
+//! Per-row statistics and forward values, built on [`crate::row::reduce`],
+//! and the per-call plumbing the CPU kernels share (validation, output
+//! rounding, the declared algorithm).
+//!
+//! Formulas (DESIGN "The math", restated in the oracle's docs): with `m` the
+//! max of the allowed `z`, `s = S - 1`, `ell = ln_1p(s) = ln S`:
+//! `log_prob = (z_t - m) / T - ell`; `topk_log_probs[k] = (z_id - m) / T - ell`
+//! (`-inf` for a masked id); `entropy = ell_w + B_w / (1 + s_w)` over the
+//! entropy's logits `w` (unmasked by default, masked on request).
+
+// `!(x > -inf)` is meant: it is true for NaN.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
+use ndarray::{ArrayView1, ArrayView2, Axis};
+
+use logprobe_reference::spec::{Dtype, EntropyLogits, Problem, Shape, SpecError, TemperatureDtype};
+
+use crate::kernel::{Algorithm, Shift};
+use crate::row::{
+    reduce, rescaling_exps, round_input, shift, summation, Acc, Input, Partial, Source,
+};
+
+/// Per-call constants: options resolved for the accumulation dtype.
+#[derive(Clone, Debug)]
+pub struct CallParams<A> {
+    /// Real vocabulary size `V`.
+    pub v: usize,
+    /// Column ranges reduced separately, then merged in order (as an
+    /// all-reduce over vocabulary shards would): `[0..V]` for one row-wide
+    /// reduction, the shards' ranges truncated to `V` for vocab-parallel.
+    pub ranges: Vec<std::ops::Range<usize>>,
+    /// Division by `T` after the shift; `None` when `T == 1` or with
+    /// `TemperatureDtype::Input` (then `z = round_input(x / T)` and `T = 1`).
+    pub scale: Option<A>,
+    /// `Some(T)` with `TemperatureDtype::Input`.
+    pub input_temperature: Option<f64>,
+    /// Divisor of every gradient: `Some(T)` unless `T == 1` (in both
+    /// temperature modes: with `Input`, `dz/dx = 1/T` as the oracle takes it).
+    pub grad_scale: Option<A>,
+    /// Entropy wanted, and over which logits.
+    pub entropy: Option<EntropyLogits>,
+    /// `ignore_index`.
+    pub ignore_index: i64,
+}
+
+impl<A: Acc> CallParams<A> {
+    /// Resolves `problem`'s options for a validated `shape`.
+    pub fn new(problem: &Problem<'_>, shape: &Shape) -> Self {
+        let t = shape.temperature;
+        let (scale, input_temperature) = match problem.options.temperature_dtype {
+            TemperatureDtype::Input => (None, Some(t)),
+            TemperatureDtype::Accumulation => {
+                (if t == 1.0 { None } else { Some(A::from_f64(t)) }, None)
+            }
+        };
+        CallParams {
+            v: shape.vocab_size,
+            ranges: vec![0..shape.vocab_size],
+            scale,
+            input_temperature,
+            grad_scale: if t == 1.0 { None } else { Some(A::from_f64(t)) },
+            entropy: problem.options.entropy,
+            ignore_index: problem.options.ignore_index,
+        }
+    }
+}
+
+/// Entropy statistics of one row over its logits `w`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EntropyStats<A> {
+    /// Max of `w`.
+    pub m: A,
+    /// `ln S_w`.
+    pub ell: A,
+    /// `R = B_w / S_w` (nats).
+    pub r: A,
+    /// `ell + R` (nats).
+    pub entropy: A,
+}
+
+/// Statistics of one row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowStats<A> {
+    /// Max of the allowed `z`.
+    pub m: A,
+    /// `S - 1` over the allowed entries.
+    pub s: A,
+    /// `ln S = ln_1p(s)`.
+    pub ell: A,
+    /// Entropy statistics when the entropy is wanted.
+    pub w: Option<EntropyStats<A>>,
+}
+
+/// A row the reduction flagged (NaN / `+inf`, or no allowed finite value):
+/// build its typed error with [`row_error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadRow;
+
+/// The statistics of one row read from `src` over columns `0..v`, or `Err(())`
+/// when the row holds a NaN / `+inf` or no allowed finite value (the caller
+/// builds the typed error with [`row_error`]).
+pub fn row_stats<A: Acc, S: Source<A> + ?Sized>(
+    src: &S,
+    mask: Option<ArrayView1<'_, bool>>,
+    p: &CallParams<A>,
+) -> Result<RowStats<A>, BadRow> {
+    let masked_b =
+        p.entropy.is_some() && (mask.is_none() || p.entropy == Some(EntropyLogits::Masked));
+    let r = reduce_ranges(src, &p.ranges, mask, p.scale, masked_b);
+    if r.bad || r.partial.is_empty() {
+        return Err(BadRow);
+    }
+    let ell = r.partial.s.ln_1p();
+    let w = match p.entropy {
+        None => None,
+        Some(_) if masked_b => Some(entropy_stats(r.partial, ell)),
+        Some(_) => {
+            let ru = reduce_ranges(src, &p.ranges, None, p.scale, true);
+            Some(entropy_stats(ru.partial, ru.partial.s.ln_1p()))
+        }
+    };
+    Ok(RowStats {
+        m: r.partial.m,
+        s: r.partial.s,
+        ell,
+        w,
+    })
+}
+
+/// [`reduce`] over each range, the partials merged in range order (a
+/// sequential fold, as an all-reduce in shard order). Empty, all-padding
+/// and all-masked ranges give the empty partial, which merges without NaN.
+pub fn reduce_ranges<A: Acc, S: Source<A> + ?Sized>(
+    src: &S,
+    ranges: &[std::ops::Range<usize>],
+    mask: Option<ArrayView1<'_, bool>>,
+    scale: Option<A>,
+    want_b: bool,
+) -> crate::row::Reduction<A> {
+    let mut acc = crate::row::Reduction { partial: Partial::EMPTY, bad: false };
+    for r in ranges {
+        let x = reduce(src, r.clone(), mask, scale, want_b);
+        acc = crate::row::Reduction { partial: acc.partial.merge(x.partial, scale), bad: acc.bad | x.bad };
+    }
+    acc
+}
+
+/// Entropy statistics from a merged partial with `b`, and its `ln_1p(s)`.
+pub fn entropy_stats<A: Acc>(p: Partial<A>, ell: A) -> EntropyStats<A> {
+    let r = p.b / (A::ONE + p.s);
+    EntropyStats {
+        m: p.m,
+        ell,
+        r,
+        entropy: ell + r,
+    }
+}
+
+/// `(z - m) / T - ell` for an allowed value `z`.
+#[inline]
+pub fn log_prob<A: Acc>(z: A, st: &RowStats<A>, scale: Option<A>) -> A {
+    shift(z, st.m, scale) - st.ell
+}
+
+/// The first error of row `row` in [`Problem::validate_row`]'s order; then,
+/// with `TemperatureDtype::Input` (as the oracle orders them): a
+/// `z = round_input(x / T)` that overflows to `+inf` is
+/// [`SpecError::NonFiniteLogit`] (tensor `logits / temperature`), no allowed
+/// finite `z` is [`SpecError::NoFiniteLogit`], a target with `z = -inf` is
+/// [`SpecError::TokenNegInf`].
+pub fn row_error(problem: &Problem<'_>, shape: &Shape, row: usize) -> SpecError {
+    if let Err(e) = problem.validate_row(shape, row) {
+        return e;
+    }
+    const TENSOR: &str = "logits / temperature";
+    let which = if problem.sampling_mask.is_some() {
+        "allowed by sampling_mask"
+    } else {
+        "any"
+    };
+    if problem.options.temperature_dtype == TemperatureDtype::Input {
+        let t = shape.temperature;
+        let z: Vec<f64> = logprobe_reference::with_logits!(problem.logits, lv => {
+            let r = lv.row(row);
+            (0..shape.vocab_size).map(|j| round_input(r[j], t).to_f64()).collect()
+        });
+        if let Some(col) = z.iter().position(|&x| x == f64::INFINITY) {
+            return SpecError::NonFiniteLogit {
+                tensor: TENSOR,
+                row,
+                col,
+                value: f64::INFINITY,
+            };
+        }
+        if !(0..z.len()).any(|j| z[j] > f64::NEG_INFINITY && problem.allowed(row, j)) {
+            return SpecError::NoFiniteLogit {
+                tensor: TENSOR,
+                row,
+                which,
+            };
+        }
+        if let (Some(tokens), true) = (problem.tokens, problem.has_target(row)) {
+            if z[tokens[row] as usize] == f64::NEG_INFINITY {
+                return SpecError::TokenNegInf {
+                    row,
+                    token: tokens[row],
+                };
+            }
+        }
+    }
+    // Unreachable for rows the fast path flagged; name the row all the same.
+    SpecError::NoFiniteLogit {
+        tensor: "logits",
+        row,
+        which,
+    }
+}
+
+/// Fast O(1 + K) checks of the token and top-k ids of a row (the O(V) ones
+/// are folded into the reduction): `true` if the row needs [`row_error`].
+pub fn ids_suspect<A: Acc, S: Source<A> + ?Sized>(
+    problem: &Problem<'_>,
+    src: &S,
+    row: usize,
+    v: usize,
+) -> bool {
+    if let Some(tokens) = problem.tokens {
+        let t = tokens[row];
+        if t != problem.options.ignore_index {
+            if t < 0 || t as u64 >= v as u64 {
+                return true;
+            }
+            let tu = t as usize;
+            if !problem.allowed(row, tu) || !(src.get(tu) > A::NEG_INF) {
+                return true;
+            }
+        }
+    }
+    if let Some(ids) = problem.topk_ids {
+        if ids
+            .row(row)
+            .iter()
+            .any(|&id| id < 0 || id as u64 >= v as u64)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// Forward values of one row in the accumulation dtype.
+#[derive(Clone, Debug)]
+pub struct RowForward {
+    /// Log-prob (0 for `ignore_index` rows or without tokens), rounded to `out`.
+    pub log_prob: f64,
+    /// Entropy (0 when not wanted), rounded to `out`.
+    pub entropy: f64,
+    /// Top-k log-probs `[K]`, rounded to `out`.
+    pub topk: Vec<f64>,
+}
+
+/// Rounds an accumulation value to `out` (correctly: [`Dtype::round_f64`]).
+#[inline]
+pub fn round_out<A: Acc>(x: A, out: Dtype) -> f64 {
+    out.round_f64(x.to_f64())
+}
+
+/// Forward values of row `row` from its stats; `lp(j)` gives the log-prob
+/// of an allowed column `j` (computed by [`log_prob`], or gathered from a
+/// log-softmax buffer holding the same values).
+pub fn row_forward<A: Acc>(
+    problem: &Problem<'_>,
+    row: usize,
+    st: &RowStats<A>,
+    p: &CallParams<A>,
+    lp: impl Fn(usize) -> A,
+    out: Dtype,
+) -> RowForward {
+    let log_prob = match problem.tokens {
+        Some(t) if t[row] != p.ignore_index => round_out(lp(t[row] as usize), out),
+        _ => 0.0,
+    };
+    let entropy = st.w.map_or(0.0, |w| round_out(w.entropy, out));
+    let topk = match problem.topk_ids {
+        Some(ids) => ids
+            .row(row)
+            .iter()
+            .map(|&id| {
+                let id = id as usize;
+                if problem.allowed(row, id) {
+                    round_out(lp(id), out)
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    RowForward {
+        log_prob,
+        entropy,
+        topk,
+    }
+}
+
+/// Assembles per-row results (first error in row order wins) into a
+/// [`crate::ForwardOutput`].
+pub fn assemble(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    rows: Vec<Result<RowForward, SpecError>>,
+    out: Dtype,
+) -> Result<crate::ForwardOutput, SpecError> {
+    let mut lp = problem.tokens.map(|_| ndarray::Array1::zeros(shape.n));
+    let mut ent = problem
+        .options
+        .entropy
+        .map(|_| ndarray::Array1::zeros(shape.n));
+    let mut topk = problem
+        .topk_ids
+        .map(|_| ndarray::Array2::zeros((shape.n, shape.k)));
+    for (r, res) in rows.into_iter().enumerate() {
+        let f = res?;
+        if let Some(lp) = lp.as_mut() {
+            lp[r] = f.log_prob;
+        }
+        if let Some(e) = ent.as_mut() {
+            e[r] = f.entropy;
+        }
+        if let Some(tk) = topk.as_mut() {
+            for (k, v) in f.topk.into_iter().enumerate() {
+                tk[[r, k]] = v;
+            }
+        }
+    }
+    Ok(crate::ForwardOutput {
+        dtype: out,
+        log_probs: lp,
+        entropy: ent,
+        topk_log_probs: topk,
+    })
+}
+
+/// Row `row` of an optional mask.
+pub fn mask_row<'a>(
+    mask: Option<ArrayView2<'a, bool>>,
+    row: usize,
+) -> Option<ArrayView1<'a, bool>> {
+    mask.map(|m| m.index_axis_move(Axis(0), row))
+}
+
+/// The algorithm of [`crate::row::reduce`] over `len` columns in accumulation dtype `acc`.
+pub fn declared_algorithm(acc: Dtype, len: usize) -> Algorithm {
+    let (exp_ulps, log_ulps) = match acc {
+        Dtype::F64 => (<f64 as Acc>::EXP_ULPS, <f64 as Acc>::LOG_ULPS),
+        _ => (<f32 as Acc>::EXP_ULPS, <f32 as Acc>::LOG_ULPS),
+    };
+    Algorithm {
+        accumulation: acc,
+        exp_ulps,
+        log_ulps,
+        summation: summation(len),
+        rescaling_exps: rescaling_exps(len),
+        shift: Shift::SubtractThenScale,
+    }
+}
+
+/// Typed row views of `logits` with the call's input transform.
+pub fn typed_row<'a, T: Input>(
+    lv: &ArrayView2<'a, T>,
+    row: usize,
+    p: &CallParams<T::Acc>,
+) -> crate::row::TypedRow<'a, T> {
+    crate::row::TypedRow {
+        row: lv.index_axis_move(Axis(0), row),
+        input_temperature: p.input_temperature,
+    }
+}

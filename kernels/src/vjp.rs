@@ -1,0 +1,615 @@
+//! Backward (VJP) of log-probs, entropy and top-k log-probs for the CPU
+//! kernels: a stats pass per row ([`crate::stats::row_stats`]), then one
+//! write pass.
+//!
+//! # Formula (DESIGN "The math"; the oracle's docs)
+//!
+//! For upstream `g` (log-prob), `h` (entropy), `G_k` (top-k), with the
+//! sources `(t, g)` and `(id_k, G_k)` (an `ignore_index` row has `g = 0`; a
+//! masked or `-inf` id is a constant and its `G_k` is dropped):
+//! `dx_j = ( c_j (1 - p_j) - o_j p_j - h q_j (e_j + R) ) / T`, where `c_j` is
+//! the sum of the source weights at column `j` and `o_j` that of the others
+//! (for a column that is no source: `-(sum of all weights) p_j`).
+//! `p_j = exp((z_j - m) / T - ln S)` (0 where masked), `q_j = exp(e_j - ln S_w)`,
+//! `e_j = (w_j - m_w) / T`, `R = B_w / S_w`. Cancellation-free:
+//! `1 - p_j = s / (1 + s)` when `z_j` is the max (`s` excludes one argmax
+//! term), else `p_j <= 1/2` and `1 - p_j` is computed directly; the entropy
+//! term is 0 where `q_j = 0` (no `0 * inf`). Every element is computed in
+//! the accumulation dtype and rounded once to the output dtype; zeros are
+//! `+0`. Padded columns get 0. Cotangents are rounded to the accumulation
+//! dtype first. With `TemperatureDtype::Input` the gradient is taken with
+//! respect to `x` with `dz/dx = 1/T` (the shift uses `T = 1`, the final
+//! division `T`), as the oracle takes it.
+
+use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+use rayon::prelude::*;
+
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, Shape, SpecError,
+};
+
+use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
+use crate::stats::{ids_suspect, mask_row, row_error, row_stats, typed_row, CallParams, RowStats};
+
+/// How the write pass is staged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    /// Rows read straight from the logits; no `[*, V]` buffer.
+    Fused,
+    /// Rows in chunks of `chunk_size`: a widened `[chunk, V]` buffer and an
+    /// accumulation-dtype `[chunk, V]` gradient buffer, then rounded out.
+    Chunked(usize),
+}
+
+/// The cotangents of one row, in the accumulation dtype.
+#[derive(Clone, Debug)]
+pub struct RowCot<A> {
+    /// Sources `(column, weight)`: the target first, then top-k ids in order.
+    pub sources: Vec<(usize, A)>,
+    /// Entropy cotangent `h` (None = absent or zero: no entropy term).
+    pub h: Option<A>,
+}
+
+impl<A: Acc> RowCot<A> {
+    /// Row `row`'s cotangents.
+    pub fn new(problem: &Problem<'_>, cot: &Cotangents<'_>, row: usize) -> Self {
+        let mut sources = Vec::new();
+        if let (Some(g), true) = (cot.grad_log_probs, problem.has_target(row)) {
+            sources.push((
+                problem.tokens.map_or(0, |t| t[row]) as usize,
+                A::from_f64(g[row]),
+            ));
+        }
+        if let (Some(gk), Some(ids)) = (cot.grad_topk_log_probs, problem.topk_ids) {
+            for (k, &id) in ids.row(row).iter().enumerate() {
+                let id = id as usize;
+                if problem.allowed(row, id) {
+                    sources.push((id, A::from_f64(gk[[row, k]])));
+                }
+            }
+        }
+        let h = cot
+            .grad_entropy
+            .map(|h| A::from_f64(h[row]))
+            .filter(|&h| h != A::ZERO);
+        RowCot { sources, h }
+    }
+
+    /// Sum of all weights, in source order.
+    fn total(&self) -> A {
+        self.sources.iter().fold(A::ZERO, |a, &(_, w)| a + w)
+    }
+}
+
+/// Reads and writes one row of the write pass.
+pub trait RowIo<A: Acc> {
+    /// Values of columns `start .. start + dst.len()`.
+    fn load(&self, start: usize, dst: &mut [A]);
+    /// Value of column `j`.
+    fn get(&self, j: usize) -> A;
+    /// Writes gradients of columns `start .. start + vals.len()`.
+    fn store(&mut self, start: usize, vals: &[A]);
+    /// Writes 0 to columns `range` (padding).
+    fn store_zeros(&mut self, range: std::ops::Range<usize>);
+}
+
+/// Out of place: read from a source, write rounded to `out` as f64.
+pub struct ToF64<'a, A: Acc, S: Source<A> + ?Sized> {
+    /// Source row.
+    pub src: &'a S,
+    /// Output row `[V_total]`.
+    pub dst: &'a mut [f64],
+    /// Output dtype.
+    pub out: Dtype,
+    /// Marker.
+    pub _a: std::marker::PhantomData<A>,
+}
+
+impl<A: Acc, S: Source<A> + ?Sized> RowIo<A> for ToF64<'_, A, S> {
+    fn load(&self, start: usize, dst: &mut [A]) {
+        self.src.load(start, dst)
+    }
+    fn get(&self, j: usize) -> A {
+        self.src.get(j)
+    }
+    fn store(&mut self, start: usize, vals: &[A]) {
+        for (d, &v) in self.dst[start..start + vals.len()].iter_mut().zip(vals) {
+            *d = self.out.round_f64(v.to_f64());
+        }
+    }
+    fn store_zeros(&mut self, range: std::ops::Range<usize>) {
+        self.dst[range].fill(0.0);
+    }
+}
+
+/// Staged: read a widened buffer row, write an accumulation-dtype buffer row.
+pub struct ToBuffer<'a, A> {
+    /// Widened row `[V]`.
+    pub src: &'a [A],
+    /// Gradient row `[V]`.
+    pub dst: &'a mut [A],
+}
+
+impl<A: Acc> RowIo<A> for ToBuffer<'_, A> {
+    fn load(&self, start: usize, dst: &mut [A]) {
+        self.src.load(start, dst)
+    }
+    fn get(&self, j: usize) -> A {
+        self.src[j]
+    }
+    fn store(&mut self, start: usize, vals: &[A]) {
+        self.dst[start..start + vals.len()].copy_from_slice(vals);
+    }
+    fn store_zeros(&mut self, range: std::ops::Range<usize>) {
+        self.dst[range].fill(A::ZERO);
+    }
+}
+
+/// In place over a typed logits row (rounded to the logits' dtype).
+pub struct InPlace<'a, T> {
+    /// The row `[V_total]`, read then overwritten block by block.
+    pub row: ArrayViewMut1<'a, T>,
+    /// `Some(T)` with `TemperatureDtype::Input`.
+    pub input_temperature: Option<f64>,
+}
+
+impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
+    fn load(&self, start: usize, dst: &mut [T::Acc]) {
+        TypedRow {
+            row: self.row.view(),
+            input_temperature: self.input_temperature,
+        }
+        .load(start, dst)
+    }
+    fn get(&self, j: usize) -> T::Acc {
+        TypedRow {
+            row: self.row.view(),
+            input_temperature: self.input_temperature,
+        }
+        .get(j)
+    }
+    fn store(&mut self, start: usize, vals: &[T::Acc]) {
+        for (i, &v) in vals.iter().enumerate() {
+            self.row[start + i] = T::narrow(v);
+        }
+    }
+    fn store_zeros(&mut self, range: std::ops::Range<usize>) {
+        for j in range {
+            self.row[j] = T::narrow(<T::Acc as Acc>::ZERO);
+        }
+    }
+}
+
+/// Gradient of one non-source entry (see the module docs).
+#[inline(always)]
+fn general<A: Acc>(
+    z: A,
+    zw: A,
+    st: &RowStats<A>,
+    scale: Option<A>,
+    gscale: Option<A>,
+    total: A,
+    h: Option<A>,
+) -> A {
+    let pj = (shift(z, st.m, scale) - st.ell).exp();
+    let mut g = -(total * pj);
+    if let (Some(h), Some(w)) = (h, st.w.as_ref()) {
+        let e = shift(zw, w.m, scale);
+        let q = (e - w.ell).exp();
+        let t = if q > A::ZERO { q * (e + w.r) } else { A::ZERO };
+        g = g - h * t;
+    }
+    let g = match gscale {
+        None => g,
+        Some(t) => g / t,
+    };
+    g + A::ZERO
+}
+
+/// Writes the gradient of one row (columns `0..v`, padding `v..v_total`).
+pub fn grad_row<A: Acc, Io: RowIo<A>>(
+    io: &mut Io,
+    mask: Option<ArrayView1<'_, bool>>,
+    st: &RowStats<A>,
+    p: &CallParams<A>,
+    rc: &RowCot<A>,
+    v_total: usize,
+    masked_entropy: bool,
+) {
+    let v = p.v;
+    let total = rc.total();
+    let h = rc.h;
+    // Source columns: read before the block pass (it may overwrite them).
+    let mut spec: Vec<(usize, A)> = Vec::with_capacity(rc.sources.len());
+    for &(j, _) in &rc.sources {
+        if !spec.iter().any(|&(c, _)| c == j) {
+            spec.push((j, io.get(j)));
+        }
+    }
+    let allowed = |j: usize| mask.is_none_or(|m| m[j]);
+    let mut buf = [A::ZERO; BLOCK];
+    let mut start = 0;
+    while start < v {
+        let n = BLOCK.min(v - start);
+        let b = &mut buf[..n];
+        io.load(start, b);
+        match mask {
+            None => {
+                for x in b.iter_mut() {
+                    *x = general(*x, *x, st, p.scale, p.grad_scale, total, h);
+                }
+            }
+            Some(m) => {
+                for (i, x) in b.iter_mut().enumerate() {
+                    let a = m[start + i];
+                    let z = if a { *x } else { A::NEG_INF };
+                    let zw = if a || !masked_entropy { *x } else { A::NEG_INF };
+                    *x = general(z, zw, st, p.scale, p.grad_scale, total, h);
+                }
+            }
+        }
+        io.store(start, b);
+        start += n;
+    }
+    io.store_zeros(v..v_total);
+    // Source columns: c_j (1 - p_j) - o_j p_j - h q_j (e_j + R), cancellation-free.
+    for &(j, zj) in &spec {
+        let (mut c, mut o) = (A::ZERO, A::ZERO);
+        for &(i, w) in &rc.sources {
+            if i == j {
+                c = c + w;
+            } else {
+                o = o + w;
+            }
+        }
+        let d = shift(zj, st.m, p.scale);
+        let pj = (d - st.ell).exp();
+        let one_minus_p = if d == A::ZERO {
+            st.s / (A::ONE + st.s)
+        } else {
+            A::ONE - pj
+        };
+        let mut g = c * one_minus_p - o * pj;
+        if let (Some(h), Some(w)) = (h, st.w.as_ref()) {
+            let zw = if allowed(j) || !masked_entropy {
+                zj
+            } else {
+                A::NEG_INF
+            };
+            let e = shift(zw, w.m, p.scale);
+            let q = (e - w.ell).exp();
+            let t = if q > A::ZERO { q * (e + w.r) } else { A::ZERO };
+            g = g - h * t;
+        }
+        let g = match p.grad_scale {
+            None => g,
+            Some(t) => g / t,
+        };
+        io.store(j, &[g + A::ZERO]);
+    }
+}
+
+/// Resolves the call: shapes, cotangents, chunk size.
+fn prepare(
+    problem: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    staging: Staging,
+) -> Result<Shape, SpecError> {
+    if staging == Staging::Chunked(0) {
+        return Err(SpecError::ZeroChunkSize);
+    }
+    let shape = problem.validate_shapes()?;
+    problem.validate_cotangents(&shape, cot)?;
+    Ok(shape)
+}
+
+fn params<A: Acc>(problem: &Problem<'_>, shape: &Shape, cot: &Cotangents<'_>) -> CallParams<A> {
+    let mut p = CallParams::<A>::new(problem, shape);
+    if cot.grad_entropy.is_none() {
+        p.entropy = None;
+    }
+    p
+}
+
+fn masked_entropy(problem: &Problem<'_>) -> bool {
+    problem.options.entropy == Some(logprobe_reference::spec::EntropyLogits::Masked)
+}
+
+/// Stats of every row of `lv` (the first error in row order wins).
+fn all_stats<T: Input>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    lv: &ArrayView2<'_, T>,
+    p: &CallParams<T::Acc>,
+) -> Result<Vec<RowStats<T::Acc>>, SpecError> {
+    let rows: Vec<Result<RowStats<T::Acc>, SpecError>> = (0..shape.n)
+        .into_par_iter()
+        .map(|r| {
+            let src = typed_row(lv, r, p);
+            if ids_suspect(problem, &src, r, p.v) {
+                return Err(row_error(problem, shape, r));
+            }
+            row_stats(&src, mask_row(problem.sampling_mask, r), p)
+                .map_err(|_| row_error(problem, shape, r))
+        })
+        .collect();
+    rows.into_iter().collect()
+}
+
+fn backward_typed<T: Input>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    lv: ArrayView2<'_, T>,
+    cot: &Cotangents<'_>,
+    out: Dtype,
+    staging: Staging,
+) -> Result<Array2<f64>, SpecError> {
+    let p = params::<T::Acc>(problem, shape, cot);
+    let me = masked_entropy(problem);
+    let (n, vt) = (shape.n, shape.v_total);
+    let mut grad = Array2::<f64>::zeros((n, vt));
+    if n == 0 || vt == 0 {
+        if n > 0 {
+            return Err(row_error(problem, shape, 0));
+        }
+        return Ok(grad);
+    }
+    let gs = grad.as_slice_mut().expect("fresh array is contiguous");
+    match staging {
+        Staging::Fused => {
+            let stats = all_stats(problem, shape, &lv, &p)?;
+            gs.par_chunks_mut(vt)
+                .zip(stats.par_iter())
+                .enumerate()
+                .for_each(|(r, (dst, st))| {
+                    let src = typed_row(&lv, r, &p);
+                    let rc = RowCot::new(problem, cot, r);
+                    let mut io = ToF64 {
+                        src: &src,
+                        dst,
+                        out,
+                        _a: std::marker::PhantomData,
+                    };
+                    grad_row(
+                        &mut io,
+                        mask_row(problem.sampling_mask, r),
+                        st,
+                        &p,
+                        &rc,
+                        vt,
+                        me,
+                    );
+                });
+        }
+        Staging::Chunked(cs) => {
+            let v = p.v;
+            let c = cs.min(n);
+            let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];
+            let mut gbuf = vec![<T::Acc as Acc>::ZERO; c * v];
+            for (ci, out_chunk) in gs.chunks_mut(cs * vt).enumerate() {
+                let r0 = ci * cs;
+                let rows = out_chunk.len() / vt;
+                chunked_grad_chunk(
+                    problem, shape, &lv, &p, cot, me, r0, rows, &mut zbuf, &mut gbuf,
+                )?;
+                out_chunk
+                    .par_chunks_mut(vt)
+                    .zip(gbuf.par_chunks(v.max(1)))
+                    .for_each(|(dst, g)| {
+                        for (d, &x) in dst.iter_mut().zip(g) {
+                            *d = out.round_f64(x.to_f64());
+                        }
+                    });
+            }
+        }
+    }
+    Ok(grad)
+}
+
+/// One chunk of the chunked backward: widen rows `r0 .. r0 + rows` into
+/// `zbuf`, their stats, gradients into `gbuf` (accumulation dtype).
+#[allow(clippy::too_many_arguments)]
+fn chunked_grad_chunk<T: Input>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    lv: &ArrayView2<'_, T>,
+    p: &CallParams<T::Acc>,
+    cot: &Cotangents<'_>,
+    me: bool,
+    r0: usize,
+    rows: usize,
+    zbuf: &mut [T::Acc],
+    gbuf: &mut [T::Acc],
+) -> Result<(), SpecError> {
+    let v = p.v;
+    if v == 0 {
+        return Err(row_error(problem, shape, r0));
+    }
+    zbuf[..rows * v]
+        .par_chunks_mut(v)
+        .enumerate()
+        .for_each(|(i, z)| typed_row(lv, r0 + i, p).load(0, z));
+    let res: Vec<Result<(), SpecError>> = zbuf[..rows * v]
+        .par_chunks(v)
+        .zip(gbuf[..rows * v].par_chunks_mut(v))
+        .enumerate()
+        .map(|(i, (z, g))| {
+            let r = r0 + i;
+            if ids_suspect(problem, z, r, v) {
+                return Err(row_error(problem, shape, r));
+            }
+            let mask = mask_row(problem.sampling_mask, r);
+            let st = row_stats(z, mask, p).map_err(|_| row_error(problem, shape, r))?;
+            let rc = RowCot::new(problem, cot, r);
+            grad_row(&mut ToBuffer { src: z, dst: g }, mask, &st, p, &rc, v, me);
+            Ok(())
+        })
+        .collect();
+    res.into_iter().collect()
+}
+
+/// Grad logits `[N, V_total]` rounded to `out` (the module's formula).
+///
+/// # Errors
+/// [`SpecError::ZeroChunkSize`], the spec's validation errors (first bad
+/// row in row order), the cotangent errors of [`Problem::validate_cotangents`].
+pub fn backward(
+    problem: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    out: Dtype,
+    staging: Staging,
+) -> Result<Array2<f64>, SpecError> {
+    let shape = prepare(problem, cot, staging)?;
+    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, &shape, lv, cot, out, staging))
+}
+
+/// Grad logits written over `logits`, rounded to the logits' dtype. Every
+/// row is validated (stats pass over all rows) before anything is written:
+/// on error the logits are unchanged.
+///
+/// # Errors
+/// As [`backward`].
+pub fn backward_in_place(
+    logits: LogitsMut<'_>,
+    tokens: Option<ArrayView1<'_, i64>>,
+    sampling_mask: Option<ArrayView2<'_, bool>>,
+    topk_ids: Option<ArrayView2<'_, i64>>,
+    options: &Options,
+    cot: &Cotangents<'_>,
+    staging: Staging,
+) -> Result<(), SpecError> {
+    macro_rules! go {
+        ($lv:expr, $wrap:path) => {{
+            let mut lv = $lv;
+            let write = {
+                let problem = Problem {
+                    logits: $wrap(lv.view()),
+                    tokens,
+                    sampling_mask,
+                    topk_ids,
+                    options: *options,
+                };
+                let shape = prepare(&problem, cot, staging)?;
+                plan_in_place(&problem, &shape, lv.view(), cot)?
+            };
+            apply_in_place(&mut lv, sampling_mask, options, write, staging);
+            Ok(())
+        }};
+    }
+    match logits {
+        LogitsMut::F64(lv) => go!(lv, Logits::F64),
+        LogitsMut::F32(lv) => go!(lv, Logits::F32),
+        LogitsMut::Bf16(lv) => go!(lv, Logits::Bf16),
+        LogitsMut::F16(lv) => go!(lv, Logits::F16),
+    }
+}
+
+/// Everything the in-place write pass needs, computed before any write.
+struct InPlacePlan<A: Acc> {
+    shape: Shape,
+    p: CallParams<A>,
+    stats: Vec<RowStats<A>>,
+    cots: Vec<RowCot<A>>,
+}
+
+fn plan_in_place<T: Input>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    lv: ArrayView2<'_, T>,
+    cot: &Cotangents<'_>,
+) -> Result<InPlacePlan<T::Acc>, SpecError> {
+    let p = params::<T::Acc>(problem, shape, cot);
+    if shape.n > 0 && shape.vocab_size == 0 {
+        return Err(row_error(problem, shape, 0));
+    }
+    let stats = all_stats(problem, shape, &lv, &p)?;
+    let cots = (0..shape.n).map(|r| RowCot::new(problem, cot, r)).collect();
+    Ok(InPlacePlan {
+        shape: *shape,
+        p,
+        stats,
+        cots,
+    })
+}
+
+fn apply_in_place<T: Input>(
+    lv: &mut ArrayViewMut2<'_, T>,
+    sampling_mask: Option<ArrayView2<'_, bool>>,
+    options: &Options,
+    plan: InPlacePlan<T::Acc>,
+    staging: Staging,
+) {
+    let me = options.entropy == Some(logprobe_reference::spec::EntropyLogits::Masked);
+    let vt = plan.shape.v_total;
+    let p = &plan.p;
+    match staging {
+        Staging::Fused => {
+            let rows: Vec<ArrayViewMut1<'_, T>> = lv.outer_iter_mut().collect();
+            rows.into_par_iter().enumerate().for_each(|(r, row)| {
+                let mut io = InPlace {
+                    row,
+                    input_temperature: p.input_temperature,
+                };
+                grad_row(
+                    &mut io,
+                    mask_row(sampling_mask, r),
+                    &plan.stats[r],
+                    &p,
+                    &plan.cots[r],
+                    vt,
+                    me,
+                );
+            });
+        }
+        Staging::Chunked(cs) => {
+            let v = p.v;
+            let c = cs.min(plan.shape.n);
+            let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];
+            let mut gbuf = vec![<T::Acc as Acc>::ZERO; c * v];
+            let mut r0 = 0;
+            while r0 < plan.shape.n {
+                let rows = cs.min(plan.shape.n - r0);
+                let mut sl = lv.slice_mut(ndarray::s![r0..r0 + rows, ..]);
+                let mut chunk: Vec<ArrayViewMut1<'_, T>> = sl.outer_iter_mut().collect();
+                zbuf[..rows * v]
+                    .par_chunks_mut(v)
+                    .zip(chunk.par_iter())
+                    .for_each(|(z, row)| {
+                        TypedRow {
+                            row: row.view(),
+                            input_temperature: p.input_temperature,
+                        }
+                        .load(0, z)
+                    });
+                zbuf[..rows * v]
+                    .par_chunks(v)
+                    .zip(gbuf[..rows * v].par_chunks_mut(v))
+                    .enumerate()
+                    .for_each(|(i, (z, g))| {
+                        let r = r0 + i;
+                        grad_row(
+                            &mut ToBuffer { src: z, dst: g },
+                            mask_row(sampling_mask, r),
+                            &plan.stats[r],
+                            &p,
+                            &plan.cots[r],
+                            v,
+                            me,
+                        );
+                    });
+                chunk
+                    .par_iter_mut()
+                    .zip(gbuf[..rows * v].par_chunks(v))
+                    .for_each(|(row, g)| {
+                        for (j, &x) in g.iter().enumerate() {
+                            row[j] = T::narrow(x);
+                        }
+                        for j in v..vt {
+                            row[j] = T::narrow(<T::Acc as Acc>::ZERO);
+                        }
+                    });
+                r0 += rows;
+            }
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! The properties of the `cargo test` gate (DESIGN: "The properties"), as
+//! [`Property`] values: each a generator of cases and a check of a kernel
+//! list, run by [`crate::checks::gate`] in `tests/` and by
+//! [`crate::checks::survey`] for the mutant kill table and the tightness
+//! figures. The kernel lists: [`cpu_kernels`] and [`cpu_families`].
+//!
+//! Default case counts keep the whole suite within its budget (the oracle
+//! costs about 1 us per vocabulary entry; real vocabulary sizes come at low
+//! weight with `N <= 2`); `PROPTEST_CASES` replaces every count.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use proptest::prelude::*;
+
+use logprobe_kernels::kernel::Kernel;
+use logprobe_kernels::{Chunked, Fused};
+use logprobe_reference::spec::Dtype;
+
+use crate::cache::oracle_case;
+use crate::checks::{
+    check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Failure, Property, Ratios,
+    Verdict,
+};
+use crate::strategies::{
+    bad_input, chunk_sizes, cotangent_recipe, edge_recipe, problem_recipe, BadInput, CotangentData,
+    CotangentRecipe, ProblemRecipe, RecipeSpace,
+};
+
+/// A kernel constructor by chunk size: chunked kernels use it, the others
+/// ignore it (then chunk-size invariance is trivial and only row slicing is
+/// checked).
+pub struct KernelFamily {
+    /// Name in reports.
+    pub name: String,
+    /// The kernel with `chunk_size` rows per chunk.
+    pub make: Box<dyn Fn(usize) -> Box<dyn Kernel> + Send + Sync>,
+}
+
+/// Every CPU kernel of the workspace, as the properties run them: fused,
+/// chunked at chunk sizes 1, 3 and 64.
+pub fn cpu_kernels() -> Vec<Box<dyn Kernel>> {
+    vec![
+        Box::new(Fused),
+        Box::new(Chunked::new(1)),
+        Box::new(Chunked::new(3)),
+        Box::new(Chunked::new(64)),
+    ]
+}
+
+/// The CPU kernels as families over chunk sizes.
+pub fn cpu_families() -> Vec<KernelFamily> {
+    vec![
+        KernelFamily {
+            name: "fused".into(),
+            make: Box::new(|_| Box::new(Fused)),
+        },
+        KernelFamily {
+            name: "chunked".into(),
+            make: Box::new(|c| Box::new(Chunked::new(c))),
+        },
+    ]
+}
+
+/// Runs `f`, turning a panic into an error (bad input never panics; a
+/// panicking kernel fails the property instead of aborting a survey).
+fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(format!("panicked: {msg}"))
+        }
+    }
+}
+
+fn verdict(
+    property: &'static str,
+    kernel: &dyn Kernel,
+    case: &dyn std::fmt::Debug,
+    r: Result<Ratios, String>,
+) -> Verdict {
+    Verdict {
+        kernel: kernel.name(),
+        outcome: r.map_err(|detail| Failure {
+            property,
+            kernel: kernel.name(),
+            detail: format!("{detail}\n  case: {case:?}"),
+        }),
+    }
+}
+
+/// The output dtype of the f32-accumulating properties: f64 for f64
+/// logits, else f32.
+fn acc_out(d: Dtype) -> Dtype {
+    if d == Dtype::F64 {
+        Dtype::F64
+    } else {
+        Dtype::F32
+    }
+}
+
+/// Property 1: log-probs, entropy and top-k log-probs agree with the oracle
+/// within the bound of each kernel's declared algorithm (f32 and f64 logits;
+/// f32 outputs feed the tightness figures).
+pub fn agreement() -> Property<ProblemRecipe, [Box<dyn Kernel>]> {
+    Property {
+        name: "log_probs_agree_with_oracle_within_bound",
+        cases: 192,
+        strategy: agreement_cases,
+        check: check_agreement,
+    }
+}
+
+fn agreement_cases() -> BoxedStrategy<ProblemRecipe> {
+    problem_recipe(RecipeSpace {
+        dtypes: vec![Dtype::F32, Dtype::F32, Dtype::F32, Dtype::F64],
+        ..RecipeSpace::default()
+    })
+}
+
+fn check_agreement(r: &ProblemRecipe, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+    let data = r.expand();
+    let oc = oracle_case(&format!("{r:?}"), &data);
+    let out = acc_out(r.dtype);
+    let record = r.dtype == Dtype::F32;
+    kernels
+        .iter()
+        .map(|k| {
+            verdict(
+                "log_probs_agree_with_oracle_within_bound",
+                k.as_ref(),
+                r,
+                guarded(|| judge_forward(k.as_ref(), &data, &oc, out, record)),
+            )
+        })
+        .collect()
+}
+
+/// Property 2: chunk-size invariance, bit for bit, forward and backward
+/// (chunk sizes 1, random, non-divisors of N, N, > N), and row-slicing
+/// invariance of every kernel.
+pub fn chunk_invariance() -> Property<(ProblemRecipe, CotangentRecipe, u64), [KernelFamily]> {
+    Property {
+        name: "chunk_size_is_bit_invariant",
+        cases: 96,
+        strategy: chunk_cases,
+        check: check_chunks,
+    }
+}
+
+fn chunk_cases() -> BoxedStrategy<(ProblemRecipe, CotangentRecipe, u64)> {
+    let space = RecipeSpace {
+        dtypes: vec![Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::F64],
+        real_vocab_weight: 0,
+        max_small_vocab: 2048,
+        max_rows: 24,
+        ..RecipeSpace::default()
+    };
+    (problem_recipe(space), cotangent_recipe(), any::<u64>()).boxed()
+}
+
+fn check_chunks(
+    c: &(ProblemRecipe, CotangentRecipe, u64),
+    families: &[KernelFamily],
+) -> Vec<Verdict> {
+    let (r, cr, seed) = c;
+    let data = r.expand();
+    let cot = cr.expand(&data);
+    let sizes = chunk_sizes(r.n, *seed);
+    let cut = (*seed as usize) % (r.n + 1);
+    families
+        .iter()
+        .map(|f| {
+            let k = (f.make)(sizes[0]);
+            let res = guarded(|| {
+                check_chunk_sizes(f.make.as_ref(), &data, &cot, &sizes)?;
+                check_row_slicing((f.make)(sizes[sizes.len() / 2]).as_ref(), &data, &cot, cut)?;
+                Ok(Ratios::default())
+            });
+            verdict("chunk_size_is_bit_invariant", k.as_ref(), c, res)
+        })
+        .collect()
+}
+
+/// Property 3: gradients (log-prob, entropy and top-k cotangents) against
+/// the oracle's VJP with the per-element bound; backward into a new buffer
+/// and in place.
+pub fn gradients() -> Property<(ProblemRecipe, CotangentRecipe), [Box<dyn Kernel>]> {
+    Property {
+        name: "gradients_match_oracle_vjp",
+        cases: 96,
+        strategy: gradient_cases,
+        check: check_gradients,
+    }
+}
+
+fn gradient_cases() -> BoxedStrategy<(ProblemRecipe, CotangentRecipe)> {
+    let space = RecipeSpace {
+        dtypes: vec![Dtype::F32, Dtype::F32, Dtype::F64],
+        max_small_vocab: 1024,
+        ..RecipeSpace::default()
+    };
+    (problem_recipe(space), cotangent_recipe()).boxed()
+}
+
+fn check_gradients(
+    c: &(ProblemRecipe, CotangentRecipe),
+    kernels: &[Box<dyn Kernel>],
+) -> Vec<Verdict> {
+    let (r, cr) = c;
+    let data = r.expand();
+    let cot = cr.expand(&data);
+    let key = format!("{r:?}");
+    let oc = oracle_case(&key, &data);
+    let vkey = format!("{r:?}{cr:?}");
+    let out = acc_out(r.dtype);
+    let record = r.dtype == Dtype::F32;
+    kernels
+        .iter()
+        .map(|k| {
+            let res = guarded(|| {
+                let mut q =
+                    judge_backward(k.as_ref(), &data, &cot, &oc, &vkey, out, false, record)?;
+                q.merge(&judge_backward(
+                    k.as_ref(),
+                    &data,
+                    &cot,
+                    &oc,
+                    &vkey,
+                    out,
+                    true,
+                    false,
+                )?);
+                Ok(q)
+            });
+            verdict("gradients_match_oracle_vjp", k.as_ref(), c, res)
+        })
+        .collect()
+}
+
+/// Property 4: bf16 and f16 logits, outputs in f32, bf16 and f16, forward
+/// and backward, within the bound.
+pub fn half_precision() -> Property<(ProblemRecipe, CotangentRecipe), [Box<dyn Kernel>]> {
+    Property {
+        name: "bf16_f16_inputs_and_outputs_within_bound",
+        cases: 96,
+        strategy: half_cases,
+        check: check_half,
+    }
+}
+
+fn half_cases() -> BoxedStrategy<(ProblemRecipe, CotangentRecipe)> {
+    let space = RecipeSpace {
+        dtypes: vec![Dtype::Bf16, Dtype::F16],
+        max_small_vocab: 2048,
+        ..RecipeSpace::default()
+    };
+    (problem_recipe(space), cotangent_recipe()).boxed()
+}
+
+fn check_half(c: &(ProblemRecipe, CotangentRecipe), kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+    let (r, cr) = c;
+    let data = r.expand();
+    let cot = cr.expand(&data);
+    let oc = oracle_case(&format!("{r:?}"), &data);
+    let vkey = format!("{r:?}{cr:?}");
+    kernels
+        .iter()
+        .map(|k| {
+            let res = guarded(|| {
+                for out in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+                    judge_forward(k.as_ref(), &data, &oc, out, false)
+                        .map_err(|e| format!("out {out}: {e}"))?;
+                }
+                for out in [r.dtype, Dtype::F32] {
+                    judge_backward(k.as_ref(), &data, &cot, &oc, &vkey, out, false, false)
+                        .map_err(|e| format!("grad out {out}: {e}"))?;
+                }
+                judge_backward(k.as_ref(), &data, &cot, &oc, &vkey, r.dtype, true, false)
+                    .map_err(|e| format!("in-place grad: {e}"))?;
+                Ok(Ratios::default())
+            });
+            verdict(
+                "bf16_f16_inputs_and_outputs_within_bound",
+                k.as_ref(),
+                c,
+                res,
+            )
+        })
+        .collect()
+}
+
+/// A case of property 7: a valid edge problem, or a problem with one bad
+/// input planted at `(row, col)`.
+pub type EdgeCase = (
+    ProblemRecipe,
+    CotangentRecipe,
+    Option<BadInput>,
+    usize,
+    usize,
+);
+
+/// Property 7: edges give their defined values (within the bound) and every
+/// bad input gives its typed error, forward, backward and in place; inputs
+/// are unchanged after every non-in-place call and after a failed in-place
+/// one.
+pub fn edges() -> Property<EdgeCase, [Box<dyn Kernel>]> {
+    Property {
+        name: "edges_give_defined_values_or_typed_errors",
+        cases: 256,
+        strategy: edge_cases,
+        check: check_edges,
+    }
+}
+
+fn edge_cases() -> BoxedStrategy<EdgeCase> {
+    (
+        edge_recipe(),
+        cotangent_recipe(),
+        prop_oneof![1 => Just(None), 1 => bad_input().prop_map(Some)],
+        any::<usize>(),
+        any::<usize>(),
+    )
+        .boxed()
+}
+
+fn check_edges(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+    let (r, cr, bad, row, col) = c;
+    let mut data = r.expand();
+    let mut cot = cr.expand(&data);
+    if let Some(b) = bad {
+        b.apply(&mut data, &mut cot, *row, *col);
+    }
+    let key = format!("{r:?} bad={bad:?} at ({row}, {col})");
+    let oc = oracle_case(&key, &data);
+    let vkey = format!("{key} {cr:?}");
+    let out = acc_out(r.dtype);
+    kernels
+        .iter()
+        .map(|k| {
+            let res = guarded(|| {
+                judge_forward(k.as_ref(), &data, &oc, out, false)
+                    .map_err(|e| format!("forward: {e}"))?;
+                if cot.is_empty() && bad.is_none() {
+                    return Ok(Ratios::default());
+                }
+                judge_backward(k.as_ref(), &data, &cot, &oc, &vkey, out, false, false)
+                    .map_err(|e| format!("backward: {e}"))?;
+                judge_backward(k.as_ref(), &data, &cot, &oc, &vkey, out, true, false)
+                    .map_err(|e| format!("in-place backward: {e}"))?;
+                Ok(Ratios::default())
+            });
+            verdict(
+                "edges_give_defined_values_or_typed_errors",
+                k.as_ref(),
+                c,
+                res,
+            )
+        })
+        .collect()
+}
+
+/// Property 7 (inputs): every non-in-place call (forward into each output
+/// dtype, backward) leaves logits, tokens, mask, ids and cotangents bit for
+/// bit unchanged, valid input or not.
+pub fn inputs_unchanged() -> Property<EdgeCase, [Box<dyn Kernel>]> {
+    Property {
+        name: "inputs_unchanged_after_non_in_place_calls",
+        cases: 128,
+        strategy: edge_cases,
+        check: check_unchanged,
+    }
+}
+
+fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+    let (r, cr, bad, row, col) = c;
+    let mut data = r.expand();
+    let mut cot = cr.expand(&data);
+    if let Some(b) = bad {
+        b.apply(&mut data, &mut cot, *row, *col);
+    }
+    let (data0, cot0) = (data.clone(), cot.clone());
+    kernels
+        .iter()
+        .map(|k| {
+            let res = guarded(|| {
+                for out in [Dtype::F32, Dtype::Bf16, Dtype::F64] {
+                    let _ = k.forward(&data.problem(), out);
+                    let same = data.logits.bits_eq(&data0.logits)
+                        && data.tokens == data0.tokens
+                        && data.sampling_mask == data0.sampling_mask
+                        && data.topk_ids == data0.topk_ids;
+                    if !same {
+                        return Err(format!("forward (out {out}) changed its inputs"));
+                    }
+                    let _ = k.backward(&data.problem(), &cot.view(), out);
+                    let same_cot =
+                        |a: &CotangentData, b: &CotangentData| format!("{a:?}") == format!("{b:?}");
+                    if !data.logits.bits_eq(&data0.logits) || !same_cot(&cot, &cot0) {
+                        return Err(format!("backward (out {out}) changed its inputs"));
+                    }
+                }
+                Ok(Ratios::default())
+            });
+            verdict(
+                "inputs_unchanged_after_non_in_place_calls",
+                k.as_ref(),
+                c,
+                res,
+            )
+        })
+        .collect()
+}
+
+/// Builds a kernel over shards of the given widths.
+pub type ShardedMaker = Box<dyn Fn(&[usize]) -> Box<dyn Kernel> + Send + Sync>;
+
+/// A vocab-parallel kernel constructor by shard widths (summing to `V_total`).
+pub struct ShardedFamily {
+    /// Name in reports.
+    pub name: String,
+    /// The kernel over shards of these widths.
+    pub make: ShardedMaker,
+}
+
+/// A case of property 6: a problem, cotangents, a shard count and the
+/// layout's seed.
+pub type ShardCase = (ProblemRecipe, CotangentRecipe, usize, u64);
+
+/// Property 6: every sharding (any shard count, uneven widths, empty
+/// shards, an all-masked shard, padded vocabulary in the last shards) is
+/// checked against the oracle, never against the unsharded kernel: forward
+/// and backward within the bound.
+pub fn vocab_parallel() -> Property<ShardCase, [ShardedFamily]> {
+    Property {
+        name: "vocab_parallel_shardings_match_oracle",
+        cases: 96,
+        strategy: shard_cases,
+        check: check_shards,
+    }
+}
+
+fn shard_cases() -> BoxedStrategy<ShardCase> {
+    let space = RecipeSpace {
+        dtypes: vec![Dtype::F32, Dtype::F32, Dtype::Bf16, Dtype::F16],
+        max_small_vocab: 2048,
+        ..RecipeSpace::default()
+    };
+    (
+        problem_recipe(space),
+        cotangent_recipe(),
+        1usize..=8,
+        any::<u64>(),
+    )
+        .boxed()
+}
+
+fn check_shards(c: &ShardCase, families: &[ShardedFamily]) -> Vec<Verdict> {
+    let (r, cr, count, seed) = c;
+    let v_total = r.vocab_size.max(1) + r.padding;
+    let layout =
+        crate::strategies::ShardLayout::generate(*seed, *count, v_total, r.mask_rate.is_some());
+    let masked = layout.masked_shard.map(|k| layout.range(k));
+    let data = r.expand_with_masked_cols(masked.clone());
+    let cot = cr.expand(&data);
+    let key = format!("{r:?} masked={masked:?}");
+    let oc = oracle_case(&key, &data);
+    let vkey = format!("{key} {cr:?}");
+    let out = acc_out(r.dtype);
+    families
+        .iter()
+        .map(|f| {
+            let k = (f.make)(&layout.widths);
+            let res = guarded(|| {
+                let mut q = judge_forward(k.as_ref(), &data, &oc, out, false)
+                    .map_err(|e| format!("forward: {e}"))?;
+                q.merge(
+                    &judge_backward(k.as_ref(), &data, &cot, &oc, &vkey, out, false, false)
+                        .map_err(|e| format!("backward: {e}"))?,
+                );
+                Ok(q)
+            });
+            let detail_case = (c, &layout);
+            verdict(
+                "vocab_parallel_shardings_match_oracle",
+                k.as_ref(),
+                &detail_case,
+                res,
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,590 @@
+//! Per-row error bounds (nats) of log-probs, entropy, top-k log-probs and
+//! per-element bounds of grad logits. The derivation, with sources, is
+//! `properties/TOLERANCE.md`; each step below names its equation there
+//! (`(T1)` ...).
+
+use logprobe_kernels::kernel::Shift;
+use logprobe_reference::oracle::{Interval, RowStats};
+use logprobe_reference::spec::{pow2, Dtype};
+
+use super::model::{EntropyForm, Model, RowContext};
+use super::upward::{Hi, Lo};
+use super::{Bound, NoBound};
+
+/// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
+/// below the smallest normal of the accumulation dtype is allowed to return
+/// anything in `[0, e^y (1 + eps_exp) + eta_sub]`.
+const FLUSH_MARGIN: f64 = 0.01;
+
+/// Upstream cotangents of one row for [`RowBounds::grad`]: `g` (log-prob),
+/// `h` (entropy), `G_k` (top-k, with their ids).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GradCotangents<'c> {
+    /// Cotangent `g` of the log-prob (0 for `ignore_index` rows).
+    pub g: f64,
+    /// Cotangent `h` of the entropy.
+    pub h: f64,
+    /// Target token `t` (`None`: no log-prob term).
+    pub token: Option<usize>,
+    /// `(id_k, G_k)` pairs; masked ids (`d_id = -inf`) add nothing.
+    pub topk: &'c [(usize, f64)],
+}
+
+/// Error bounds of one row under one [`Model`], built once from the
+/// oracle's [`RowStats`] and queried per output.
+///
+/// All quantities are evaluated with upward rounding ([`super::upward`])
+/// at the far end of every enclosure.
+#[derive(Clone, Debug)]
+pub struct RowBounds<'a> {
+    stats: &'a RowStats,
+    c: Consts,
+    /// Log-prob set (masked `z'`: `d`, `S`, `ln S`).
+    p: Result<SetBounds, NoBound>,
+    /// Entropy set (`w`: `e`, `S_w`, `ln S_w`, `R`).
+    w: Result<SetBounds, NoBound>,
+    /// Entropy error before the final rounding (form per the model).
+    entropy_pre: Result<Hi, NoBound>,
+    /// Error of the entropy value a gradient may use, rounding included
+    /// (any form, and the autograd form `sum p (lp + 1)`).
+    entropy_grad: Result<Hi, NoBound>,
+}
+
+/// Row-independent constants of a model (T1-T3).
+#[derive(Clone, Debug)]
+struct Consts {
+    acc: Dtype,
+    shift: Shift,
+    u: Hi,
+    /// `eps_exp = exp_ulps * 2u`: relative error of `exp` on normal results.
+    eps_exp: Hi,
+    /// `eta_sub = exp_ulps * 2^emin_sub`: absolute error of `exp` in the subnormal range.
+    eta_sub: Hi,
+    /// `eta = 2^emin_normal`: absolute loss of any flushed result.
+    eta: Hi,
+    log_ulps: Hi,
+    /// `ln(2^emin_normal) + margin`: below this an `exp` result may flush.
+    ln_min_normal: f64,
+    /// Relative error of the division by `T`: 0 for powers of two, `gamma_2` otherwise.
+    t_div: Hi,
+    /// Roundings of the division by `T` (0 or 2).
+    t_count: usize,
+    temperature: f64,
+    /// `Z = |max z|`.
+    z: Hi,
+    /// Shift error `|d^_j - d_j| <= a |d_j| + b` (T2).
+    a: Hi,
+    b: Hi,
+    /// Same for the log-prob subtraction `x_t - lse` of raw kernels.
+    a_lp: Hi,
+    b_lp: Hi,
+    /// `K_S = (1 + eps_exp)^(1+r) (1 + gamma_{n_S})`, `n_S = h + L + r`.
+    k_s: Result<Hi, NoBound>,
+    /// `K_B = (1 + eps_exp)^(1+r) (1 + gamma_{n_B})`, `n_B = h + L + 2r + 2`.
+    k_b: Result<Hi, NoBound>,
+    /// `K_P = (1 + eps_exp) (1 + gamma_{n_P})`, `n_P = h + L + r + 1`, and with one more rounding.
+    k_p: Result<(Hi, Hi), NoBound>,
+    /// `omega = (1 + gamma_{n_B}) / (1 - gamma_{n_S}) - 1` (raw entropy).
+    omega: Result<Hi, NoBound>,
+    n_s: usize,
+    n_b: usize,
+    n_p: usize,
+}
+
+/// Bounds of one logit set (T4-T6).
+#[derive(Clone, Copy, Debug)]
+struct SetBounds {
+    ln_s: Interval,
+    /// Relative error of the computed sum `S^`.
+    theta_s: Hi,
+    /// `-ln(1 - theta_S)`.
+    nl_theta: Hi,
+    /// Error of `ln S^` (nats).
+    delta_ell: Hi,
+    /// Error of the normaliser a log-prob subtracts: `delta_ell` (shifted)
+    /// or of `lse = z_max + ln S` (raw).
+    lse_err: Hi,
+}
+
+/// `gamma_n = n u / (1 - n u)` (Higham, Lemma 3.1), or no bound when `n u >= 1`.
+fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
+    let nu = n as f64 * u;
+    if nu.is_nan() || nu >= 1.0 {
+        return Err(NoBound::GammaUndefined { n, u });
+    }
+    Ok(Hi(nu) / (Lo(1.0) - Hi(nu)))
+}
+
+/// Half an ulp of `dtype` at magnitude `y` (exact; monotone in `y`).
+fn half_ulp(dtype: Dtype, y: Hi) -> Hi {
+    Hi(0.5 * dtype.ulp(y.0))
+}
+
+/// Upper bound of `e^lw (e^x - 1)` without overflow (`x >= 0`).
+fn w_expm1(lw: Hi, x: Hi) -> Hi {
+    if x.0 <= 1.0 {
+        lw.exp() * x.exp_m1()
+    } else {
+        (lw + x).exp()
+    }
+}
+
+/// `|d_j|` at the far end of its enclosure (`d_j <= 0`).
+fn mag(d: &Interval) -> Hi {
+    Hi(-d.lo)
+}
+
+fn finite(x: Hi, what: &'static str) -> Result<Hi, NoBound> {
+    if x.0.is_finite() {
+        Ok(x)
+    } else {
+        Err(NoBound::NonFinite { what })
+    }
+}
+
+impl Consts {
+    fn new(model: &Model, n_terms: usize, ctx: &RowContext) -> Consts {
+        let acc = model.accumulation;
+        let u_f = acc.unit_roundoff();
+        let u = Hi(u_f);
+        let alg = model.algorithm(n_terms);
+        let (h, l, r) = (
+            alg.summation.leaf.max(1),
+            alg.summation.merges,
+            alg.rescaling_exps,
+        );
+        let eps_exp = Hi(model.exp_ulps.max(0.0)) * Hi(2.0 * u_f);
+        let t = ctx.temperature;
+        let pow2_t = t > 0.0 && t.is_finite() && {
+            let e = t.log2().round() as i32;
+            (-60..=60).contains(&e) && pow2(e) == t
+        };
+        let (t_div, t_count) = if pow2_t {
+            (Hi::ZERO, 0)
+        } else {
+            (gamma(2, u_f).unwrap_or(Hi(f64::NAN)), 2)
+        };
+        let z = Hi(ctx.z_max_abs.abs());
+        let one_u = Hi::ONE + u;
+        // (T2) shift errors.
+        let (a, b) = match model.shift {
+            Shift::SubtractThenScale => (one_u * (Hi::ONE + t_div) - Lo(1.0), Hi::ZERO),
+            Shift::ScaleThenSubtract | Shift::Raw => {
+                (u + one_u * t_div, Hi(2.0) * one_u * t_div * z)
+            }
+        };
+        let (a_lp, b_lp) = match model.shift {
+            Shift::Raw => (t_div, t_div * z),
+            _ => (a, b),
+        };
+        let n_s = h + l + r;
+        let n_b = h + l + 2 * r + 2;
+        let n_p = h + l + r + 1;
+        let exps = (Hi::ONE + eps_exp).powi(1 + r);
+        let k_s = gamma(n_s, u_f).map(|g| exps * (Hi::ONE + g));
+        let k_b = gamma(n_b, u_f).map(|g| exps * (Hi::ONE + g));
+        let k_p = gamma(n_p, u_f).and_then(|g0| {
+            let g1 = gamma(n_p + 1, u_f)?;
+            Ok((
+                (Hi::ONE + eps_exp) * (Hi::ONE + g0),
+                (Hi::ONE + eps_exp) * (Hi::ONE + g1),
+            ))
+        });
+        let omega = gamma(n_b, u_f).and_then(|gb| {
+            let gs = gamma(n_s, u_f)?;
+            Ok((Hi::ONE + gb) / (Lo(1.0) - gs) - Lo(1.0))
+        });
+        Consts {
+            acc,
+            shift: model.shift,
+            u,
+            eps_exp,
+            eta_sub: Hi(model.exp_ulps.max(1.0)) * Hi(acc.ulp(0.0)),
+            eta: Hi(pow2(acc.min_normal_exp())),
+            log_ulps: Hi(model.log_ulps.max(0.0)),
+            ln_min_normal: acc.min_normal_exp() as f64 * std::f64::consts::LN_2 + FLUSH_MARGIN,
+            t_div,
+            t_count,
+            temperature: t,
+            z,
+            a,
+            b,
+            a_lp,
+            b_lp,
+            k_s,
+            k_b,
+            k_p,
+            omega,
+            n_s,
+            n_b,
+            n_p,
+        }
+    }
+
+    /// Error of a log-prob-like `d_j - lse` before its own rounding (T7).
+    fn lp_err_pre(&self, set: &SetBounds, d_abs: Hi) -> Hi {
+        self.a_lp * d_abs + self.b_lp + set.lse_err
+    }
+
+    /// Error of a rounded entry of a log-softmax buffer, `lambda_j` (T9).
+    fn lambda(&self, set: &SetBounds, d_abs: Hi) -> Hi {
+        let lp_abs = d_abs + Hi(set.ln_s.hi);
+        self.lp_err_pre(set, d_abs) * (Hi::ONE + self.u) + self.u * lp_abs
+    }
+
+    /// The final roundings (T8): `A + 1/2 ulp_acc(|v| + A)`, then
+    /// `+ 1/2 ulp_out(|v| + A + 1/2 ulp_acc)` when `out` is narrower than
+    /// the accumulation dtype.
+    fn finish(&self, pre: Hi, v_abs: Hi, out: Dtype, what: &'static str) -> Bound {
+        let y1 = v_abs + pre;
+        if !y1.0.is_finite() {
+            return Bound::None {
+                reason: NoBound::NonFinite { what },
+            };
+        }
+        let r1 = half_ulp(self.acc, y1);
+        let mut total = pre + r1;
+        if out.precision() < self.acc.precision() {
+            total = total + half_ulp(out, y1 + r1);
+        }
+        match finite(total, what) {
+            Ok(t) => Bound::Abs(t.0),
+            Err(reason) => Bound::None { reason },
+        }
+    }
+
+    /// Relative-error deviation of an `exp`-derived probability: upper bound
+    /// of `|p^_j - p_j|` when `p^_j = p_j e^{+-arg} (1 +- eps_exp)` (T10),
+    /// flush and subnormal errors included.
+    fn prob_dev(&self, lw: Hi, arg: Hi) -> Hi {
+        let mut dev =
+            w_expm1(lw, arg) * (Hi::ONE + self.eps_exp) + lw.exp() * self.eps_exp + self.eta_sub;
+        if (lw + arg).0 < self.ln_min_normal {
+            dev = dev + lw.exp();
+        }
+        dev
+    }
+}
+
+impl<'a> RowBounds<'a> {
+    /// Bounds of the row described by `stats` (the oracle's
+    /// [`logprobe_reference::oracle::Oracle::row_stats`]) under `model`.
+    ///
+    /// `V` for the summation presets is `stats.p.len()`. Never panics: a
+    /// model that certifies nothing (`n u >= 1`, `theta_S >= 1`, non-finite
+    /// statistics) yields [`Bound::None`] from the queries.
+    pub fn new(model: &Model, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
+        let c = Consts::new(model, stats.p.len().max(stats.q.len()), ctx);
+        let p = set_bounds(&c, model, &stats.d, stats.ln_s);
+        let w = set_bounds(&c, model, &stats.e, stats.ln_s_w);
+        let (entropy_pre, entropy_grad) = match &w {
+            Ok(ws) => entropy_errors(&c, model, stats, ws),
+            Err(e) => (Err(e.clone()), Err(e.clone())),
+        };
+        RowBounds {
+            stats,
+            c,
+            p,
+            w,
+            entropy_pre,
+            entropy_grad,
+        }
+    }
+
+    /// Relative error bound `theta_S` of the computed log-prob normaliser
+    /// `S^` (for reports and tests).
+    ///
+    /// # Errors
+    /// [`NoBound`] when the model certifies nothing for this row.
+    pub fn theta_s(&self) -> Result<f64, NoBound> {
+        self.p.as_ref().map(|s| s.theta_s.0).map_err(Clone::clone)
+    }
+
+    /// Bound (nats) on `|log_prob^ - log_prob|` for a candidate in `out`
+    /// (T7-T8): `A = a |d_t| + b + delta_ell` (raw kernels:
+    /// `t_T (Z + |d_t|) + err(lse)`), then the final roundings.
+    pub fn log_prob(&self, out: Dtype) -> Bound {
+        match self.stats.d_t {
+            Some(d_t) => self.shifted_log_prob(&d_t, out, "log_prob"),
+            None => Bound::None {
+                reason: NoBound::MissingStatistic {
+                    what: "d_t (no target)",
+                },
+            },
+        }
+    }
+
+    /// Bound (nats) on the top-k log-prob of vocabulary id `id`: as
+    /// [`RowBounds::log_prob`] with `d_id`; exactly 0 for a masked id (its
+    /// value is the constant `-inf`).
+    pub fn topk(&self, id: usize, out: Dtype) -> Bound {
+        match self.stats.d.get(id) {
+            Some(d) if d.hi == f64::NEG_INFINITY => Bound::Abs(0.0),
+            Some(d) => self.shifted_log_prob(d, out, "topk_log_prob"),
+            None => Bound::None {
+                reason: NoBound::MissingStatistic {
+                    what: "d of a top-k id (out of range)",
+                },
+            },
+        }
+    }
+
+    fn shifted_log_prob(&self, d: &Interval, out: Dtype, what: &'static str) -> Bound {
+        let set = match &self.p {
+            Ok(s) => s,
+            Err(e) => return Bound::None { reason: e.clone() },
+        };
+        let d_abs = mag(d);
+        let pre = self.c.lp_err_pre(set, d_abs);
+        self.c.finish(pre, d_abs + Hi(set.ln_s.hi), out, what)
+    }
+
+    /// Bound (nats) on `|entropy^ - entropy|` for a candidate in `out`
+    /// (T11-T13 per the model's [`EntropyForm`], then the final roundings).
+    pub fn entropy(&self, out: Dtype) -> Bound {
+        match (&self.w, &self.entropy_pre) {
+            (Ok(ws), Ok(pre)) => {
+                self.c
+                    .finish(*pre, Hi(ws.ln_s.hi) + Hi(self.stats.r.hi), out, "entropy")
+            }
+            (Err(e), _) | (_, Err(e)) => Bound::None { reason: e.clone() },
+        }
+    }
+
+    /// Bound on `|dx^_j - dx_j|` for element `j < V` of grad logits (T14),
+    /// in the gradient's units, for the cotangents `cot`, rounded to `out`.
+    /// Padded columns (`j >= V`) are exactly 0 and are not covered here.
+    pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> Bound {
+        match self.grad_inner(j, cot, out) {
+            Ok(b) => b,
+            Err(reason) => Bound::None { reason },
+        }
+    }
+
+    fn grad_inner(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> Result<Bound, NoBound> {
+        let c = &self.c;
+        let st = self.stats;
+        let (Some(dj), Some(ej)) = (st.d.get(j), st.e.get(j)) else {
+            return Err(NoBound::MissingStatistic {
+                what: "d_j / e_j (column out of range)",
+            });
+        };
+        let g = Hi(cot.g.abs());
+        let h = Hi(cot.h.abs());
+        let ind_t = cot.token == Some(j) && cot.g != 0.0;
+        // Top-k terms of unmasked ids only (masked ids are constants).
+        let mut g_sum = g;
+        let mut ind_k = Hi::ZERO;
+        let mut n_terms = if cot.g != 0.0 { 1 + ind_t as usize } else { 0 };
+        for &(id, gk) in cot.topk {
+            let masked = st.d.get(id).is_none_or(|d| d.hi == f64::NEG_INFINITY);
+            if gk == 0.0 || masked {
+                continue;
+            }
+            g_sum = g_sum + Hi(gk.abs());
+            n_terms += 1;
+            if id == j {
+                ind_k = ind_k + Hi(gk.abs());
+                n_terms += 1;
+            }
+        }
+        let ind = if ind_t { g + ind_k } else { ind_k };
+        // p-terms: |g^| p_j rho_j (T10).
+        let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
+        if g_sum.0 > 0.0 && dj.hi > f64::NEG_INFINITY {
+            let set = self.p.as_ref().map_err(Clone::clone)?;
+            let (lw, arg) = self.prob_arg(set, dj);
+            p_hi = lw.exp();
+            p_dev = c.prob_dev(lw, arg);
+        }
+        // h-terms: |h| (q_dev (|c| + dc) + q dc) with c_j = e_j + R.
+        let (mut q_hi, mut q_dev, mut c_abs, mut dc, mut lpw_abs) =
+            (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
+        let mut h_hi = Hi::ZERO;
+        if h.0 > 0.0 && ej.hi > f64::NEG_INFINITY {
+            let set = self.w.as_ref().map_err(Clone::clone)?;
+            let dh = *self.entropy_grad.as_ref().map_err(Clone::clone)?;
+            let (lw, arg) = self.prob_arg(set, ej);
+            q_hi = lw.exp();
+            q_dev = c.prob_dev(lw, arg);
+            let c_hi = Hi(ej.hi) + Hi(st.r.hi);
+            let c_lo = Lo(ej.lo) + Lo(st.r.lo);
+            c_abs = c_hi.max(c_lo.neg());
+            dc = c.lambda(set, mag(ej)) + dh;
+            lpw_abs = mag(ej) + Hi(set.ln_s.hi);
+            h_hi = Hi(set.ln_s.hi) + Hi(st.r.hi);
+            n_terms += 2;
+        }
+        let main = g_sum * p_dev + h * (q_dev * (c_abs + dc) + q_hi * dc);
+        // Rounding of the combination: gamma_m over the elementary terms' magnitudes.
+        let m = n_terms + 2 + c.t_count;
+        let gm = gamma(m, c.u.0)?;
+        let mags =
+            ind + g_sum * (p_hi + p_dev) + h * (q_hi + q_dev) * (lpw_abs + h_hi + Hi(2.0) + dc);
+        let inv_t = Hi::ONE / Lo(c.temperature);
+        let floor = Hi((m + 2) as f64) * c.eta * Hi::ONE.max(inv_t);
+        let pre = (main + gm * mags) * inv_t + floor;
+        let pre = finite(pre, "grad_logits")?;
+        let mut total = pre;
+        if out.precision() < c.acc.precision() {
+            let v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
+            total = total + half_ulp(out, v_abs + pre);
+        }
+        Ok(Bound::Abs(finite(total, "grad_logits")?.0))
+    }
+
+    /// `(ln p_j upper, arg_j)`: the exponent of the relative error of a
+    /// computed probability, the larger of its two evaluation forms (T10):
+    /// `exp(lp^_j)` (`lambda_j`) and `e^_j / S^` (`alpha_j - ln(1 - theta_S) + 2u`).
+    fn prob_arg(&self, set: &SetBounds, d: &Interval) -> (Hi, Hi) {
+        let c = &self.c;
+        let d_abs = mag(d);
+        let lw = Hi(d.hi) - Lo(set.ln_s.lo);
+        let alpha = c.a * d_abs + c.b;
+        let via_div = alpha + set.nl_theta + Hi(2.0) * c.u;
+        (lw, c.lambda(set, d_abs).max(via_div))
+    }
+}
+
+/// Pass 1 over one logit set (T4-T6): `theta_S`, `delta_ell`, `err(lse)`.
+fn set_bounds(
+    c: &Consts,
+    model: &Model,
+    ds: &[Interval],
+    ln_s: Interval,
+) -> Result<SetBounds, NoBound> {
+    let k_s = c.k_s.clone()?;
+    let (mut e1, mut fl, mut n_fin) = (Hi::ZERO, Hi::ZERO, 0usize);
+    for d in ds {
+        if d.hi == f64::NEG_INFINITY {
+            continue; // exp(-inf) = 0 exactly: the term adds nothing.
+        }
+        n_fin += 1;
+        let lw = Hi(d.hi) - Lo(ln_s.lo);
+        let alpha = c.a * mag(d) + c.b;
+        e1 = e1 + w_expm1(lw, alpha);
+        if (Hi(d.hi) + alpha).0 < c.ln_min_normal {
+            fl = fl + (lw + alpha).exp();
+        }
+    }
+    let n = Hi(n_fin as f64);
+    // (T4) theta_S = (K_S - 1) + K_S (E1 + F) + floor_S (S >= 1: the argmax term is e^0).
+    let floor_s = n * Hi((c.n_s + 2) as f64) * c.eta + n * c.eta_sub * k_s;
+    let theta_s = finite((k_s - Lo(1.0)) + k_s * (e1 + fl) + floor_s, "theta_S")?;
+    if theta_s.0.is_nan() || theta_s.0 >= 1.0 {
+        return Err(NoBound::SumUnbounded { theta: theta_s.0 });
+    }
+    // (T5) delta_ell = -ln(1 - theta_S) + log_ulps ulp_acc(ln S + -ln(1 - theta_S)).
+    let nl_theta = theta_s.neg_ln_1m();
+    let delta_ell = nl_theta + c.log_ulps * Hi(c.acc.ulp((Hi(ln_s.hi) + nl_theta).0));
+    // (T6) raw kernels subtract lse = z_max + ln S, rounded.
+    let lse_err = match model.shift {
+        Shift::Raw => {
+            let lse_abs = (Hi::ONE + c.t_div) * c.z + Hi(ln_s.hi) + delta_ell;
+            c.t_div * c.z + delta_ell + half_ulp(c.acc, lse_abs)
+        }
+        _ => delta_ell,
+    };
+    Ok(SetBounds {
+        ln_s,
+        theta_s,
+        nl_theta,
+        delta_ell: finite(delta_ell, "delta_ell")?,
+        lse_err: finite(lse_err, "lse")?,
+    })
+}
+
+/// Entropy errors (T11-T13): the one the model's form needs before the
+/// final rounding, and the one a gradient may see.
+fn entropy_errors(
+    c: &Consts,
+    model: &Model,
+    st: &RowStats,
+    ws: &SetBounds,
+) -> (Result<Hi, NoBound>, Result<Hi, NoBound>) {
+    let r_hi = Hi(st.r.hi);
+    let ell = Hi(ws.ln_s.hi);
+    let h_hi = r_hi + ell;
+    // One pass over w: the fused sums (T11) and the log-softmax sums (T12).
+    let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
+        (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
+    let (mut s_dem, mut s_em, mut s_lam, mut fl_d, mut fl_1, mut sdl) =
+        (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
+    let mut n_fin = 0usize;
+    for e in &st.e {
+        if e.hi == f64::NEG_INFINITY {
+            continue;
+        }
+        n_fin += 1;
+        let d_abs = mag(e);
+        let lw = Hi(e.hi) - Lo(ws.ln_s.lo);
+        let alpha = c.a * d_abs + c.b;
+        let wm = w_expm1(lw, alpha);
+        e1 = e1 + wm;
+        e2 = e2 + d_abs * wm;
+        sd = sd + d_abs;
+        if (Hi(e.hi) + alpha).0 < c.ln_min_normal {
+            let we = (lw + alpha).exp();
+            fl = fl + we;
+            fl2 = fl2 + d_abs * we;
+        }
+        let lam = c.lambda(ws, d_abs);
+        let dl = d_abs + ell;
+        let wl = w_expm1(lw, lam);
+        let wel = (lw + lam).exp();
+        s_dem = s_dem + dl * wl;
+        s_em = s_em + wl;
+        s_lam = s_lam + wel * lam;
+        sdl = sdl + dl + lam;
+        if (lw + lam).0 < c.ln_min_normal {
+            fl_d = fl_d + dl * wel;
+            fl_1 = fl_1 + wel;
+        }
+    }
+    let n = Hi(n_fin as f64);
+    // (T11) fused: Delta R_B, then E_R = [R (2u + u^2 + theta) + Delta R_B (1+u)^2] / (1 - theta).
+    let fused = c.k_b.clone().and_then(|k_b| {
+        let kb1 = k_b * (Hi::ONE + c.a);
+        let floor_b =
+            n * Hi((c.n_b + 3) as f64) * c.eta + c.eta_sub * k_b * ((Hi::ONE + c.a) * sd + n * c.b);
+        let dr_b =
+            kb1 * (e2 + fl2) + (kb1 - Lo(1.0)) * r_hi + k_b * c.b * (Hi::ONE + e1 + fl) + floor_b;
+        let u2 = (Hi::ONE + c.u) * (Hi::ONE + c.u);
+        let e_r = (r_hi * ((u2 - Lo(1.0)) + ws.theta_s) + dr_b * u2) / (Lo(1.0) - ws.theta_s);
+        let pre = match c.shift {
+            Shift::Raw => {
+                let omega = c.omega.clone()?;
+                let mu_abs = c.z * (Hi::ONE + omega) + r_hi + e_r;
+                ws.lse_err + c.z * omega + e_r + half_ulp(c.acc, mu_abs)
+            }
+            _ => ws.delta_ell + e_r,
+        };
+        finite(pre, "entropy (fused form)")
+    });
+    // (T12) log-softmax form, and (T13) its `lp + 1` variant for gradients.
+    let logsoftmax = c.k_p.clone().and_then(|(k_p, k_p1)| {
+        let floor = |k: usize, extra: Hi| {
+            n * Hi((c.n_p + k) as f64) * c.eta + c.eta_sub * k_p1 * (sdl + extra)
+        };
+        let dh = k_p * (s_dem + fl_d) + (k_p - Lo(1.0)) * h_hi + k_p * s_lam + floor(3, Hi::ZERO);
+        let dh1 = k_p1 * (s_dem + s_em + fl_d + fl_1)
+            + (k_p1 - Lo(1.0)) * (h_hi + Hi::ONE)
+            + k_p1 * s_lam
+            + floor(4, n);
+        Ok((
+            finite(dh, "entropy (log-softmax form)")?,
+            finite(dh1, "entropy (autograd form)")?,
+        ))
+    });
+    let pre = match model.entropy_form {
+        EntropyForm::Fused => fused.clone(),
+        EntropyForm::LogSoftmax => logsoftmax.clone().map(|(dh, _)| dh),
+        EntropyForm::Any => fused.clone().and_then(|f| Ok(f.max(logsoftmax.clone()?.0))),
+    };
+    let any = fused.and_then(|f| {
+        let (dh, dh1) = logsoftmax?;
+        let a = f.max(dh);
+        Ok((a + half_ulp(c.acc, h_hi + a)).max(dh1))
+    });
+    (pre, any)
+}

@@ -1,0 +1,129 @@
+//! Judging a candidate value against the oracle's exact result and a bound.
+
+use logprobe_reference::oracle::{Exact, RowStats};
+use logprobe_reference::spec::Dtype;
+
+use super::model::{foreign_presets, tightest, Model, RowContext};
+use super::Bound;
+
+/// The verdict on one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Error within the bound.
+    Pass,
+    /// Error beyond the bound.
+    Fail,
+    /// The model certifies nothing here ([`Bound::None`]): reported as
+    /// "no bound", never as a pass.
+    NoBound,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "FAIL",
+            Verdict::NoBound => "no bound",
+        })
+    }
+}
+
+/// One candidate value judged against its exact value and bound.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judgement {
+    /// `|candidate - exact|` at the far end of the oracle's enclosure
+    /// ([`Exact::error`]), in the output's units (nats for log-probs and
+    /// entropy); `inf` for NaN; 0 when the candidate equals an infinite
+    /// correctly rounded value (a log-prob below f16's range).
+    pub error_abs: f64,
+    /// The same error in ulps of the candidate's dtype at the exact value
+    /// ([`Exact::error_ulps`]).
+    pub error_ulps: f64,
+    /// The bound it was judged against.
+    pub bound: Bound,
+    /// `error_abs / bound` (`None` without a bound; `inf` for a nonzero
+    /// error against a zero bound).
+    pub ratio: Option<f64>,
+    /// `error_abs <= bound`; false when there is no bound.
+    pub pass: bool,
+}
+
+impl Judgement {
+    /// Pass, fail, or no bound.
+    pub fn verdict(&self) -> Verdict {
+        match (&self.bound, self.pass) {
+            (Bound::None { .. }, _) => Verdict::NoBound,
+            (_, true) => Verdict::Pass,
+            (_, false) => Verdict::Fail,
+        }
+    }
+}
+
+/// Judges `candidate` (a value of dtype `dtype`, as an exact f64) against
+/// `exact` and `bound`: pass iff `error_abs <= bound`, the error measured
+/// at the far end of the enclosure.
+pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &Bound) -> Judgement {
+    let same_infinity = candidate.is_infinite() && candidate == exact.rounded;
+    let (error_abs, error_ulps) = if same_infinity {
+        (0.0, 0.0)
+    } else {
+        (exact.error(candidate), exact.error_ulps(candidate, dtype))
+    };
+    let (ratio, pass) = match bound {
+        Bound::Abs(b) => {
+            let ratio = if *b > 0.0 {
+                error_abs / b
+            } else if error_abs == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            (Some(ratio), error_abs <= *b)
+        }
+        Bound::None { .. } => (None, false),
+    };
+    Judgement {
+        error_abs,
+        error_ulps,
+        bound: bound.clone(),
+        ratio,
+        pass,
+    }
+}
+
+/// Which scalar output of a row a bound is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// The target's log-prob.
+    LogProb,
+    /// The entropy.
+    Entropy,
+    /// The top-k log-prob of this vocabulary id.
+    TopK(usize),
+}
+
+/// The tightest of `verify`'s presets (`tree`, `lanes=8`, `sequential`,
+/// accumulating in `accumulation`) within whose bound `candidate` lies for
+/// output `output` of the row `stats` / `ctx`; `None` when it lies within
+/// none (or none certifies anything).
+pub fn tightest_model(
+    stats: &RowStats,
+    ctx: &RowContext,
+    accumulation: Dtype,
+    output: Output,
+    exact: &Exact,
+    candidate: f64,
+    dtype: Dtype,
+) -> Option<Model> {
+    let models = foreign_presets(accumulation);
+    tightest(&models, |m| {
+        let rb = m.row_bounds(stats, ctx);
+        let bound = match output {
+            Output::LogProb => rb.log_prob(dtype),
+            Output::Entropy => rb.entropy(dtype),
+            Output::TopK(id) => rb.topk(id, dtype),
+        };
+        judge(exact, candidate, dtype, &bound).pass
+    })
+    .copied()
+}

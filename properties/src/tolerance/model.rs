@@ -1,0 +1,251 @@
+//! Error models: a kernel's declared [`Algorithm`] plus what the bounds
+//! need besides it (the entropy's evaluation form), the presets `verify`
+//! uses for foreign kernels, and the per-row context ([`RowContext`]).
+
+use logprobe_kernels::kernel::{Algorithm, Shift, Summation};
+use logprobe_reference::oracle::RowStats;
+use logprobe_reference::spec::{Dtype, Element, Problem, SpecError, TemperatureDtype};
+use logprobe_reference::with_logits;
+
+use super::bounds::RowBounds;
+
+/// How a kernel evaluates the entropy (the error analysis differs; see
+/// `properties/TOLERANCE.md`, "Entropy").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum EntropyForm {
+    /// `H = ln S + B / S` with `B = sum_j e^{d_j} |d_j|` accumulated next to
+    /// `S` (fused and online kernels; also `ln S - sum_j p_j d_j` with
+    /// `p_j = e_j / S`).
+    Fused,
+    /// `H = -sum_j exp(lp_j) lp_j` over a log-softmax buffer
+    /// `lp_j = d_j - ln S` (chunked kernels, PyTorch's composed ops). Its
+    /// normaliser error enters every `p_j`, so it carries `~(1 + H) delta_ell`.
+    LogSoftmax,
+    /// Unknown form: the larger of the two bounds (sound for both).
+    #[default]
+    Any,
+}
+
+/// The summation order of a model: a preset for foreign kernels, or a
+/// kernel's own declaration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// Pairwise (tree) summation with leaf 1: `h = 1`, `L = ceil(log2 V)`.
+    Tree,
+    /// `k` lanes each summed in order, then merged pairwise:
+    /// `h = ceil(V / k)`, `L = ceil(log2 k)` (PyTorch's CPU reductions: `k = 8`).
+    Lanes(usize),
+    /// One accumulator in order: `h = V`, `L = 0`; sound for any order.
+    Sequential,
+    /// A kernel's declared summation for this call's `V` (used as is).
+    Declared(Summation),
+}
+
+impl Order {
+    /// The summation model over `n` terms.
+    pub fn summation(self, n: usize) -> Summation {
+        match self {
+            Order::Tree => Summation::tree(n, 1),
+            Order::Lanes(k) => Summation::lanes(n, k),
+            Order::Sequential => Summation::sequential(n),
+            Order::Declared(s) => s,
+        }
+    }
+}
+
+/// An error model: everything the bounds depend on besides the row.
+///
+/// Fields mirror [`Algorithm`] (accumulation dtype with unit roundoff `u`,
+/// `exp` / `ln` errors in ulps of the accumulation dtype, rescaling exps,
+/// shift) with the summation given as an [`Order`] resolved per row, plus
+/// the entropy's [`EntropyForm`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Model {
+    /// Summation order (resolved against the row's `V`).
+    pub order: Order,
+    /// Accumulation dtype (unit roundoff `u`).
+    pub accumulation: Dtype,
+    /// Max error of `exp` in ulps of the accumulation dtype at the exact value.
+    pub exp_ulps: f64,
+    /// Max error of `ln` / `ln_1p` in ulps of the accumulation dtype.
+    pub log_ulps: f64,
+    /// Rescaling exps (and their multiplications) on any term's path to the
+    /// root: 0 for two-pass kernels.
+    pub rescaling_exps: usize,
+    /// How the logits are shifted and scaled.
+    pub shift: Shift,
+    /// How the entropy is evaluated.
+    pub entropy_form: EntropyForm,
+}
+
+impl Model {
+    /// Foreign-kernel preset: `k` lanes summed in order (`h = ceil(V / k)`,
+    /// `L = ceil(log2 k)`), f32 accumulation, `exp` and `ln` within 1 ulp,
+    /// two-pass (`rescaling_exps = 0`), subtract-then-scale, entropy form
+    /// unknown. `verify`'s default is `lanes(8)`.
+    pub fn lanes(k: usize) -> Model {
+        Model {
+            order: Order::Lanes(k.max(1)),
+            accumulation: Dtype::F32,
+            exp_ulps: 1.0,
+            log_ulps: 1.0,
+            rescaling_exps: 0,
+            shift: Shift::SubtractThenScale,
+            entropy_form: EntropyForm::Any,
+        }
+    }
+
+    /// Foreign-kernel preset: pairwise summation with leaf 1, otherwise as
+    /// [`Model::lanes`].
+    pub fn tree() -> Model {
+        Model {
+            order: Order::Tree,
+            ..Model::lanes(8)
+        }
+    }
+
+    /// Foreign-kernel preset: one accumulator (`h = V`), sound for any
+    /// summation order; otherwise as [`Model::lanes`].
+    pub fn sequential() -> Model {
+        Model {
+            order: Order::Sequential,
+            ..Model::lanes(8)
+        }
+    }
+
+    /// A kernel's own declaration for one call (its summation is used as
+    /// declared; the entropy form defaults to [`EntropyForm::Any`]).
+    pub fn declared(algorithm: &Algorithm) -> Model {
+        Model {
+            order: Order::Declared(algorithm.summation),
+            accumulation: algorithm.accumulation,
+            exp_ulps: algorithm.exp_ulps,
+            log_ulps: algorithm.log_ulps,
+            rescaling_exps: algorithm.rescaling_exps,
+            shift: algorithm.shift,
+            entropy_form: EntropyForm::Any,
+        }
+    }
+
+    /// The same model with another accumulation dtype (the `exp` / `ln`
+    /// ulps stay counted in ulps of the new dtype).
+    pub fn with_accumulation(self, accumulation: Dtype) -> Model {
+        Model {
+            accumulation,
+            ..self
+        }
+    }
+
+    /// The same model with a known entropy form.
+    pub fn with_entropy_form(self, entropy_form: EntropyForm) -> Model {
+        Model {
+            entropy_form,
+            ..self
+        }
+    }
+
+    /// The [`Algorithm`] this model stands for over `vocab_size` terms.
+    pub fn algorithm(&self, vocab_size: usize) -> Algorithm {
+        Algorithm {
+            accumulation: self.accumulation,
+            exp_ulps: self.exp_ulps,
+            log_ulps: self.log_ulps,
+            summation: self.order.summation(vocab_size),
+            rescaling_exps: self.rescaling_exps,
+            shift: self.shift,
+        }
+    }
+
+    /// A short name for reports: `tree`, `lanes=8`, `sequential`,
+    /// `declared(h=.., L=..)`.
+    pub fn name(&self) -> String {
+        match self.order {
+            Order::Tree => "tree".into(),
+            Order::Lanes(k) => format!("lanes={k}"),
+            Order::Sequential => "sequential".into(),
+            Order::Declared(s) => format!("declared(h={}, L={})", s.leaf, s.merges),
+        }
+    }
+
+    /// The bounds of one row under this model (see [`RowBounds::new`]).
+    pub fn row_bounds<'a>(&self, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
+        RowBounds::new(self, stats, ctx)
+    }
+}
+
+/// `verify`'s presets for a foreign kernel, tightest first: `tree`,
+/// `lanes=8`, `sequential`, all accumulating in `accumulation`.
+pub fn foreign_presets(accumulation: Dtype) -> [Model; 3] {
+    [Model::tree(), Model::lanes(8), Model::sequential()].map(|m| m.with_accumulation(accumulation))
+}
+
+/// The first model of `models` (given tightest first, as
+/// [`foreign_presets`]) that `satisfied` accepts: the tightest summation
+/// model a candidate satisfies, or `None` when it satisfies none.
+pub fn tightest(models: &[Model], mut satisfied: impl FnMut(&Model) -> bool) -> Option<&Model> {
+    models.iter().find(|m| satisfied(m))
+}
+
+/// What a row's bounds need besides its statistics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowContext {
+    /// The temperature `T` the kernel divides by, as it uses it (rounded to
+    /// the accumulation dtype). Scales the gradient (`/ T`); when `T` is not
+    /// a power of two its division costs `gamma_2` relative.
+    pub temperature: f64,
+    /// An upper bound of `|max z|` over the row (`z = x / T`, the larger of
+    /// the unmasked and the allowed maximum): the magnitude that
+    /// scale-then-subtract and raw kernels lose digits to. Unused by
+    /// subtract-then-scale bounds (they are offset-invariant).
+    pub z_max_abs: f64,
+}
+
+impl RowContext {
+    /// The context of row `row` of `problem`: its effective temperature and
+    /// `|max z|` (over the real vocabulary, unmasked and allowed entries).
+    ///
+    /// # Errors
+    /// [`Problem::validate_shapes`]'s errors; [`SpecError::NoFiniteLogit`]
+    /// when the row has no finite logit.
+    ///
+    /// # Panics
+    /// Never for `row < N` (an out-of-range row is the caller's bug and
+    /// panics as an index would).
+    pub fn from_problem(problem: &Problem<'_>, row: usize) -> Result<RowContext, SpecError> {
+        let shape = problem.validate_shapes()?;
+        let t = shape.temperature;
+        let (mut max_all, mut max_allowed) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+        with_logits!(problem.logits, lv => {
+            for (j, x) in lv.row(row).iter().take(shape.vocab_size).enumerate() {
+                let x = x.to_f64();
+                if x.is_finite() {
+                    max_all = max_all.max(x);
+                    if problem.allowed(row, j) {
+                        max_allowed = max_allowed.max(x);
+                    }
+                }
+            }
+        });
+        if max_all == f64::NEG_INFINITY {
+            return Err(SpecError::NoFiniteLogit {
+                tensor: "logits",
+                row,
+                which: "any",
+            });
+        }
+        let x_abs = max_all.abs().max(if max_allowed.is_finite() {
+            max_allowed.abs()
+        } else {
+            0.0
+        });
+        // |x / T| rounded up; materialised z adds one rounding of the input dtype.
+        let mut z = x_abs / t * (1.0 + 4.0 * f64::EPSILON);
+        if problem.options.temperature_dtype == TemperatureDtype::Input {
+            z *= 1.0 + 2.0 * shape.dtype.unit_roundoff();
+        }
+        Ok(RowContext {
+            temperature: t,
+            z_max_abs: z,
+        })
+    }
+}

@@ -1,0 +1,786 @@
+//! Unit tests of the tolerance model: shape of the bounds (finite,
+//! monotone, offset-invariant, no 0/0) on hand-built statistics, and
+//! soundness spot checks of f32 kernels written here against an f64
+//! reference with explicit margins.
+
+use logprobe_kernels::kernel::{Shift, Summation};
+use logprobe_reference::oracle::{Exact, Interval, RowStats};
+use logprobe_reference::spec::Dtype;
+
+use super::*;
+
+// ---------------------------------------------------------------- helpers
+
+/// splitmix64: deterministic test rows without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (a, b) = (self.uniform().max(1e-300), self.uniform());
+        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+    }
+}
+
+/// f64 statistics of one logit set, with margins wide enough to enclose
+/// the exact reals (f64 `exp`/`ln` within 1 ulp, sums of `V` terms).
+struct SetF64 {
+    d: Vec<Interval>,
+    s: Interval,
+    ln_s: Interval,
+    p: Vec<Interval>,
+    r: Interval,
+    m2: Interval,
+}
+
+fn widen(lo: f64, hi: f64, rel: f64) -> Interval {
+    Interval {
+        lo: lo - lo.abs() * rel - 1e-300,
+        hi: hi + hi.abs() * rel + 1e-300,
+    }
+}
+
+fn set_f64(x: &[f64], t: f64, allowed: &dyn Fn(usize) -> bool) -> SetF64 {
+    let v = x.len();
+    let m = (0..v)
+        .filter(|&j| allowed(j) && x[j].is_finite())
+        .map(|j| x[j])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let d: Vec<Interval> = (0..v)
+        .map(|j| {
+            if allowed(j) && x[j].is_finite() {
+                let dj = (x[j] - m) / t;
+                widen(dj, dj, 1e-15)
+            } else {
+                Interval {
+                    lo: f64::NEG_INFINITY,
+                    hi: f64::NEG_INFINITY,
+                }
+            }
+        })
+        .collect();
+    let rel = (v as f64 + 8.0) * 3e-16;
+    let s_lo: f64 = d.iter().map(|d| d.lo.exp()).sum::<f64>() * (1.0 - rel);
+    let s_hi: f64 = d.iter().map(|d| d.hi.exp()).sum::<f64>() * (1.0 + rel);
+    let ln_s = widen(s_lo.ln(), s_hi.ln(), 1e-15);
+    let p: Vec<Interval> = d
+        .iter()
+        .map(|d| {
+            widen(
+                (d.lo - ln_s.hi).exp(),
+                (d.hi - ln_s.lo).exp().min(1.0),
+                1e-15,
+            )
+        })
+        .collect();
+    let r_lo: f64 = p
+        .iter()
+        .zip(&d)
+        .filter(|(_, d)| d.hi.is_finite())
+        .map(|(p, d)| p.lo * -d.hi)
+        .sum();
+    let r_hi: f64 = p
+        .iter()
+        .zip(&d)
+        .filter(|(_, d)| d.hi.is_finite())
+        .map(|(p, d)| p.hi * -d.lo)
+        .sum();
+    let m2_lo: f64 = p
+        .iter()
+        .zip(&d)
+        .filter(|(_, d)| d.hi.is_finite())
+        .map(|(p, d)| p.lo * d.hi * d.hi)
+        .sum();
+    let m2_hi: f64 = p
+        .iter()
+        .zip(&d)
+        .filter(|(_, d)| d.hi.is_finite())
+        .map(|(p, d)| p.hi * d.lo * d.lo)
+        .sum();
+    SetF64 {
+        d,
+        s: Interval { lo: s_lo, hi: s_hi },
+        ln_s,
+        p,
+        r: widen(r_lo.max(0.0), r_hi, rel),
+        m2: widen(m2_lo.max(0.0), m2_hi, rel),
+    }
+}
+
+/// Row statistics (log-prob set masked by `mask`, entropy over all logits).
+fn stats_f64(x: &[f64], t: f64, mask: Option<&[bool]>, target: Option<usize>) -> RowStats {
+    let pz = set_f64(x, t, &|j| mask.is_none_or(|m| m[j]));
+    let w = set_f64(x, t, &|_| true);
+    RowStats {
+        d_t: target.map(|t| pz.d[t]),
+        s: pz.s,
+        ln_s: pz.ln_s,
+        s_w: w.s,
+        ln_s_w: w.ln_s,
+        r: w.r,
+        m2: w.m2,
+        p: pz.p,
+        q: w.p,
+        e: w.d,
+        d: pz.d,
+    }
+}
+
+/// Far-end error of `c` against an enclosure.
+fn far_error(c: f64, v: Interval) -> f64 {
+    (c - v.lo).abs().max((c - v.hi).abs())
+}
+
+fn exact_log_prob(st: &RowStats) -> Interval {
+    let d = st.d_t.unwrap();
+    Interval {
+        lo: d.lo - st.ln_s.hi,
+        hi: d.hi - st.ln_s.lo,
+    }
+}
+
+fn exact_entropy(st: &RowStats) -> Interval {
+    Interval {
+        lo: st.ln_s_w.lo + st.r.lo,
+        hi: st.ln_s_w.hi + st.r.hi,
+    }
+}
+
+fn ctx1() -> RowContext {
+    RowContext {
+        temperature: 1.0,
+        z_max_abs: 0.0,
+    }
+}
+
+fn abs(b: &Bound) -> f64 {
+    match b {
+        Bound::Abs(x) => *x,
+        Bound::None { reason } => panic!("expected a bound, got {reason}"),
+    }
+}
+
+/// A row recipe: `kind` picks the distribution.
+fn row(rng: &mut Rng, v: usize, kind: usize) -> Vec<f64> {
+    let f = |x: f64| x as f32 as f64; // exactly representable in f32
+    (0..v)
+        .map(|j| {
+            f(match kind {
+                0 => rng.normal(),                                      // gaussian
+                1 => 0.3 * rng.normal(),                                // near-uniform
+                2 => -1.2 * ((j + 1) as f64).ln() + 0.5 * rng.normal(), // Zipf-shaped
+                3 => 8.0 * rng.normal(),                                // wide gaussian
+                4 => 1e4 + 3.0 * rng.normal(),                          // offset
+                _ => {
+                    if j == 7 % v {
+                        25.0
+                    } else {
+                        rng.normal()
+                    }
+                } // dominant token
+            })
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- f32 kernels under test
+
+#[derive(Clone, Copy)]
+enum Sum32 {
+    Sequential,
+    Lanes8,
+    Tree,
+}
+
+fn sum32(xs: &[f32], how: Sum32) -> f32 {
+    match how {
+        Sum32::Sequential => xs.iter().fold(0.0f32, |a, &x| a + x),
+        Sum32::Lanes8 => {
+            let mut acc = [0.0f32; 8];
+            for (j, &x) in xs.iter().enumerate() {
+                acc[j % 8] += x;
+            }
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+        }
+        Sum32::Tree => {
+            if xs.len() <= 1 {
+                xs.first().copied().unwrap_or(0.0)
+            } else {
+                let (a, b) = xs.split_at(xs.len() / 2);
+                sum32(a, how) + sum32(b, how)
+            }
+        }
+    }
+}
+
+struct Out32 {
+    lp: Vec<f32>,
+    entropy_fused: f32,
+    entropy_logsoftmax: f32,
+}
+
+/// Two-pass f32 log_softmax and entropy, subtract-then-scale.
+fn kernel32(x: &[f64], t: f32, how: Sum32) -> Out32 {
+    let x: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let d: Vec<f32> = x.iter().map(|&v| (v - m) / t).collect();
+    let e: Vec<f32> = d.iter().map(|&v| v.exp()).collect();
+    let s = sum32(&e, how);
+    let l = s.ln();
+    let lp: Vec<f32> = d.iter().map(|&v| v - l).collect();
+    let b: Vec<f32> = e.iter().zip(&d).map(|(&e, &d)| e * -d).collect();
+    let entropy_fused = l + sum32(&b, how) / s;
+    let terms: Vec<f32> = lp.iter().map(|&v| -(v.exp() * v)).collect();
+    let entropy_logsoftmax = sum32(&terms, how);
+    Out32 {
+        lp,
+        entropy_fused,
+        entropy_logsoftmax,
+    }
+}
+
+fn model_for(how: Sum32) -> Model {
+    match how {
+        Sum32::Sequential => Model::sequential(),
+        Sum32::Lanes8 => Model::lanes(8),
+        Sum32::Tree => Model::tree(),
+    }
+}
+
+// ---------------------------------------------------------------- shape of the bounds
+
+#[test]
+fn bounds_are_finite_and_positive_on_ordinary_rows() {
+    let mut rng = Rng(1);
+    for kind in 0..6 {
+        let x = row(&mut rng, 1000, kind);
+        let st = stats_f64(&x, 1.0, None, Some(3));
+        for m in foreign_presets(Dtype::F32) {
+            let rb = m.row_bounds(&st, &ctx1());
+            for out in [Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::F64] {
+                for b in [rb.log_prob(out), rb.entropy(out), rb.topk(5, out)] {
+                    let v = abs(&b);
+                    assert!(v.is_finite() && v > 0.0, "{} {kind} {out}: {v}", m.name());
+                }
+                let cot = GradCotangents {
+                    g: 0.7,
+                    h: -1.3,
+                    token: Some(3),
+                    topk: &[(5, 0.25), (3, -2.0)],
+                };
+                for j in [0, 3, 5, 999] {
+                    let v = abs(&rb.grad(j, &cot, out));
+                    assert!(v.is_finite() && v > 0.0, "grad {j}: {v}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
+    let mut rng = Rng(2);
+    let x = row(&mut rng, 32000, 0);
+    let st = stats_f64(&x, 1.0, None, Some(0));
+    let rb = Model::sequential()
+        .with_accumulation(Dtype::Bf16)
+        .row_bounds(&st, &ctx1());
+    assert!(matches!(
+        rb.log_prob(Dtype::Bf16),
+        Bound::None {
+            reason: NoBound::GammaUndefined { n: 32000, .. }
+        }
+    ));
+    assert!(matches!(rb.entropy(Dtype::Bf16), Bound::None { .. }));
+    let cot = GradCotangents {
+        g: 1.0,
+        h: 1.0,
+        token: Some(0),
+        topk: &[],
+    };
+    assert!(matches!(rb.grad(1, &cot, Dtype::Bf16), Bound::None { .. }));
+    // lanes=8 is 4000 deep: still nothing. A tree (depth 1 + 15) is certified, loosely.
+    let lanes = Model::lanes(8)
+        .with_accumulation(Dtype::Bf16)
+        .row_bounds(&st, &ctx1());
+    assert!(lanes.log_prob(Dtype::Bf16).value().is_none());
+    let tree = Model::tree()
+        .with_accumulation(Dtype::Bf16)
+        .row_bounds(&st, &ctx1());
+    assert!(tree.log_prob(Dtype::Bf16).value().is_some_and(|b| b > 0.05));
+}
+
+#[test]
+fn bounds_grow_with_leaf_depth() {
+    let mut rng = Rng(3);
+    let x = row(&mut rng, 4096, 2);
+    let st = stats_f64(&x, 1.0, None, Some(10));
+    let mut last = [0.0f64; 3];
+    for h in [1usize, 2, 16, 256, 4096] {
+        let m = Model {
+            order: Order::Declared(Summation { leaf: h, merges: 2 }),
+            ..Model::tree()
+        };
+        let rb = m.row_bounds(&st, &ctx1());
+        let cot = GradCotangents {
+            g: 1.0,
+            h: 1.0,
+            token: Some(10),
+            topk: &[],
+        };
+        let now = [
+            abs(&rb.log_prob(Dtype::F32)),
+            abs(&rb.entropy(Dtype::F32)),
+            abs(&rb.grad(10, &cot, Dtype::F32)),
+        ];
+        for k in 0..3 {
+            assert!(
+                now[k] >= last[k],
+                "h = {h}, output {k}: {} < {}",
+                now[k],
+                last[k]
+            );
+        }
+        last = now;
+    }
+    // Sequential >= lanes=8 >= tree on a real vocabulary.
+    let b: Vec<f64> = foreign_presets(Dtype::F32)
+        .iter()
+        .map(|m| abs(&m.row_bounds(&st, &ctx1()).log_prob(Dtype::F32)))
+        .collect();
+    assert!(b[0] < b[1] && b[1] < b[2], "{b:?}");
+}
+
+#[test]
+fn subtract_then_scale_bound_is_offset_invariant_and_raw_grows() {
+    let mut rng = Rng(4);
+    let x = row(&mut rng, 512, 0);
+    for t in [1.0, 0.7] {
+        let st = stats_f64(&x, t, None, Some(1));
+        // (log_prob, entropy) bounds; None where the model certifies nothing.
+        let at = |shift: Shift, z: f64| {
+            let m = Model {
+                shift,
+                ..Model::lanes(8)
+            }
+            .with_entropy_form(EntropyForm::Fused);
+            let rb = m.row_bounds(
+                &st,
+                &RowContext {
+                    temperature: t,
+                    z_max_abs: z,
+                },
+            );
+            (
+                rb.log_prob(Dtype::F32).value(),
+                rb.entropy(Dtype::F32).value(),
+            )
+        };
+        let huge = |b: Option<f64>| b.is_none_or(|b| b > 1e20);
+        let stt = at(Shift::SubtractThenScale, 0.0);
+        assert!(stt.0.is_some() && stt.1.is_some());
+        assert_eq!(stt, at(Shift::SubtractThenScale, 1e30));
+        // Raw: lse = z_max + ln S is rounded at 1e30, and with T = 0.7 every
+        // z_j = x_j / T carries ~1e23 nats: huge or no bound at all.
+        let (raw0, raw_big) = (at(Shift::Raw, 0.0), at(Shift::Raw, 1e30));
+        assert!(
+            raw0.0.is_some() && huge(raw_big.0) && huge(raw_big.1),
+            "{raw_big:?}"
+        );
+        if t == 1.0 {
+            assert!(raw_big.0.is_some() && raw_big.1.is_some());
+        }
+        let raw_any = Model {
+            shift: Shift::Raw,
+            ..Model::lanes(8)
+        }
+        .row_bounds(
+            &st,
+            &RowContext {
+                temperature: t,
+                z_max_abs: 1e30,
+            },
+        )
+        .entropy(Dtype::F32);
+        assert!(huge(raw_any.value()), "{raw_any}");
+        let sts = at(Shift::ScaleThenSubtract, 1e6);
+        if t == 1.0 {
+            // Scaling by a power of two is exact: scale-then-subtract is offset-invariant too.
+            assert_eq!(sts, at(Shift::ScaleThenSubtract, 0.0));
+        } else {
+            assert!(
+                sts.0.is_some_and(|b| b > 0.1) && sts.1.is_some_and(|b| b > 0.1),
+                "{sts:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn uniform_one_hot_and_single_entry_rows_have_finite_bounds() {
+    let uniform = vec![0.5f64; 1000];
+    let mut one_hot = vec![-1000.0f64; 1000];
+    one_hot[3] = 0.0;
+    let mut neg_inf = vec![f64::NEG_INFINITY; 100];
+    neg_inf[42] = 1.0;
+    neg_inf[43] = 1.0;
+    let mask: Vec<bool> = (0..1000).map(|j| j % 3 == 0).collect();
+    type Case<'m> = (Vec<f64>, Option<&'m [bool]>, usize);
+    let cases: Vec<Case<'_>> = vec![
+        (uniform.clone(), None, 0),
+        (one_hot, None, 3),
+        (neg_inf, None, 42),
+        (vec![2.5], None, 0),
+        (uniform, Some(&mask), 3),
+    ];
+    for (x, mask, t) in cases {
+        let st = stats_f64(&x, 1.0, mask, Some(t));
+        for m in foreign_presets(Dtype::F32) {
+            let rb = m.row_bounds(&st, &ctx1());
+            let lp = abs(&rb.log_prob(Dtype::F32));
+            let h = abs(&rb.entropy(Dtype::F32));
+            assert!(
+                lp.is_finite() && lp > 0.0 && h.is_finite() && h > 0.0,
+                "V={} {lp} {h}",
+                x.len()
+            );
+            let cot = GradCotangents {
+                g: 1.0,
+                h: 1.0,
+                token: Some(t),
+                topk: &[],
+            };
+            for j in 0..x.len() {
+                let b = abs(&rb.grad(j, &cot, Dtype::F32));
+                assert!(b.is_finite(), "grad {j}");
+                if st.q[j].hi == 0.0 && st.p[j].hi == 0.0 && j != t {
+                    // Exactly-zero entries get only the underflow floor.
+                    assert!(b < 1e-30, "floor {b}");
+                }
+            }
+        }
+    }
+    // A masked top-k id is the constant -inf: bound exactly 0.
+    let x: Vec<f64> = (0..30).map(|j| j as f64 * 0.1).collect();
+    let mask: Vec<bool> = (0..30).map(|j| j != 4).collect();
+    let st = stats_f64(&x, 1.0, Some(&mask), Some(0));
+    assert_eq!(
+        Model::lanes(8).row_bounds(&st, &ctx1()).topk(4, Dtype::F32),
+        Bound::Abs(0.0)
+    );
+}
+
+// ---------------------------------------------------------------- soundness spot checks
+
+/// f32 two-pass kernels in three summation orders against the f64
+/// reference, within the matching model; also reports tightness.
+#[test]
+fn f32_two_pass_kernels_are_within_their_summation_models() {
+    let mut rng = Rng(5);
+    for how in [Sum32::Sequential, Sum32::Lanes8, Sum32::Tree] {
+        let (mut worst_lp, mut worst_h) = (0.0f64, 0.0f64);
+        for case in 0..24 {
+            let v = [1, 7, 100, 1000, 5000, 30522][case % 6];
+            let t = [1.0f32, 0.7, 2.0][case % 3];
+            let x = row(&mut rng, v, case % 6);
+            let tgt = (case * 37) % v;
+            let st = stats_f64(&x, t as f64, None, Some(tgt));
+            let out = kernel32(&x, t, how);
+            let ctx = RowContext {
+                temperature: t as f64,
+                z_max_abs: 0.0,
+            };
+            let rb = model_for(how).row_bounds(&st, &ctx);
+            let fused = model_for(how)
+                .with_entropy_form(EntropyForm::Fused)
+                .row_bounds(&st, &ctx);
+            let ls = model_for(how)
+                .with_entropy_form(EntropyForm::LogSoftmax)
+                .row_bounds(&st, &ctx);
+            let b_lp = abs(&rb.log_prob(Dtype::F32));
+            let e_lp = far_error(out.lp[tgt] as f64, exact_log_prob(&st));
+            assert!(e_lp <= b_lp, "log_prob case {case} V={v}: {e_lp} > {b_lp}");
+            let e_f = far_error(out.entropy_fused as f64, exact_entropy(&st));
+            let e_l = far_error(out.entropy_logsoftmax as f64, exact_entropy(&st));
+            let (b_f, b_l) = (
+                abs(&fused.entropy(Dtype::F32)),
+                abs(&ls.entropy(Dtype::F32)),
+            );
+            assert!(e_f <= b_f, "fused entropy case {case} V={v}: {e_f} > {b_f}");
+            assert!(
+                e_l <= b_l,
+                "log-softmax entropy case {case} V={v}: {e_l} > {b_l}"
+            );
+            assert!(abs(&rb.entropy(Dtype::F32)) >= b_f.max(b_l));
+            worst_lp = worst_lp.max(e_lp / b_lp);
+            worst_h = worst_h.max(e_f / b_f).max(e_l / b_l);
+        }
+        eprintln!(
+            "tightness {}: log_prob {worst_lp:.3}, entropy {worst_h:.3}",
+            model_for(how).name()
+        );
+    }
+}
+
+/// PyTorch's measured fact: an 8-lane f32 log_softmax on near-uniform rows
+/// of V = 30522 passes lanes=8, and the tree bound is 1-2 orders tighter.
+#[test]
+fn eight_lane_order_on_near_uniform_rows_passes_lanes_8() {
+    let mut rng = Rng(6);
+    let x = row(&mut rng, 30522, 1);
+    let st = stats_f64(&x, 1.0, None, Some(100));
+    let out = kernel32(&x, 1.0, Sum32::Lanes8);
+    let lanes = abs(&Model::lanes(8)
+        .row_bounds(&st, &ctx1())
+        .log_prob(Dtype::F32));
+    let tree = abs(&Model::tree().row_bounds(&st, &ctx1()).log_prob(Dtype::F32));
+    let err = far_error(out.lp[100] as f64, exact_log_prob(&st));
+    assert!(err <= lanes);
+    // The measured 1.5e-5 passes lanes=8 and fails tree.
+    assert!(
+        1.5e-5 <= lanes && 1.5e-5 > tree,
+        "lanes {lanes} tree {tree}"
+    );
+    assert!(
+        lanes / tree > 10.0 && lanes / tree < 1000.0,
+        "lanes/tree = {}",
+        lanes / tree
+    );
+}
+
+/// Outputs truncated to f16 fail a sound f32-accumulation bound somewhere;
+/// correctly rounded ones pass everywhere (the `f16_truncated_outputs` dump).
+#[test]
+fn f16_truncated_outputs_fail_and_rounded_ones_pass() {
+    let mut rng = Rng(7);
+    let (mut worst_trunc, mut worst_round) = (0.0f64, 0.0f64);
+    for case in 0..32 {
+        let x = row(&mut rng, 8192, case % 4);
+        let tgt = (case * 101) % 8192;
+        let st = stats_f64(&x, 1.0, None, Some(tgt));
+        let rb = Model::lanes(8).row_bounds(&st, &ctx1());
+        let out = kernel32(&x, 1.0, Sum32::Lanes8);
+        for (v, exact, b) in [
+            (
+                out.lp[tgt] as f64,
+                exact_log_prob(&st),
+                abs(&rb.log_prob(Dtype::F16)),
+            ),
+            (
+                out.entropy_logsoftmax as f64,
+                exact_entropy(&st),
+                abs(&rb.entropy(Dtype::F16)),
+            ),
+        ] {
+            let rounded = Dtype::F16.round_f64(v);
+            let truncated = half::f16::from_bits(half::f16::from_f64(rounded).to_bits()).to_f64();
+            let truncated = if (truncated - v).abs() > 0.0 && truncated.abs() > v.abs() {
+                // Toward zero: step one f16 ulp back when rounding went away from zero.
+                truncated - truncated.signum() * Dtype::F16.ulp(v)
+            } else {
+                truncated
+            };
+            worst_round = worst_round.max(far_error(rounded, exact) / b);
+            worst_trunc = worst_trunc.max(far_error(truncated, exact) / b);
+        }
+    }
+    assert!(worst_round <= 1.0, "rounded {worst_round}");
+    assert!(worst_trunc > 1.2, "truncated {worst_trunc}");
+}
+
+/// Autograd-form f32 gradient (log_softmax backward and the entropy's
+/// `-p (lp + H)`) within the per-element bound.
+#[test]
+fn f32_autograd_gradients_are_within_the_element_bound() {
+    let mut rng = Rng(8);
+    for case in 0..12 {
+        let v = [3, 100, 2000][case % 3];
+        let t = [1.0f32, 0.7][case % 2];
+        let x = row(&mut rng, v, case % 6);
+        let tgt = (case * 13) % v;
+        let (g, h) = (0.9f32, -1.7f32);
+        let st = stats_f64(&x, t as f64, None, Some(tgt));
+        let out = kernel32(&x, t, Sum32::Lanes8);
+        let hh = out.entropy_logsoftmax;
+        let ctx = RowContext {
+            temperature: t as f64,
+            z_max_abs: 0.0,
+        };
+        let rb = Model::lanes(8).row_bounds(&st, &ctx);
+        let cot = GradCotangents {
+            g: g as f64,
+            h: h as f64,
+            token: Some(tgt),
+            topk: &[],
+        };
+        let r_mid = 0.5 * (st.r.lo + st.r.hi);
+        for j in 0..v {
+            let p = out.lp[j].exp();
+            let ind = if j == tgt { 1.0f32 } else { 0.0 };
+            let cand = (g * (ind - p) + h * (-p * (out.lp[j] + hh))) / t;
+            let (pe, e) = (
+                0.5 * (st.p[j].lo + st.p[j].hi),
+                0.5 * (st.e[j].lo + st.e[j].hi),
+            );
+            let exact = (g as f64 * (ind as f64 - pe) - h as f64 * pe * (e + r_mid)) / t as f64;
+            let margin =
+                1e-9 * (pe * (1.0 + e.abs() + r_mid) + 1e-300) + (st.r.hi - st.r.lo) * pe * 2.0;
+            let b = abs(&rb.grad(j, &cot, Dtype::F32));
+            let err = (cand as f64 - exact).abs() + margin;
+            assert!(err <= b, "case {case} j {j}: {err} > {b}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------- judging and the flash rule
+
+fn exact_of(v: Interval, dtype: Dtype) -> Exact {
+    let mid = 0.5 * (v.lo + v.hi);
+    Exact {
+        enclosure: v,
+        rounded: dtype.round_f64(mid),
+        decided: dtype.round_f64(v.lo) == dtype.round_f64(v.hi),
+    }
+}
+
+#[test]
+fn judge_passes_iff_error_is_within_the_bound() {
+    let ex = exact_of(Interval { lo: -2.0, hi: -2.0 }, Dtype::F32);
+    let j = judge(&ex, -2.0 + 1e-6, Dtype::F32, &Bound::Abs(2e-6));
+    assert!(j.pass && j.verdict() == Verdict::Pass);
+    assert!((j.ratio.unwrap() - 0.5).abs() < 1e-3);
+    let j = judge(&ex, -2.0 + 3e-6, Dtype::F32, &Bound::Abs(2e-6));
+    assert!(!j.pass && j.verdict() == Verdict::Fail);
+    let none = Bound::None {
+        reason: NoBound::GammaUndefined {
+            n: 300,
+            u: 1.0 / 256.0,
+        },
+    };
+    let j = judge(&ex, -2.0, Dtype::F32, &none);
+    assert!(!j.pass && j.ratio.is_none() && j.verdict() == Verdict::NoBound);
+    assert_eq!(j.verdict().to_string(), "no bound");
+    let j = judge(&ex, f64::NAN, Dtype::F32, &Bound::Abs(1.0));
+    assert!(!j.pass);
+    // An exact value below f16's range is judged against its rounding, -inf.
+    let ex = exact_of(
+        Interval {
+            lo: -70000.0,
+            hi: -70000.0,
+        },
+        Dtype::F16,
+    );
+    assert!(judge(&ex, f64::NEG_INFINITY, Dtype::F16, &Bound::Abs(0.0)).pass);
+}
+
+#[test]
+fn tightest_model_names_the_tightest_satisfied_preset() {
+    let mut rng = Rng(9);
+    let x = row(&mut rng, 30522, 1);
+    let st = stats_f64(&x, 1.0, None, Some(5));
+    let v = exact_log_prob(&st);
+    let ex = exact_of(v, Dtype::F32);
+    let mid = 0.5 * (v.lo + v.hi);
+    let got = |c: f64| {
+        tightest_model(
+            &st,
+            &ctx1(),
+            Dtype::F32,
+            Output::LogProb,
+            &ex,
+            c,
+            Dtype::F32,
+        )
+        .map(|m| m.name())
+    };
+    assert_eq!(got(Dtype::F32.round_f64(mid)).as_deref(), Some("tree"));
+    assert_eq!(got(mid + 1.5e-5).as_deref(), Some("lanes=8"));
+    assert_eq!(got(mid + 1e-3).as_deref(), Some("sequential"));
+    assert_eq!(got(mid + 1.0), None);
+}
+
+#[test]
+fn naive_same_dtype_computation_and_flash_ratio() {
+    let x: Vec<f64> = (0..1000)
+        .map(|j| ((j * 7919) % 1000) as f64 * 0.01)
+        .collect();
+    let st = stats_f64(&x, 1.0, None, Some(3));
+    let lp64 = naive_log_softmax(&x, 1.0, Dtype::F64);
+    assert!(far_error(lp64[3], exact_log_prob(&st)) < 1e-12);
+    assert!(far_error(naive_entropy(&x, 1.0, Dtype::F64), exact_entropy(&st)) < 1e-12);
+    // bf16 naive: S summed in bf16 stagnates, so the naive error is large.
+    let lp = naive_log_softmax(&x, 1.0, Dtype::Bf16);
+    let ex = exact_of(exact_log_prob(&st), Dtype::Bf16);
+    let naive_err = far_error(lp[3], exact_log_prob(&st));
+    assert!(naive_err > 0.05, "{naive_err}");
+    let mut rule = FlashRule::new();
+    rule.observe(&ex, ex.rounded, lp[3], Dtype::Bf16);
+    assert!(rule.holds() && rule.ratio() < 0.1);
+    let mut rule = FlashRule::new();
+    rule.observe(&ex, ex.rounded + 3.0 * naive_err, lp[3], Dtype::Bf16);
+    assert!(!rule.holds());
+    // -inf entries add nothing to the naive entropy.
+    let mut y = x.clone();
+    y[0] = f64::NEG_INFINITY;
+    assert!(naive_entropy(&y, 1.0, Dtype::F32).is_finite());
+}
+
+// ---------------------------------------------------------------- against the oracle
+
+/// The f32 kernels above, judged with the oracle's statistics and exact
+/// values: each within its own summation model, f32 and bf16 outputs.
+#[test]
+fn f32_kernels_are_within_their_models_against_the_oracle() {
+    use logprobe_reference::oracle::Oracle;
+    use logprobe_reference::spec::{Logits, Problem};
+    use ndarray::{Array1, Array2};
+    let mut rng = Rng(10);
+    let oracle = Oracle::default();
+    for case in 0..6 {
+        let v = [5, 300, 3000][case % 3];
+        let x = row(&mut rng, v, case);
+        let tgt = (case * 7) % v;
+        let xs = Array2::from_shape_vec((1, v), x.iter().map(|&a| a as f32).collect()).unwrap();
+        let tokens = Array1::from_vec(vec![tgt as i64]);
+        let mut problem = Problem::new(Logits::F32(xs.view()));
+        problem.tokens = Some(tokens.view());
+        let st = oracle.row_stats(&problem, 0).unwrap();
+        let ctx = RowContext::from_problem(&problem, 0).unwrap();
+        for out in [Dtype::F32, Dtype::Bf16] {
+            let fwd = oracle.forward(&problem, out).unwrap();
+            let lp_exact = fwd.log_probs.as_ref().unwrap()[0].unwrap();
+            let h_exact = fwd.entropy.as_ref().unwrap()[0];
+            for how in [Sum32::Sequential, Sum32::Lanes8, Sum32::Tree] {
+                let k = kernel32(&x, 1.0, how);
+                let rb = model_for(how).row_bounds(&st, &ctx);
+                let j = judge(
+                    &lp_exact,
+                    out.round_f64(k.lp[tgt] as f64),
+                    out,
+                    &rb.log_prob(out),
+                );
+                assert!(
+                    j.pass,
+                    "{} case {case} {out} log_prob: {j:?}",
+                    model_for(how).name()
+                );
+                for h in [k.entropy_fused, k.entropy_logsoftmax] {
+                    let j = judge(&h_exact, out.round_f64(h as f64), out, &rb.entropy(out));
+                    assert!(
+                        j.pass,
+                        "{} case {case} {out} entropy: {j:?}",
+                        model_for(how).name()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Directed evaluation of the bounds in f64: [`Hi`] holds an upper bound of
+//! a real, [`Lo`] a lower bound, and every operation on them rounds the
+//! right way.
+//!
+//! Each f64 result (`+ - * /` and the libm calls `exp`, `expm1`, `ln`,
+//! `ln_1p`) is widened by the safety factor `1 + 4 eps_f64` plus one
+//! subnormal quantum, away from the bounded real. IEEE-754 basic operations
+//! err by at most 0.5 ulp `<= eps_f64 / 2` relative; glibc's libm functions
+//! by at most 2 ulps (its published `libm-test-ulps` table for x86_64 lists
+//! at most 1 for these four), and `4 eps_f64` covers 2 ulps with the rounding
+//! of the widening itself to spare. The quantum covers results that
+//! underflow. Products and quotients assume nonnegative operands (every
+//! quantity of the tolerance model is a magnitude).
+
+use std::ops::{Add, Div, Mul, Sub};
+
+/// `4 eps_f64`: the relative widening of every operation.
+const SAFETY: f64 = 4.0 * f64::EPSILON;
+/// The smallest positive subnormal f64, `2^-1074`.
+const QUANTUM: f64 = 5e-324;
+
+/// An f64 at least the result of an operation that erred by <= 2 ulps.
+fn up(x: f64) -> f64 {
+    x + x.abs() * SAFETY + QUANTUM
+}
+
+/// An f64 at most the result of an operation that erred by <= 2 ulps.
+fn dn(x: f64) -> f64 {
+    x - x.abs() * SAFETY - QUANTUM
+}
+
+/// An upper bound of a real (NaN only if an input was NaN).
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub(crate) struct Hi(pub f64);
+
+/// A lower bound of a real.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub(crate) struct Lo(pub f64);
+
+impl Hi {
+    /// Zero, exactly.
+    pub(crate) const ZERO: Hi = Hi(0.0);
+    /// One, exactly.
+    pub(crate) const ONE: Hi = Hi(1.0);
+
+    /// `e^x`, rounded up (monotone).
+    pub(crate) fn exp(self) -> Hi {
+        Hi(up(self.0.exp()))
+    }
+    /// `e^x - 1`, rounded up (monotone).
+    pub(crate) fn exp_m1(self) -> Hi {
+        Hi(up(self.0.exp_m1()))
+    }
+    /// `ln(1 + x)`, rounded up (monotone).
+    pub(crate) fn ln_1p(self) -> Hi {
+        Hi(up(self.0.ln_1p()))
+    }
+    /// `-ln(1 - x)` for `x < 1`, rounded up (monotone in `x`).
+    pub(crate) fn neg_ln_1m(self) -> Hi {
+        Hi(up(-dn((-self.0).ln_1p())))
+    }
+    /// The larger of two upper bounds.
+    pub(crate) fn max(self, other: Hi) -> Hi {
+        // NaN propagates so that a broken input never reads as a small bound.
+        if self.0.is_nan() || other.0.is_nan() {
+            Hi(f64::NAN)
+        } else {
+            Hi(self.0.max(other.0))
+        }
+    }
+    /// `x^k` for a nonnegative `x`, rounded up (as `exp(k ln x)`).
+    pub(crate) fn powi(self, k: usize) -> Hi {
+        if k == 0 {
+            Hi::ONE
+        } else if k == 1 {
+            self
+        } else if self.0 >= 1.0 {
+            (Hi(self.0 - 1.0).ln_1p() * Hi(k as f64)).exp()
+        } else {
+            // Below 1 the power only shrinks: the bound stays sound.
+            self
+        }
+    }
+}
+
+impl Lo {
+    /// The lower bound as an upper bound of its negation.
+    pub(crate) fn neg(self) -> Hi {
+        Hi(-self.0)
+    }
+}
+
+impl Add for Hi {
+    type Output = Hi;
+    fn add(self, o: Hi) -> Hi {
+        Hi(up(self.0 + o.0))
+    }
+}
+
+impl Mul for Hi {
+    type Output = Hi;
+    fn mul(self, o: Hi) -> Hi {
+        // 0 * inf stays NaN (a broken bound, never a small one).
+        Hi(up(self.0 * o.0))
+    }
+}
+
+impl Div<Lo> for Hi {
+    type Output = Hi;
+    fn div(self, o: Lo) -> Hi {
+        Hi(up(self.0 / o.0))
+    }
+}
+
+impl Sub<Lo> for Hi {
+    type Output = Hi;
+    fn sub(self, o: Lo) -> Hi {
+        Hi(up(self.0 - o.0))
+    }
+}
+
+impl Sub<Hi> for Lo {
+    type Output = Lo;
+    fn sub(self, o: Hi) -> Lo {
+        Lo(dn(self.0 - o.0))
+    }
+}
+
+impl Add for Lo {
+    type Output = Lo;
+    fn add(self, o: Lo) -> Lo {
+        Lo(dn(self.0 + o.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upward_operations_bound_the_exact_results() {
+        // 1/3 + 1/3 + 1/3 rounded up is >= 1; rounded down <= 1.
+        let third_hi = Hi::ONE / Lo(3.0);
+        assert!((third_hi + third_hi + third_hi).0 >= 1.0);
+        assert!((Lo(1.0) - Hi(1.0 / 3.0) - Hi(1.0 / 3.0)).0 <= 1.0 / 3.0);
+        assert!(Hi(1e-300).exp_m1().0 >= 1e-300);
+        assert!(Hi(0.5).neg_ln_1m().0 >= std::f64::consts::LN_2);
+        assert!(Hi(1.0 + 1e-9).powi(1000).0 >= 1.0 + 1e-6);
+        assert!(Hi(f64::NAN).max(Hi::ONE).0.is_nan());
+    }
+}

@@ -1,0 +1,88 @@
+//! Property 5, memory: peak extra allocation (outputs excluded, workspaces
+//! included) of chunked `<= 2 * chunk_size * V * 4` bytes `+ O(N)` and of
+//! fused `O(N)`, counted by a global allocator. This binary runs ONE test,
+//! so nothing else allocates while a call is measured.
+
+use logprobe_kernels::kernel::Kernel;
+use logprobe_kernels::{Chunked, Fused};
+use logprobe_properties::memory::{check_memory, CountingAllocator};
+use logprobe_properties::mutants::{Mutant, MutantKind};
+use logprobe_properties::strategies::{CotangentRecipe, ProblemRecipe};
+use logprobe_reference::spec::Dtype;
+
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
+
+#[test]
+fn peak_extra_memory_within_chunk_and_row_budgets() {
+    // V large enough that anything V-proportional beyond the chunk budget shows.
+    let (n, v) = (48, 32000);
+    let mut report = Vec::new();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let mut r = ProblemRecipe::plain(5, n, v);
+        r.dtype = dtype;
+        r.topk = 4;
+        let data = r.expand();
+        let cot = CotangentRecipe {
+            seed: 1,
+            log_probs: true,
+            entropy: true,
+            topk: true,
+        }
+        .expand(&data);
+        let (p, c) = (data.problem(), cot.view());
+        // Warm up rayon's pool and lazily initialised state outside the measurement.
+        Fused.forward(&p, Dtype::F32).unwrap();
+        let kernels: Vec<(Box<dyn Kernel>, Option<usize>)> = vec![
+            (Box::new(Fused), None),
+            (Box::new(Chunked::new(1)), Some(1)),
+            (Box::new(Chunked::new(4)), Some(4)),
+            (Box::new(Chunked::new(7)), Some(7)),
+        ];
+        for (k, chunk) in &kernels {
+            let (f, b) = check_memory(k.as_ref(), &p, Some(&c), Dtype::F32, *chunk)
+                .unwrap_or_else(|e| panic!("{dtype}: {e}"));
+            report.push(format!(
+                "{dtype} {}: forward {f} B, backward {b} B",
+                k.name()
+            ));
+        }
+        // A kernel that ignores chunk_size (one chunk of all rows) fails.
+        let m = Mutant::new(MutantKind::IgnoredChunkSize, 4);
+        let err = check_memory(&m, &p, Some(&c), Dtype::F32, Some(4))
+            .expect_err("ignoring chunk_size must exceed the budget");
+        report.push(format!("{dtype} {}: killed ({err})", m.name()));
+    }
+    // N = 0 never allocates anything V-sized.
+    let data = ProblemRecipe::plain(1, 0, 256000).expand();
+    let cot = CotangentRecipe {
+        seed: 1,
+        log_probs: true,
+        entropy: true,
+        topk: false,
+    }
+    .expand(&data);
+    for (k, chunk) in [
+        (Box::new(Fused) as Box<dyn Kernel>, None),
+        (Box::new(Chunked::new(8)), Some(8)),
+    ] {
+        let (f, b) = check_memory(
+            k.as_ref(),
+            &data.problem(),
+            Some(&cot.view()),
+            Dtype::F32,
+            chunk,
+        )
+        .unwrap();
+        assert!(
+            f < 4096 && b < 4096,
+            "{}: N = 0 allocated {f} / {b} B",
+            k.name()
+        );
+        report.push(format!(
+            "N=0 V=256000 {}: forward {f} B, backward {b} B",
+            k.name()
+        ));
+    }
+    eprintln!("{}", report.join("\n"));
+}

@@ -1,0 +1,170 @@
+//! Property 8, the suite's power: every planted mutant of the catalog
+//! (`logprobe_properties::mutants`) is killed by the default property checks
+//! (the same check functions and case counts as `tests/properties.rs`, plus
+//! the memory check), and the correct kernels survive them all. One test in
+//! this binary, with the counting allocator, so the memory check is exact.
+
+use logprobe_kernels::kernel::Kernel;
+use logprobe_kernels::Fused;
+use logprobe_properties::checks::{survey, KernelSummary};
+use logprobe_properties::memory::{check_memory, CountingAllocator};
+use logprobe_properties::mutants::{Mutant, MutantKind};
+use logprobe_properties::strategies::{CotangentRecipe, ProblemRecipe};
+use logprobe_properties::suite::{self, cpu_families, cpu_kernels, KernelFamily};
+use logprobe_reference::spec::Dtype;
+
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
+
+/// Chunk size of the chunked mutants (and of their correct twin).
+const CHUNK: usize = 3;
+
+#[test]
+fn planted_mutants_are_killed_and_correct_kernels_survive() {
+    let mut kernels = cpu_kernels();
+    let correct = kernels.len();
+    kernels.extend(
+        MutantKind::ALL
+            .iter()
+            .map(|&k| Box::new(Mutant::new(k, CHUNK)) as Box<dyn Kernel>),
+    );
+    let names: Vec<String> = kernels.iter().map(|k| k.name()).collect();
+    let mut kills: Vec<Vec<(String, String)>> = vec![Vec::new(); kernels.len()];
+    let record =
+        |property: &str, summaries: Vec<KernelSummary>, kills: &mut Vec<Vec<(String, String)>>| {
+            for (i, s) in summaries.into_iter().enumerate() {
+                if let Some(f) = s.first_failure {
+                    let first_line = f.detail.lines().next().unwrap_or_default().to_string();
+                    kills[i].push((format!("{property} ({} cases)", s.failures), first_line));
+                }
+            }
+        };
+    let t = std::time::Instant::now();
+    record(
+        "agreement",
+        survey(&suite::agreement(), &kernels[..], None, correct),
+        &mut kills,
+    );
+    record(
+        "gradients",
+        survey(&suite::gradients(), &kernels[..], None, correct),
+        &mut kills,
+    );
+    record(
+        "bf16/f16",
+        survey(&suite::half_precision(), &kernels[..], None, correct),
+        &mut kills,
+    );
+    record(
+        "edges",
+        survey(&suite::edges(), &kernels[..], None, correct),
+        &mut kills,
+    );
+    record(
+        "inputs unchanged",
+        survey(&suite::inputs_unchanged(), &kernels[..], None, correct),
+        &mut kills,
+    );
+    // Chunk-size invariance over families: the correct ones, then one per mutant.
+    let mut families = cpu_families();
+    let n_fam = families.len();
+    for &k in &MutantKind::ALL {
+        families.push(KernelFamily {
+            name: k.name().into(),
+            make: Box::new(move |c| {
+                Box::new(Mutant::new(k, if k.is_chunked() { c } else { CHUNK })) as Box<dyn Kernel>
+            }),
+        });
+    }
+    let fam = survey(&suite::chunk_invariance(), &families[..], None, n_fam);
+    for (i, s) in fam.into_iter().enumerate() {
+        if let Some(f) = s.first_failure {
+            let idx = if i < n_fam {
+                if i == 0 {
+                    0
+                } else {
+                    1
+                }
+            } else {
+                correct + (i - n_fam)
+            };
+            kills[idx].push((
+                format!("chunk invariance ({} cases)", s.failures),
+                f.detail.lines().next().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    // Memory: the correct kernels and the memory bug (the other wrappers
+    // allocate V-sized rows for their recomputation, outside the bug model).
+    let data = ProblemRecipe::plain(5, 24, 32000).expand();
+    let cot = CotangentRecipe {
+        seed: 1,
+        log_probs: true,
+        entropy: true,
+        topk: false,
+    }
+    .expand(&data);
+    Fused.forward(&data.problem(), Dtype::F32).unwrap();
+    for (i, k) in kernels.iter().enumerate() {
+        if i >= correct && !k.name().contains(MutantKind::IgnoredChunkSize.name()) {
+            continue;
+        }
+        let chunk = if k.name().contains("chunk") {
+            Some(if i < correct {
+                chunk_of(&k.name())
+            } else {
+                CHUNK
+            })
+        } else {
+            None
+        };
+        if let Err(e) = check_memory(
+            k.as_ref(),
+            &data.problem(),
+            Some(&cot.view()),
+            Dtype::F32,
+            chunk,
+        ) {
+            kills[i].push(("memory".into(), e));
+        }
+    }
+    // The table.
+    let mut table = String::from("\nkernel | killed by (first failure)\n--- | ---\n");
+    for (i, name) in names.iter().enumerate() {
+        let by = if kills[i].is_empty() {
+            "SURVIVED".to_string()
+        } else {
+            kills[i]
+                .iter()
+                .map(|(p, d)| format!("{p}: {d}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        table.push_str(&format!("{name} | {by}\n"));
+    }
+    eprintln!("{table}\nsurvey time {:.1} s", t.elapsed().as_secs_f64());
+    for i in 0..correct {
+        assert!(
+            kills[i].is_empty(),
+            "correct kernel {} failed: {:?}",
+            names[i],
+            kills[i]
+        );
+    }
+    let survivors: Vec<&String> = (correct..names.len())
+        .filter(|&i| kills[i].is_empty())
+        .map(|i| &names[i])
+        .collect();
+    assert!(
+        survivors.is_empty(),
+        "mutants survived the default run: {survivors:?}"
+    );
+}
+
+/// The chunk size in a kernel name `chunked(chunk_size=C)`.
+fn chunk_of(name: &str) -> usize {
+    name.split("chunk_size=")
+        .nth(1)
+        .and_then(|s| s.trim_end_matches(')').parse().ok())
+        .unwrap_or(1)
+}

@@ -1,0 +1,188 @@
+//! Verdicts of `logprobe verify` on the PyTorch dumps shipped in
+//! `fixtures/torch/` (they must equal `expected.json`), through the library
+//! and through the binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use logprobe_properties::verify::{
+    exit_status, verify_files, Expectations, FileOutcome, FileReport, OutputReport, Verdict,
+    VerifyConfig,
+};
+
+fn torch_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/torch")
+}
+
+fn dumps() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(torch_dir())
+        .expect("fixtures/torch exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
+    r.outputs
+        .iter()
+        .find(|o| o.output == name)
+        .unwrap_or_else(|| panic!("{}: no {name}", r.name))
+}
+
+#[test]
+fn shipped_torch_dumps_get_their_expected_verdicts() {
+    let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
+    let paths = dumps();
+    assert_eq!(paths.len(), 6, "{paths:?}");
+    let outcomes = verify_files(&paths, &VerifyConfig::default());
+    let rows = expect.compare(&outcomes);
+    for r in &rows {
+        assert!(
+            r.matches,
+            "{}: expected {:?}, found {}",
+            r.name, r.expected, r.found
+        );
+    }
+    assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
+    assert_eq!(exit_status(&outcomes, None), 1, "three dumps fail");
+
+    let reports: Vec<&FileReport> = outcomes
+        .iter()
+        .map(|o| match o {
+            FileOutcome::Report(r) => r,
+            FileOutcome::BadInput { path, error } => panic!("{}: {error}", path.display()),
+        })
+        .collect();
+    let by = |name: &str| *reports.iter().find(|r| r.name == name).unwrap();
+
+    // Each failing dump fails on the output its bug is in, and only there.
+    let r = by("neg_inf_logits_naive_entropy");
+    assert_eq!(output(r, "entropy").verdict, Verdict::Fail);
+    assert_eq!(output(r, "log_probs").verdict, Verdict::Pass);
+    let r = by("bf16_accumulated_logsumexp");
+    assert!(
+        output(r, "log_probs").max_ratio.unwrap() > 10.0,
+        "far beyond bf16 rounding"
+    );
+    // Truncation instead of rounding: beyond the sound bound, but by less
+    // than 3x (a loose bound would pass it), and under 1 ulp of f16.
+    let r = by("f16_truncated_outputs");
+    let lp = output(r, "log_probs");
+    assert_eq!(lp.verdict, Verdict::Fail);
+    assert!(
+        lp.max_ratio.unwrap() > 1.0 && lp.max_ratio.unwrap() < 3.0,
+        "{:?}",
+        lp.max_ratio
+    );
+    assert!(lp.max_ulps <= 1.0, "{}", lp.max_ulps);
+    assert_eq!(output(r, "entropy").verdict, Verdict::Fail);
+
+    // Correct dumps: every output within bound, gradients included.
+    let r = by("fp32_autograd_gradients");
+    let g = output(r, "grad_logits");
+    assert_eq!((g.verdict, g.count), (Verdict::Pass, 8 * 32000));
+    assert!(output(r, "log_probs").tightest_model.is_some());
+    let r = by("qwen_vocab_bf16_fp32_math");
+    assert_eq!((r.rows_checked, r.columns), (16, 151936));
+    for name in ["log_probs", "entropy"] {
+        let o = output(r, name);
+        assert!(
+            o.max_ratio.unwrap() <= 1.0 && o.max_ulps <= 0.5 + 1e-9,
+            "{name}: {o:?}"
+        );
+    }
+    for r in &reports {
+        for o in &r.outputs {
+            assert!(
+                !o.worst.is_empty() && o.worst.len() <= 5,
+                "{} {}",
+                r.name,
+                o.output
+            );
+            assert!(o.reference_ratios.len() == 3);
+        }
+    }
+}
+
+/// The binary on the four small dumps (one pass, the three bug kinds
+/// fail), through `--expect` and `--json`; the two large dumps, whose
+/// verdicts the library test above checks, would double the test's cost
+/// for the same code path.
+#[test]
+fn binary_matches_expected_json() {
+    let small: Vec<PathBuf> = dumps()
+        .into_iter()
+        .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
+        .collect();
+    assert_eq!(small.len(), 4);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
+    cmd.arg("verify")
+        .args(&small)
+        .arg("--expect")
+        .arg(torch_dir().join("expected.json"))
+        .arg("--json");
+    let out = cmd.output().expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("valid JSON");
+    assert_eq!(json["exit_status"], 0);
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
+            .unwrap();
+    let files = json["files"].as_array().unwrap();
+    assert_eq!(files.len(), 4);
+    for f in files {
+        let name = f["name"].as_str().unwrap();
+        assert_eq!(f["verdict"], expected[name]["expect"], "{name}");
+    }
+    for row in json["expect"].as_array().unwrap() {
+        assert_eq!(row["matches"], true, "{row}");
+    }
+}
+
+#[test]
+fn binary_table_and_exit_status_of_single_dumps() {
+    let run = |name: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_logprobe"))
+            .arg("verify")
+            .arg(torch_dir().join(format!("{name}.safetensors")))
+            .output()
+            .expect("runs");
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = run("neg_inf_logits_naive_entropy");
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("FAIL") && text.contains("entropy") && text.contains("NaN"),
+        "{text}"
+    );
+    // A wrong expectation makes --expect fail.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verify_cases");
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrong = dir.join("wrong.json");
+    std::fs::write(
+        &wrong,
+        r#"{"neg_inf_logits_naive_entropy": {"expect": "pass"}}"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_logprobe"))
+        .arg("verify")
+        .arg(torch_dir().join("neg_inf_logits_naive_entropy.safetensors"))
+        .arg("--expect")
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("MISMATCH"), "{text}");
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# CUDA checks on a GPU machine that has no crate registry (issue 6): runs the
+# CUDA properties and the fused-forward bandwidth benchmark from a prebuilt,
+# stripped release test binary, in well under 4 minutes on one H200.
+#
+# On the build machine (x86-64, with the registry and NVRTC):
+#
+#   export LD_LIBRARY_PATH="$(scripts/install-nvrtc.sh | tail -n1):${LD_LIBRARY_PATH:-}"
+#   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
+#     cargo test --release --no-run --features cuda -p logprobe-kernels --test cuda_runtime
+#   # cargo prints: Executable tests/cuda_runtime.rs (target/release/deps/cuda_runtime-<hash>)
+#   mkdir -p gpu && cp target/release/deps/cuda_runtime-<hash> gpu/cuda_runtime
+#   LOGPROBE_CUDA_PTX_OUT=gpu/ptx cargo test --features cuda -p logprobe-kernels --test cuda_compile
+#
+# Then copy gpu/ (binary + ptx/, a few MB) to the GPU machine and run:
+#
+#   scripts/gpu-check.sh gpu/cuda_runtime gpu/ptx
+#
+# The PTX folder is used only when the GPU machine cannot load libnvrtc.so.13
+# (LOGPROBE_CUDA_PTX_DIR); otherwise the binary compiles the kernels itself
+# with NVRTC. The binary loads libcuda at run time (cudarc dynamic loading).
+#
+# Output: the test results, then lines "BENCH fused forward bf16 ..." and
+# "BENCH fused forward f32 ..." with time, bytes moved, GB/s and the fraction
+# of the H200's 4.8 TB/s. Set LOGPROBE_CUDA_BENCH_MIN=0.8 to make a fraction
+# below 80% fail the run. Exit status: that of the test binary.
+set -euo pipefail
+bin="${1:?usage: gpu-check.sh CUDA_RUNTIME_TEST_BINARY [PTX_DIR]}"
+ptx="${2:-}"
+if [[ -n "$ptx" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13' \
+    && ! { [[ -n "${LD_LIBRARY_PATH:-}" ]] && ls ${LD_LIBRARY_PATH//:/ } 2>/dev/null | grep -q 'libnvrtc\.so\.13'; }; then
+    echo "no libnvrtc.so.13 here: loading prebuilt PTX from $ptx"
+    export LOGPROBE_CUDA_PTX_DIR="$ptx"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+export LOGPROBE_CUDA_BENCH=1
+start=$(date +%s)
+# One test at a time: the device is shared and the benchmark wants it alone.
+timeout 220 "$bin" --test-threads=1 --nocapture
+echo "gpu-check: $(( $(date +%s) - start )) s"
