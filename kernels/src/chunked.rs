@@ -150,6 +150,7 @@ impl Kernel for Chunked {
             cotangents,
             out,
             vjp::Staging::Chunked(self.chunk_size),
+            &[],
         )?)
     }
 
@@ -170,6 +171,7 @@ impl Kernel for Chunked {
             options,
             cotangents,
             vjp::Staging::Chunked(self.chunk_size),
+            &[],
         )?)
     }
 }

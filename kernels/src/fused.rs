@@ -47,13 +47,16 @@ pub(crate) fn per_row_bytes(k: usize) -> usize {
 }
 
 impl Fused {
-    fn forward_typed<T: Input>(
+    /// The fused forward; `widths` as in [`vjp::backward`] (empty: row-wide).
+    pub(crate) fn forward_typed<T: Input>(
         problem: &Problem<'_>,
         shape: &Shape,
         lv: ndarray::ArrayView2<'_, T>,
         out: Dtype,
+        widths: &[usize],
     ) -> Result<ForwardOutput, SpecError> {
-        let p = CallParams::<T::Acc>::new(problem, shape);
+        let mut p = CallParams::<T::Acc>::new(problem, shape);
+        p.ranges = crate::stats::shard_ranges(widths, shape.vocab_size);
         let rows: Vec<Result<RowForward, SpecError>> = (0..shape.n)
             .into_par_iter()
             .map(|r| {
@@ -102,7 +105,7 @@ impl Kernel for Fused {
     fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
         let shape = problem.validate_shapes()?;
         Ok(
-            logprobe_reference::with_logits!(problem.logits, lv => Self::forward_typed(problem, &shape, lv, out))?,
+            logprobe_reference::with_logits!(problem.logits, lv => Self::forward_typed(problem, &shape, lv, out, &[]))?,
         )
     }
 
@@ -117,6 +120,7 @@ impl Kernel for Fused {
             cotangents,
             out,
             vjp::Staging::Fused,
+            &[],
         )?)
     }
 
@@ -137,6 +141,7 @@ impl Kernel for Fused {
             options,
             cotangents,
             vjp::Staging::Fused,
+            &[],
         )?)
     }
 }

@@ -11,6 +11,7 @@ pub mod kernel;
 pub mod row;
 pub mod stats;
 pub mod vjp;
+pub mod vocab_parallel;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
@@ -18,3 +19,4 @@ pub use chunked::Chunked;
 pub use fused::Fused;
 pub use kernel::{Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation};
 pub use row::cpu_path;
+pub use vocab_parallel::VocabParallel;

@@ -630,3 +630,51 @@ pub fn summation(len: usize) -> Summation {
 pub fn rescaling_exps(len: usize) -> usize {
     ceil_log2(len.div_ceil(BLOCK).max(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SSE2, AVX2 and AVX-512 builds of the block loop give the same bits.
+    #[test]
+    fn every_cpu_path_gives_the_same_bits() {
+        let mut state = 9u64;
+        let z: Vec<f32> = (0..BLOCK - 5)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 60.0
+            })
+            .collect();
+        for (scale, want_b) in [(None, true), (Some(0.7f32), true), (None, false)] {
+            let a = LeafArgs {
+                src: &z[..],
+                mask: None,
+                start: 0,
+                n: z.len(),
+                scale,
+                want_b,
+            };
+            let mut sc = Scratch { z: [0.0; BLOCK] };
+            let base = leaf_baseline(&a, &mut sc).partial;
+            #[cfg(target_arch = "x86_64")]
+            {
+                let bits = |p: Partial<f32>| (p.m.to_bits(), p.s.to_bits(), p.b.to_bits());
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: feature detected above.
+                    let p = unsafe { leaf_avx2(&a, &mut sc) }.partial;
+                    assert_eq!(bits(p), bits(base));
+                }
+                if std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
+                {
+                    // SAFETY: feature detected above.
+                    let p = unsafe { leaf_avx512(&a, &mut sc) }.partial;
+                    assert_eq!(bits(p), bits(base));
+                }
+            }
+            assert!(base.s > 0.0 && base.m > 0.0);
+        }
+    }
+}

@@ -55,7 +55,7 @@ impl<A: Acc> CallParams<A> {
         };
         CallParams {
             v: shape.vocab_size,
-            ranges: vec![0..shape.vocab_size],
+            ranges: std::iter::once(0..shape.vocab_size).collect(),
             scale,
             input_temperature,
             grad_scale: if t == 1.0 { None } else { Some(A::from_f64(t)) },
@@ -127,6 +127,25 @@ pub fn row_stats<A: Acc, S: Source<A> + ?Sized>(
     })
 }
 
+/// Column ranges of vocabulary shards of widths `widths` (in order from
+/// column 0), truncated to the real vocabulary `0..v` (padding sits in the
+/// last shards; a shard wholly past `v` gets an empty range). Empty
+/// `widths` means one range `0..v`.
+pub fn shard_ranges(widths: &[usize], v: usize) -> Vec<std::ops::Range<usize>> {
+    if widths.is_empty() {
+        return std::iter::once(0..v).collect();
+    }
+    let mut off = 0usize;
+    widths
+        .iter()
+        .map(|&w| {
+            let r = off.min(v)..(off + w).min(v);
+            off += w;
+            r
+        })
+        .collect()
+}
+
 /// [`reduce`] over each range, the partials merged in range order (a
 /// sequential fold, as an all-reduce in shard order). Empty, all-padding
 /// and all-masked ranges give the empty partial, which merges without NaN.
@@ -137,10 +156,16 @@ pub fn reduce_ranges<A: Acc, S: Source<A> + ?Sized>(
     scale: Option<A>,
     want_b: bool,
 ) -> crate::row::Reduction<A> {
-    let mut acc = crate::row::Reduction { partial: Partial::EMPTY, bad: false };
+    let mut acc = crate::row::Reduction {
+        partial: Partial::EMPTY,
+        bad: false,
+    };
     for r in ranges {
         let x = reduce(src, r.clone(), mask, scale, want_b);
-        acc = crate::row::Reduction { partial: acc.partial.merge(x.partial, scale), bad: acc.bad | x.bad };
+        acc = crate::row::Reduction {
+            partial: acc.partial.merge(x.partial, scale),
+            bad: acc.bad | x.bad,
+        };
     }
     acc
 }

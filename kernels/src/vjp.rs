@@ -29,7 +29,9 @@ use logprobe_reference::spec::{
 };
 
 use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
-use crate::stats::{ids_suspect, mask_row, row_error, row_stats, typed_row, CallParams, RowStats};
+use crate::stats::{
+    ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
+};
 
 /// How the write pass is staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,8 +305,14 @@ fn prepare(
     Ok(shape)
 }
 
-fn params<A: Acc>(problem: &Problem<'_>, shape: &Shape, cot: &Cotangents<'_>) -> CallParams<A> {
+fn params<A: Acc>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    cot: &Cotangents<'_>,
+    widths: &[usize],
+) -> CallParams<A> {
     let mut p = CallParams::<A>::new(problem, shape);
+    p.ranges = shard_ranges(widths, shape.vocab_size);
     if cot.grad_entropy.is_none() {
         p.entropy = None;
     }
@@ -343,8 +351,9 @@ fn backward_typed<T: Input>(
     cot: &Cotangents<'_>,
     out: Dtype,
     staging: Staging,
+    widths: &[usize],
 ) -> Result<Array2<f64>, SpecError> {
-    let p = params::<T::Acc>(problem, shape, cot);
+    let p = params::<T::Acc>(problem, shape, cot, widths);
     let me = masked_entropy(problem);
     let (n, vt) = (shape.n, shape.v_total);
     let mut grad = Array2::<f64>::zeros((n, vt));
@@ -449,6 +458,9 @@ fn chunked_grad_chunk<T: Input>(
 }
 
 /// Grad logits `[N, V_total]` rounded to `out` (the module's formula).
+/// `widths`: vocabulary shard widths whose statistics are reduced per shard
+/// and merged in shard order (empty: one row-wide reduction); callers check
+/// that they sum to `V_total`.
 ///
 /// # Errors
 /// [`SpecError::ZeroChunkSize`], the spec's validation errors (first bad
@@ -458,11 +470,13 @@ pub fn backward(
     cot: &Cotangents<'_>,
     out: Dtype,
     staging: Staging,
+    widths: &[usize],
 ) -> Result<Array2<f64>, SpecError> {
     let shape = prepare(problem, cot, staging)?;
-    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, &shape, lv, cot, out, staging))
+    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, &shape, lv, cot, out, staging, widths))
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Grad logits written over `logits`, rounded to the logits' dtype. Every
 /// row is validated (stats pass over all rows) before anything is written:
 /// on error the logits are unchanged.
@@ -477,6 +491,7 @@ pub fn backward_in_place(
     options: &Options,
     cot: &Cotangents<'_>,
     staging: Staging,
+    widths: &[usize],
 ) -> Result<(), SpecError> {
     macro_rules! go {
         ($lv:expr, $wrap:path) => {{
@@ -490,7 +505,7 @@ pub fn backward_in_place(
                     options: *options,
                 };
                 let shape = prepare(&problem, cot, staging)?;
-                plan_in_place(&problem, &shape, lv.view(), cot)?
+                plan_in_place(&problem, &shape, lv.view(), cot, widths)?
             };
             apply_in_place(&mut lv, sampling_mask, options, write, staging);
             Ok(())
@@ -517,8 +532,9 @@ fn plan_in_place<T: Input>(
     shape: &Shape,
     lv: ArrayView2<'_, T>,
     cot: &Cotangents<'_>,
+    widths: &[usize],
 ) -> Result<InPlacePlan<T::Acc>, SpecError> {
-    let p = params::<T::Acc>(problem, shape, cot);
+    let p = params::<T::Acc>(problem, shape, cot, widths);
     if shape.n > 0 && shape.vocab_size == 0 {
         return Err(row_error(problem, shape, 0));
     }
@@ -554,7 +570,7 @@ fn apply_in_place<T: Input>(
                     &mut io,
                     mask_row(sampling_mask, r),
                     &plan.stats[r],
-                    &p,
+                    p,
                     &plan.cots[r],
                     vt,
                     me,
@@ -591,7 +607,7 @@ fn apply_in_place<T: Input>(
                             &mut ToBuffer { src: z, dst: g },
                             mask_row(sampling_mask, r),
                             &plan.stats[r],
-                            &p,
+                            p,
                             &plan.cots[r],
                             v,
                             me,

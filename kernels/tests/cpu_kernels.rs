@@ -15,7 +15,7 @@
 use half::{bf16, f16};
 use ndarray::{array, Array1, Array2};
 
-use logprobe_kernels::{Chunked, Fused, Kernel, KernelError};
+use logprobe_kernels::{Chunked, Fused, Kernel, KernelError, VocabParallel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
     Cotangents, Dtype, Element, EntropyLogits, Logits, LogitsMut, Problem, SpecError,
@@ -58,9 +58,13 @@ fn tol(v: f64, acc: Dtype, out: Dtype) -> f64 {
 
 /// Compares every forward output of every kernel with the oracle.
 fn check_forward(problem: &Problem<'_>, out: Dtype) {
+    check_forward_with(problem, out, &kernels());
+}
+
+fn check_forward_with(problem: &Problem<'_>, out: Dtype, kernels: &[Box<dyn Kernel>]) {
     let acc = problem.logits.dtype().accumulation();
     let exact = Oracle::default().forward(problem, out).expect("oracle");
-    for k in kernels() {
+    for k in kernels {
         let f = k
             .forward(problem, out)
             .unwrap_or_else(|e| panic!("{}: {e}", k.name()));
@@ -119,12 +123,21 @@ fn check_forward(problem: &Problem<'_>, out: Dtype) {
 /// Compares every kernel's backward with the oracle VJP, per element within
 /// `TOL_U u (sum of |cotangents|) / T + ulp_out`.
 fn check_backward(problem: &Problem<'_>, cot: &Cotangents<'_>, out: Dtype) {
+    check_backward_with(problem, cot, out, &kernels());
+}
+
+fn check_backward_with(
+    problem: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    out: Dtype,
+    kernels: &[Box<dyn Kernel>],
+) {
     let acc = problem.logits.dtype().accumulation();
     let exact = Oracle::default()
         .vjp(problem, cot, out)
         .expect("oracle vjp");
     let shape = problem.validate_shapes().unwrap();
-    for k in kernels() {
+    for k in kernels {
         let g = k
             .backward(problem, cot, out)
             .unwrap_or_else(|e| panic!("{}: {e}", k.name()));
@@ -413,6 +426,9 @@ fn grads_match_oracle_vjp() {
                 }
                 check_backward(&p, cot, Dtype::F32);
                 check_backward(&p, cot, Dtype::Bf16);
+                // z = round_input(x / T) materialised by the caller; dz/dx = 1/T.
+                p.options.temperature_dtype = TemperatureDtype::Input;
+                check_backward(&p, cot, Dtype::F32);
             }
         }
     }
@@ -597,4 +613,87 @@ fn empty_batch_gives_empty_outputs() {
         );
         assert_eq!(k.workspace_bytes(&p.validate_shapes().unwrap()), 0);
     }
+}
+
+#[test]
+fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
+    let x = hand_rows();
+    let xf = cast::<f32>(&x);
+    let tokens = array![3i64, 0, 1, -100, 2];
+    let ids = array![[3i64, 0], [5, 5], [0, 4], [0, 3], [1, 2]];
+    // Column 2 (a whole shard in some layouts) is masked out in every row but row 0.
+    let mask = Array2::from_shape_fn((5, 6), |(r, j)| j != 2 || r == 0);
+    let tokens_m = array![3i64, 0, 1, -100, 3];
+    let g = array![1.0, -0.5, 2.0, 3.0, 0.75];
+    let h = array![0.5, 1.0, -1.25, 0.0, 2.0];
+    let gk = array![
+        [0.25, -1.0],
+        [0.5, 0.5],
+        [1.0, 1.0],
+        [-0.5, 0.125],
+        [2.0, -2.0]
+    ];
+    let cot = Cotangents {
+        grad_log_probs: Some(g.view()),
+        grad_entropy: Some(h.view()),
+        grad_topk_log_probs: Some(gk.view()),
+    };
+    let layouts: Vec<Box<dyn Kernel>> = vec![
+        Box::new(VocabParallel::new(vec![6])),
+        Box::new(VocabParallel::new(vec![2, 1, 0, 3])),
+        Box::new(VocabParallel::new(vec![1, 1, 1, 1, 1, 1])),
+        Box::new(VocabParallel::new(vec![0, 5, 1, 0])),
+    ];
+    for masked in [false, true] {
+        let mut p = Problem::new(Logits::F32(xf.view()));
+        p.topk_ids = Some(ids.view());
+        p.tokens = Some(tokens.view());
+        if masked {
+            p.sampling_mask = Some(mask.view());
+            p.tokens = Some(tokens_m.view());
+        }
+        check_forward_with(&p, Dtype::F32, &layouts);
+        check_backward_with(&p, &cot, Dtype::F32, &layouts);
+        p.options.temperature = 0.8;
+        p.options.entropy = Some(EntropyLogits::Masked);
+        check_forward_with(&p, Dtype::F32, &layouts);
+        check_backward_with(&p, &cot, Dtype::F32, &layouts);
+    }
+    // Padded vocabulary: 8 columns, vocab_size 5; the last shard is all
+    // padding (NaN, which must be ignored), the middle one half padding.
+    let mut xp = Array2::<f32>::from_elem((5, 8), f32::NAN);
+    xp.slice_mut(ndarray::s![.., ..5])
+        .assign(&xf.slice(ndarray::s![.., ..5]));
+    let tokens_p = array![3i64, 0, 1, -100, 2];
+    let ids_p = array![[3i64, 0], [4, 4], [0, 4], [0, 3], [1, 2]];
+    let mut p = Problem::new(Logits::F32(xp.view()));
+    p.tokens = Some(tokens_p.view());
+    p.topk_ids = Some(ids_p.view());
+    p.options.vocab_size = Some(5);
+    let padded: Vec<Box<dyn Kernel>> = vec![
+        Box::new(VocabParallel::new(vec![3, 3, 2])),
+        Box::new(VocabParallel::new(vec![4, 1, 3, 0])),
+        Box::new(Fused),
+        Box::new(Chunked::new(2)),
+    ];
+    check_forward_with(&p, Dtype::F32, &padded);
+    check_backward_with(&p, &cot, Dtype::F32, &padded);
+    // Widths that do not cover the columns are a shape error.
+    let bad = VocabParallel::new(vec![3, 3]);
+    assert!(matches!(
+        bad.forward(&p, Dtype::F32),
+        Err(KernelError::Spec(SpecError::ShapeMismatch { .. }))
+    ));
+}
+
+#[test]
+fn vocab_parallel_long_rows_match_oracle() {
+    let mut rng = Rng(5);
+    let (n, v) = (2, 9000);
+    let x = Array2::from_shape_fn((n, v), |_| (rng.normal() * 2.0) as f32);
+    let tokens = array![8999i64, 0];
+    let mut p = Problem::new(Logits::F32(x.view()));
+    p.tokens = Some(tokens.view());
+    let k: Vec<Box<dyn Kernel>> = vec![Box::new(VocabParallel::new(vec![4500, 0, 2047, 2453]))];
+    check_forward_with(&p, Dtype::F32, &k);
 }

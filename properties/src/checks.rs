@@ -637,13 +637,14 @@ pub fn judge_backward(
             }
         });
         let h = cv.grad_entropy.map_or(0.0, |h| h[row]);
+        // Live ids only: an id masked by sampling_mask is a constant; one
+        // with a -inf logit is still differentiated (oracle, PyTorch).
         let topk: Vec<(usize, f64)> = match (a.problem.topk_ids, cv.grad_topk_log_probs) {
-            (Some(ids), Some(gk)) => ids
-                .row(row)
-                .iter()
-                .zip(gk.row(row))
-                .map(|(&id, &gv)| (id as usize, gv))
-                .collect(),
+            (Some(ids), Some(gk)) => GradCotangents::live_topk(
+                ids.row(row).iter().copied(),
+                gk.row(row).iter().copied(),
+                |id| a.problem.allowed(row, id),
+            ),
             _ => Vec::new(),
         };
         let token = if a.problem.has_target(row) {

@@ -474,6 +474,31 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
     }
 }
 
+/// Why the data section does not match the header (truncated or extended
+/// file), naming the first tensor that reaches past the end. Reads only the
+/// header (already checked to be valid JSON by safetensors).
+fn describe_size_mismatch(bytes: &[u8]) -> String {
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("checked by safetensors")) as usize;
+    let data_len = bytes.len() - 8 - n;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap_or_default();
+    let mut ends: Vec<(u64, &str)> = header
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, info)| {
+            Some((info.get("data_offsets")?.get(1)?.as_u64()?, name.as_str()))
+        })
+        .collect();
+    ends.sort();
+    let declared = ends.last().map_or(0, |e| e.0);
+    match ends.iter().find(|(end, _)| *end > data_len as u64) {
+        Some((end, name)) => format!(
+            "truncated file: tensor `{name}` ends at data byte {end}, the file holds {data_len} data bytes (header declares {declared})"
+        ),
+        None => format!("the file holds {data_len} data bytes, the header declares {declared} (trailing bytes)"),
+    }
+}
+
 fn malformed(e: safetensors::SafeTensorError) -> DumpError {
     DumpError::Malformed {
         reason: e.to_string(),
@@ -596,7 +621,19 @@ impl<'a> Dump<'a> {
     fn parse_with(bytes: &'a [u8], require_candidate: bool) -> Result<Self, DumpError> {
         // Checks offsets, sizes (with overflow checks) and that the data
         // covers the file exactly: nothing below reads out of bounds.
-        let st = SafeTensors::deserialize(bytes).map_err(malformed)?;
+        let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
+            safetensors::SafeTensorError::MetadataIncompleteBuffer => DumpError::Malformed {
+                reason: describe_size_mismatch(bytes),
+            },
+            safetensors::SafeTensorError::InvalidHeaderLength => DumpError::Malformed {
+                reason: format!(
+                    "truncated header: its length field declares {} bytes, the file holds {} after it",
+                    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read by safetensors")),
+                    bytes.len() - 8
+                ),
+            },
+            other => malformed(other),
+        })?;
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(malformed)?;
         let meta = header.metadata().clone().unwrap_or_default();
         let get = |name: &str| st.tensor(name).ok();

@@ -26,8 +26,35 @@ pub struct GradCotangents<'c> {
     pub h: f64,
     /// Target token `t` (`None`: no log-prob term).
     pub token: Option<usize>,
-    /// `(id_k, G_k)` pairs; masked ids (`d_id = -inf`) add nothing.
+    /// `(id_k, G_k)` pairs of the live top-k ids: every id *not* masked by
+    /// `sampling_mask`, including one whose logit is `-inf` or whose
+    /// probability underflows (its log-prob is `-inf` but, as in the oracle
+    /// and PyTorch's log_softmax backward, it is still differentiated:
+    /// `G_k (1 - p_id) / T` at the id, `-G_k p_j / T` elsewhere). Ids masked
+    /// by `sampling_mask` are constants and should be left out (see
+    /// [`GradCotangents::live_topk`]); an id left in is counted as live,
+    /// which only widens the bound (sound either way). The statistics alone
+    /// cannot tell the two apart: both have `d_id = -inf`.
     pub topk: &'c [(usize, f64)],
+}
+
+impl GradCotangents<'_> {
+    /// The `(id_k, G_k)` pairs of one row's live top-k ids, for
+    /// [`GradCotangents::topk`]: `ids` `[K]` and `grad` `[K]` zipped, the ids
+    /// for which `allowed(id)` is false (masked by `sampling_mask`) dropped.
+    /// A negative id (a caller's bad input) is kept, as `usize::MAX`, so it
+    /// still counts in the bound's cotangent sum.
+    pub fn live_topk(
+        ids: impl IntoIterator<Item = i64>,
+        grad: impl IntoIterator<Item = f64>,
+        allowed: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, f64)> {
+        ids.into_iter()
+            .zip(grad)
+            .map(|(id, g)| (usize::try_from(id).unwrap_or(usize::MAX), g))
+            .filter(|&(id, _)| id == usize::MAX || allowed(id))
+            .collect()
+    }
 }
 
 /// Error bounds of one row under one [`Model`], built once from the
@@ -315,8 +342,8 @@ impl<'a> RowBounds<'a> {
     }
 
     /// Bound (nats) on the top-k log-prob of vocabulary id `id`: as
-    /// [`RowBounds::log_prob`] with `d_id`; exactly 0 for a masked id (its
-    /// value is the constant `-inf`).
+    /// [`RowBounds::log_prob`] with `d_id`; exactly 0 for an id with
+    /// `d_id = -inf` (masked, or an allowed `-inf` logit: the value is `-inf`).
     pub fn topk(&self, id: usize, out: Dtype) -> Bound {
         match self.stats.d.get(id) {
             Some(d) if d.hi == f64::NEG_INFINITY => Bound::Abs(0.0),
@@ -372,13 +399,13 @@ impl<'a> RowBounds<'a> {
         let g = Hi(cot.g.abs());
         let h = Hi(cot.h.abs());
         let ind_t = cot.token == Some(j) && cot.g != 0.0;
-        // Top-k terms of unmasked ids only (masked ids are constants).
+        // Top-k terms of every id the caller passes: live ids, including
+        // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
         let mut g_sum = g;
         let mut ind_k = Hi::ZERO;
         let mut n_terms = if cot.g != 0.0 { 1 + ind_t as usize } else { 0 };
         for &(id, gk) in cot.topk {
-            let masked = st.d.get(id).is_none_or(|d| d.hi == f64::NEG_INFINITY);
-            if gk == 0.0 || masked {
+            if gk == 0.0 {
                 continue;
             }
             g_sum = g_sum + Hi(gk.abs());
@@ -417,7 +444,13 @@ impl<'a> RowBounds<'a> {
         }
         let main = g_sum * p_dev + h * (q_dev * (c_abs + dc) + q_hi * dc);
         // Rounding of the combination: gamma_m over the elementary terms' magnitudes.
-        let m = n_terms + 2 + c.t_count;
+        // A cotangent not representable in the accumulation dtype is rounded
+        // into it first (our kernels do): one more rounding on every path.
+        let widened = std::iter::once(cot.g)
+            .chain(std::iter::once(cot.h))
+            .chain(cot.topk.iter().map(|&(_, gk)| gk))
+            .any(|x| c.acc.round_f64(x) != x);
+        let m = n_terms + 2 + c.t_count + widened as usize;
         let gm = gamma(m, c.u.0)?;
         let mags =
             ind + g_sum * (p_hi + p_dev) + h * (q_hi + q_dev) * (lpw_abs + h_hi + Hi(2.0) + dc);

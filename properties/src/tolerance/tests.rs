@@ -784,3 +784,77 @@ fn f32_kernels_are_within_their_models_against_the_oracle() {
         }
     }
 }
+
+/// Top-k ids with a `-inf` logit (or a probability that underflows at an
+/// offset of `-1e30`) that `sampling_mask` allows are live outputs: their
+/// gradient is `G_k / T` at the id and `-G_k p_j / T` elsewhere (oracle,
+/// PyTorch). The bound covers the fused kernel on every element, f32 and
+/// bf16 outputs; leaving such an id out (the old "masked constant" reading)
+/// breaks it; a masked id's cotangent adds nothing.
+#[test]
+fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
+    use logprobe_kernels::{Fused, Kernel};
+    use logprobe_reference::oracle::Oracle;
+    use logprobe_reference::spec::{Cotangents, Logits, Problem};
+    use ndarray::{Array1, Array2};
+    let oracle = Oracle::default();
+    let ninf = f32::NEG_INFINITY;
+    // Columns: 1 is -inf (live), 4 is masked, 5 sits 1e30 below the max.
+    let x: Vec<f32> = vec![1.0, ninf, 0.5, 2.0, -0.25, -1e30];
+    let v = x.len();
+    let xs = Array2::from_shape_vec((1, v), x).unwrap();
+    let mut mask = Array2::from_elem((1, v), true);
+    mask[[0, 4]] = false;
+    let ids = Array2::from_shape_vec((1, 4), vec![1i64, 4, 3, 5]).unwrap();
+    let gk = Array2::from_shape_vec((1, 4), vec![0.7f64, 1.25, -0.375, 0.5]).unwrap();
+    let g = Array1::from_vec(vec![0.0f64]);
+    let tokens = Array1::from_vec(vec![0i64]);
+    for t in [1.0f64, 0.7] {
+        let mut problem = Problem::new(Logits::F32(xs.view()));
+        problem.tokens = Some(tokens.view());
+        problem.sampling_mask = Some(mask.view());
+        problem.topk_ids = Some(ids.view());
+        problem.options.temperature = t;
+        let cot = Cotangents {
+            grad_log_probs: Some(g.view()),
+            grad_entropy: None,
+            grad_topk_log_probs: Some(gk.view()),
+        };
+        let st = oracle.row_stats(&problem, 0).unwrap();
+        let ctx = RowContext::from_problem(&problem, 0).unwrap();
+        let shape = problem.validate_shapes().unwrap();
+        let model = Model::declared(&Fused.algorithm(&shape));
+        let rb = model.row_bounds(&st, &ctx);
+        let live = GradCotangents::live_topk(
+            ids.row(0).iter().copied(),
+            gk.row(0).iter().copied(),
+            |id| problem.allowed(0, id),
+        );
+        assert_eq!(live, vec![(1, 0.7), (3, -0.375), (5, 0.5)]);
+        let old: Vec<(usize, f64)> = vec![(3, -0.375), (5, 0.5)];
+        for out in [Dtype::F32, Dtype::Bf16] {
+            let exact = oracle.vjp(&problem, &cot, out).unwrap();
+            let cand = Fused.backward(&problem, &cot, out).unwrap();
+            let mk = |topk| GradCotangents {
+                g: 0.0,
+                h: 0.0,
+                token: Some(0),
+                topk,
+            };
+            let (now, before) = (mk(&live), mk(&old));
+            let mut old_fails = false;
+            for j in 0..v {
+                let jd = judge(&exact[[0, j]], cand[[0, j]], out, &rb.grad(j, &now, out));
+                assert!(jd.pass, "T={t} {out} j={j}: {jd:?}");
+                let jo = judge(&exact[[0, j]], cand[[0, j]], out, &rb.grad(j, &before, out));
+                old_fails |= !jo.pass;
+            }
+            // Column 1 gets G_k / T exactly in the reals: not within a 1e-37 floor.
+            assert!(exact[[0, 1]].enclosure.lo >= 0.7 / t * (1.0 - 1e-12));
+            assert!(old_fails, "T={t} {out}: the old reading passed");
+            // The masked id's cotangent is dropped: its column is exactly 0.
+            assert_eq!(cand[[0, 4]], 0.0);
+            assert!(abs(&rb.grad(4, &now, out)) < 1e-30);
+        }
+    }
+}
