@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use proptest::prelude::*;
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused};
+use logprobe_kernels::{Chunked, Fused, VocabParallel};
 use logprobe_reference::spec::Dtype;
 
 use crate::cache::oracle_case;
@@ -416,6 +416,16 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
         .collect()
 }
 
+/// The vocab-parallel CPU kernels as families over shard layouts: the
+/// workspace's [`VocabParallel`] (each shard reduced on its own, partials
+/// merged in shard order).
+pub fn sharded_families() -> Vec<ShardedFamily> {
+    vec![ShardedFamily {
+        name: "vocab_parallel".into(),
+        make: Box::new(|w| Box::new(VocabParallel::new(w.to_vec()))),
+    }]
+}
+
 /// Builds a kernel over shards of the given widths.
 pub type ShardedMaker = Box<dyn Fn(&[usize]) -> Box<dyn Kernel> + Send + Sync>;
 
@@ -453,7 +463,9 @@ fn shard_cases() -> BoxedStrategy<ShardCase> {
     (
         problem_recipe(space),
         cotangent_recipe(),
-        1usize..=8,
+        // Any shard count: a few (TP degrees), and more shards than
+        // columns (many empty shards).
+        prop_oneof![6 => 1usize..=8, 1 => 9usize..=64],
         any::<u64>(),
     )
         .boxed()

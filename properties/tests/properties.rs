@@ -32,6 +32,11 @@ fn bf16_f16_inputs_and_outputs_within_bound() {
 }
 
 #[test]
+fn vocab_parallel_shardings_match_oracle() {
+    gate(&suite::vocab_parallel(), &suite::sharded_families(), REGRESSIONS);
+}
+
+#[test]
 fn edges_give_defined_values_or_typed_errors() {
     gate(&suite::edges(), &cpu_kernels(), REGRESSIONS);
 }
