@@ -111,6 +111,11 @@ impl Kernel for Chunked {
         format!("chunked(chunk_size={})", self.chunk_size)
     }
 
+    /// `ln S + B / S` from the row statistics ([`crate::stats::entropy_stats`]).
+    fn entropy_form(&self) -> Option<crate::kernel::EntropyForm> {
+        Some(crate::kernel::EntropyForm::Fused)
+    }
+
     fn capabilities(&self) -> Capabilities {
         CPU_CAPABILITIES
     }

@@ -104,6 +104,26 @@ pub struct Algorithm {
     pub shift: Shift,
 }
 
+/// How a kernel evaluates the entropy: the tolerance model's error analysis
+/// differs per form (`properties/TOLERANCE.md`, T11 and T12). A kernel may
+/// declare it with [`Kernel::entropy_form`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum EntropyForm {
+    /// `H = ln S + B / S` with `B = sum_j e^{d_j} |d_j|` accumulated next to
+    /// `S` (fused and online kernels; also `ln S - sum_j p_j d_j` with
+    /// `p_j = e_j / S`).
+    Fused,
+    /// `H = -sum_j exp(lp_j) lp_j` over a log-softmax buffer
+    /// `lp_j = d_j - ln S` (PyTorch's composed ops). Its normaliser error
+    /// enters every `p_j`, so it carries `~(1 + H) delta_ell`.
+    LogSoftmax,
+    /// Unknown form: the tolerance model takes the larger of the two bounds
+    /// (sound for both; on near-uniform rows about `1 + H` times looser than
+    /// `Fused`).
+    #[default]
+    Any,
+}
+
 /// What a kernel can compute; anything else it refuses with
 /// [`KernelError::Unsupported`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -152,6 +172,14 @@ pub trait Kernel: Send + Sync {
 
     /// The numerical algorithm of a call with this shape.
     fn algorithm(&self, shape: &Shape) -> Algorithm;
+
+    /// How this kernel evaluates the entropy, when it declares it; `None`
+    /// (the default) lets the tolerance model assume [`EntropyForm::Any`].
+    /// Declaring a form the kernel does not use makes its entropy bound
+    /// unsound for it.
+    fn entropy_form(&self) -> Option<EntropyForm> {
+        None
+    }
 
     /// Declared bound on extra memory of a forward or backward call with
     /// this shape, in bytes, outputs excluded (workspaces included).

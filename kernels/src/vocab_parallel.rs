@@ -64,6 +64,11 @@ impl Kernel for VocabParallel {
         format!("vocab_parallel(shards={:?})", self.shard_widths)
     }
 
+    /// `ln S + B / S` from the row statistics ([`crate::stats::entropy_stats`]).
+    fn entropy_form(&self) -> Option<crate::kernel::EntropyForm> {
+        Some(crate::kernel::EntropyForm::Fused)
+    }
+
     fn capabilities(&self) -> Capabilities {
         CPU_CAPABILITIES
     }

@@ -422,7 +422,7 @@ fn check_forward_values(
     if fo.dtype != out {
         return Err(format!("output dtype {} instead of {out}", fo.dtype));
     }
-    let model = Model::declared(&kernel.algorithm(&shape));
+    let model = Model::for_kernel(kernel, &shape);
     let mut r = Ratios::default();
     let representable = |v: f64| v.is_nan() || out.round_f64(v) == v;
     let lp = match problem.tokens {
@@ -625,7 +625,7 @@ pub fn judge_backward(
         ));
     }
     let shape = a.problem.validate_shapes().map_err(|e| format!("{e}"))?;
-    let model = Model::declared(&kernel.algorithm(&shape));
+    let model = Model::for_kernel(kernel, &shape);
     let mut worst = 0.0f64;
     for row in 0..shape.n {
         let rb = model.row_bounds(&oracle.stats[row], &oracle.contexts[row]);

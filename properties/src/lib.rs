@@ -2,6 +2,7 @@
 //! property checks, the dump verifier, and the `logprobe` binary.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod cache;
 pub mod checks;
 pub mod dump;

@@ -14,7 +14,7 @@
 //! | [`MutantKind::Bf16Accumulation`] | fused | bf16 / f16 logits: every sum accumulated in the input dtype |
 //! | [`MutantKind::DroppedChunkRemainder`] | chunked | rows past the last full chunk are left 0 |
 //! | [`MutantKind::IgnoredChunkSize`] | chunked | always one chunk of all `N` rows (same values, `N x V` memory) |
-//! | [`MutantKind::TpVocabOffset`] | vocab-parallel | a target in a shard that does not start at column 0 is gathered at its local index |
+//! | [`MutantKind::TpVocabOffset`] | [`VocabParallel`] (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
 //! | [`MutantKind::PaddedVocabNotTruncated`] | fused | `vocab_size < V_total`: the padding is treated as vocabulary |
 //! | [`MutantKind::TemperatureIgnored`] | fused | `T != 1` |
 //! | [`MutantKind::TemperatureTwice`] | fused | `T != 1`: logits divided by `T` twice |
@@ -27,14 +27,16 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
-use logprobe_kernels::kernel::{Algorithm, Capabilities, ForwardOutput, Kernel, KernelError};
-use logprobe_kernels::{Chunked, Fused};
+use logprobe_kernels::kernel::{
+    Algorithm, Capabilities, EntropyForm, ForwardOutput, Kernel, KernelError,
+};
+use logprobe_kernels::{Chunked, Fused, VocabParallel};
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, LogitsMut, Options, Problem, Shape, SpecError,
+    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, SpecError,
     TemperatureDtype,
 };
 
-use crate::strategies::OwnedLogits;
+use crate::strategies::{even_shards, OwnedLogits};
 use crate::tolerance::{naive_entropy, naive_log_softmax};
 
 /// The bug kinds of the catalog (see the module table).
@@ -125,23 +127,47 @@ pub struct Mutant {
     kind: MutantKind,
     inner: Box<dyn Kernel>,
     chunk_size: usize,
+    /// The TP mutant's shard widths (`None`: two even shards of `V_total`).
+    shards: Option<Vec<usize>>,
 }
 
 impl Mutant {
     /// The mutant of `kind` around this workspace's kernel for it (chunked
-    /// ones with `chunk_size` rows per chunk; the TP one over
-    /// `shard_widths`, when given, else two even shards).
+    /// ones with `chunk_size` rows per chunk; the TP one around
+    /// [`VocabParallel`] over two even shards of each call's `V_total`).
     pub fn new(kind: MutantKind, chunk_size: usize) -> Mutant {
         let inner: Box<dyn Kernel> = match kind {
             k if k.is_chunked() => Box::new(Chunked::new(chunk_size)),
-            MutantKind::TpVocabOffset => tp_inner(),
+            MutantKind::TpVocabOffset => Box::new(VocabParallel::new(Vec::new())),
             _ => Box::new(Fused),
         };
         Mutant {
             kind,
             inner,
             chunk_size,
+            shards: None,
         }
+    }
+
+    /// The TP-vocab-offset mutant around [`VocabParallel`] over shards of
+    /// these widths (summing to `V_total`, else the kernel's
+    /// [`SpecError::ShapeMismatch`]): bit for bit the correct kernel except
+    /// on rows whose target lies in a shard starting past column 0.
+    pub fn tp_vocab_offset(shard_widths: Vec<usize>) -> Mutant {
+        Mutant {
+            shards: Some(shard_widths),
+            ..Mutant::new(MutantKind::TpVocabOffset, 1)
+        }
+    }
+
+    /// The correct vocab-parallel kernel the TP mutant wraps, for `v_total`
+    /// columns.
+    fn tp_kernel(&self, v_total: usize) -> VocabParallel {
+        VocabParallel::new(
+            self.shards
+                .clone()
+                .unwrap_or_else(|| even_shards(v_total, 2)),
+        )
     }
 
     /// The bug kind.
@@ -276,31 +302,6 @@ impl Mutant {
                     }
                 }
             }
-            MutantKind::TpVocabOffset => {
-                let Some(lp) = fo.log_probs.as_mut() else {
-                    return;
-                };
-                for row in 0..n {
-                    if !p.has_target(row) {
-                        continue;
-                    }
-                    let t = p.tokens.unwrap()[row] as usize;
-                    let start = tp_shard_start(shape.v_total, t);
-                    if start == 0 {
-                        continue;
-                    }
-                    // The local index taken as a global column.
-                    let z = row_z(p, shape, row);
-                    let wrong = t - start;
-                    let acc = shape.dtype.accumulation();
-                    let dz = if p.allowed(row, wrong) {
-                        acc.round_f64(z[wrong] - z[t])
-                    } else {
-                        f64::NEG_INFINITY
-                    };
-                    lp[row] = out.round_f64(acc.round_f64(lp[row] + dz));
-                }
-            }
             MutantKind::MissingMaxShift => {
                 let acc = shape.dtype.accumulation();
                 let r = |x: f64| acc.round_f64(x);
@@ -365,7 +366,6 @@ impl Mutant {
         p: &Problem<'_>,
         shape: &Shape,
         cot: &Cotangents<'_>,
-        out: Dtype,
         grad: &mut Array2<f64>,
     ) {
         match self.kind {
@@ -386,23 +386,6 @@ impl Mutant {
             MutantKind::DroppedChunkRemainder => {
                 let full = shape.n / self.chunk_size.max(1) * self.chunk_size.max(1);
                 grad.slice_mut(s![full.., ..]).fill(0.0);
-            }
-            MutantKind::TpVocabOffset => {
-                let Some(g) = cot.grad_log_probs else { return };
-                for row in 0..shape.n {
-                    if !p.has_target(row) {
-                        continue;
-                    }
-                    let t = p.tokens.unwrap()[row] as usize;
-                    let start = tp_shard_start(shape.v_total, t);
-                    if start == 0 || g[row] == 0.0 {
-                        continue;
-                    }
-                    // The one-hot term lands on the local index instead of the target.
-                    let d = g[row] / shape.temperature;
-                    grad[[row, t]] = out.round_f64(grad[[row, t]] - d);
-                    grad[[row, t - start]] = out.round_f64(grad[[row, t - start]] + d);
-                }
             }
             MutantKind::MissingMaxShift => {
                 for row in 0..shape.n {
@@ -447,20 +430,43 @@ impl Mutant {
     }
 }
 
-/// The column range of the TP mutant's shard holding column `t`: two even
-/// shards of `V_total` (the layout its inner kernel uses).
-fn tp_shard_start(v_total: usize, t: usize) -> usize {
-    let w = v_total.div_ceil(2);
-    if t >= w {
-        w
-    } else {
-        0
+/// The TP bug's trigger: for each row whose target `t` lies in a shard
+/// starting at `offset > 0`, `(row, t, t - offset)` (the local index read
+/// as a global column). `ignore_index` rows have no target.
+fn tp_triggers(p: &Problem<'_>, widths: &[usize]) -> Vec<(usize, usize, usize)> {
+    let Some(tokens) = p.tokens else {
+        return Vec::new();
+    };
+    (0..tokens.len())
+        .filter(|&row| p.has_target(row))
+        .filter_map(|row| {
+            let t = tokens[row] as usize;
+            let mut offset = 0;
+            for &w in widths {
+                if t < offset + w {
+                    return (offset > 0).then_some((row, t, t - offset));
+                }
+                offset += w;
+            }
+            None
+        })
+        .collect()
+}
+
+/// The same logits as views of a shorter lifetime (`Logits` is invariant in
+/// its lifetime), so a problem can be rebuilt with locally owned tokens.
+fn reborrow<'b>(l: &'b Logits<'_>) -> Logits<'b> {
+    match l {
+        Logits::F64(a) => Logits::F64(a.view()),
+        Logits::F32(a) => Logits::F32(a.view()),
+        Logits::Bf16(a) => Logits::Bf16(a.view()),
+        Logits::F16(a) => Logits::F16(a.view()),
     }
 }
 
-/// The inner kernel of the TP mutant.
-fn tp_inner() -> Box<dyn Kernel> {
-    Box::new(Fused)
+/// Whether column `j` of row `row` can be a target (allowed, finite logit).
+fn gatherable(p: &Problem<'_>, row: usize, j: usize) -> bool {
+    p.allowed(row, j) && p.logits.row_f64(row)[j].is_finite()
 }
 
 /// Rows `rows` of `p` with the real vocabulary reversed (padding stays at
@@ -562,17 +568,64 @@ impl Kernel for Mutant {
     }
 
     fn algorithm(&self, shape: &Shape) -> Algorithm {
-        self.inner.algorithm(shape)
+        match self.kind {
+            MutantKind::TpVocabOffset => self.tp_kernel(shape.v_total).algorithm(shape),
+            _ => self.inner.algorithm(shape),
+        }
+    }
+
+    /// The inner kernel's declaration (a mutant is judged by its correct
+    /// twin's model).
+    fn entropy_form(&self) -> Option<EntropyForm> {
+        self.inner.entropy_form()
     }
 
     /// The inner kernel's declaration (the ignored-chunk-size mutant keeps
     /// declaring its nominal `chunk_size`: the memory property catches it).
     fn workspace_bytes(&self, shape: &Shape) -> usize {
-        self.inner.workspace_bytes(shape)
+        match self.kind {
+            MutantKind::TpVocabOffset => self.tp_kernel(shape.v_total).workspace_bytes(shape),
+            _ => self.inner.workspace_bytes(shape),
+        }
     }
 
     fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
         match self.kind {
+            MutantKind::TpVocabOffset => {
+                let shape = problem.validate_shapes()?;
+                let vp = self.tp_kernel(shape.v_total);
+                let mut fo = vp.forward(problem, out)?;
+                let trig = tp_triggers(problem, &vp.shard_widths);
+                let (Some(tokens), false) = (problem.tokens, trig.is_empty()) else {
+                    return Ok(fo);
+                };
+                // The real kernel, run with the wrong column as the target.
+                let mut wrong = tokens.to_owned();
+                for &(row, _, w) in &trig {
+                    if gatherable(problem, row, w) {
+                        wrong[row] = w as i64;
+                    }
+                }
+                let q = Problem {
+                    logits: reborrow(&problem.logits),
+                    tokens: Some(wrong.view()),
+                    sampling_mask: problem.sampling_mask,
+                    topk_ids: problem.topk_ids,
+                    options: problem.options,
+                };
+                let fw = vp.forward(&q, out)?;
+                if let (Some(lp), Some(lw)) = (fo.log_probs.as_mut(), fw.log_probs.as_ref()) {
+                    for &(row, _, w) in &trig {
+                        // A masked or -inf column gathers -inf.
+                        lp[row] = if gatherable(problem, row, w) {
+                            lw[row]
+                        } else {
+                            f64::NEG_INFINITY
+                        };
+                    }
+                }
+                Ok(fo)
+            }
             MutantKind::PaddedVocabNotTruncated
             | MutantKind::TemperatureIgnored
             | MutantKind::TemperatureTwice
@@ -635,6 +688,47 @@ impl Kernel for Mutant {
         out: Dtype,
     ) -> Result<Array2<f64>, KernelError> {
         match self.kind {
+            MutantKind::TpVocabOffset => {
+                let shape = problem.validate_shapes()?;
+                let vp = self.tp_kernel(shape.v_total);
+                let mut grad = vp.backward(problem, cotangents, out)?;
+                let (Some(g), Some(tokens)) = (cotangents.grad_log_probs, problem.tokens) else {
+                    return Ok(grad);
+                };
+                let trig: Vec<_> = tp_triggers(problem, &vp.shard_widths)
+                    .into_iter()
+                    .filter(|&(row, _, _)| g[row] != 0.0)
+                    .collect();
+                if trig.is_empty() {
+                    return Ok(grad);
+                }
+                let mut wrong = tokens.to_owned();
+                for &(row, _, w) in &trig {
+                    if gatherable(problem, row, w) {
+                        wrong[row] = w as i64;
+                    }
+                }
+                let q = Problem {
+                    logits: reborrow(&problem.logits),
+                    tokens: Some(wrong.view()),
+                    sampling_mask: problem.sampling_mask,
+                    topk_ids: problem.topk_ids,
+                    options: problem.options,
+                };
+                let gw = vp.backward(&q, cotangents, out)?;
+                for &(row, t, w) in &trig {
+                    if gatherable(problem, row, w) {
+                        grad.row_mut(row).assign(&gw.row(row));
+                    } else {
+                        // A -inf gather is still differentiated: the one-hot
+                        // term moves from the target to the wrong column.
+                        let d = g[row] / shape.temperature;
+                        grad[[row, t]] = out.round_f64(grad[[row, t]] - d);
+                        grad[[row, w]] = out.round_f64(grad[[row, w]] + d);
+                    }
+                }
+                Ok(grad)
+            }
             MutantKind::PaddedVocabNotTruncated
             | MutantKind::TemperatureIgnored
             | MutantKind::TemperatureTwice
@@ -698,7 +792,7 @@ impl Kernel for Mutant {
             _ => {
                 let mut grad = self.inner.backward(problem, cotangents, out)?;
                 let shape = problem.validate_shapes()?;
-                self.corrupt_backward(problem, &shape, cotangents, out, &mut grad);
+                self.corrupt_backward(problem, &shape, cotangents, &mut grad);
                 Ok(grad)
             }
         }
@@ -714,6 +808,46 @@ impl Kernel for Mutant {
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
         match self.kind {
+            MutantKind::TpVocabOffset => {
+                let vp = self.tp_kernel(logits.view().dim().1);
+                let triggered = {
+                    let p = Problem {
+                        logits: logits.view(),
+                        tokens,
+                        sampling_mask,
+                        topk_ids,
+                        options: *options,
+                    };
+                    p.validate_shapes().is_ok()
+                        && cotangents.grad_log_probs.is_some_and(|g| {
+                            tp_triggers(&p, &vp.shard_widths)
+                                .iter()
+                                .any(|&(row, _, _)| g.get(row).is_some_and(|&x| x != 0.0))
+                        })
+                };
+                if !triggered {
+                    return vp.backward_in_place(
+                        logits,
+                        tokens,
+                        sampling_mask,
+                        topk_ids,
+                        options,
+                        cotangents,
+                    );
+                }
+                let grad = {
+                    let p = Problem {
+                        logits: logits.view(),
+                        tokens,
+                        sampling_mask,
+                        topk_ids,
+                        options: *options,
+                    };
+                    self.backward(&p, cotangents, p.logits.dtype())?
+                };
+                write_over(logits, &grad);
+                Ok(())
+            }
             MutantKind::InPlaceCorruption => in_place_row_by_row(
                 self.inner.as_ref(),
                 logits,
@@ -840,4 +974,93 @@ fn in_place_row_by_row(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategies::{CotangentRecipe, ProblemRecipe};
+
+    /// The TP mutant is the real [`VocabParallel`] bit for bit on rows whose
+    /// target lies in the first shard, and differs on the others, forward
+    /// and backward (new buffer and in place).
+    #[test]
+    fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
+        let mut r = ProblemRecipe::plain(11, 16, 40);
+        r.topk = 3;
+        let mut data = r.expand();
+        // Targets on both sides of the cut at column 13, and one ignored row.
+        let tokens: Vec<i64> = (0..16).map(|i| (i * 5 % 40) as i64).collect();
+        data.tokens = Some(Array1::from_vec(tokens.clone()));
+        data.tokens.as_mut().unwrap()[3] = data.options.ignore_index;
+        let cot = CotangentRecipe {
+            seed: 5,
+            log_probs: true,
+            entropy: true,
+            topk: true,
+        }
+        .expand(&data);
+        let widths = vec![13, 0, 20, 7];
+        let (m, vp) = (
+            Mutant::tp_vocab_offset(widths.clone()),
+            VocabParallel::new(widths),
+        );
+        let p = data.problem();
+        let (fm, fv) = (
+            m.forward(&p, Dtype::F32).unwrap(),
+            vp.forward(&p, Dtype::F32).unwrap(),
+        );
+        let g = cot.grad_log_probs.as_ref().unwrap();
+        let (gm, gv) = (
+            m.backward(&p, &cot.view(), Dtype::F32).unwrap(),
+            vp.backward(&p, &cot.view(), Dtype::F32).unwrap(),
+        );
+        let mut triggered = 0;
+        for row in 0..16 {
+            let hit = row != 3 && tokens[row] >= 13;
+            let lp = (
+                fm.log_probs.as_ref().unwrap()[row],
+                fv.log_probs.as_ref().unwrap()[row],
+            );
+            assert_eq!(
+                lp.0.to_bits() != lp.1.to_bits(),
+                hit,
+                "row {row} log_prob {lp:?}"
+            );
+            let same_grad = gm
+                .row(row)
+                .iter()
+                .zip(gv.row(row))
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert_eq!(!same_grad, hit && g[row] != 0.0, "row {row} grad");
+            triggered += hit as usize;
+        }
+        assert!(triggered >= 8);
+        assert!(forward_bits_eq_except_lp(&fm, &fv));
+        // In place: the mutant's grads, written over the logits.
+        let mut x = data.logits.clone();
+        m.backward_in_place(
+            x.view_mut(),
+            p.tokens,
+            p.sampling_mask,
+            p.topk_ids,
+            &p.options,
+            &cot.view(),
+        )
+        .unwrap();
+        let xi = x.view();
+        for row in 0..16 {
+            for j in 0..40 {
+                assert_eq!(xi.row_f64(row)[j].to_bits(), gm[[row, j]].to_bits());
+            }
+        }
+    }
+
+    /// Entropy and top-k outputs equal bit for bit (the bug is in the target gather).
+    fn forward_bits_eq_except_lp(a: &ForwardOutput, b: &ForwardOutput) -> bool {
+        let bits = |x: &Array1<f64>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits2 = |x: &Array2<f64>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        a.entropy.as_ref().map(bits) == b.entropy.as_ref().map(bits)
+            && a.topk_log_probs.as_ref().map(bits2) == b.topk_log_probs.as_ref().map(bits2)
+    }
 }

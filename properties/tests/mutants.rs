@@ -10,7 +10,7 @@ use logprobe_properties::checks::{survey, KernelSummary};
 use logprobe_properties::memory::{check_memory, CountingAllocator};
 use logprobe_properties::mutants::{Mutant, MutantKind};
 use logprobe_properties::strategies::{CotangentRecipe, ProblemRecipe};
-use logprobe_properties::suite::{self, cpu_families, cpu_kernels, KernelFamily};
+use logprobe_properties::suite::{self, cpu_families, cpu_kernels, KernelFamily, ShardedFamily};
 use logprobe_reference::spec::Dtype;
 
 #[global_allocator]
@@ -94,6 +94,36 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
             ));
         }
     }
+    // Vocab-parallel shardings (property 6): the correct VocabParallel, then
+    // the TP mutant over the same layouts.
+    let mut sharded = suite::sharded_families();
+    let n_sharded = sharded.len();
+    sharded.push(ShardedFamily {
+        name: MutantKind::TpVocabOffset.name().into(),
+        make: Box::new(|w| Box::new(Mutant::tp_vocab_offset(w.to_vec())) as Box<dyn Kernel>),
+    });
+    let tp = correct
+        + MutantKind::ALL
+            .iter()
+            .position(|&k| k == MutantKind::TpVocabOffset)
+            .expect("TP mutant in the catalog");
+    let mut sharded_failures = Vec::new();
+    for (i, s) in survey(&suite::vocab_parallel(), &sharded[..], None, n_sharded)
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(f) = s.first_failure {
+            let what = (
+                format!("vocab-parallel shardings ({} cases)", s.failures),
+                f.detail.lines().next().unwrap_or_default().to_string(),
+            );
+            if i < n_sharded {
+                sharded_failures.push((s.kernel, what));
+            } else {
+                kills[tp].push(what);
+            }
+        }
+    }
     // Memory: the correct kernels and the memory bug (the other wrappers
     // allocate V-sized rows for their recomputation, outside the bug model).
     let data = ProblemRecipe::plain(5, 24, 32000).expand();
@@ -143,6 +173,10 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         table.push_str(&format!("{name} | {by}\n"));
     }
     eprintln!("{table}\nsurvey time {:.1} s", t.elapsed().as_secs_f64());
+    assert!(
+        sharded_failures.is_empty(),
+        "correct vocab-parallel kernel failed: {sharded_failures:?}"
+    );
     for i in 0..correct {
         assert!(
             kills[i].is_empty(),

@@ -33,7 +33,11 @@ fn bf16_f16_inputs_and_outputs_within_bound() {
 
 #[test]
 fn vocab_parallel_shardings_match_oracle() {
-    gate(&suite::vocab_parallel(), &suite::sharded_families(), REGRESSIONS);
+    gate(
+        &suite::vocab_parallel(),
+        &suite::sharded_families(),
+        REGRESSIONS,
+    );
 }
 
 #[test]
@@ -143,4 +147,100 @@ fn zero_chunk_size_is_a_typed_error() {
             .unwrap_err(),
         KernelError::Spec(SpecError::ZeroChunkSize)
     );
+}
+
+/// The shrunk counterexamples of the "live top-k id with a `-inf` logit"
+/// bug in the gradient bound (TOLERANCE.md, T14), as explicit recipes (the
+/// persisted seeds in `proptest-regressions/properties.txt` replay them only
+/// while the strategies stay unchanged): each passes on every CPU kernel.
+#[test]
+fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
+    use logprobe_properties::strategies::{
+        CotangentRecipe, Offset, PadFill, ProblemRecipe, RowKind,
+    };
+    use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
+    let recipe = |seed, n, vocab_size, dtype, kind, temperature, topk| ProblemRecipe {
+        seed,
+        n,
+        vocab_size,
+        padding: 0,
+        pad_fill: PadFill::Large,
+        dtype,
+        kind,
+        offset: Offset::Zero,
+        mask_rate: None,
+        temperature,
+        temperature_dtype: TemperatureDtype::Accumulation,
+        tokens: true,
+        ignore_rate: 0.0,
+        ignore_index: -100,
+        topk,
+        topk_true: false,
+        entropy: Some(EntropyLogits::Unmasked),
+    };
+    let cot = |seed, entropy| CotangentRecipe {
+        seed,
+        log_probs: false,
+        entropy,
+        topk: true,
+    };
+    let kernels = cpu_kernels();
+    let all_ok = |name: &str, verdicts: Vec<logprobe_properties::checks::Verdict>| {
+        for v in verdicts {
+            assert!(v.outcome.is_ok(), "{name}: {:?}", v.outcome.err());
+        }
+    };
+    let grad_cases = [
+        (
+            recipe(
+                38857229943635,
+                1,
+                2,
+                Dtype::Bf16,
+                RowKind::OneFinite,
+                1.0,
+                2,
+            ),
+            cot(685717487198060864, false),
+        ),
+        (
+            recipe(38857229943635, 1, 2, Dtype::F32, RowKind::OneFinite, 0.7, 2),
+            cot(541941830411870395, false),
+        ),
+    ];
+    for c in &grad_cases {
+        all_ok("gradients", (suite::gradients().check)(c, &kernels[..]));
+    }
+    let half = (
+        recipe(
+            15006590291666681833,
+            4,
+            17,
+            Dtype::Bf16,
+            RowKind::Mixed,
+            1.0,
+            5,
+        ),
+        cot(0, false),
+    );
+    all_ok(
+        "bf16/f16",
+        (suite::half_precision().check)(&half, &kernels[..]),
+    );
+    let edge = (
+        recipe(
+            9566175644258986413,
+            2,
+            2,
+            Dtype::F32,
+            RowKind::NegInf { rate: 0.5 },
+            1.0,
+            5,
+        ),
+        cot(4195840910578084705, true),
+        None,
+        0usize,
+        7721055575usize,
+    );
+    all_ok("edges", (suite::edges().check)(&edge, &kernels[..]));
 }

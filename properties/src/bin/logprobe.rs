@@ -5,6 +5,10 @@
 //!   (format: `docs/dump-from-pytorch.md`). Exit 0 when everything is
 //!   within bound (or, with `--expect`, when every verdict is as expected),
 //!   1 otherwise, 2 on bad input.
+//! - `bench`: throughput and memory of the CPU kernels as ratios against the
+//!   machine's read roofline, candle's composed path and the oracle
+//!   ([`logprobe_properties::bench`]); `--json` for a machine-readable report.
+//!   Exit 0, or 2 on a bad configuration or a kernel failure.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,11 +16,18 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use logprobe_properties::bench::{render as render_bench, BenchConfig};
+use logprobe_properties::memory::CountingAllocator;
 use logprobe_properties::verify::{
     exit_status, render_expect, render_table, verify_files, ExpectRow, Expectations, FileOutcome,
     RowSelection, SummationModel, VerifyConfig,
 };
 use logprobe_reference::spec::Dtype;
+
+// Counts live heap bytes for `bench`'s peak-memory figures: a few relaxed
+// atomics per allocation, nothing per logit.
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
 
 /// Exact verification of log-prob, entropy and top-k kernels and their gradients.
 #[derive(Parser, Debug)]
@@ -30,6 +41,76 @@ struct Cli {
 enum Command {
     /// Verify safetensors dumps of another implementation against the exact oracle.
     Verify(VerifyArgs),
+    /// Throughput and memory of the CPU kernels against the read roofline,
+    /// candle's composed path and the oracle (one run, ratios).
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Rows N.
+    #[arg(long, default_value_t = 64)]
+    n: usize,
+    /// Vocabulary size V (columns).
+    #[arg(long, default_value_t = 152_064)]
+    v: usize,
+    /// Timed calls per path after one warm-up (best and median reported).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// chunk_size of the chunked kernel.
+    #[arg(long, default_value_t = 16)]
+    chunk_size: usize,
+    /// Vocabulary shards (uneven widths) of the vocab-parallel kernel.
+    #[arg(long, default_value_t = 4)]
+    shards: usize,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Columns of the oracle's single row (0 skips the oracle).
+    #[arg(long, default_value_t = 152_064)]
+    oracle_v: usize,
+    /// Timed oracle calls per figure (best reported).
+    #[arg(long, default_value_t = 1)]
+    oracle_reps: usize,
+    /// Skip candle's composed path.
+    #[arg(long)]
+    no_candle: bool,
+    /// Print the report as JSON on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bench(args: BenchArgs) -> u8 {
+    let config = BenchConfig {
+        n: args.n,
+        v: args.v,
+        reps: args.reps,
+        chunk_size: args.chunk_size,
+        shards: args.shards,
+        threads: args.threads,
+        oracle_v: args.oracle_v,
+        oracle_reps: args.oracle_reps,
+        candle: !args.no_candle,
+    };
+    let report = match logprobe_properties::bench::run(&config) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("logprobe: {e}");
+            return 2;
+        }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("logprobe: cannot serialise the report: {e}");
+                return 2;
+            }
+        }
+    } else {
+        print!("{}", render_bench(&report));
+    }
+    0
 }
 
 #[derive(Args, Debug)]
@@ -160,6 +241,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let status = match cli.command {
         Command::Verify(args) => verify(args),
+        Command::Bench(args) => bench(args),
     };
     ExitCode::from(status)
 }

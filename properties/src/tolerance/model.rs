@@ -2,29 +2,16 @@
 //! need besides it (the entropy's evaluation form), the presets `verify`
 //! uses for foreign kernels, and the per-row context ([`RowContext`]).
 
-use logprobe_kernels::kernel::{Algorithm, Shift, Summation};
+use logprobe_kernels::kernel::{Algorithm, Kernel, Shift, Summation};
 use logprobe_reference::oracle::RowStats;
-use logprobe_reference::spec::{Dtype, Element, Problem, SpecError, TemperatureDtype};
+use logprobe_reference::spec::{Dtype, Element, Problem, Shape, SpecError, TemperatureDtype};
 use logprobe_reference::with_logits;
 
 use super::bounds::RowBounds;
 
-/// How a kernel evaluates the entropy (the error analysis differs; see
-/// `properties/TOLERANCE.md`, "Entropy").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum EntropyForm {
-    /// `H = ln S + B / S` with `B = sum_j e^{d_j} |d_j|` accumulated next to
-    /// `S` (fused and online kernels; also `ln S - sum_j p_j d_j` with
-    /// `p_j = e_j / S`).
-    Fused,
-    /// `H = -sum_j exp(lp_j) lp_j` over a log-softmax buffer
-    /// `lp_j = d_j - ln S` (chunked kernels, PyTorch's composed ops). Its
-    /// normaliser error enters every `p_j`, so it carries `~(1 + H) delta_ell`.
-    LogSoftmax,
-    /// Unknown form: the larger of the two bounds (sound for both).
-    #[default]
-    Any,
-}
+/// How a kernel evaluates the entropy: defined next to the [`Kernel`] trait
+/// (a kernel declares it with [`Kernel::entropy_form`]), re-exported here.
+pub use logprobe_kernels::kernel::EntropyForm;
 
 /// The summation order of a model: a preset for foreign kernels, or a
 /// kernel's own declaration.
@@ -125,6 +112,14 @@ impl Model {
             shift: algorithm.shift,
             entropy_form: EntropyForm::Any,
         }
+    }
+
+    /// A kernel's own declaration for a call with this shape: its
+    /// [`Algorithm`] and, when it declares one, its entropy form
+    /// ([`Kernel::entropy_form`]; else [`EntropyForm::Any`]).
+    pub fn for_kernel(kernel: &dyn Kernel, shape: &Shape) -> Model {
+        Model::declared(&kernel.algorithm(shape))
+            .with_entropy_form(kernel.entropy_form().unwrap_or_default())
     }
 
     /// The same model with another accumulation dtype (the `exp` / `ln`
