@@ -2,7 +2,10 @@
 //! [`Property`] values: each a generator of cases and a check of a kernel
 //! list, run by [`crate::checks::gate`] in `tests/` and by
 //! [`crate::checks::survey`] for the mutant kill table and the tightness
-//! figures. The kernel lists: [`cpu_kernels`] and [`cpu_families`].
+//! figures. The kernel lists: [`cpu_kernels`], [`cpu_families`] and
+//! [`sharded_families`]; with the `cuda` feature and a usable device they
+//! also hold the CUDA twins ([`cuda_kernels`]), so every property runs on
+//! them unchanged.
 //!
 //! Default case counts keep the whole suite within its budget (the oracle
 //! costs about 1 us per vocabulary entry; real vocabulary sizes come at low
@@ -37,19 +40,49 @@ pub struct KernelFamily {
 }
 
 /// Every CPU kernel of the workspace, as the properties run them: fused,
-/// chunked at chunk sizes 1, 3 and 64.
+/// chunked at chunk sizes 1, 3 and 64; plus [`cuda_kernels`].
 pub fn cpu_kernels() -> Vec<Box<dyn Kernel>> {
-    vec![
+    let mut k: Vec<Box<dyn Kernel>> = vec![
         Box::new(Fused),
         Box::new(Chunked::new(1)),
         Box::new(Chunked::new(3)),
         Box::new(Chunked::new(64)),
-    ]
+    ];
+    k.extend(cuda_kernels());
+    k
 }
 
-/// The CPU kernels as families over chunk sizes.
+/// The CUDA kernels (fused, chunked at 1 and 64), when the `cuda` feature is
+/// on and a device is usable; otherwise none, after one line on stderr
+/// saying why (the CPU properties still run).
+pub fn cuda_kernels() -> Vec<Box<dyn Kernel>> {
+    #[cfg(feature = "cuda")]
+    {
+        use logprobe_kernels::cuda::{unavailable_reason, CudaChunked, CudaFused};
+        if let Some(why) = unavailable_reason() {
+            eprintln!("skipping CUDA kernels in the properties: {why}");
+            return Vec::new();
+        }
+        let mut k: Vec<Box<dyn Kernel>> = Vec::new();
+        if let Ok(f) = CudaFused::new() {
+            k.push(Box::new(f));
+        }
+        for c in [1, 64] {
+            if let Ok(ch) = CudaChunked::new(c) {
+                k.push(Box::new(ch));
+            }
+        }
+        k
+    }
+    #[cfg(not(feature = "cuda"))]
+    Vec::new()
+}
+
+/// The kernels as families over chunk sizes: CPU fused and chunked, and
+/// their CUDA twins where [`cuda_kernels`] has them.
 pub fn cpu_families() -> Vec<KernelFamily> {
-    vec![
+    #[allow(unused_mut)]
+    let mut f = vec![
         KernelFamily {
             name: "fused".into(),
             make: Box::new(|_| Box::new(Fused)),
@@ -58,7 +91,18 @@ pub fn cpu_families() -> Vec<KernelFamily> {
             name: "chunked".into(),
             make: Box::new(|c| Box::new(Chunked::new(c))),
         },
-    ]
+    ];
+    #[cfg(feature = "cuda")]
+    if !cuda_kernels().is_empty() {
+        use logprobe_kernels::cuda::CudaChunked;
+        f.push(KernelFamily {
+            name: "cuda_chunked".into(),
+            // The device was usable a moment ago and chunk sizes are >= 1:
+            // a failure here is a broken device, reported as a failed case.
+            make: Box::new(|c| Box::new(CudaChunked::new(c).expect("CUDA chunked kernel"))),
+        });
+    }
+    f
 }
 
 /// Runs `f`, turning a panic into an error (bad input never panics; a
@@ -420,10 +464,25 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
 /// workspace's [`VocabParallel`] (each shard reduced on its own, partials
 /// merged in shard order).
 pub fn sharded_families() -> Vec<ShardedFamily> {
-    vec![ShardedFamily {
+    #[allow(unused_mut)]
+    let mut f = vec![ShardedFamily {
         name: "vocab_parallel".into(),
         make: Box::new(|w| Box::new(VocabParallel::new(w.to_vec()))),
-    }]
+    }];
+    #[cfg(feature = "cuda")]
+    if !cuda_kernels().is_empty() {
+        use logprobe_kernels::cuda::{CudaVocabParallel, Shards};
+        f.push(ShardedFamily {
+            name: "cuda_vocab_parallel".into(),
+            make: Box::new(|w| {
+                Box::new(
+                    CudaVocabParallel::new(Shards::Widths(w.to_vec()))
+                        .expect("CUDA vocab-parallel kernel"),
+                )
+            }),
+        });
+    }
+    f
 }
 
 /// Builds a kernel over shards of the given widths.
@@ -437,14 +496,21 @@ pub struct ShardedFamily {
     pub make: ShardedMaker,
 }
 
-/// A case of property 6: a problem, cotangents, a shard count and the
-/// layout's seed.
-pub type ShardCase = (ProblemRecipe, CotangentRecipe, usize, u64);
+/// A case of property 6: a problem, cotangents, a shard count, the
+/// layout's seed, and optionally one bad input planted at `(row, col)`.
+pub type ShardCase = (
+    ProblemRecipe,
+    CotangentRecipe,
+    usize,
+    u64,
+    Option<(BadInput, usize, usize)>,
+);
 
 /// Property 6: every sharding (any shard count, uneven widths, empty
 /// shards, an all-masked shard, padded vocabulary in the last shards) is
 /// checked against the oracle, never against the unsharded kernel: forward
-/// and backward within the bound.
+/// and backward within the bound; a bad input planted in any shard (NaN or
+/// `+inf` next to finite shards, bad ids) gives its typed error.
 pub fn vocab_parallel() -> Property<ShardCase, [ShardedFamily]> {
     Property {
         name: "vocab_parallel_shardings_match_oracle",
@@ -467,19 +533,26 @@ fn shard_cases() -> BoxedStrategy<ShardCase> {
         // columns (many empty shards).
         prop_oneof![6 => 1usize..=8, 1 => 9usize..=64],
         any::<u64>(),
+        prop_oneof![
+            3 => Just(None),
+            1 => (bad_input(), any::<usize>(), any::<usize>()).prop_map(Some),
+        ],
     )
         .boxed()
 }
 
 fn check_shards(c: &ShardCase, families: &[ShardedFamily]) -> Vec<Verdict> {
-    let (r, cr, count, seed) = c;
+    let (r, cr, count, seed, bad) = c;
     let v_total = r.vocab_size.max(1) + r.padding;
     let layout =
         crate::strategies::ShardLayout::generate(*seed, *count, v_total, r.mask_rate.is_some());
     let masked = layout.masked_shard.map(|k| layout.range(k));
-    let data = r.expand_with_masked_cols(masked.clone());
-    let cot = cr.expand(&data);
-    let key = format!("{r:?} masked={masked:?}");
+    let mut data = r.expand_with_masked_cols(masked.clone());
+    let mut cot = cr.expand(&data);
+    if let Some((b, row, col)) = bad {
+        b.apply(&mut data, &mut cot, *row, *col);
+    }
+    let key = format!("{r:?} masked={masked:?} bad={bad:?}");
     let oc = oracle_case(&key, &data);
     let vkey = format!("{key} {cr:?}");
     let out = acc_out(r.dtype);

@@ -316,7 +316,6 @@ fn metadata_is_honoured() {
 /// differentiates its log-prob as PyTorch does (`G_k / T`), a value with
 /// the rounding error of the division when `T = 0.7`.
 #[test]
-#[ignore = "open: the tolerance model bounds a live top-k id with a -inf logit as a masked one (0 + floor); see the verify report"]
 fn live_topk_id_at_neg_inf_logit_gets_its_gradient_bound() {
     let mut c = Case::new(Dtype::F32, Dtype::F32);
     c.options.temperature = 0.7;
