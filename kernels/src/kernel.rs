@@ -55,19 +55,28 @@ pub struct Summation {
 impl Summation {
     /// One accumulator over `n` terms in order: `h = n`, `L = 0` (sound for any order).
     pub fn sequential(n: usize) -> Self {
-        Summation { leaf: n.max(1), merges: 0 }
+        Summation {
+            leaf: n.max(1),
+            merges: 0,
+        }
     }
     /// `lanes` accumulators each summing `ceil(n / lanes)` terms in order,
     /// then the lanes merged pairwise: `L = ceil(log2 lanes)`.
     pub fn lanes(n: usize, lanes: usize) -> Self {
         let lanes = lanes.max(1);
-        Summation { leaf: n.div_ceil(lanes).max(1), merges: ceil_log2(lanes) }
+        Summation {
+            leaf: n.div_ceil(lanes).max(1),
+            merges: ceil_log2(lanes),
+        }
     }
     /// Blocks of `block` terms summed in order, block sums merged by a
     /// balanced pairwise tree.
     pub fn tree(n: usize, block: usize) -> Self {
         let block = block.max(1);
-        Summation { leaf: block.min(n.max(1)), merges: ceil_log2(n.div_ceil(block).max(1)) }
+        Summation {
+            leaf: block.min(n.max(1)),
+            merges: ceil_log2(n.div_ceil(block).max(1)),
+        }
     }
     /// Total depth `h + L` (an upper bound on the additions any term sees).
     pub fn depth(&self) -> usize {
@@ -197,7 +206,12 @@ pub trait Kernel: Send + Sync {
     /// # Errors
     /// [`KernelError::Spec`] (including [`SpecError::NoCotangent`]);
     /// [`KernelError::Unsupported`].
-    fn backward(&self, problem: &Problem<'_>, cotangents: &Cotangents<'_>, out: Dtype) -> Result<Array2<f64>, KernelError>;
+    fn backward(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        out: Dtype,
+    ) -> Result<Array2<f64>, KernelError>;
 
     /// Grad logits written over `logits` (rounded to the logits' dtype).
     /// Tokens, mask, ids and options as in [`Problem`]. On error the logits
@@ -215,6 +229,9 @@ pub trait Kernel: Send + Sync {
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
         let _ = (logits, tokens, sampling_mask, topk_ids, options, cotangents);
-        Err(KernelError::Unsupported { kernel: self.name(), what: "in-place backward" })
+        Err(KernelError::Unsupported {
+            kernel: self.name(),
+            what: "in-place backward",
+        })
     }
 }

@@ -5,6 +5,8 @@
 #[cfg(feature = "candle")]
 pub mod candle;
 pub mod chunked;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod exp;
 pub mod fused;
 pub mod kernel;
@@ -12,8 +14,6 @@ pub mod row;
 pub mod stats;
 pub mod vjp;
 pub mod vocab_parallel;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 
 pub use chunked::Chunked;
 pub use fused::Fused;

@@ -697,3 +697,40 @@ fn vocab_parallel_long_rows_match_oracle() {
     let k: Vec<Box<dyn Kernel>> = vec![Box::new(VocabParallel::new(vec![4500, 0, 2047, 2453]))];
     check_forward_with(&p, Dtype::F32, &k);
 }
+
+/// The declared algorithm is what the tolerance model trusts: blocks of
+/// 2048 entries, 16 lanes summed in column order, lanes and blocks merged by
+/// pairwise trees, one rescaling exp per block merge (kernels/src/row.rs).
+/// At V = 152064: 75 blocks, leaf 128, 4 + 7 merges, 7 rescaling exps.
+#[test]
+fn declared_algorithm_counts_the_block_tree() {
+    let shape = |v: usize, dtype: Dtype| logprobe_reference::spec::Shape {
+        n: 4,
+        vocab_size: v,
+        v_total: v,
+        k: 0,
+        dtype,
+        temperature: 1.0,
+    };
+    // (V, leaf, merges, rescaling_exps)
+    for (v, leaf, merges, rescale) in [
+        (1, 1, 4, 0),
+        (2048, 128, 4, 0),
+        (2049, 128, 5, 1),
+        (32000, 128, 8, 4),
+        (152064, 128, 11, 7),
+        (256000, 128, 11, 7),
+    ] {
+        for kernel in [&Fused as &dyn Kernel, &Chunked::new(3)] {
+            let a = kernel.algorithm(&shape(v, Dtype::Bf16));
+            assert_eq!(a.accumulation, Dtype::F32, "{} V={v}", kernel.name());
+            assert_eq!(a.summation.leaf, leaf, "{} V={v}", kernel.name());
+            assert_eq!(a.summation.merges, merges, "{} V={v}", kernel.name());
+            assert_eq!(a.rescaling_exps, rescale, "{} V={v}", kernel.name());
+        }
+    }
+    assert_eq!(
+        Fused.algorithm(&shape(10, Dtype::F64)).accumulation,
+        Dtype::F64
+    );
+}

@@ -12,3 +12,8 @@ pub mod strategies;
 pub mod suite;
 pub mod tolerance;
 pub mod verify;
+
+/// The README's code, compiled and run as a doctest so it cannot rot.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -856,11 +856,12 @@ fn verify_row(
             inputs.topk_ids.as_ref(),
             inputs.grad_topk_log_probs.as_ref(),
         ) {
-            (Some(ids), Some(gk)) => ids
-                .iter()
-                .zip(gk.iter())
-                .map(|(&id, &x)| (id as usize, x))
-                .collect(),
+            // Ids masked by sampling_mask are constants (no gradient).
+            (Some(ids), Some(gk)) => tolerance::GradCotangents::live_topk(
+                ids.iter().copied(),
+                gk.iter().copied(),
+                |id| id < v && p.allowed(0, id),
+            ),
             _ => Vec::new(),
         };
         let gc = tolerance::GradCotangents {

@@ -283,7 +283,11 @@ fn truncated_file_is_malformed() {
             "cut {cut}"
         );
     }
-    assert_bad_input("truncated", &b[..b.len() - 4], &["truncated file", "logits"]);
+    assert_bad_input(
+        "truncated",
+        &b[..b.len() - 4],
+        &["truncated file", "logits"],
+    );
     assert_bad_input("empty", &[], &["safetensors"]);
 }
 

@@ -105,7 +105,11 @@ impl Dtype {
         if a == 0.0 || a.is_nan() {
             return pow2(q_min);
         }
-        let e = if a.is_infinite() { self.max_exp() } else { exponent(a).min(self.max_exp()) };
+        let e = if a.is_infinite() {
+            self.max_exp()
+        } else {
+            exponent(a).min(self.max_exp())
+        };
         pow2((e - self.precision() as i32 + 1).max(q_min))
     }
 
@@ -242,8 +246,16 @@ mod tests {
         while x < 7.0e4 {
             for s in [1.0f32, -1.0] {
                 let v = s * x;
-                assert_eq!(Dtype::Bf16.round_f64(v as f64), bf16::from_f32(v).to_f64(), "{v}");
-                assert_eq!(Dtype::F16.round_f64(v as f64), f16::from_f32(v).to_f64(), "{v}");
+                assert_eq!(
+                    Dtype::Bf16.round_f64(v as f64),
+                    bf16::from_f32(v).to_f64(),
+                    "{v}"
+                );
+                assert_eq!(
+                    Dtype::F16.round_f64(v as f64),
+                    f16::from_f32(v).to_f64(),
+                    "{v}"
+                );
             }
             x *= 1.000_37;
         }

@@ -9,5 +9,6 @@ mod problem;
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use problem::{
-    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, TemperatureDtype, DEFAULT_IGNORE_INDEX,
+    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, TemperatureDtype,
+    DEFAULT_IGNORE_INDEX,
 };

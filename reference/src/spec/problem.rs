@@ -179,7 +179,9 @@ impl Options {
         if t.is_finite() && t > 0.0 {
             Ok(t)
         } else {
-            Err(SpecError::BadTemperature { temperature: self.temperature })
+            Err(SpecError::BadTemperature {
+                temperature: self.temperature,
+            })
         }
     }
 }
@@ -238,7 +240,13 @@ pub struct Shape {
 impl<'a> Problem<'a> {
     /// A problem over `logits` with default options and no tokens, mask or ids.
     pub fn new(logits: Logits<'a>) -> Self {
-        Problem { logits, tokens: None, sampling_mask: None, topk_ids: None, options: Options::default() }
+        Problem {
+            logits,
+            tokens: None,
+            sampling_mask: None,
+            topk_ids: None,
+            options: Options::default(),
+        }
     }
 
     /// Checks shapes, `vocab_size` and temperature; O(1) in N and V.
@@ -252,7 +260,10 @@ impl<'a> Problem<'a> {
         let temperature = self.options.effective_temperature(dtype.accumulation())?;
         let vocab_size = self.options.vocab_size.unwrap_or(v_total);
         if vocab_size > v_total {
-            return Err(SpecError::BadVocabSize { vocab_size, columns: v_total });
+            return Err(SpecError::BadVocabSize {
+                vocab_size,
+                columns: v_total,
+            });
         }
         if let Some(t) = self.tokens {
             if t.len() != n {
@@ -271,7 +282,14 @@ impl<'a> Problem<'a> {
             }
             k = ids.ncols();
         }
-        Ok(Shape { n, vocab_size, v_total, k, dtype, temperature })
+        Ok(Shape {
+            n,
+            vocab_size,
+            v_total,
+            k,
+            dtype,
+            temperature,
+        })
     }
 
     /// Checks `cotangents` against this problem's shapes and outputs.
@@ -280,13 +298,25 @@ impl<'a> Problem<'a> {
     /// [`SpecError::ShapeMismatch`], [`SpecError::NoCotangent`] (none given,
     /// or one for an output that is not computed), [`SpecError::MissingTensor`],
     /// [`SpecError::NonFiniteCotangent`].
-    pub fn validate_cotangents(&self, shape: &Shape, cot: &Cotangents<'_>) -> Result<(), SpecError> {
-        if cot.grad_log_probs.is_none() && cot.grad_entropy.is_none() && cot.grad_topk_log_probs.is_none() {
-            return Err(SpecError::NoCotangent { what: "no cotangent of log_probs, entropy or topk_log_probs given" });
+    pub fn validate_cotangents(
+        &self,
+        shape: &Shape,
+        cot: &Cotangents<'_>,
+    ) -> Result<(), SpecError> {
+        if cot.grad_log_probs.is_none()
+            && cot.grad_entropy.is_none()
+            && cot.grad_topk_log_probs.is_none()
+        {
+            return Err(SpecError::NoCotangent {
+                what: "no cotangent of log_probs, entropy or topk_log_probs given",
+            });
         }
         if let Some(g) = cot.grad_log_probs {
             if self.tokens.is_none() {
-                return Err(SpecError::MissingTensor { output: "grad_log_probs", tensor: "tokens" });
+                return Err(SpecError::MissingTensor {
+                    output: "grad_log_probs",
+                    tensor: "tokens",
+                });
             }
             if g.len() != shape.n {
                 return Err(shape_err("grad_log_probs", vec![shape.n], g.shape()));
@@ -295,7 +325,9 @@ impl<'a> Problem<'a> {
         }
         if let Some(h) = cot.grad_entropy {
             if self.options.entropy.is_none() {
-                return Err(SpecError::NoCotangent { what: "grad_entropy given but options.entropy is None" });
+                return Err(SpecError::NoCotangent {
+                    what: "grad_entropy given but options.entropy is None",
+                });
             }
             if h.len() != shape.n {
                 return Err(shape_err("grad_entropy", vec![shape.n], h.shape()));
@@ -304,10 +336,17 @@ impl<'a> Problem<'a> {
         }
         if let Some(gk) = cot.grad_topk_log_probs {
             if self.topk_ids.is_none() {
-                return Err(SpecError::MissingTensor { output: "grad_topk_log_probs", tensor: "topk_ids" });
+                return Err(SpecError::MissingTensor {
+                    output: "grad_topk_log_probs",
+                    tensor: "topk_ids",
+                });
             }
             if gk.dim() != (shape.n, shape.k) {
-                return Err(shape_err("grad_topk_log_probs", vec![shape.n, shape.k], gk.shape()));
+                return Err(shape_err(
+                    "grad_topk_log_probs",
+                    vec![shape.n, shape.k],
+                    gk.shape(),
+                ));
             }
             check_finite("grad_topk_log_probs", gk.iter())?;
         }
@@ -343,14 +382,26 @@ impl<'a> Problem<'a> {
             any
         });
         if !any_allowed_finite {
-            let which = if self.sampling_mask.is_some() { "allowed by sampling_mask" } else { "any" };
-            return Err(SpecError::NoFiniteLogit { tensor: "logits", row, which });
+            let which = if self.sampling_mask.is_some() {
+                "allowed by sampling_mask"
+            } else {
+                "any"
+            };
+            return Err(SpecError::NoFiniteLogit {
+                tensor: "logits",
+                row,
+                which,
+            });
         }
         if let Some(tokens) = self.tokens {
             let t = tokens[row];
             if t != self.options.ignore_index {
                 if t < 0 || t as u64 >= v as u64 {
-                    return Err(SpecError::TokenOutOfRange { row, token: t, vocab_size: v });
+                    return Err(SpecError::TokenOutOfRange {
+                        row,
+                        token: t,
+                        vocab_size: v,
+                    });
                 }
                 let tu = t as usize;
                 if mask.is_some_and(|m| !m[tu]) {
@@ -364,7 +415,12 @@ impl<'a> Problem<'a> {
         if let Some(ids) = self.topk_ids {
             for (k, &id) in ids.row(row).iter().enumerate() {
                 if id < 0 || id as u64 >= v as u64 {
-                    return Err(SpecError::TopkIdOutOfRange { row, k, id, vocab_size: v });
+                    return Err(SpecError::TopkIdOutOfRange {
+                        row,
+                        k,
+                        id,
+                        vocab_size: v,
+                    });
                 }
             }
         }
@@ -387,7 +443,8 @@ impl<'a> Problem<'a> {
     /// Whether row `row`'s log-prob is wanted (tokens present and the token
     /// is not `ignore_index`).
     pub fn has_target(&self, row: usize) -> bool {
-        self.tokens.is_some_and(|t| t[row] != self.options.ignore_index)
+        self.tokens
+            .is_some_and(|t| t[row] != self.options.ignore_index)
     }
 
     /// Whether column `col` of row `row` is allowed by the sampling mask.
@@ -397,13 +454,24 @@ impl<'a> Problem<'a> {
 }
 
 fn shape_err(tensor: &'static str, expected: Vec<usize>, found: &[usize]) -> SpecError {
-    SpecError::ShapeMismatch { tensor, expected, found: found.to_vec() }
+    SpecError::ShapeMismatch {
+        tensor,
+        expected,
+        found: found.to_vec(),
+    }
 }
 
-fn check_finite<'b>(tensor: &'static str, it: impl Iterator<Item = &'b f64>) -> Result<(), SpecError> {
+fn check_finite<'b>(
+    tensor: &'static str,
+    it: impl Iterator<Item = &'b f64>,
+) -> Result<(), SpecError> {
     for (index, &value) in it.enumerate() {
         if !value.is_finite() {
-            return Err(SpecError::NonFiniteCotangent { tensor, index, value });
+            return Err(SpecError::NonFiniteCotangent {
+                tensor,
+                index,
+                value,
+            });
         }
     }
     Ok(())
@@ -418,7 +486,10 @@ mod tests {
     fn every_bad_row_gives_its_typed_error() {
         let x = array![[0.0f32, 1.0, f32::NEG_INFINITY], [0.0, f32::NAN, 1.0]];
         let mut p = Problem::new(Logits::F32(x.view()));
-        assert!(matches!(p.validate(), Err(SpecError::NonFiniteLogit { row: 1, col: 1, .. })));
+        assert!(matches!(
+            p.validate(),
+            Err(SpecError::NonFiniteLogit { row: 1, col: 1, .. })
+        ));
         p.options.vocab_size = Some(1);
         assert!(p.validate().is_ok());
         p.options.vocab_size = Some(4);
@@ -428,10 +499,20 @@ mod tests {
         p.logits = Logits::F32(x.view());
         let t = array![2i64];
         p.tokens = Some(t.view());
-        assert_eq!(p.validate(), Err(SpecError::TokenNegInf { row: 0, token: 2 }));
+        assert_eq!(
+            p.validate(),
+            Err(SpecError::TokenNegInf { row: 0, token: 2 })
+        );
         let t = array![3i64];
         p.tokens = Some(t.view());
-        assert!(matches!(p.validate(), Err(SpecError::TokenOutOfRange { row: 0, token: 3, .. })));
+        assert!(matches!(
+            p.validate(),
+            Err(SpecError::TokenOutOfRange {
+                row: 0,
+                token: 3,
+                ..
+            })
+        ));
         let t = array![-100i64];
         p.tokens = Some(t.view());
         assert!(p.validate().is_ok());
@@ -439,16 +520,28 @@ mod tests {
         p.tokens = Some(t.view());
         let m = array![[true, false, true]];
         p.sampling_mask = Some(m.view());
-        assert_eq!(p.validate(), Err(SpecError::TokenMasked { row: 0, token: 1 }));
+        assert_eq!(
+            p.validate(),
+            Err(SpecError::TokenMasked { row: 0, token: 1 })
+        );
         let m = array![[false, false, true]];
         p.tokens = None;
         p.sampling_mask = Some(m.view());
-        assert!(matches!(p.validate(), Err(SpecError::NoFiniteLogit { row: 0, .. })));
+        assert!(matches!(
+            p.validate(),
+            Err(SpecError::NoFiniteLogit { row: 0, .. })
+        ));
         p.sampling_mask = None;
         p.options.temperature = 0.0;
-        assert!(matches!(p.validate(), Err(SpecError::BadTemperature { .. })));
+        assert!(matches!(
+            p.validate(),
+            Err(SpecError::BadTemperature { .. })
+        ));
         p.options.temperature = 1e-50; // rounds to 0 in f32
-        assert!(matches!(p.validate(), Err(SpecError::BadTemperature { .. })));
+        assert!(matches!(
+            p.validate(),
+            Err(SpecError::BadTemperature { .. })
+        ));
     }
 
     #[test]
