@@ -469,6 +469,33 @@ fn gatherable(p: &Problem<'_>, row: usize, j: usize) -> bool {
     p.allowed(row, j) && p.logits.row_f64(row)[j].is_finite()
 }
 
+/// `tokens` with each triggered row's target moved to the shard-local
+/// (wrong) column `w`, where that column can be gathered.
+fn wrong_targets(
+    p: &Problem<'_>,
+    tokens: ArrayView1<'_, i64>,
+    trig: &[(usize, usize, usize)],
+) -> Array1<i64> {
+    let mut wrong = tokens.to_owned();
+    for &(row, _, w) in trig {
+        if gatherable(p, row, w) {
+            wrong[row] = w as i64;
+        }
+    }
+    wrong
+}
+
+/// `p` with its tokens replaced by `tokens`.
+fn with_tokens<'b>(p: &'b Problem<'_>, tokens: &'b Array1<i64>) -> Problem<'b> {
+    Problem {
+        logits: reborrow(&p.logits),
+        tokens: Some(tokens.view()),
+        sampling_mask: p.sampling_mask,
+        topk_ids: p.topk_ids,
+        options: p.options,
+    }
+}
+
 /// Rows `rows` of `p` with the real vocabulary reversed (padding stays at
 /// the end): tokens and ids mapped to `V - 1 - j`. Owned parts returned.
 struct Reversed {
@@ -600,20 +627,8 @@ impl Kernel for Mutant {
                     return Ok(fo);
                 };
                 // The real kernel, run with the wrong column as the target.
-                let mut wrong = tokens.to_owned();
-                for &(row, _, w) in &trig {
-                    if gatherable(problem, row, w) {
-                        wrong[row] = w as i64;
-                    }
-                }
-                let q = Problem {
-                    logits: reborrow(&problem.logits),
-                    tokens: Some(wrong.view()),
-                    sampling_mask: problem.sampling_mask,
-                    topk_ids: problem.topk_ids,
-                    options: problem.options,
-                };
-                let fw = vp.forward(&q, out)?;
+                let wrong = wrong_targets(problem, tokens, &trig);
+                let fw = vp.forward(&with_tokens(problem, &wrong), out)?;
                 if let (Some(lp), Some(lw)) = (fo.log_probs.as_mut(), fw.log_probs.as_ref()) {
                     for &(row, _, w) in &trig {
                         // A masked or -inf column gathers -inf.
@@ -702,20 +717,8 @@ impl Kernel for Mutant {
                 if trig.is_empty() {
                     return Ok(grad);
                 }
-                let mut wrong = tokens.to_owned();
-                for &(row, _, w) in &trig {
-                    if gatherable(problem, row, w) {
-                        wrong[row] = w as i64;
-                    }
-                }
-                let q = Problem {
-                    logits: reborrow(&problem.logits),
-                    tokens: Some(wrong.view()),
-                    sampling_mask: problem.sampling_mask,
-                    topk_ids: problem.topk_ids,
-                    options: problem.options,
-                };
-                let gw = vp.backward(&q, cotangents, out)?;
+                let wrong = wrong_targets(problem, tokens, &trig);
+                let gw = vp.backward(&with_tokens(problem, &wrong), cotangents, out)?;
                 for &(row, t, w) in &trig {
                     if gatherable(problem, row, w) {
                         grad.row_mut(row).assign(&gw.row(row));
