@@ -511,37 +511,48 @@ fn ziv_loop_raises_precision_and_the_cap_returns_undecided() {
 }
 
 #[test]
-fn temperature_in_the_input_dtype_rounds_z_once() {
-    // bf16 logits, T = 0.7 (f32): z = round_bf16(x / T) is the input.
-    let xs = [20.0f32, 19.5, 3.0, -1.0];
+fn temperature_in_the_input_dtype_rounds_z_twice_as_pytorch_does() {
+    // bf16 logits, T = 0.6 (f32): PyTorch's `x / 0.6` on a bf16 tensor is
+    // z = round_bf16(round_f32(x / T)). 1.2890625 / 0.6 is a double-rounding
+    // entry: its f32 quotient 2.1484375 is a bf16 tie (-> 2.15625), while the
+    // exact quotient rounds once to 2.140625.
+    let xs = [1.2890625f32, 20.0, 19.5, 3.0, -1.0];
     let x =
-        Array2::from_shape_vec((1, 4), xs.iter().map(|&v| bf16::from_f32(v)).collect()).unwrap();
-    let t = array![1i64];
+        Array2::from_shape_vec((1, 5), xs.iter().map(|&v| bf16::from_f32(v)).collect()).unwrap();
+    let t = array![0i64];
     let mut p = Problem::new(Logits::Bf16(x.view()));
     p.tokens = Some(t.view());
-    p.options.temperature = 0.7;
+    p.options.temperature = 0.6;
     p.options.temperature_dtype = TemperatureDtype::Input;
     let f = Oracle::default().forward(&p, Dtype::F64).unwrap();
-    let t32 = Dtype::F32.round_f64(0.7);
-    let z: Vec<Float> = xs
+    let t32 = 0.6f32;
+    let lp_of = |z: Vec<f64>| {
+        let z: Vec<Float> = z.into_iter().map(|v| Float::with_val(300, v)).collect();
+        let mut s = Float::new(300);
+        for zj in &z {
+            s += Float::with_val(300, zj.exp_ref());
+        }
+        Float::with_val(300, &z[0] - s.ln()).to_f64()
+    };
+    // Independent of the spec: IEEE f32 division, then half's f32 -> bf16.
+    let pytorch: Vec<f64> = xs
         .iter()
-        .map(|&v| {
-            Float::with_val(
-                300,
-                round_to_dtype(&(Float::with_val(300, v) / t32), Dtype::Bf16),
-            )
-        })
+        .map(|&v| bf16::from_f32(v / t32).to_f64())
         .collect();
-    let mut s = Float::new(300);
-    for zj in &z {
-        s += Float::with_val(300, zj.exp_ref());
-    }
-    let lp = Float::with_val(300, &z[1] - s.ln());
-    assert_eq!(f.log_probs.unwrap()[0].unwrap().rounded, lp.to_f64());
+    assert_eq!(pytorch[0], 2.15625);
+    let lp = lp_of(pytorch);
+    assert_eq!(f.log_probs.unwrap()[0].unwrap().rounded, lp);
+    // One rounding of the exact quotient is a different input.
+    let once: Vec<f64> = xs
+        .iter()
+        .map(|&v| round_to_dtype(&(Float::with_val(300, v) / t32), Dtype::Bf16))
+        .collect();
+    assert_eq!(once[0], 2.140625);
+    assert_ne!(lp_of(once), lp);
     // Accumulation mode differs (z unrounded).
     p.options.temperature_dtype = TemperatureDtype::Accumulation;
     let g = Oracle::default().forward(&p, Dtype::F64).unwrap();
-    assert_ne!(g.log_probs.unwrap()[0].unwrap().rounded, lp.to_f64());
+    assert_ne!(g.log_probs.unwrap()[0].unwrap().rounded, lp);
 }
 
 #[test]

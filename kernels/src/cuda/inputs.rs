@@ -102,8 +102,8 @@ pub fn check_dtype(shape: &Shape, kernel: &str) -> Result<(), KernelError> {
 
 /// With `temperature_dtype = input`, `round_input(x / T)` of a finite real
 /// logit may overflow (T < 1): bad input, as the oracle reports it. The same
-/// arithmetic as the device's `lp_z` (f32 division; for 16-bit logits the f64
-/// quotient correctly rounded).
+/// arithmetic as the device's `lp_z` ([`Dtype::scaled_input`]: the f32
+/// quotient, rounded again for 16-bit logits).
 ///
 /// # Errors
 /// [`SpecError::NonFiniteLogit`] with the overflowed value.
@@ -118,10 +118,7 @@ pub fn check_scaled_logits(problem: &Problem<'_>, shape: &Shape) -> Result<(), S
             if !x.is_finite() {
                 continue;
             }
-            let z = match shape.dtype {
-                Dtype::F32 => ((x as f32) / (t as f32)) as f64,
-                d => d.round_f64(x / t),
-            };
+            let z = shape.dtype.scaled_input(x, t);
             if !z.is_finite() {
                 return Err(SpecError::NonFiniteLogit {
                     tensor: "logits",
