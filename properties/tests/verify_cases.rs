@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use logprobe_properties::verify::{
+use logprobe_verify::verify::{
     exit_status, verify_files, Expectations, FileOutcome, FileReport, OutputReport, Verdict,
     VerifyConfig,
 };

@@ -17,12 +17,13 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use logprobe_properties::bench::{render as render_bench, BenchConfig};
-use logprobe_properties::memory::CountingAllocator;
-use logprobe_properties::verify::{
-    exit_status, render_expect, render_table, verify_files, ExpectRow, Expectations, FileOutcome,
-    RowSelection, SummationModel, VerifyConfig,
-};
 use logprobe_reference::spec::Dtype;
+use logprobe_testkit::memory::CountingAllocator;
+use logprobe_verify::tolerance::Order;
+use logprobe_verify::verify::{
+    exit_status, render_expect, render_table, verify_files, ExpectRow, Expectations, FileOutcome,
+    RowSelection, VerifyConfig,
+};
 
 // Counts live heap bytes for `bench`'s peak-memory figures: a few relaxed
 // atomics per allocation, nothing per logit.
@@ -123,7 +124,7 @@ struct VerifyArgs {
     json: bool,
     /// Summation model of the bound: lanes=8 (default), lanes=K, tree or sequential.
     #[arg(long, default_value = "lanes=8", value_parser = parse_model)]
-    model: SummationModel,
+    model: Order,
     /// Accumulation dtype of the implementation: f32, f64, bf16 or f16
     /// (default: f64 for f64 logits, f32 otherwise).
     #[arg(long, value_parser = parse_dtype)]
@@ -143,7 +144,7 @@ struct VerifyArgs {
     no_progress: bool,
 }
 
-fn parse_model(s: &str) -> Result<SummationModel, String> {
+fn parse_model(s: &str) -> Result<Order, String> {
     s.parse()
 }
 
@@ -169,7 +170,7 @@ struct JsonOut<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum JsonFile<'a> {
-    Report(&'a logprobe_properties::verify::FileReport),
+    Report(&'a logprobe_verify::verify::FileReport),
     BadInput {
         path: &'a std::path::Path,
         verdict: &'static str,

@@ -3,9 +3,9 @@
 //! soundness spot checks of f32 kernels written here against an f64
 //! reference with explicit margins.
 
-use logprobe_kernels::kernel::{Shift, Summation};
 use logprobe_reference::oracle::{Exact, Interval, RowStats};
 use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Shift, Summation};
 
 use super::*;
 

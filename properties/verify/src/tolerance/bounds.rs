@@ -3,8 +3,8 @@
 //! `properties/TOLERANCE.md`; each step below names its equation there
 //! (`(T1)` ...).
 
-use logprobe_kernels::kernel::Shift;
 use logprobe_reference::oracle::{Interval, RowStats};
+use logprobe_reference::spec::Shift;
 use logprobe_reference::spec::{pow2, Dtype};
 
 use super::model::{EntropyForm, Model, RowContext};

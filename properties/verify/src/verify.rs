@@ -29,60 +29,6 @@ use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::tolerance;
 
-/// The summation model assumed for the foreign kernel (DESIGN: "The
-/// tolerance model"). `verify` cannot know a foreign kernel's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum SummationModel {
-    /// `K` lanes, each summed in order over `ceil(V / K)` terms, then merged
-    /// pairwise (PyTorch's CPU reductions satisfy `K = 8`).
-    Lanes(usize),
-    /// Pairwise tree with leaf 1.
-    Tree,
-    /// One accumulator in order: sound for any order.
-    Sequential,
-}
-
-impl SummationModel {
-    /// The default: 8 lanes.
-    pub const DEFAULT: SummationModel = SummationModel::Lanes(8);
-
-    /// The reference models whose tightest satisfied one is reported,
-    /// tightest first.
-    pub const REFERENCE: [SummationModel; 3] = [
-        SummationModel::Tree,
-        SummationModel::Lanes(8),
-        SummationModel::Sequential,
-    ];
-}
-
-impl std::fmt::Display for SummationModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SummationModel::Lanes(k) => write!(f, "lanes={k}"),
-            SummationModel::Tree => f.write_str("tree"),
-            SummationModel::Sequential => f.write_str("sequential"),
-        }
-    }
-}
-
-impl std::str::FromStr for SummationModel {
-    type Err = String;
-    /// Parses `tree`, `sequential`, `lanes` (= 8) or `lanes=K` (`K >= 1`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "tree" => Ok(SummationModel::Tree),
-            "sequential" => Ok(SummationModel::Sequential),
-            "lanes" => Ok(SummationModel::Lanes(8)),
-            other => match other.strip_prefix("lanes=").map(|k| k.parse::<usize>()) {
-                Some(Ok(k)) if k >= 1 => Ok(SummationModel::Lanes(k)),
-                _ => Err(format!(
-                    "unknown model `{other}`: expected tree, sequential, lanes or lanes=K (K >= 1)"
-                )),
-            },
-        }
-    }
-}
-
 /// Which rows of each dump to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum RowSelection {
@@ -149,8 +95,9 @@ impl RowSelection {
 /// Settings of a verification.
 #[derive(Clone, Debug)]
 pub struct VerifyConfig {
-    /// Summation model of the bound (default `lanes=8`).
-    pub model: SummationModel,
+    /// Summation order of the bound (default [`tolerance::Order::DEFAULT`],
+    /// `lanes=8`): a foreign-kernel preset.
+    pub model: tolerance::Order,
     /// Accumulation dtype of the foreign kernel; `None` = the logits'
     /// accumulation dtype (f32 for f32/bf16/f16 logits, f64 for f64).
     pub accumulation: Option<Dtype>,
@@ -167,7 +114,7 @@ pub struct VerifyConfig {
 impl Default for VerifyConfig {
     fn default() -> Self {
         VerifyConfig {
-            model: SummationModel::DEFAULT,
+            model: tolerance::Order::DEFAULT,
             accumulation: None,
             rows: RowSelection::All,
             worst: 5,
@@ -310,7 +257,7 @@ pub struct OutputReport {
     /// element is within bound; `None` when none is.
     pub tightest_model: Option<String>,
     /// Largest `error / bound` under each reference model, in
-    /// [`SummationModel::REFERENCE`] order.
+    /// [`tolerance::Order::REFERENCE`] order.
     pub reference_ratios: Vec<ModelRatio>,
     /// The flash-attention rule, when the tolerance module provides it.
     pub flash_rule: Option<FlashRule>,
@@ -637,7 +584,7 @@ pub fn verify_dump(
 
 fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputReport {
     let verdict = acc.verdict();
-    let reference_ratios: Vec<ModelRatio> = SummationModel::REFERENCE
+    let reference_ratios: Vec<ModelRatio> = tolerance::Order::REFERENCE
         .iter()
         .zip(acc.reference)
         .map(|(m, (r, no_bound))| ModelRatio {
@@ -649,7 +596,7 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
             },
         })
         .collect();
-    let tightest_model = SummationModel::REFERENCE
+    let tightest_model = tolerance::Order::REFERENCE
         .iter()
         .zip(acc.reference)
         .find(|(_, (r, no_bound))| !no_bound && r.unwrap_or(0.0) <= 1.0)
@@ -901,13 +848,8 @@ struct Models {
 }
 
 impl Models {
-    fn new(chosen: SummationModel, acc: Dtype) -> Self {
-        let chosen = match chosen {
-            SummationModel::Lanes(k) => tolerance::Model::lanes(k),
-            SummationModel::Tree => tolerance::Model::tree(),
-            SummationModel::Sequential => tolerance::Model::sequential(),
-        }
-        .with_accumulation(acc);
+    fn new(chosen: tolerance::Order, acc: Dtype) -> Self {
+        let chosen = tolerance::Model::preset(chosen).with_accumulation(acc);
         let [a, b, c] = tolerance::foreign_presets(acc);
         Models {
             all: [chosen, a, b, c],

@@ -37,7 +37,7 @@ use logprobe_reference::spec::{
 };
 
 use crate::strategies::{even_shards, OwnedLogits};
-use crate::tolerance::{naive_entropy, naive_log_softmax};
+use logprobe_verify::tolerance::{naive_entropy, naive_log_softmax};
 
 /// The bug kinds of the catalog (see the module table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

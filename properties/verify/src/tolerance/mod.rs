@@ -30,7 +30,7 @@
 //!
 //! # Example
 //! ```no_run
-//! use logprobe_properties::tolerance::{judge, Model, RowContext};
+//! use logprobe_verify::tolerance::{judge, Model, RowContext};
 //! # fn demo(stats: &logprobe_reference::oracle::RowStats, exact: &logprobe_reference::oracle::Exact) {
 //! let ctx = RowContext { temperature: 1.0, z_max_abs: 0.0 };
 //! let bound = Model::lanes(8).row_bounds(stats, &ctx).log_prob(logprobe_reference::spec::Dtype::F32);
