@@ -509,18 +509,13 @@ impl Oracle {
             h: cot.h,
             topk: &cot.gk,
         };
-        let decided = if fast.applicable() {
-            fast.vjp(&rc).decide_row(target)
+        let (mut out, mut pending) = (Vec::new(), Vec::new());
+        if fast.applicable() {
+            fast.vjp(&rc).decide_into(target, &mut out, &mut pending);
         } else {
-            vec![None; v as usize]
-        };
-        let pending: Vec<usize> = (0..decided.len())
-            .filter(|&j| decided[j].is_none())
-            .collect();
-        let mut out: Vec<Exact> = decided
-            .into_iter()
-            .map(|e| e.unwrap_or(Exact::point(0.0)))
-            .collect();
+            out = vec![Exact::point(0.0); v as usize];
+            pending = (0..v as usize).collect();
+        }
         let mut fb = Fallback {
             outputs: v,
             outputs_mpfr: pending.len() as u64,

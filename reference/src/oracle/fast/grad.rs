@@ -8,8 +8,12 @@
 //! the argmax, `1 + s - E_j >= max(1, s)` elsewhere: no cancellation), the
 //! same regrouping as the MPFR path (`crate::oracle` module `vjp`).
 
-use super::ival::{add_dn, add_up, mul_dn, mul_up};
-use super::{decide, FastRow};
+use super::ival::{add_dn, add_up, mul_dn, mul_up, TINY, U};
+use super::pass::C1;
+use super::{decide, FastRow, Mutant};
+
+/// `(1 + kappa)(1 + 2u)` rounded up: `E_j`'s shift widening factor.
+const CE: f64 = 1.0 + 2.0 * super::pass::KAPPA;
 use crate::oracle::row::TopId;
 use crate::oracle::{Exact, Interval};
 use crate::spec::Dtype;
@@ -77,6 +81,31 @@ pub struct FastVjp<'r, 'a> {
     temperature: f64,
     /// Whether any element has a term (otherwise all are exactly 0).
     any_term: bool,
+    /// Constants of the a-priori element bound (F7'), when it applies.
+    pt: Option<PointForm>,
+}
+
+/// Midpoints and radii of the row constants, for the a-priori bound of a
+/// plain element (module docs, (F7')).
+#[derive(Clone, Copy, Debug)]
+struct PointForm {
+    k1: f64,
+    dk1: f64,
+    k2: f64,
+    dk2: f64,
+    rho: f64,
+    dr: f64,
+    /// Absolute slack for subnormal intermediates.
+    abs: f64,
+    /// Whether the exp and the shift are widened (false only for mutants).
+    exp_w: bool,
+    shift_w: bool,
+}
+
+/// `(mid, rad)` of `iv`: `|x - mid| <= rad` for every `x` in `iv`.
+fn mid_rad(iv: Interval) -> (f64, f64) {
+    let mid = iv.lo / 2.0 + iv.hi / 2.0;
+    (mid, add_up(iv.hi, -mid).max(add_up(mid, -iv.lo)))
 }
 
 impl<'r, 'a> FastVjp<'r, 'a> {
@@ -127,6 +156,23 @@ impl<'r, 'a> FastVjp<'r, 'a> {
         };
         let h = if row.qfam().is_some() { cot.h } else { 0.0 };
         let any_term = c_nonzero || h != 0.0 || !specials.is_empty();
+        let (k1m, dk1) = mid_rad(k1);
+        let (k2m, dk2) = mid_rad(k2);
+        let (rho, dr) = mid_rad(r);
+        let kmax = 1f64.max(k1m.abs() + dk1).max(k2m.abs() + dk2);
+        let pt =
+            (kmax < 2f64.powi(500) && rho.abs() + dr < 2f64.powi(20) && (h == 0.0 || row.q_is_p))
+                .then_some(PointForm {
+                    k1: k1m,
+                    dk1,
+                    k2: k2m,
+                    dk2,
+                    rho,
+                    dr,
+                    abs: 64.0 * TINY * 2f64.powi(11) * kmax,
+                    exp_w: row.mutant != Some(Mutant::ExpNotWidened),
+                    shift_w: row.mutant != Some(Mutant::ShiftNotWidened),
+                });
         FastVjp {
             row,
             specials,
@@ -138,6 +184,7 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             st,
             temperature: t,
             any_term,
+            pt,
         }
     }
 
@@ -156,7 +203,46 @@ impl<'r, 'a> FastVjp<'r, 'a> {
         if j >= self.row.row.v.len() || !self.any_term {
             return None;
         }
-        self.element_with(j, self.special(j))
+        self.element_at(j, self.special(j))
+    }
+
+    /// (F7') A plain element (not a target or top-k id, a member of `p`,
+    /// and of `q = p` when `h != 0`): `v = -(fl(k1 r) + fl(k2 fl(r fl(rho -
+    /// a^))))` with a first-order bound over midpoints and radii of the row
+    /// constants, inflated for its own roundings.
+    #[inline(always)]
+    fn element_point(pt: &PointForm, a: f64, r: f64, exact: bool, with_q: bool) -> Interval {
+        let dl = if exact || !pt.shift_w {
+            0.0
+        } else {
+            C1 * a + TINY
+        };
+        let e_e = if pt.exp_w {
+            r * (2.0 * U + dl * CE) + 2.0 * TINY
+        } else {
+            r * dl * CE
+        };
+        let y = pt.k1 * r;
+        let ey = U * y.abs() + TINY + pt.k1.abs() * e_e + pt.dk1 * (r + e_e);
+        let (z, ez) = if with_q {
+            let t = pt.rho - a;
+            let et = U * t.abs() + pt.dr + dl;
+            let m = r * t;
+            let em = U * m.abs() + TINY + r * et + (t.abs() + et) * e_e;
+            let z = pt.k2 * m;
+            (
+                z,
+                U * z.abs() + TINY + pt.k2.abs() * em + pt.dk2 * (m.abs() + em),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let v = -(y + z);
+        let err = (U * v.abs() + ey + ez + 4.0 * U * v.abs()) * (1.0 + 64.0 * U) + pt.abs;
+        Interval {
+            lo: v - err,
+            hi: v + err,
+        }
     }
 
     #[inline]
@@ -221,13 +307,30 @@ impl<'r, 'a> FastVjp<'r, 'a> {
     /// Every element of the row `[V]`, decided in `target` where the f64
     /// tier can (`None` where it cannot). One walk over the row.
     pub fn decide_row(&self, target: Dtype) -> Vec<Option<Exact>> {
-        let v = self.row.row.v.len();
-        if !self.any_term {
-            return vec![Some(Exact::point(0.0)); v];
+        let mut out = Vec::new();
+        let mut pending = Vec::new();
+        self.decide_into(target, &mut out, &mut pending);
+        let mut res: Vec<Option<Exact>> = out.into_iter().map(Some).collect();
+        for j in pending {
+            res[j] = None;
         }
-        let mut out = Vec::with_capacity(v);
+        res
+    }
+
+    /// [`FastVjp::decide_row`] into `out` (`[V]`, cleared first; undecided
+    /// elements hold `Exact::point(0.0)`) and `pending` (the indices of the
+    /// undecided elements, ascending, cleared first).
+    pub fn decide_into(&self, target: Dtype, out: &mut Vec<Exact>, pending: &mut Vec<usize>) {
+        let fr = self.row;
+        let v = fr.row.v.len();
+        out.clear();
+        pending.clear();
+        out.resize(v, Exact::point(0.0));
+        if !self.any_term {
+            return;
+        }
         let mut next = 0usize;
-        for j in 0..v {
+        for (j, o) in out.iter_mut().enumerate() {
             let sp = match self.specials.get(next) {
                 Some(s) if s.0 == j => {
                     next += 1;
@@ -235,12 +338,32 @@ impl<'r, 'a> FastVjp<'r, 'a> {
                 }
                 _ => None,
             };
-            out.push(match self.element_with(j, sp) {
-                None => Some(Exact::point(0.0)),
-                Some(iv) => decide(iv, target),
-            });
+            let Some(iv) = self.element_at(j, sp) else {
+                continue;
+            };
+            match decide(iv, target) {
+                Some(e) => *o = e,
+                None => pending.push(j),
+            }
         }
-        out
+    }
+
+    /// The enclosure of element `j`: the a-priori form (F7') for plain
+    /// elements where it applies, interval arithmetic otherwise.
+    #[inline(always)]
+    fn element_at(&self, j: usize, sp: Option<&(usize, Interval, Interval)>) -> Option<Interval> {
+        let fr = self.row;
+        match (sp, &self.pt, &fr.p.cache) {
+            (None, Some(pt), Some(c)) => {
+                // q's members are p's (or h = 0): no term outside p.
+                let with_q = self.h != 0.0;
+                if !fr.row.in_p(j) || (!self.c_nonzero && !with_q) {
+                    return None;
+                }
+                Some(Self::element_point(pt, c.a[j], c.r[j], c.exact[j], with_q))
+            }
+            _ => self.element_with(j, sp),
+        }
     }
 }
 
