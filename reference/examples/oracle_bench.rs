@@ -5,7 +5,8 @@
 //! run, with the fallback counts (outputs and rows MPFR decided).
 //!
 //! Run: `RAYON_NUM_THREADS=1 cargo run --release -p logprobe-reference
-//! --example oracle_bench` (`-- --rows N` for more rows).
+//! --example oracle_bench` (`-- --rows N` for more rows, `--fast-only` to
+//! skip the MPFR runs).
 
 use std::time::Instant;
 
@@ -77,6 +78,8 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(2usize);
+    // `--fast-only`: skip the MPFR runs (for profiling the f64 tier).
+    let fast_only = args.iter().any(|a| a == "--fast-only");
     let v = 152_064usize;
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let data: Vec<f32> = (0..rows).flat_map(|_| llm_row(&mut rng, v)).collect();
@@ -85,7 +88,10 @@ fn main() {
     let tokens = Array1::from_iter((0..rows).map(|r| ((r * 7919) % v) as i64));
     let g = Array1::from_elem(rows, -1.0);
     let h = Array1::from_elem(rows, 0.25);
-    let fast = Oracle::default();
+    let fast = Oracle {
+        tier: Tier::FastVjp,
+        ..Oracle::default()
+    };
     let mpfr = Oracle {
         tier: Tier::Mpfr,
         ..Oracle::default()
@@ -109,7 +115,12 @@ fn main() {
         for target in [Dtype::F32, Dtype::Bf16] {
             let mut line = format!("{name:11} -> {target:4}:");
             let mut firsts = Vec::new();
-            for (tier, oracle) in [("fast", &fast), ("mpfr", &mpfr)] {
+            let tiers: &[(&str, &Oracle)] = if fast_only {
+                &[("fast", &fast)]
+            } else {
+                &[("fast", &fast), ("mpfr", &mpfr)]
+            };
+            for &(tier, oracle) in tiers {
                 let (f, fwd_wall, fwd) = timed(|| oracle.forward(&p, target).unwrap());
                 let ((grad, fb_g), bwd_wall, bwd) =
                     timed(|| oracle.vjp_counted(&p, &cot, target).unwrap());
@@ -138,11 +149,14 @@ fn main() {
                 );
                 firsts.push((fwd, bwd));
             }
-            println!(
-                "{line} speed-up forward {:.0}x, VJP {:.0}x",
-                firsts[1].0 / firsts[0].0,
-                firsts[1].1 / firsts[0].1
-            );
+            if firsts.len() == 2 {
+                line += &format!(
+                    " speed-up forward {:.0}x, VJP {:.0}x",
+                    firsts[1].0 / firsts[0].0,
+                    firsts[1].1 / firsts[0].1
+                );
+            }
+            println!("{line}");
         }
         // The prepared pass alone (what `logprobe verify` will call per row):
         // exps, sums, statistics inputs and per-entry cache, then every VJP

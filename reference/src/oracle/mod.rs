@@ -66,11 +66,14 @@
 //!
 //! By default ([`Tier::Fast`]) each row first goes through the certified
 //! f64 tier ([`fast`]: one CORE-MATH exp per entry, rigorous summation
-//! bounds); every output whose f64 enclosure rounds to one value of the
-//! target dtype is decided there, and only the others run the MPFR path
-//! above, output by output. The values are the same correctly rounded
-//! values either way; [`Tier::Mpfr`] forces the MPFR path, and
-//! [`Fallback`] counts how many outputs and rows MPFR had to decide.
+//! bounds); every forward output whose f64 enclosure rounds to one value of
+//! the target dtype is decided there, and only the others run the MPFR path
+//! above, output by output; the row statistics come from the same pass.
+//! [`Tier::FastVjp`] puts the VJP elements on the f64 tier too (its
+//! enclosures are a few f64 ulps wide, which moves printed absolute errors
+//! of almost exact gradients; see [`Tier`]). The values are the same
+//! correctly rounded values either way; [`Tier::Mpfr`] forces the MPFR
+//! path, and [`Fallback`] counts how many outputs and rows MPFR decided.
 
 mod bounds;
 pub mod fast;
@@ -484,7 +487,7 @@ impl Oracle {
         precs: &[u32],
     ) -> (Vec<Exact>, Fallback) {
         let v = row.v.len() as u64;
-        let Some(mutant) = self.tier.fast() else {
+        let Some(mutant) = self.tier.fast_vjp() else {
             let out = vjp::vjp_row(&row, cot, target, precs, None);
             return (
                 out,

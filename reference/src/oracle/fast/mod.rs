@@ -126,16 +126,25 @@ use pass::{
 };
 
 /// Which tier of the oracle computes results.
+///
+/// The values are the same correctly rounded values on every tier; only the
+/// enclosures differ (the f64 tier's are a few f64 ulps wide, MPFR's about
+/// one). Judges measure a candidate's absolute error against the far end of
+/// the enclosure, so figures printed to four digits of the error of a
+/// gradient that is almost exact move with that width: this is why the
+/// default keeps the VJP's enclosures on MPFR.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Tier {
-    /// The certified f64 tier where it decides, MPFR (Ziv's loop) for each
-    /// output it leaves undecided. Results are identical to [`Tier::Mpfr`]'s
-    /// correctly rounded values; only enclosure widths differ.
+    /// Forward values and row statistics on the certified f64 tier where it
+    /// decides, MPFR (Ziv's loop) for each output it leaves undecided; the
+    /// VJP on MPFR.
     #[default]
     Fast,
+    /// As [`Tier::Fast`], and the VJP elements too (f64 enclosures).
+    FastVjp,
     /// The MPFR path only (for the property tests and benchmarks).
     Mpfr,
-    /// The f64 tier with one planted bug (test-only).
+    /// The f64 tier (VJP included) with one planted bug (test-only).
     #[doc(hidden)]
     FastMutant(Mutant),
 }
@@ -144,9 +153,17 @@ impl Tier {
     /// `None` for the MPFR path, `Some(mutant)` for the f64 tier.
     pub(crate) fn fast(self) -> Option<Option<Mutant>> {
         match self {
-            Tier::Fast => Some(None),
+            Tier::Fast | Tier::FastVjp => Some(None),
             Tier::Mpfr => None,
             Tier::FastMutant(m) => Some(Some(m)),
+        }
+    }
+
+    /// As [`Tier::fast`], for the VJP.
+    pub(crate) fn fast_vjp(self) -> Option<Option<Mutant>> {
+        match self {
+            Tier::Fast => None,
+            t => t.fast(),
         }
     }
 }
