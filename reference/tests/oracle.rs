@@ -4,7 +4,9 @@
 //! precisions agreeing, a rounding midpoint, and every error path.
 
 use half::{bf16, f16};
-use logprobe_reference::oracle::{round_to_dtype, Exact, Oracle, OracleForward};
+use logprobe_reference::oracle::{
+    round_to_dtype, Exact, Oracle, OracleForward, Tier, FAST_PRECISION,
+};
 use logprobe_reference::spec::{
     pow2, Cotangents, Dtype, EntropyLogits, Logits, Problem, SpecError, TemperatureDtype,
 };
@@ -67,11 +69,22 @@ fn one_hot_limits_are_exact_and_end_the_loop_at_once() {
     p.tokens = Some(t.view());
     p.topk_ids = Some(ids.view());
     let o = Oracle::default();
-    let r = o.forward_row_of(&p, 0, Dtype::F64).unwrap();
+    let mpfr = Oracle {
+        tier: Tier::Mpfr,
+        ..Oracle::default()
+    };
+    let r = mpfr.forward_row_of(&p, 0, Dtype::F64).unwrap();
     assert_eq!(
         r.precision,
         o.precisions(Dtype::F64)[0],
         "exact results end Ziv's loop at once"
+    );
+    // The f64 tier decides these exact results without MPFR.
+    let fast = o.forward_row_of(&p, 0, Dtype::F64).unwrap();
+    assert_eq!(fast.precision, FAST_PRECISION);
+    assert_eq!(
+        (fast.log_prob, fast.entropy, fast.lse),
+        (r.log_prob, r.entropy, r.lse)
     );
     for e in [r.log_prob.unwrap(), r.entropy.unwrap(), r.topk[0]] {
         assert_eq!(e, Exact::point(0.0));
@@ -413,10 +426,12 @@ fn two_working_precisions_agree() {
     let low = Oracle {
         start_precision: 64,
         max_precision: 4096,
+        ..Oracle::default()
     };
     let high = Oracle {
         start_precision: 512,
         max_precision: 4096,
+        ..Oracle::default()
     };
     for target in [Dtype::F32, Dtype::F64] {
         let (a, b) = (
@@ -503,6 +518,7 @@ fn ziv_loop_raises_precision_and_the_cap_returns_undecided() {
     let capped = Oracle {
         start_precision: 64,
         max_precision: 64,
+        ..Oracle::default()
     };
     let r = capped.forward_row_of(&p, 0, Dtype::F32).unwrap();
     assert!(!r.lse.decided && r.precision == 64);
