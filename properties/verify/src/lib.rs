@@ -7,5 +7,6 @@
 #![warn(missing_docs)]
 
 pub mod dump;
+mod row_oracle;
 pub mod tolerance;
 pub mod verify;

@@ -23,10 +23,11 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use logprobe_reference::oracle::{Exact, Oracle};
+use logprobe_reference::oracle::{Exact, Fallback, Oracle};
 use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
+use crate::row_oracle::RowOracle;
 use crate::tolerance;
 
 /// Which rows of each dump to check.
@@ -294,8 +295,44 @@ pub struct FileReport {
     pub outputs: Vec<OutputReport>,
     /// Tensors the format does not define (not read).
     pub ignored_tensors: Vec<String>,
+    /// What MPFR had to decide after the f64 tier.
+    pub fallback: FallbackReport,
     /// Wall time in seconds.
     pub seconds: f64,
+}
+
+/// How much of a verification the MPFR path decided after the certified
+/// f64 tier (`docs/fast-oracle.md`): outputs (forward values including
+/// `lse`, grad elements, one statistics set per row) and rows.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FallbackReport {
+    /// Oracle outputs computed.
+    pub outputs: u64,
+    /// Of those, decided by MPFR.
+    pub outputs_mpfr: u64,
+    /// Rows checked.
+    pub rows: u64,
+    /// Rows in which MPFR ran at all.
+    pub rows_mpfr: u64,
+    /// `outputs_mpfr / outputs`.
+    #[serde(serialize_with = "json_f64")]
+    pub output_rate: f64,
+    /// `rows_mpfr / rows`.
+    #[serde(serialize_with = "json_f64")]
+    pub row_rate: f64,
+}
+
+impl From<Fallback> for FallbackReport {
+    fn from(f: Fallback) -> Self {
+        FallbackReport {
+            outputs: f.outputs,
+            outputs_mpfr: f.outputs_mpfr,
+            rows: f.rows,
+            rows_mpfr: f.rows_mpfr,
+            output_rate: f.output_rate(),
+            row_rate: f.row_rate(),
+        }
+    }
 }
 
 /// The result of verifying one file: a report, or the bad input found.
@@ -519,7 +556,7 @@ pub fn verify_dump(
 
     let progress = progress_bar(config.progress, rows.len(), path);
     let keep = config.worst;
-    let results: Vec<Result<RowAcc, DumpError>> = rows
+    let results: Vec<Result<(RowAcc, Fallback), DumpError>> = rows
         .par_iter()
         .map(|&r| {
             let out = verify_row(dump, r, acc_dtype, config, keep);
@@ -530,8 +567,11 @@ pub fn verify_dump(
     progress.finish_and_clear();
 
     let mut totals: RowAcc = Default::default();
+    let mut fallback = Fallback::default();
     for res in results {
-        for (total, part) in totals.iter_mut().zip(res?) {
+        let (acc, fb) = res?;
+        fallback += fb;
+        for (total, part) in totals.iter_mut().zip(acc) {
             if let Some(part) = part {
                 match total {
                     Some(t) => t.merge(part, keep),
@@ -578,6 +618,7 @@ pub fn verify_dump(
         accumulation: acc_dtype.to_string(),
         outputs,
         ignored_tensors: dump.ignored_tensors.clone(),
+        fallback: fallback.into(),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -689,22 +730,22 @@ fn judge4(
     (judged, [js[1].ratio, js[2].ratio, js[3].ratio])
 }
 
-/// Oracle, bounds and judgement for one row.
+/// Oracle, bounds and judgement for one row: one oracle pass
+/// ([`RowOracle`]) gives the statistics, the forward values and the VJP.
 fn verify_row(
     dump: &Dump<'_>,
     r: usize,
     acc_dtype: Dtype,
     config: &VerifyConfig,
     keep: usize,
-) -> Result<RowAcc, DumpError> {
+) -> Result<(RowAcc, Fallback), DumpError> {
     let inputs: RowInputs = dump.row(r)?;
     let p = inputs.problem();
-    let oracle = &config.oracle;
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
-    let stats = oracle.row_stats(&p, 0).map_err(spec)?;
+    let (mut oracle, stats) = RowOracle::new(&config.oracle, &p).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
-    let rb = models.all.each_ref().map(|m| m.row_bounds(&stats, &ctx));
+    let rb = tolerance::RowBounds::new_all(&models.all, &stats, &ctx);
     let v = dump.vocab_size();
     let mut out: RowAcc = Default::default();
 
@@ -737,7 +778,7 @@ fn verify_row(
     let temperature = dump.options.temperature;
 
     for dtype in forward_dtypes(dump) {
-        let fwd = oracle.forward(&p, dtype).map_err(spec)?;
+        let fwd = oracle.forward(dtype).map_err(spec)?;
         let naive_lp = (dump.log_probs.is_some() || dump.topk_log_probs.is_some())
             .then(|| tolerance::naive_log_softmax(&masked, temperature, dtype));
         if let (Some(c), Some(lp)) = (
@@ -765,11 +806,17 @@ fn verify_row(
             push(acc, None, c.values[r], &ent[0], dtype, &|b| {
                 b.entropy(dtype)
             });
-            let w = match dump.options.entropy {
-                Some(EntropyLogits::Masked) => &masked[..],
-                _ => &x[..v],
+            let masked_w = matches!(dump.options.entropy, Some(EntropyLogits::Masked));
+            let naive = match &naive_lp {
+                // The same logits: reuse the naive log-softmax.
+                Some(n) if masked_w || inputs.sampling_mask.is_none() => {
+                    tolerance::naive_entropy_of(n, dtype)
+                }
+                _ => {
+                    let w = if masked_w { &masked[..] } else { &x[..v] };
+                    tolerance::naive_entropy(w, temperature, dtype)
+                }
             };
-            let naive = tolerance::naive_entropy(w, temperature, dtype);
             acc.flash
                 .get_or_insert_with(tolerance::FlashRule::new)
                 .observe(&ent[0], c.values[r], naive, dtype);
@@ -796,7 +843,7 @@ fn verify_row(
 
     if let Some(g) = dump.grad_logits.as_ref() {
         let cot = inputs.cotangents();
-        let exact = oracle.vjp(&p, &cot, g.dtype).map_err(spec)?;
+        let exact = oracle.vjp(&cot, g.dtype).map_err(spec)?;
         let cand = g.row_f64(r);
         let has_target = dump.has_target(r);
         let topk: Vec<(usize, f64)> = match (
@@ -838,7 +885,7 @@ fn verify_row(
             }
         }
     }
-    Ok(out)
+    Ok((out, oracle.finish()))
 }
 
 /// The chosen model and the three reference models (tree, lanes=8,
@@ -959,6 +1006,12 @@ pub fn render_table(report: &FileReport) -> String {
             );
         }
     }
+    let fb = &report.fallback;
+    let _ = writeln!(
+        s,
+        "  fallback to MPFR: {} of {} oracle outputs ({:.2e}), {} of {} rows ({:.2e})",
+        fb.outputs_mpfr, fb.outputs, fb.output_rate, fb.rows_mpfr, fb.rows, fb.row_rate
+    );
     if !report.ignored_tensors.is_empty() {
         let _ = writeln!(
             s,

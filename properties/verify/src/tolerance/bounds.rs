@@ -293,15 +293,71 @@ impl Consts {
     }
 }
 
+impl Consts {
+    /// Whether the per-entry terms of pass 1 and of the fused entropy
+    /// (T4, T11) are the same under `self` and `o` (same shift errors and
+    /// flush threshold: e.g. `verify`'s four presets in one dtype).
+    fn same_shift(&self, o: &Consts) -> bool {
+        self.a == o.a && self.b == o.b && self.ln_min_normal == o.ln_min_normal
+    }
+}
+
 impl<'a> RowBounds<'a> {
+    /// [`RowBounds::new`] for several models of one row at once, with the
+    /// same bounds: the per-entry terms that do not depend on the summation
+    /// order (`e^lw`, `e^alpha - 1`, the fused entropy sums) are evaluated
+    /// once for all models instead of once per model, and the log-softmax
+    /// entropy sums (T12, T13) of every model in one walk; per model only
+    /// `e^lambda - 1` remains per entry. `e^(lw + lambda)` is bounded as
+    /// `e^lw (1 + (e^lambda - 1))` (upward), which can differ from the
+    /// direct evaluation in the last bits; every other value is computed
+    /// as in [`RowBounds::new`]. Models whose shift errors differ fall back
+    /// to [`RowBounds::new`] one by one.
+    pub fn new_all<const M: usize>(
+        models: &[Model; M],
+        stats: &'a RowStats,
+        ctx: &RowContext,
+    ) -> [RowBounds<'a>; M] {
+        let n = stats.d.len().max(stats.e.len());
+        let cs = models.each_ref().map(|m| Consts::new(m, n, ctx));
+        if M == 0 || !cs.iter().all(|c| c.same_shift(&cs[0])) {
+            return models.each_ref().map(|m| RowBounds::new(m, stats, ctx));
+        }
+        let c0 = &cs[0];
+        let sp = set_sums(c0, &stats.d, stats.ln_s);
+        let p: [Result<SetBounds, NoBound>; M] =
+            std::array::from_fn(|i| set_finish(&cs[i], &models[i], sp, stats.ln_s));
+        let shared = entropy_shared(c0, stats);
+        let w: [Result<SetBounds, NoBound>; M] =
+            std::array::from_fn(|i| set_finish(&cs[i], &models[i], shared.set, stats.ln_s_w));
+        let ls = logsoftmax_sums(&cs, &w, stats, &shared);
+        let mut out = Vec::with_capacity(M);
+        for (i, (c, p)) in cs.into_iter().zip(p).enumerate() {
+            let (entropy_pre, entropy_grad) = match &w[i] {
+                Ok(ws) => entropy_finish(&c, &models[i], stats, ws, &shared, &ls[i]),
+                Err(e) => (Err(e.clone()), Err(e.clone())),
+            };
+            out.push(RowBounds {
+                stats,
+                c,
+                p,
+                w: w[i].clone(),
+                entropy_pre,
+                entropy_grad,
+            });
+        }
+        out.try_into().unwrap_or_else(|_| unreachable!("M bounds"))
+    }
+
     /// Bounds of the row described by `stats` (the oracle's
     /// [`logprobe_reference::oracle::Oracle::row_stats`]) under `model`.
     ///
-    /// `V` for the summation presets is `stats.p.len()`. Never panics: a
+    /// `V` for the summation presets is `stats.d.len()` (`p` and `q` are
+    /// not read: they may be empty). Never panics: a
     /// model that certifies nothing (`n u >= 1`, `theta_S >= 1`, non-finite
     /// statistics) yields [`Bound::None`] from the queries.
     pub fn new(model: &Model, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
-        let c = Consts::new(model, stats.p.len().max(stats.q.len()), ctx);
+        let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx);
         let p = set_bounds(&c, model, &stats.d, stats.ln_s);
         let w = set_bounds(&c, model, &stats.e, stats.ln_s_w);
         let (entropy_pre, entropy_grad) = match &w {
@@ -479,14 +535,17 @@ impl<'a> RowBounds<'a> {
     }
 }
 
-/// Pass 1 over one logit set (T4-T6): `theta_S`, `delta_ell`, `err(lse)`.
-fn set_bounds(
-    c: &Consts,
-    model: &Model,
-    ds: &[Interval],
-    ln_s: Interval,
-) -> Result<SetBounds, NoBound> {
-    let k_s = c.k_s.clone()?;
+/// The per-entry sums of pass 1 (T4): `E1 = sum e^lw (e^alpha - 1)`, the
+/// flush term `F`, the number of finite terms. They depend on the model
+/// only through `a`, `b` and the flush threshold ([`Consts::same_shift`]).
+#[derive(Clone, Copy, Debug)]
+struct SetSums {
+    e1: Hi,
+    fl: Hi,
+    n_fin: usize,
+}
+
+fn set_sums(c: &Consts, ds: &[Interval], ln_s: Interval) -> SetSums {
     let (mut e1, mut fl, mut n_fin) = (Hi::ZERO, Hi::ZERO, 0usize);
     for d in ds {
         if d.hi == f64::NEG_INFINITY {
@@ -500,6 +559,28 @@ fn set_bounds(
             fl = fl + (lw + alpha).exp();
         }
     }
+    SetSums { e1, fl, n_fin }
+}
+
+/// Pass 1 over one logit set (T4-T6): `theta_S`, `delta_ell`, `err(lse)`.
+fn set_bounds(
+    c: &Consts,
+    model: &Model,
+    ds: &[Interval],
+    ln_s: Interval,
+) -> Result<SetBounds, NoBound> {
+    set_finish(c, model, set_sums(c, ds, ln_s), ln_s)
+}
+
+/// [`set_bounds`] from its per-entry sums.
+fn set_finish(
+    c: &Consts,
+    model: &Model,
+    sums: SetSums,
+    ln_s: Interval,
+) -> Result<SetBounds, NoBound> {
+    let k_s = c.k_s.clone()?;
+    let SetSums { e1, fl, n_fin } = sums;
     let n = Hi(n_fin as f64);
     // (T4) theta_S = (K_S - 1) + K_S (E1 + F) + floor_S (S >= 1: the argmax term is e^0).
     let floor_s = n * Hi((c.n_s + 2) as f64) * c.eta + n * c.eta_sub * k_s;
@@ -525,6 +606,123 @@ fn set_bounds(
         delta_ell: finite(delta_ell, "delta_ell")?,
         lse_err: finite(lse_err, "lse")?,
     })
+}
+
+/// The model-independent per-entry sums over `w` (T4 for the entropy set,
+/// T11), and `e^lw` of every finite entry for the log-softmax walk.
+struct EntropyShared {
+    set: SetSums,
+    e2: Hi,
+    fl2: Hi,
+    sd: Hi,
+    /// `e^lw_j` (upward) of the finite entries, in order.
+    ew: Vec<Hi>,
+}
+
+fn entropy_shared(c: &Consts, st: &RowStats) -> EntropyShared {
+    let ln_s = st.ln_s_w;
+    let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
+        (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
+    let mut ew = Vec::with_capacity(st.e.len());
+    for e in &st.e {
+        if e.hi == f64::NEG_INFINITY {
+            continue;
+        }
+        let d_abs = mag(e);
+        let lw = Hi(e.hi) - Lo(ln_s.lo);
+        let alpha = c.a * d_abs + c.b;
+        let elw = lw.exp();
+        ew.push(elw);
+        // w_expm1(lw, alpha), with e^lw computed once.
+        let wm = if alpha.0 <= 1.0 {
+            elw * alpha.exp_m1()
+        } else {
+            (lw + alpha).exp()
+        };
+        e1 = e1 + wm;
+        e2 = e2 + d_abs * wm;
+        sd = sd + d_abs;
+        if (Hi(e.hi) + alpha).0 < c.ln_min_normal {
+            let we = (lw + alpha).exp();
+            fl = fl + we;
+            fl2 = fl2 + d_abs * we;
+        }
+    }
+    EntropyShared {
+        set: SetSums {
+            e1,
+            fl,
+            n_fin: ew.len(),
+        },
+        e2,
+        fl2,
+        sd,
+        ew,
+    }
+}
+
+/// The log-softmax entropy sums (T12, T13) of one model.
+#[derive(Clone, Copy, Debug)]
+struct LsSums {
+    s_dem: Hi,
+    s_em: Hi,
+    s_lam: Hi,
+    fl_d: Hi,
+    fl_1: Hi,
+    sdl: Hi,
+}
+
+impl LsSums {
+    const ZERO: LsSums = LsSums {
+        s_dem: Hi::ZERO,
+        s_em: Hi::ZERO,
+        s_lam: Hi::ZERO,
+        fl_d: Hi::ZERO,
+        fl_1: Hi::ZERO,
+        sdl: Hi::ZERO,
+    };
+}
+
+/// One walk over `w` for every model's [`LsSums`] (models without a
+/// bound for `w` get zeros, unused).
+fn logsoftmax_sums<const M: usize>(
+    cs: &[Consts; M],
+    ws: &[Result<SetBounds, NoBound>; M],
+    st: &RowStats,
+    sh: &EntropyShared,
+) -> [LsSums; M] {
+    let mut out = [LsSums::ZERO; M];
+    let ell = Hi(st.ln_s_w.hi);
+    let mut k = 0usize;
+    for e in &st.e {
+        if e.hi == f64::NEG_INFINITY {
+            continue;
+        }
+        let elw = sh.ew[k];
+        k += 1;
+        let d_abs = mag(e);
+        let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
+        let dl = d_abs + ell;
+        for ((c, w), o) in cs.iter().zip(ws).zip(out.iter_mut()) {
+            let Ok(w) = w else { continue };
+            let lam = c.lambda(w, d_abs);
+            let (wl, wel) = if lam.0 <= 1.0 {
+                let em = lam.exp_m1();
+                (elw * em, elw * (Hi::ONE + em))
+            } else {
+                ((lw + lam).exp(), (lw + lam).exp())
+            };
+            o.s_dem = o.s_dem + dl * wl;
+            o.s_em = o.s_em + wl;
+            o.s_lam = o.s_lam + wel * lam;
+            o.sdl = o.sdl + dl + lam;
+            if (lw + lam).0 < c.ln_min_normal {
+                o.fl_d = o.fl_d + dl * wel;
+                o.fl_1 = o.fl_1 + wel;
+            }
+        }
+    }
+    out
 }
 
 /// Entropy errors (T11-T13): the one the model's form needs before the
@@ -574,6 +772,76 @@ fn entropy_errors(
             fl_1 = fl_1 + wel;
         }
     }
+    let n = Hi(n_fin as f64);
+    // (T11) fused: Delta R_B, then E_R = [R (2u + u^2 + theta) + Delta R_B (1+u)^2] / (1 - theta).
+    let fused = c.k_b.clone().and_then(|k_b| {
+        let kb1 = k_b * (Hi::ONE + c.a);
+        let floor_b =
+            n * Hi((c.n_b + 3) as f64) * c.eta + c.eta_sub * k_b * ((Hi::ONE + c.a) * sd + n * c.b);
+        let dr_b =
+            kb1 * (e2 + fl2) + (kb1 - Lo(1.0)) * r_hi + k_b * c.b * (Hi::ONE + e1 + fl) + floor_b;
+        let u2 = (Hi::ONE + c.u) * (Hi::ONE + c.u);
+        let e_r = (r_hi * ((u2 - Lo(1.0)) + ws.theta_s) + dr_b * u2) / (Lo(1.0) - ws.theta_s);
+        let pre = match c.shift {
+            Shift::Raw => {
+                let omega = c.omega.clone()?;
+                let mu_abs = c.z * (Hi::ONE + omega) + r_hi + e_r;
+                ws.lse_err + c.z * omega + e_r + half_ulp(c.acc, mu_abs)
+            }
+            _ => ws.delta_ell + e_r,
+        };
+        finite(pre, "entropy (fused form)")
+    });
+    // (T12) log-softmax form, and (T13) its `lp + 1` variant for gradients.
+    let logsoftmax = c.k_p.clone().and_then(|(k_p, k_p1)| {
+        let floor = |k: usize, extra: Hi| {
+            n * Hi((c.n_p + k) as f64) * c.eta + c.eta_sub * k_p1 * (sdl + extra)
+        };
+        let dh = k_p * (s_dem + fl_d) + (k_p - Lo(1.0)) * h_hi + k_p * s_lam + floor(3, Hi::ZERO);
+        let dh1 = k_p1 * (s_dem + s_em + fl_d + fl_1)
+            + (k_p1 - Lo(1.0)) * (h_hi + Hi::ONE)
+            + k_p1 * s_lam
+            + floor(4, n);
+        Ok((
+            finite(dh, "entropy (log-softmax form)")?,
+            finite(dh1, "entropy (autograd form)")?,
+        ))
+    });
+    let pre = match model.entropy_form {
+        EntropyForm::Fused => fused.clone(),
+        EntropyForm::LogSoftmax => logsoftmax.clone().map(|(dh, _)| dh),
+        EntropyForm::Any => fused.clone().and_then(|f| Ok(f.max(logsoftmax.clone()?.0))),
+    };
+    let any = fused.and_then(|f| {
+        let (dh, dh1) = logsoftmax?;
+        let a = f.max(dh);
+        Ok((a + half_ulp(c.acc, h_hi + a)).max(dh1))
+    });
+    (pre, any)
+}
+
+/// [`entropy_errors`] from the shared and per-model sums.
+fn entropy_finish(
+    c: &Consts,
+    model: &Model,
+    st: &RowStats,
+    ws: &SetBounds,
+    sh: &EntropyShared,
+    ls: &LsSums,
+) -> (Result<Hi, NoBound>, Result<Hi, NoBound>) {
+    let r_hi = Hi(st.r.hi);
+    let ell = Hi(ws.ln_s.hi);
+    let h_hi = r_hi + ell;
+    let SetSums { e1, fl, n_fin } = sh.set;
+    let (e2, fl2, sd) = (sh.e2, sh.fl2, sh.sd);
+    let LsSums {
+        s_dem,
+        s_em,
+        s_lam,
+        fl_d,
+        fl_1,
+        sdl,
+    } = *ls;
     let n = Hi(n_fin as f64);
     // (T11) fused: Delta R_B, then E_R = [R (2u + u^2 + theta) + Delta R_B (1+u)^2] / (1 - theta).
     let fused = c.k_b.clone().and_then(|k_b| {

@@ -38,10 +38,15 @@ pub fn naive_log_softmax(row: &[f64], temperature: f64, dtype: Dtype) -> Vec<f64
 /// partial sum rounded to `dtype`, summed in index order; entries with
 /// `p_j = 0` add nothing (the defined semantics of `-inf` logits).
 pub fn naive_entropy(row: &[f64], temperature: f64, dtype: Dtype) -> f64 {
+    naive_entropy_of(&naive_log_softmax(row, temperature, dtype), dtype)
+}
+
+/// [`naive_entropy`] from the naive log-softmax `lp` `[V]` of the same
+/// logits ([`naive_log_softmax`]), so a caller that has it does not redo it.
+pub fn naive_entropy_of(lp: &[f64], dtype: Dtype) -> f64 {
     let r = |x: f64| dtype.round_f64(x);
-    let lp = naive_log_softmax(row, temperature, dtype);
     let mut acc = 0.0;
-    for &l in &lp {
+    for &l in lp {
         let p = r(l.exp());
         if p != 0.0 {
             acc = r(acc - r(p * l));

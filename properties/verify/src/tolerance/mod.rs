@@ -49,7 +49,7 @@ mod upward;
 mod tests;
 
 pub use bounds::{GradCotangents, RowBounds};
-pub use flash::{naive_entropy, naive_log_softmax, FlashRule};
+pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule};
 pub use judge::{judge, tightest_model, Judgement, Output, Verdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
 

@@ -858,3 +858,46 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
         }
     }
 }
+
+/// `RowBounds::new_all` shares the order-independent per-entry work of
+/// several models: its bounds equal `RowBounds::new`'s to the last bits
+/// (only `e^(lw + lambda)` is evaluated differently, upward either way),
+/// and never fall below them by more than that.
+#[test]
+fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
+    let mut rng = Rng(7);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+    for kind in 0..6 {
+        let x = row(&mut rng, 2000, kind);
+        let mut mask = vec![true; x.len()];
+        for j in (0..x.len()).step_by(5) {
+            mask[j] = false;
+        }
+        for m in [None, Some(&mask[..])] {
+            let st = stats_f64(&x, 1.0, m, Some(3));
+            let [a, b, c] = foreign_presets(Dtype::F32);
+            let models = [Model::lanes(8), a, b, c];
+            let all = RowBounds::new_all(&models, &st, &ctx1());
+            let cot = GradCotangents {
+                g: 0.7,
+                h: -1.3,
+                token: Some(3),
+                topk: &[(6, 0.25)],
+            };
+            for (model, shared) in models.iter().zip(&all) {
+                let one = model.row_bounds(&st, &ctx1());
+                for out in [Dtype::F32, Dtype::Bf16] {
+                    let pairs = [
+                        (one.log_prob(out), shared.log_prob(out)),
+                        (one.entropy(out), shared.entropy(out)),
+                        (one.topk(6, out), shared.topk(6, out)),
+                        (one.grad(4, &cot, out), shared.grad(4, &cot, out)),
+                    ];
+                    for (p, q) in pairs {
+                        assert!(close(abs(&p), abs(&q)), "{kind} {out}: {p} vs {q}");
+                    }
+                }
+            }
+        }
+    }
+}
