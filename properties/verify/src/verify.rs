@@ -667,9 +667,9 @@ fn progress_bar(enabled: bool, len: usize, path: &Path) -> indicatif::ProgressBa
     }
     // Draws on stderr; indicatif hides it when stderr is not a terminal.
     let bar = indicatif::ProgressBar::new(len as u64);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} rows, eta {eta}")
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
+    ) {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(
