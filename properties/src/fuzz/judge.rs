@@ -68,7 +68,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 /// and in place, against the oracle's VJP; then chunk-size invariance
 /// (`chunk` against `chunk_sizes(N, seed)`) and row-slicing invariance
 /// where the target has them; then memory where it has a model (valid
-/// input only). Returns the worst `error / bound`, or the first finding.
+/// input, logits other than f64). Returns the worst `error / bound`, or the first finding.
 ///
 /// # Errors
 /// The first [`Finding`].
@@ -108,7 +108,13 @@ pub fn judge(target: &Target, case: &FuzzCase) -> Result<f64, Finding> {
         })
         .map_err(|d| fail("chunk-size invariance", Call::Invariance, d))?;
     }
-    if target.memory && case.bad.is_none() && oc.forward.is_ok() && data.n() > 0 {
+    // The memory budget counts 4-byte work buffers: f64 logits are outside it.
+    if target.memory
+        && case.bad.is_none()
+        && case.recipe.dtype != Dtype::F64
+        && oc.forward.is_ok()
+        && data.n() > 0
+    {
         let p = data.problem();
         if p.validate().is_ok() {
             let cv = cot.view();
