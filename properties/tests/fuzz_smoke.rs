@@ -25,7 +25,16 @@ fn fuzz_runs_clean_finds_a_mutant_and_replays_it() {
     let out = dir.to_str().unwrap();
     // Clean: a few small cases on every default kernel.
     let o = logprobe(&[
-        "fuzz", "--cases", "6", "--seed", "7", "--vocab", "1..64", "--out", out, "--no-progress",
+        "fuzz",
+        "--cases",
+        "6",
+        "--seed",
+        "7",
+        "--vocab",
+        "1..64",
+        "--out",
+        out,
+        "--no-progress",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("clean"), "{}", text(&o));
@@ -55,7 +64,10 @@ fn fuzz_runs_clean_finds_a_mutant_and_replays_it() {
         .lines()
         .find_map(|l| l.trim().strip_prefix("recipe: "))
         .expect("a recipe line");
-    assert!(recipe.contains("temperature=") && !recipe.contains("temperature=1,"), "{recipe}");
+    assert!(
+        recipe.contains("temperature=") && !recipe.contains("temperature=1,"),
+        "{recipe}"
+    );
     let dump = dir.join("fuzz-mutant-temperature-twice-seed1.safetensors");
     assert!(dump.exists(), "{t}");
     let d = dump.to_str().unwrap();
@@ -69,7 +81,15 @@ fn fuzz_runs_clean_finds_a_mutant_and_replays_it() {
 
     // The printed recipe pins the same case on the correct kernel: it passes.
     let ok = logprobe(&[
-        "fuzz", "--kernel", "fused", "--cases", "1", "--options", recipe, "--out", out,
+        "fuzz",
+        "--kernel",
+        "fused",
+        "--cases",
+        "1",
+        "--options",
+        recipe,
+        "--out",
+        out,
         "--no-progress",
     ]);
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
@@ -78,7 +98,11 @@ fn fuzz_runs_clean_finds_a_mutant_and_replays_it() {
     let cuda: &[&str] = &["fuzz", "--kernel", "cuda", "--cases", "1"];
     for args in [
         &["fuzz", "--kernel", "mutant:nope"][..],
-        if cfg!(feature = "cuda") { &["fuzz", "--kernel", ""][..] } else { cuda },
+        if cfg!(feature = "cuda") {
+            &["fuzz", "--kernel", ""][..]
+        } else {
+            cuda
+        },
         &["fuzz", "--options", "colour=red"][..],
         &["fuzz", "--dtype", "f8"][..],
         &["fuzz", "--budget", "soon"][..],

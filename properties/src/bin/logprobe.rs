@@ -165,7 +165,8 @@ fn fuzz(args: FuzzArgs) -> u8 {
         "fuzz: kernels {}, seed {seed}, budget {:.0} s{}",
         args.kernel,
         args.budget.as_secs_f64(),
-        args.cases.map_or(String::new(), |n| format!(", at most {n} cases"))
+        args.cases
+            .map_or(String::new(), |n| format!(", at most {n} cases"))
     );
     let config = FuzzConfig {
         targets,

@@ -12,9 +12,8 @@ use proptest::sample::select;
 
 use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
 use logprobe_testkit::strategies::{
-    cotangent_recipe, problem_recipe, rng_for, BadInput, CotangentData,
-    CotangentRecipe, Offset, PadFill, ProblemData, ProblemRecipe, RecipeSpace, RowKind,
-    ShardLayout, REAL_VOCAB_SIZES,
+    cotangent_recipe, problem_recipe, rng_for, BadInput, CotangentData, CotangentRecipe, Offset,
+    PadFill, ProblemData, ProblemRecipe, RecipeSpace, RowKind, ShardLayout, REAL_VOCAB_SIZES,
 };
 
 use super::grammar::{num, parse_f64, Alt, GrammarError, Pairs};
@@ -338,7 +337,11 @@ fn parse_kind(v: &str, param: f64) -> Option<RowKind> {
         },
         "equal" => RowKind::AllEqual,
         "ties" => RowKind::Ties {
-            levels: if arg.is_some() { a as u8 } else { 1 + (a * 4.0) as u8 },
+            levels: if arg.is_some() {
+                a as u8
+            } else {
+                1 + (a * 4.0) as u8
+            },
         },
         "onehot" => RowKind::OneHotish {
             gap: if arg.is_some() { a } else { 5.0 + 95.0 * a },
@@ -478,13 +481,14 @@ fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarError> {
         "bad" => {
             c.bad = match v {
                 "none" | "off" => None,
-                _ => Some((
-                    parse_bad(v).ok_or_else(|| {
+                _ => {
+                    // The position is kept (`bad_at` sets it).
+                    let (row, col) = c.bad.map_or((0, 0), |(_, r, c)| (r, c));
+                    let b = parse_bad(v).ok_or_else(|| {
                         bad_value(key, v, "none or a bad-input name (docs/fuzz.md)")
-                    })?,
-                    0,
-                    0,
-                )),
+                    })?;
+                    Some((b, row, col))
+                }
             }
         }
         "bad_at" => {}
@@ -603,7 +607,7 @@ impl Space {
     pub fn pin(&self, mut c: FuzzCase) -> FuzzCase {
         let mut rng = rng_for(c.recipe.seed, 0xF022);
         for (key, alts) in &self.pins.0 {
-            if key == "dtype" || key == "bad_at" {
+            if key == "bad_at" {
                 continue;
             }
             if self.holds(&c, key, alts) {
@@ -632,7 +636,16 @@ impl Space {
             // Every value was checked by `Space::parse`.
             let _ = set(&mut c, key, &value);
         }
-        if c.recipe.vocab_size + c.recipe.padding > MAX_MEDIUM_VOCAB && self.pins.get("rows").is_none()
+        if let (Some((b, _, _)), Ok(Some(at))) = (c.bad, self.pins.pinned("bad_at")) {
+            if let Some((row, col)) = at
+                .split_once(':')
+                .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
+            {
+                c.bad = Some((b, row, col));
+            }
+        }
+        if c.recipe.vocab_size + c.recipe.padding > MAX_MEDIUM_VOCAB
+            && self.pins.get("rows").is_none()
         {
             c.recipe.n = c.recipe.n.clamp(1, 2);
         }
@@ -660,10 +673,18 @@ impl Space {
             _ => None,
         };
         if let Some(x) = x {
+            // Integers compare exactly as text (a u64 seed is not an f64).
+            let exact = match key {
+                "seed" => Some(r.seed.to_string()),
+                "grad_seed" => Some(c.cot.seed.to_string()),
+                "ignore_index" => Some(r.ignore_index.to_string()),
+                _ => None,
+            };
             return alts.iter().any(|a| match a {
                 Alt::Word(w) if key == "vocab" && w == "real" => {
                     REAL_VOCAB_SIZES.contains(&r.vocab_size)
                 }
+                Alt::Word(w) if exact.is_some() => exact.as_deref() == Some(w.as_str()),
                 a => a.holds(x),
             });
         }
@@ -761,7 +782,10 @@ mod tests {
             let c = s.new_tree(&mut runner).unwrap().current();
             let r = &c.recipe;
             assert!(matches!(r.dtype, Dtype::Bf16 | Dtype::F16));
-            assert!(r.vocab_size == 50257 || (1..=8).contains(&r.vocab_size), "{r:?}");
+            assert!(
+                r.vocab_size == 50257 || (1..=8).contains(&r.vocab_size),
+                "{r:?}"
+            );
             assert_eq!(r.temperature, 0.7);
             assert_eq!(r.mask_rate, Some(0.5));
             assert!(matches!(r.kind, RowKind::NegInf { .. }));

@@ -47,18 +47,28 @@ pub fn dump_bytes(
     let (n, vt) = data.logits.view().dim();
     let mut t: Vec<(&str, DumpTensor)> = vec![(
         "logits",
-        DumpTensor::floats(data.logits.dtype(), &[n, vt], &data.logits.to_f64().into_raw_vec_and_offset().0),
+        DumpTensor::floats(
+            data.logits.dtype(),
+            &[n, vt],
+            &data.logits.to_f64().into_raw_vec_and_offset().0,
+        ),
     )];
     if let Some(tok) = &data.tokens {
         t.push(("tokens", DumpTensor::i64s(&[tok.len()], &tok.to_vec())));
     }
     if let Some(m) = &data.sampling_mask {
         let (r, c) = m.dim();
-        t.push(("sampling_mask", DumpTensor::bools(&[r, c], &m.iter().copied().collect::<Vec<_>>())));
+        t.push((
+            "sampling_mask",
+            DumpTensor::bools(&[r, c], &m.iter().copied().collect::<Vec<_>>()),
+        ));
     }
     if let Some(ids) = p.topk_ids {
         let (r, c) = ids.dim();
-        t.push(("topk_ids", DumpTensor::i64s(&[r, c], &ids.iter().copied().collect::<Vec<_>>())));
+        t.push((
+            "topk_ids",
+            DumpTensor::i64s(&[r, c], &ids.iter().copied().collect::<Vec<_>>()),
+        ));
     }
     let f32s1 = |a: &ndarray::Array1<f64>| DumpTensor::floats(Dtype::F32, &[a.len()], &a.to_vec());
     match finding.call {
@@ -117,7 +127,10 @@ pub fn dump_bytes(
             };
             if let Ok(fo) = k.forward(&p, out) {
                 if let Some(lp) = &fo.log_probs {
-                    t.push(("log_probs", DumpTensor::floats(out, &[lp.len()], &lp.to_vec())));
+                    t.push((
+                        "log_probs",
+                        DumpTensor::floats(out, &[lp.len()], &lp.to_vec()),
+                    ));
                 }
                 if let Some(h) = &fo.entropy {
                     t.push(("entropy", DumpTensor::floats(out, &[h.len()], &h.to_vec())));
@@ -183,7 +196,13 @@ pub fn write(
     let stem: String = target
         .name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     let path = dir.join(format!("fuzz-{stem}-seed{seed}.safetensors"));
     std::fs::write(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -77,7 +77,9 @@ impl Alt {
     /// Whether `x` is this alternative (a number equal to it, or inside the range).
     pub fn holds(&self, x: f64) -> bool {
         match self {
-            Alt::Word(_) => self.number().is_some_and(|v| v == x || (v.is_nan() && x.is_nan())),
+            Alt::Word(_) => self
+                .number()
+                .is_some_and(|v| v == x || (v.is_nan() && x.is_nan())),
             Alt::Range(lo, hi) => *lo <= x && x <= *hi,
         }
     }
@@ -201,8 +203,11 @@ mod tests {
 
     #[test]
     fn pairs_parse_alternatives_ranges_and_bare_keys() {
-        let p = Pairs::parse("dtype=bf16|f16, vocab=1..64|50257,mask", &["dtype", "vocab", "mask"])
-            .unwrap();
+        let p = Pairs::parse(
+            "dtype=bf16|f16, vocab=1..64|50257,mask",
+            &["dtype", "vocab", "mask"],
+        )
+        .unwrap();
         assert_eq!(
             p.get("dtype").unwrap(),
             &[Alt::Word("bf16".into()), Alt::Word("f16".into())]

@@ -112,7 +112,8 @@ pub fn case_tree(
     seed: u64,
     index: u64,
 ) -> Box<dyn ValueTree<Value = FuzzCase>> {
-    let mut runner = TestRunner::new_with_rng(Config::default(), rng_for(seed, 0xF022_0000 + index));
+    let mut runner =
+        TestRunner::new_with_rng(Config::default(), rng_for(seed, 0xF022_0000 + index));
     // The strategy has no filters: drawing a tree cannot be rejected.
     strategy
         .new_tree(&mut runner)
@@ -199,11 +200,11 @@ pub fn run(config: &FuzzConfig) -> FuzzReport {
                     ));
                     let s0 = Instant::now();
                     let mut tree = case_tree(&strategy, config.seed, index);
-                    let (case, finding, steps) =
-                        shrink(t, tree.as_mut(), f, config.shrink_budget);
+                    let (case, finding, steps) = shrink(t, tree.as_mut(), f, config.shrink_budget);
                     let shrink_secs = s0.elapsed().as_secs_f64();
                     let twin_passes = t.twin.as_ref().map(|tw| judge(tw, &case).is_ok());
-                    let dump = counterexample::write(&config.out_dir, t, &case, &finding, config.seed);
+                    let dump =
+                        counterexample::write(&config.out_dir, t, &case, &finding, config.seed);
                     rep.found = Some(Found {
                         finding,
                         case,
@@ -242,18 +243,30 @@ pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
     if let Some(tp) = f.twin_passes {
         s.push_str(&format!(
             "  correct twin on this case: {}\n",
-            if tp { "passes" } else { "FAILS too (a fault of the kernel or the judge)" }
+            if tp {
+                "passes"
+            } else {
+                "FAILS too (a fault of the kernel or the judge)"
+            }
         ));
     }
     match &f.dump {
         Ok((path, verdict)) => {
             s.push_str(&format!("  dump:   {}\n", path.display()));
             s.push_str(&format!("  logprobe verify {}: {verdict}", path.display()));
-            if matches!(f.finding.call, judge::Call::Invariance | judge::Call::Memory) {
-                s.push_str(" (verify judges outputs one file at a time; this property needs --replay)");
+            if matches!(
+                f.finding.call,
+                judge::Call::Invariance | judge::Call::Memory
+            ) {
+                s.push_str(
+                    " (verify judges outputs one file at a time; this property needs --replay)",
+                );
             }
             s.push('\n');
-            s.push_str(&format!("  rerun:  logprobe fuzz --replay {}\n", path.display()));
+            s.push_str(&format!(
+                "  rerun:  logprobe fuzz --replay {}\n",
+                path.display()
+            ));
         }
         Err(e) => s.push_str(&format!("  dump not written: {e}\n")),
     }
