@@ -9,6 +9,10 @@
 //!   machine's read roofline, candle's composed path and the oracle
 //!   ([`logprobe_properties::bench`]); `--json` for a machine-readable report.
 //!   Exit 0, or 2 on a bad configuration or a kernel failure.
+//! - `fuzz`: a time-budgeted search of kernels (ours, or planted mutants)
+//!   over the gate's recipe space, shrinking each finding to a minimal
+//!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
+//!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +49,143 @@ enum Command {
     /// Throughput and memory of the CPU kernels against the read roofline,
     /// candle's composed path and the oracle (one run, ratios).
     Bench(BenchArgs),
+    /// Search kernels for inputs they get wrong, within a time budget; shrink
+    /// each finding and write it as a dump (docs/fuzz.md).
+    Fuzz(FuzzArgs),
+}
+
+#[derive(Args, Debug)]
+struct FuzzArgs {
+    /// Targets: fused, chunked, vocab-parallel, candle, cuda, mutant:NAME (comma-separated).
+    #[arg(long, default_value = logprobe_properties::fuzz::target::DEFAULT_KERNELS)]
+    kernel: String,
+    /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    budget: std::time::Duration,
+    /// Case limit (whichever of --budget and --cases comes first).
+    #[arg(long)]
+    cases: Option<u64>,
+    /// Seed of the case stream (default: from the clock, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Logit dtypes: alternatives of `dtype=` (f64, f32, bf16, f16), e.g. bf16|f16.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Vocabulary sizes: alternatives of `vocab=` (numbers, lo..hi, real), e.g. real|1..64.
+    #[arg(long)]
+    vocab: Option<String>,
+    /// Pins of the search space, `key=alt|alt,key=...` (docs/fuzz.md); a printed recipe pins a whole case.
+    #[arg(long, default_value = "")]
+    options: String,
+    /// Time limit of each shrink.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    shrink_budget: std::time::Duration,
+    /// Directory of the counterexample dumps.
+    #[arg(long, default_value = "fuzz-findings")]
+    out: PathBuf,
+    /// Rerun the case of a fuzz dump on the kernel it names (other flags ignored).
+    #[arg(long)]
+    replay: Option<PathBuf>,
+    /// Never show progress.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// `90`, `90s`, `10m`, `1h`, `500ms`.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, scale) = if let Some(v) = s.strip_suffix("ms") {
+        (v, 0.001)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix('m') {
+        (v, 60.0)
+    } else if let Some(v) = s.strip_suffix('h') {
+        (v, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(x) if x >= 0.0 && x.is_finite() => Ok(std::time::Duration::from_secs_f64(x * scale)),
+        _ => Err(format!("`{s}`: expected a duration such as 90s, 10m or 1h")),
+    }
+}
+
+fn fuzz(args: FuzzArgs) -> u8 {
+    use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    if let Some(path) = &args.replay {
+        return match fuzz::replay(path) {
+            Err(e) => {
+                eprintln!("logprobe: {e}");
+                2
+            }
+            Ok((kernel, case, None)) => {
+                println!("{kernel}: passes now\n  recipe: {}", case.recipe());
+                0
+            }
+            Ok((kernel, case, Some(f))) => {
+                println!(
+                    "{kernel}: still fails {}: {}\n  recipe: {}",
+                    f.property,
+                    f.detail.lines().next().unwrap_or_default(),
+                    case.recipe()
+                );
+                1
+            }
+        };
+    }
+    let targets = match parse_targets(&args.kernel) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("logprobe: {e}");
+            return 2;
+        }
+    };
+    // --dtype and --vocab are the keys `dtype=` and `vocab=` of the grammar
+    // (there a comma separates alternatives too).
+    let mut options = args.options.clone();
+    for (key, v) in [("dtype", &args.dtype), ("vocab", &args.vocab)] {
+        if let Some(v) = v {
+            options.push_str(&format!(",{key}={}", v.replace(',', "|")));
+        }
+    }
+    let space = match Space::parse(&options) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("logprobe: --options: {e}");
+            return 2;
+        }
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    eprintln!(
+        "fuzz: kernels {}, seed {seed}, budget {:.0} s{}",
+        args.kernel,
+        args.budget.as_secs_f64(),
+        args.cases
+            .map_or(String::new(), |n| format!(", at most {n} cases"))
+    );
+    let config = FuzzConfig {
+        targets,
+        space,
+        seed,
+        budget: args.budget,
+        cases: args.cases,
+        shrink_budget: args.shrink_budget,
+        out_dir: args.out,
+        progress: !args.no_progress,
+    };
+    let report = fuzz::run(&config);
+    for t in &report.targets {
+        if let Some(f) = &t.found {
+            print!("{}", fuzz::render_found(&t.name, report.seed, f));
+        }
+    }
+    print!("{}", fuzz::render_summary(&report));
+    report.exit_status()
 }
 
 #[derive(Args, Debug)]
@@ -243,6 +384,7 @@ fn main() -> ExitCode {
     let status = match cli.command {
         Command::Verify(args) => verify(args),
         Command::Bench(args) => bench(args),
+        Command::Fuzz(args) => fuzz(args),
     };
     ExitCode::from(status)
 }
