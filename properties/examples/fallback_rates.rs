@@ -6,7 +6,7 @@
 //! Run: `cargo run --release -p logprobe-properties --example fallback_rates
 //! -- fixtures/torch/*.safetensors`
 
-use logprobe_properties::dump::DumpFile;
+use logprobe_verify::dump::DumpFile;
 use logprobe_reference::oracle::{Fallback, Oracle, Tier};
 
 fn main() {
