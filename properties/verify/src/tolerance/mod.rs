@@ -55,6 +55,7 @@ pub use judge::{judge, tightest_model, Judgement, Output, Verdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
+    SEQUENTIAL_FACTOR,
 };
 
 /// Why a model certifies nothing for a value.

@@ -25,10 +25,16 @@ use super::bounds::RowBounds;
 use super::model::{Model, RowContext};
 use super::Bound;
 
-/// The calibrated constant `c` of `c sqrt(n) u` (TOLERANCE.md `(S3)`:
-/// the largest `c` a correct emulated implementation needed over the
-/// calibration set, times a margin).
+/// The calibrated constant `c` of `c sqrt(n) u` for models with merges
+/// (lanes, trees; TOLERANCE.md `(S3)`: the largest `c` a correct emulated
+/// implementation in such an order needed was 4, taken twice).
 pub const DEFAULT_C: f64 = 8.0;
+
+/// Factor on `c` for a sequential model (one accumulator, `L = 0`): its
+/// correlated rounding errors grow faster than `sqrt(n)` on near-uniform
+/// and wide rows (calibration: `c` up to 24 needed at `V >= 128256`), so
+/// its threshold uses `4 c` (32 by default).
+pub const SEQUENTIAL_FACTOR: f64 = 4.0;
 
 /// The statistical threshold of a [`Model`]: its sound bound with every
 /// accumulation `gamma_n` replaced by `min(gamma_n, c sqrt(n) u)`.
@@ -56,8 +62,18 @@ impl Statistical {
 
     /// The thresholds of one row (statistics from the oracle, or any
     /// enclosure of the exact row quantities).
+    ///
+    /// A model whose summation over this row has no merge level
+    /// (sequential) uses `c * SEQUENTIAL_FACTOR`.
     pub fn row_bounds<'a>(&self, stats: &'a RowStats, ctx: &RowContext) -> StatisticalBounds<'a> {
-        StatisticalBounds(RowBounds::build(&self.model, stats, ctx, Some(self.c)))
+        let n = stats.p.len().max(stats.q.len());
+        let sequential = self.model.algorithm(n).summation.merges == 0 && n > 1;
+        let c = if sequential {
+            self.c * SEQUENTIAL_FACTOR
+        } else {
+            self.c
+        };
+        StatisticalBounds(RowBounds::build(&self.model, stats, ctx, Some(c)))
     }
 }
 
