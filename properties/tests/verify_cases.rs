@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 7, "{paths:?}");
+    assert_eq!(paths.len(), 9, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {

@@ -25,8 +25,8 @@ use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::CountingAllocator;
 use logprobe_verify::tolerance::Order;
 use logprobe_verify::verify::{
-    exit_status, render_expect, render_table, verify_files, ExpectRow, Expectations, FileOutcome,
-    RowSelection, VerifyConfig,
+    exit_status_strict, render_expect, render_table, verify_files, ExpectRow, Expectations,
+    FileOutcome, RowSelection, VerifyConfig,
 };
 
 // Counts live heap bytes for `bench`'s peak-memory figures: a few relaxed
@@ -283,6 +283,28 @@ struct VerifyArgs {
     /// Never show the progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Exit 1 on a SUSPECT verdict (within the sound bound, beyond the
+    /// statistical threshold) as on a failure.
+    #[arg(long)]
+    strict: bool,
+    /// The statistical threshold's constant c (of c sqrt(n) u; default the
+    /// calibrated value); `off` disables the SUSPECT tier.
+    #[arg(long, value_parser = parse_stat_c)]
+    statistical_c: Option<StatC>,
+}
+
+/// `--statistical-c`: a constant or `off`.
+#[derive(Clone, Copy, Debug)]
+struct StatC(Option<f64>);
+
+fn parse_stat_c(s: &str) -> Result<StatC, String> {
+    match s.trim() {
+        "off" => Ok(StatC(None)),
+        v => match v.parse::<f64>() {
+            Ok(c) if c >= 0.0 && c.is_finite() => Ok(StatC(Some(c))),
+            _ => Err(format!("bad --statistical-c `{s}`: a number >= 0 or `off`")),
+        },
+    }
 }
 
 fn parse_model(s: &str) -> Result<Order, String> {
@@ -326,6 +348,9 @@ fn verify(args: VerifyArgs) -> u8 {
         rows: args.rows.unwrap_or(RowSelection::All),
         worst: args.worst,
         progress: !args.no_progress && !args.json,
+        statistical_c: args
+            .statistical_c
+            .map_or(Some(logprobe_verify::tolerance::DEFAULT_C), |c| c.0),
         ..VerifyConfig::default()
     };
     let expectations = match args.expect.as_deref().map(Expectations::load).transpose() {
@@ -337,7 +362,7 @@ fn verify(args: VerifyArgs) -> u8 {
     };
     let outcomes = verify_files(&args.files, &config);
     let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
-    let status = exit_status(&outcomes, expect_rows.as_deref());
+    let status = exit_status_strict(&outcomes, expect_rows.as_deref(), args.strict);
     if args.json {
         let files = outcomes
             .iter()

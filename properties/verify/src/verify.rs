@@ -28,6 +28,7 @@ use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::tolerance;
+use logprobe_kernels::{Fused, Kernel};
 
 /// Which rows of each dump to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -109,6 +110,9 @@ pub struct VerifyConfig {
     pub progress: bool,
     /// The oracle's precision policy.
     pub oracle: Oracle,
+    /// The statistical threshold's `c` (`None`: no SUSPECT tier); default
+    /// [`tolerance::DEFAULT_C`]. Forward outputs only.
+    pub statistical_c: Option<f64>,
 }
 
 impl Default for VerifyConfig {
@@ -120,6 +124,7 @@ impl Default for VerifyConfig {
             worst: 5,
             progress: false,
             oracle: Oracle::default(),
+            statistical_c: Some(tolerance::DEFAULT_C),
         }
     }
 }
@@ -130,6 +135,10 @@ impl Default for VerifyConfig {
 pub enum Verdict {
     /// Every element within its bound.
     Pass,
+    /// Every element within its sound bound, some beyond the statistical
+    /// threshold ([`tolerance::Statistical`]): far less accurate than a
+    /// correct implementation in any calibrated order. Exit 0, 1 with `--strict`.
+    Suspect,
     /// The model certifies nothing (`n u >= 1`) and nothing is definitely
     /// wrong: not a pass.
     NoBound,
@@ -138,10 +147,11 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// `pass`, `no bound` or `fail` (the `--expect` vocabulary).
+    /// `pass`, `suspect`, `no bound` or `fail` (the `--expect` vocabulary).
     pub fn name(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
+            Verdict::Suspect => "suspect",
             Verdict::NoBound => "no bound",
             Verdict::Fail => "fail",
         }
@@ -152,6 +162,7 @@ impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Verdict::Pass => "pass",
+            Verdict::Suspect => "SUSPECT",
             Verdict::NoBound => "no bound",
             Verdict::Fail => "FAIL",
         })
@@ -263,6 +274,20 @@ pub struct OutputReport {
     pub flash_rule: Option<FlashRule>,
     /// Why the chosen model certifies nothing (first element without a bound).
     pub no_bound_reason: Option<String>,
+    /// Elements within the sound bound but beyond the statistical threshold.
+    pub suspect_elements: usize,
+    /// Largest `error / statistical threshold` (`null` without a tier:
+    /// gradients, or `--statistical-c` off).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub statistical_max_ratio: Option<f64>,
+    /// Largest error our own correct f32 kernel (`Fused`) makes on the same
+    /// rows, rounded to the same dtype (`null` for gradients).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub fused_max_abs_error: Option<f64>,
+    /// `max_abs_error / fused_max_abs_error`: how many times less accurate
+    /// than a correct f32 kernel on these rows.
+    #[serde(serialize_with = "json_opt_f64")]
+    pub vs_fused: Option<f64>,
     /// The worst elements, worst first (by ratio, then by error).
     pub worst: Vec<Judged>,
 }
@@ -290,6 +315,9 @@ pub struct FileReport {
     pub model: String,
     /// Accumulation dtype of the bound.
     pub accumulation: String,
+    /// The statistical threshold's `c` (`null`: no SUSPECT tier).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub statistical_c: Option<f64>,
     /// Per output.
     pub outputs: Vec<OutputReport>,
     /// Tensors the format does not define (not read).
@@ -341,6 +369,11 @@ struct OutputAcc {
     /// Why the chosen model gave no bound (first occurrence).
     no_bound_reason: Option<String>,
     worst: Vec<Judged>,
+    /// Statistical tier: suspect elements, largest error / threshold.
+    suspect: usize,
+    stat_ratio: Option<f64>,
+    /// Largest error of our Fused f32 kernel on the same rows.
+    fused_err: Option<f64>,
 }
 
 impl OutputAcc {
@@ -356,6 +389,9 @@ impl OutputAcc {
             flash: None,
             no_bound_reason: None,
             worst: Vec::new(),
+            suspect: 0,
+            stat_ratio: None,
+            fused_err: None,
         }
     }
 
@@ -436,6 +472,27 @@ impl OutputAcc {
         };
         self.worst.extend(other.worst);
         self.trim(keep);
+        self.suspect += other.suspect;
+        self.stat_ratio = opt_max(self.stat_ratio, other.stat_ratio);
+        self.fused_err = opt_max(self.fused_err, other.fused_err);
+    }
+
+    /// Records the statistical threshold of an element judged within its
+    /// sound bound (`error`): suspect when beyond it.
+    fn observe_statistical(&mut self, error: f64, sound_pass: bool, threshold: &tolerance::Bound) {
+        if let tolerance::Bound::Abs(t) = threshold {
+            let r = if *t > 0.0 {
+                error / t
+            } else if error == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            self.stat_ratio = opt_max(self.stat_ratio, Some(r));
+            if sound_pass && !(error <= *t) {
+                self.suspect += 1;
+            }
+        }
     }
 
     fn verdict(&self) -> Verdict {
@@ -443,6 +500,8 @@ impl OutputAcc {
             Verdict::Fail
         } else if self.any_no_bound {
             Verdict::NoBound
+        } else if self.suspect > 0 {
+            Verdict::Suspect
         } else {
             Verdict::Pass
         }
@@ -463,6 +522,13 @@ fn worse(j: &Judged) -> (f64, f64) {
         j.error
     };
     (r, e)
+}
+
+fn opt_max(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(max_nan(x, y)),
+        (x, y) => x.or(y),
+    }
 }
 
 fn max_nan(a: f64, b: f64) -> f64 {
@@ -576,6 +642,7 @@ pub fn verify_dump(
         logits_dtype: logits_dtype.to_string(),
         model: config.model.to_string(),
         accumulation: acc_dtype.to_string(),
+        statistical_c: config.statistical_c,
         outputs,
         ignored_tensors: dump.ignored_tensors.clone(),
         seconds: start.elapsed().as_secs_f64(),
@@ -616,6 +683,18 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
             holds: f.holds(),
         }),
         no_bound_reason: acc.no_bound_reason,
+        suspect_elements: acc.suspect,
+        statistical_max_ratio: acc.stat_ratio,
+        fused_max_abs_error: acc.fused_err,
+        vs_fused: acc.fused_err.map(|f| {
+            if f > 0.0 {
+                acc.max_abs / f
+            } else if acc.max_abs == 0.0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        }),
         worst: acc.worst,
     }
 }
@@ -705,6 +784,12 @@ fn verify_row(
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
     let rb = models.all.each_ref().map(|m| m.row_bounds(&stats, &ctx));
+    let st = config
+        .statistical_c
+        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
+        .map(|s| s.row_bounds(&stats, &ctx));
+    // Our correct f32 kernel on the same row, per forward dtype.
+    let fused = |dtype: Dtype| Fused.forward(&p, dtype).ok();
     let v = dump.vocab_size();
     let mut out: RowAcc = Default::default();
 
@@ -722,6 +807,21 @@ fn verify_row(
         let (judged, reference) = judge4(r, col, cand, exact, dtype, &bounds);
         acc.push(judged, reference, keep);
     };
+    // The statistical threshold of the element just pushed, and our kernel's error.
+    let observe = |acc: &mut OutputAcc,
+                   cand: f64,
+                   exact: &Exact,
+                   bound: &tolerance::Bound,
+                   threshold: Option<tolerance::Bound>,
+                   ours: Option<f64>| {
+        let j = tolerance::judge(exact, cand, Dtype::F64, bound);
+        if let Some(t) = threshold {
+            acc.observe_statistical(j.error_abs, j.pass, &t);
+        }
+        if let Some(v) = ours {
+            acc.fused_err = opt_max(acc.fused_err, Some(exact.error(v)));
+        }
+    };
     // Naive same-dtype log_softmax / entropy for the flash-attention rule,
     // over the real vocabulary (`-inf` where the mask disallows).
     let x = inputs.logits.view().row_f64(0);
@@ -738,6 +838,7 @@ fn verify_row(
 
     for dtype in forward_dtypes(dump) {
         let fwd = oracle.forward(&p, dtype).map_err(spec)?;
+        let ours = fused(dtype);
         let naive_lp = (dump.log_probs.is_some() || dump.topk_log_probs.is_some())
             .then(|| tolerance::naive_log_softmax(&masked, temperature, dtype));
         if let (Some(c), Some(lp)) = (
@@ -750,6 +851,16 @@ fn verify_row(
                 inputs.tokens.as_ref(),
             ) {
                 push(acc, None, c.values[r], exact, dtype, &|b| b.log_prob(dtype));
+                observe(
+                    acc,
+                    c.values[r],
+                    exact,
+                    &rb[0].log_prob(dtype),
+                    st.as_ref().map(|s| s.log_prob(dtype)),
+                    ours.as_ref()
+                        .and_then(|o| o.log_probs.as_ref())
+                        .map(|v| v[0]),
+                );
                 if let Some(n) = &naive_lp {
                     acc.flash
                         .get_or_insert_with(tolerance::FlashRule::new)
@@ -765,6 +876,14 @@ fn verify_row(
             push(acc, None, c.values[r], &ent[0], dtype, &|b| {
                 b.entropy(dtype)
             });
+            observe(
+                acc,
+                c.values[r],
+                &ent[0],
+                &rb[0].entropy(dtype),
+                st.as_ref().map(|s| s.entropy(dtype)),
+                ours.as_ref().and_then(|o| o.entropy.as_ref()).map(|v| v[0]),
+            );
             let w = match dump.options.entropy {
                 Some(EntropyLogits::Masked) => &masked[..],
                 _ => &x[..v],
@@ -785,6 +904,16 @@ fn verify_row(
                 let id = ids[[r, k]] as usize;
                 let (cand, exact) = (c.values[[r, k]], &tk[[0, k]]);
                 push(acc, Some(k), cand, exact, dtype, &|b| b.topk(id, dtype));
+                observe(
+                    acc,
+                    cand,
+                    exact,
+                    &rb[0].topk(id, dtype),
+                    st.as_ref().map(|s| s.topk(id, dtype)),
+                    ours.as_ref()
+                        .and_then(|o| o.topk_log_probs.as_ref())
+                        .map(|v| v[[0, k]]),
+                );
                 if let Some(n) = &naive_lp {
                     acc.flash
                         .get_or_insert_with(tolerance::FlashRule::new)
@@ -910,7 +1039,7 @@ pub fn render_table(report: &FileReport) -> String {
     );
     let _ = writeln!(
         s,
-        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
         "output",
         "dtype",
         "elements",
@@ -919,12 +1048,14 @@ pub fn render_table(report: &FileReport) -> String {
         "max ulps",
         "err/bound",
         "tightest",
-        "flash"
+        "flash",
+        "err/stat",
+        "vs f32"
     );
     for o in &report.outputs {
         let _ = writeln!(
             s,
-            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
             o.output,
             o.dtype,
             o.count,
@@ -934,7 +1065,30 @@ pub fn render_table(report: &FileReport) -> String {
             o.max_ratio.map_or("-".into(), fmt_g),
             o.tightest_model.as_deref().unwrap_or("none"),
             o.flash_rule.as_ref().map_or("-".into(), |f| fmt_g(f.ratio)),
+            o.statistical_max_ratio.map_or("-".into(), fmt_g),
+            o.vs_fused.map_or("-".into(), |r| format!("{}x", fmt_g(r))),
         );
+    }
+    // "37x less accurate than a correct f32 kernel on these rows".
+    for o in &report.outputs {
+        if let (Some(r), Some(f)) = (o.vs_fused, o.fused_max_abs_error) {
+            if r > 2.0 {
+                let _ = writeln!(
+                    s,
+                    "  {}: {}x less accurate than a correct f32 kernel on these rows (its max |err| {})",
+                    o.output,
+                    fmt_g(r),
+                    fmt_g(f)
+                );
+            }
+        }
+        if o.suspect_elements > 0 {
+            let _ = writeln!(
+                s,
+                "  {}: SUSPECT: {} of {} elements within the sound bound but beyond the statistical threshold (c = {})",
+                o.output, o.suspect_elements, o.count, report.statistical_c.map_or("-".into(), fmt_g)
+            );
+        }
     }
     for o in &report.outputs {
         if o.worst.is_empty() {
@@ -1039,12 +1193,12 @@ impl Expectations {
                 .and_then(|e| e.as_str())
                 .ok_or_else(|| format!("entry `{name}` has no string `expect`"))?;
             match expect {
-                "pass" | "fail" | "no bound" => {
+                "pass" | "suspect" | "fail" | "no bound" => {
                     out.insert(name.clone(), expect.to_string());
                 }
                 other => {
                     return Err(format!(
-                        "entry `{name}`: expect = {other:?}, not pass, fail or no bound"
+                        "entry `{name}`: expect = {other:?}, not pass, suspect, fail or no bound"
                     ))
                 }
             }
@@ -1104,6 +1258,16 @@ pub fn render_expect(rows: &[ExpectRow]) -> String {
 /// one does not; without, 0 when every file passes and 1 when any fails
 /// or has no bound.
 pub fn exit_status(outcomes: &[FileOutcome], expect: Option<&[ExpectRow]>) -> u8 {
+    exit_status_strict(outcomes, expect, false)
+}
+
+/// [`exit_status`], where without expectations a `suspect` verdict passes
+/// (exit 0) unless `strict` (exit 1).
+pub fn exit_status_strict(
+    outcomes: &[FileOutcome],
+    expect: Option<&[ExpectRow]>,
+    strict: bool,
+) -> u8 {
     if outcomes
         .iter()
         .any(|o| matches!(o, FileOutcome::BadInput { .. }))
@@ -1112,11 +1276,10 @@ pub fn exit_status(outcomes: &[FileOutcome], expect: Option<&[ExpectRow]>) -> u8
     }
     match expect {
         Some(rows) => u8::from(!rows.iter().all(|r| r.matches)),
-        None => u8::from(
-            !outcomes
-                .iter()
-                .all(|o| matches!(o, FileOutcome::Report(r) if r.verdict == Verdict::Pass)),
-        ),
+        None => u8::from(!outcomes.iter().all(|o| {
+            matches!(o, FileOutcome::Report(r) if r.verdict == Verdict::Pass
+                    || (!strict && r.verdict == Verdict::Suspect))
+        })),
     }
 }
 
