@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod cli;
 pub mod fuzz;
 
 /// The README's code, compiled and run as a doctest so it cannot rot.

@@ -14,6 +14,7 @@
 //!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
 //!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,7 +37,14 @@ static ALLOC: CountingAllocator = CountingAllocator;
 
 /// Exact verification of log-prob, entropy and top-k kernels and their gradients.
 #[derive(Parser, Debug)]
-#[command(name = "logprobe", version, about)]
+#[command(
+    name = "logprobe",
+    version,
+    about = "Exact verification of log-prob, entropy and top-k kernels and their gradients",
+    long_about = "Exact verification of log-prob, entropy and top-k kernels and their gradients.\n\n\
+`logprobe verify FILE...` judges safetensors dumps of another implementation's outputs against \
+an exact (MPFR) oracle and derived error bounds; `logprobe bench` measures the CPU kernels."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,6 +53,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Verify safetensors dumps of another implementation against the exact oracle.
+    #[command(after_long_help = logprobe_properties::cli::verify_help())]
     Verify(VerifyArgs),
     /// Throughput and memory of the CPU kernels against the read roofline,
     /// candle's composed path and the oracle (one run, ratios).
@@ -237,20 +246,23 @@ fn bench(args: BenchArgs) -> u8 {
     let report = match logprobe_properties::bench::run(&config) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("logprobe: {e}");
+            let _ = writeln!(std::io::stderr(), "logprobe: {e}");
             return 2;
         }
     };
     if args.json {
         match serde_json::to_string_pretty(&report) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => logprobe_properties::cli::Out::new().print(&format!("{s}\n")),
             Err(e) => {
-                eprintln!("logprobe: cannot serialise the report: {e}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "logprobe: cannot serialise the report: {e}"
+                );
                 return 2;
             }
         }
     } else {
-        print!("{}", render_bench(&report));
+        logprobe_properties::cli::Out::new().print(&render_bench(&report));
     }
     0
 }
@@ -280,7 +292,7 @@ struct VerifyArgs {
     /// Worst elements listed per output.
     #[arg(long, default_value_t = 3)]
     worst: usize,
-    /// Never show the progress bar.
+    /// Never show progress (a bar on a terminal, else a line every --progress-every seconds).
     #[arg(long)]
     no_progress: bool,
     /// Exit 1 on a SUSPECT verdict (within the sound bound, beyond the
@@ -291,6 +303,9 @@ struct VerifyArgs {
     /// calibrated value); `off` disables the SUSPECT tier.
     #[arg(long, value_parser = parse_stat_c)]
     statistical_c: Option<StatC>,
+    /// Seconds between two progress lines when stderr is not a terminal.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
+    progress_every: f64,
 }
 
 /// `--statistical-c`: a constant or `off`.
@@ -304,6 +319,13 @@ fn parse_stat_c(s: &str) -> Result<StatC, String> {
             Ok(c) if c >= 0.0 && c.is_finite() => Ok(StatC(Some(c))),
             _ => Err(format!("bad --statistical-c `{s}`: a number >= 0 or `off`")),
         },
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x < 1e9 => Ok(x),
+        _ => Err(format!("bad --progress-every `{s}`: expected seconds > 0")),
     }
 }
 
@@ -322,9 +344,14 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
         .ok_or_else(|| format!("unknown dtype `{s}`: expected f64, f32, bf16 or f16"))
 }
 
+/// `schema_version` of the `verify --json` document.
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// The JSON document of `verify --json`.
 #[derive(Serialize)]
 struct JsonOut<'a> {
+    /// Version of this document's layout (1: this one).
+    schema_version: u32,
     files: Vec<JsonFile<'a>>,
     expect: Option<&'a [ExpectRow]>,
     exit_status: u8,
@@ -351,16 +378,18 @@ fn verify(args: VerifyArgs) -> u8 {
         statistical_c: args
             .statistical_c
             .map_or(Some(logprobe_verify::tolerance::DEFAULT_C), |c| c.0),
+        progress_interval: std::time::Duration::from_secs_f64(args.progress_every),
         ..VerifyConfig::default()
     };
     let expectations = match args.expect.as_deref().map(Expectations::load).transpose() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("logprobe: {e}");
+            let _ = writeln!(std::io::stderr(), "logprobe: {e}");
             return 2;
         }
     };
     let outcomes = verify_files(&args.files, &config);
+    let mut out = logprobe_properties::cli::Out::new();
     let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
     let status = exit_status_strict(&outcomes, expect_rows.as_deref(), args.strict);
     if args.json {
@@ -376,29 +405,37 @@ fn verify(args: VerifyArgs) -> u8 {
             })
             .collect();
         let doc = JsonOut {
+            schema_version: JSON_SCHEMA_VERSION,
             files,
             expect: expect_rows.as_deref(),
             exit_status: status,
         };
         match serde_json::to_string_pretty(&doc) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => out.print(&format!("{s}\n")),
             Err(e) => {
-                eprintln!("logprobe: cannot serialise the report: {e}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "logprobe: cannot serialise the report: {e}"
+                );
                 return 2;
             }
         }
     } else {
         for o in &outcomes {
             match o {
-                FileOutcome::Report(r) => println!("{}", render_table(r)),
+                FileOutcome::Report(r) => out.print(&format!("{}\n", render_table(r))),
+                // Once, on stderr (stdout carries the reports).
                 FileOutcome::BadInput { path, error } => {
-                    println!("{}: bad input: {error}\n", path.display());
-                    eprintln!("logprobe: {}: bad input: {error}", path.display());
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "logprobe: {}: bad input: {error}",
+                        path.display()
+                    );
                 }
             }
         }
         if let Some(rows) = &expect_rows {
-            print!("{}", render_expect(rows));
+            out.print(&render_expect(rows));
         }
     }
     status

@@ -7,5 +7,12 @@
 #![warn(missing_docs)]
 
 pub mod dump;
+pub mod format;
+pub mod header;
+pub mod names;
+pub mod progress;
+pub mod shapes;
+pub mod temperature;
 pub mod tolerance;
+pub mod topk_set;
 pub mod verify;

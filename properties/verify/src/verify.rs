@@ -58,7 +58,11 @@ impl std::str::FromStr for RowSelection {
             return Ok(RowSelection::All);
         }
         if let Some(k) = s.strip_prefix("sample:") {
-            return k.parse().map(RowSelection::Sample).map_err(|_| bad());
+            return match k.parse() {
+                Ok(0) => Err(format!("--rows `{s}` selects no row: K must be at least 1")),
+                Ok(k) => Ok(RowSelection::Sample(k)),
+                Err(_) => Err(bad()),
+            };
         }
         let (a, b) = s.split_once("..").ok_or_else(bad)?;
         let start = if a.is_empty() {
@@ -74,7 +78,24 @@ impl std::str::FromStr for RowSelection {
         if end < start {
             return Err(bad());
         }
+        if end == start {
+            return Err(format!("--rows `{s}` selects no row (empty range)"));
+        }
         Ok(RowSelection::Range { start, end })
+    }
+}
+
+impl std::fmt::Display for RowSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RowSelection::All => f.write_str("all"),
+            RowSelection::Range {
+                start,
+                end: usize::MAX,
+            } => write!(f, "{start}.."),
+            RowSelection::Range { start, end } => write!(f, "{start}..{end}"),
+            RowSelection::Sample(k) => write!(f, "sample:{k}"),
+        }
     }
 }
 
@@ -106,8 +127,11 @@ pub struct VerifyConfig {
     pub rows: RowSelection,
     /// How many worst elements to report per output.
     pub worst: usize,
-    /// Show a progress bar on stderr (hidden anyway when not a terminal).
+    /// Show progress on stderr: a bar on a terminal, otherwise a line every
+    /// `progress_interval` ([`crate::progress`]).
     pub progress: bool,
+    /// Time between two progress lines when stderr is not a terminal.
+    pub progress_interval: std::time::Duration,
     /// The oracle's precision policy.
     pub oracle: Oracle,
     /// The statistical threshold's `c` (`None`: no SUSPECT tier); default
@@ -123,6 +147,7 @@ impl Default for VerifyConfig {
             rows: RowSelection::All,
             worst: 5,
             progress: false,
+            progress_interval: crate::progress::ProgressMode::DEFAULT_INTERVAL,
             oracle: Oracle::default(),
             statistical_c: Some(tolerance::DEFAULT_C),
         }
@@ -174,6 +199,8 @@ impl std::fmt::Display for Verdict {
 pub struct Judged {
     /// Row of the dump.
     pub row: usize,
+    /// `(b, t)` of the row for `[B, T, V]` logits.
+    pub position: Option<(usize, usize)>,
     /// Column: `k` for top-k, vocabulary index for `grad_logits`.
     pub col: Option<usize>,
     /// The candidate value (exact f64 of the stored value).
@@ -290,6 +317,10 @@ pub struct OutputReport {
     pub vs_fused: Option<f64>,
     /// The worst elements, worst first (by ratio, then by error).
     pub worst: Vec<Judged>,
+    /// Why no element was checked (no row, every row ignored, `K = 0`);
+    /// `None` when some element was. Such an output is valid but certifies
+    /// nothing: the table says "unchecked".
+    pub nothing_checked: Option<String>,
 }
 
 /// The judgement of one dump.
@@ -320,6 +351,8 @@ pub struct FileReport {
     pub statistical_c: Option<f64>,
     /// Per output.
     pub outputs: Vec<OutputReport>,
+    /// `topk_ids` judged as the kernel's top-k (`topk_ids_source=kernel`).
+    pub topk_ids: Option<crate::topk_set::TopkSetReport>,
     /// Tensors the format does not define (not read).
     pub ignored_tensors: Vec<String>,
     /// Wall time in seconds.
@@ -567,6 +600,13 @@ pub fn verify_dump(
             .effective_temperature(logits_dtype.accumulation())?;
     }
     let rows = config.rows.rows(n);
+    if rows.is_empty() && config.rows != RowSelection::All {
+        return Err(DumpError::EmptySelection {
+            selection: config.rows.to_string(),
+            rows: n,
+        });
+    }
+    let rows = crate::shapes::unmasked_rows(rows, dump.row_mask.as_deref());
 
     // Validate every selected row first (cheap, O(V) each), so bad input is
     // reported deterministically (first bad row) before any oracle work.
@@ -579,21 +619,28 @@ pub fn verify_dump(
                 .map(|e| (r, e))
         })
         .min_by_key(|(r, _)| *r);
-    if let Some((_, e)) = first_bad {
-        return Err(e);
+    if let Some((r, e)) = first_bad {
+        return Err(crate::shapes::at_position(e, dump.row_shape.position(r)));
     }
 
-    let progress = progress_bar(config.progress, rows.len(), path);
+    let mode = if config.progress {
+        crate::progress::ProgressMode::Auto {
+            interval: config.progress_interval,
+        }
+    } else {
+        crate::progress::ProgressMode::Off
+    };
+    let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
     let keep = config.worst;
     let results: Vec<Result<RowAcc, DumpError>> = rows
         .par_iter()
         .map(|&r| {
             let out = verify_row(dump, r, acc_dtype, config, keep);
-            progress.inc(1);
+            progress.inc();
             out
         })
         .collect();
-    progress.finish_and_clear();
+    progress.finish();
 
     let mut totals: RowAcc = Default::default();
     for res in results {
@@ -621,11 +668,24 @@ pub fn verify_dump(
     for (i, name) in OUTPUTS.iter().enumerate() {
         let Some(dtype) = dtypes[i] else { continue };
         let acc = totals[i].take().unwrap_or_else(OutputAcc::new);
-        outputs.push(output_report(name, dtype, acc));
+        let mut o = output_report(name, dtype, acc);
+        for j in &mut o.worst {
+            j.position = dump.row_shape.position(j.row);
+        }
+        if o.count == 0 {
+            o.nothing_checked = Some(nothing_checked_reason(name, dump, &rows));
+        }
+        outputs.push(o);
     }
+    let topk_ids = dump
+        .format
+        .topk_kernel
+        .then(|| crate::topk_set::check_dump(dump, &rows, config.worst))
+        .transpose()?;
     let verdict = outputs
         .iter()
         .map(|o| o.verdict)
+        .chain(topk_ids.as_ref().map(|t| t.verdict))
         .max()
         .unwrap_or(Verdict::Pass);
     Ok(FileReport {
@@ -644,9 +704,34 @@ pub fn verify_dump(
         accumulation: acc_dtype.to_string(),
         statistical_c: config.statistical_c,
         outputs,
+        topk_ids,
         ignored_tensors: dump.ignored_tensors.clone(),
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Why no row was checked: `N = 0`, or `row_mask` excludes every selected row.
+pub fn no_rows_reason(dump: &Dump<'_>) -> String {
+    if dump.n() == 0 {
+        "no rows (N = 0)".to_string()
+    } else {
+        "row_mask excludes every selected row".to_string()
+    }
+}
+
+/// Why output `name` has no element checked over `rows`.
+fn nothing_checked_reason(name: &str, dump: &Dump<'_>, rows: &[usize]) -> String {
+    if rows.is_empty() {
+        return no_rows_reason(dump);
+    }
+    match name {
+        "log_probs" => format!(
+            "every checked row's token is ignore_index ({})",
+            dump.options.ignore_index
+        ),
+        "topk_log_probs" => "K = 0: topk_ids has no column".to_string(),
+        _ => "no element".to_string(),
+    }
 }
 
 fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputReport {
@@ -696,26 +781,8 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
             }
         }),
         worst: acc.worst,
+        nothing_checked: None,
     }
-}
-
-fn progress_bar(enabled: bool, len: usize, path: &Path) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    // Draws on stderr; indicatif hides it when stderr is not a terminal.
-    let bar = indicatif::ProgressBar::new(len as u64);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} rows, eta {eta}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(
-        path.file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    );
-    bar
 }
 
 /// The candidate dtypes that need a forward call, deduplicated.
@@ -756,6 +823,7 @@ fn judge4(
     let j = &js[0];
     let judged = Judged {
         row,
+        position: None,
         col,
         candidate,
         exact: if mid.is_nan() { exact.rounded } else { mid },
@@ -1022,11 +1090,17 @@ fn fmt_v(x: f64) -> String {
 pub fn render_table(report: &FileReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
+    let all_unchecked = report.outputs.iter().all(|o| o.nothing_checked.is_some())
+        && report
+            .topk_ids
+            .as_ref()
+            .is_none_or(|t| t.nothing_checked.is_some());
     let _ = writeln!(
         s,
-        "{}: {}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
+        "{}: {}{}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
         report.path.display(),
         report.verdict,
+        if all_unchecked { " (nothing checked)" } else { "" },
         report.rows,
         report.columns,
         report.logits_dtype,
@@ -1059,7 +1133,11 @@ pub fn render_table(report: &FileReport) -> String {
             o.output,
             o.dtype,
             o.count,
-            o.verdict.to_string(),
+            if o.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                o.verdict.to_string()
+            },
             fmt_g(o.max_abs_error),
             fmt_g(o.max_ulps),
             o.max_ratio.map_or("-".into(), fmt_g),
@@ -1090,15 +1168,52 @@ pub fn render_table(report: &FileReport) -> String {
             );
         }
     }
+    if let Some(t) = &report.topk_ids {
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>5} {:>8} {:>9}  ids as the kernel's top-{} of z'{}: {} of {} rows not a valid top-k set",
+            "topk_ids",
+            "-",
+            t.rows_checked,
+            if t.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                t.verdict.to_string()
+            },
+            t.k,
+            if t.sorted { ", descending" } else { "" },
+            t.rows_failed,
+            t.rows_checked,
+        );
+    }
+    for o in &report.outputs {
+        if let Some(why) = &o.nothing_checked {
+            let _ = writeln!(s, "  {}: nothing checked: {why}", o.output);
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        if let Some(why) = &t.nothing_checked {
+            let _ = writeln!(s, "  topk_ids: nothing checked: {why}");
+        }
+        for f in &t.failures {
+            let at = match f.position {
+                Some((b, tt)) => format!("(b, t) = ({b}, {tt})"),
+                None => format!("row {}", f.row),
+            };
+            let _ = writeln!(s, "    topk_ids {at}: {}", f.message);
+        }
+    }
     for o in &report.outputs {
         if o.worst.is_empty() {
             continue;
         }
         let _ = writeln!(s, "  worst {}:", o.output);
         for j in &o.worst {
-            let at = match j.col {
-                Some(c) => format!("[{}, {}]", j.row, c),
-                None => format!("[{}]", j.row),
+            let at = match (j.position, j.col) {
+                (Some((b, t)), Some(c)) => format!("({b}, {t}), {c}"),
+                (Some((b, t)), None) => format!("({b}, {t})"),
+                (None, Some(c)) => format!("[{}, {}]", j.row, c),
+                (None, None) => format!("[{}]", j.row),
             };
             let _ = writeln!(
                 s,
