@@ -28,7 +28,8 @@ pub type Check = Result<(), String>;
 
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
+        let ok: bool = $cond;
+        if !ok {
             return Err(format!($($msg)+));
         }
     };

@@ -178,12 +178,15 @@ impl HostLauncher {
     pub fn new(build: HostBuild) -> Arc<Self> {
         ensure_math();
         let mut kernels = HashMap::new();
-        // The real build first; a mutant's own units then replace its kernels.
-        for pass in [REAL_BUILD, build.name()] {
+        // The real build first; a mutant's own units then replace its
+        // kernels (the self-test module is the real build's alone).
+        let passes: &[&str] = match build {
+            HostBuild::Real => &[REAL_BUILD],
+            HostBuild::Mutant(m) => &[REAL_BUILD, m.build],
+        };
+        for &pass in passes {
             for &(b, module, table) in UNITS {
-                if b != pass
-                    || (pass == REAL_BUILD && build != HostBuild::Real && module == "selftest")
-                {
+                if b != pass || (build != HostBuild::Real && module == "selftest") {
                     continue;
                 }
                 let mut n = 0usize;
