@@ -4,9 +4,9 @@
 //! it (`common.cuh`, then `// ---- <name>.cu`, then the file:
 //! `source::program_text`), preceded by `cuda/host/lp_host.h` (what CUDA
 //! gives a kernel) and wrapped in a namespace per build. Kernel names get a
-//! per-build suffix (`lp_row_stats_f32` -> `lp_row_stats_f32__real`), so the
-//! real build and the planted mutants (`src/cuda/host/builds.rs`) link side
-//! by side. Each unit ends with a table of its kernels (name, trampoline,
+//! per-build prefix (`lp_row_stats_f32` -> `lp_host_real__lp_row_stats_f32`),
+//! so the real build and the planted mutants (`src/cuda/host/builds.rs`)
+//! link side by side. Each unit ends with a table of its kernels (name, trampoline,
 //! argument signature) that the launcher reads (`host_entries.rs`).
 //!
 //! Flags: `-x c++ -std=c++17 -O2 -ffp-contract=off` (no contraction: the
@@ -212,7 +212,7 @@ mod host {
             header.display()
         );
         for k in &kernels {
-            let _ = writeln!(s, "#define {k} {k}__{build}");
+            let _ = writeln!(s, "#define {k} lp_host_{build}__{k}");
         }
         let _ = writeln!(s, "namespace lp_build_{build} {{");
         // The program NVRTC compiles (source::program_text).

@@ -13,7 +13,7 @@
 //!   multiply-add is an explicit `fmaf`). The kernel bodies are unchanged;
 //!   `common.cuh`'s two inline-PTX conversions (f16 <-> f32) take bit-exact C
 //!   fallbacks under `LP_HOST_BUILD`.
-//! - **Builds.** Every build has its own namespace and kernel-name suffix,
+//! - **Builds.** Every build has its own namespace and kernel-name prefix,
 //!   so the real build and the planted mutants ([`builds::MUTANTS`]) link
 //!   side by side; [`HostBuild`] picks one.
 //! - **Launches.** Blocks run one after another on an OS thread (disjoint
