@@ -12,9 +12,11 @@
 //   votes, __syncwarp). The last thread to arrive releases the others into a
 //   FIFO ready queue and carries on; a waiting fiber switches straight to the
 //   next ready fiber, else starts the next unstarted thread. No system call
-//   per switch: on x86-64 the switch saves the six callee-saved registers and
-//   the stack pointer (lp_host_switch below); elsewhere (or with
-//   LP_HOST_FIBER_UCONTEXT) it falls back to swapcontext.
+//   per switch: on x86-64 (ELF: Linux, the BSDs) the switch saves the six
+//   callee-saved registers and the stack pointer (lp_host_switch below);
+//   elsewhere (or with LP_HOST_FIBER_UCONTEXT, which the tests were also run
+//   with) it falls back to swapcontext, one sigprocmask call per switch.
+// - POSIX only (mmap for stacks and offset views): no Windows.
 // - Warp values are exchanged through 32 slots per warp, double-buffered by
 //   the parity of each lane's count of warp operations: a lane cannot reach
 //   operation k + 2 before every lane has left operation k.
@@ -33,8 +35,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if !defined(__x86_64__) || defined(LP_HOST_FIBER_UCONTEXT)
+// The hand-written switch is x86-64 System V in ELF assembler syntax; other
+// targets (and LP_HOST_FIBER_UCONTEXT) use swapcontext.
+#if !(defined(__x86_64__) && defined(__ELF__)) || defined(LP_HOST_FIBER_UCONTEXT)
 #define LP_HOST_USE_UCONTEXT 1
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700
+#endif
 #include <ucontext.h>
 #endif
 

@@ -25,6 +25,10 @@
 //!   `cuda/host/runtime.cpp`.
 //! - **Arguments.** Each kernel's parameter types are recorded at compile
 //!   time; a launch whose [`Arg`]s do not match is refused.
+//! - **Platforms.** A C++17 compiler (`scripts/run.sh` installs g++) on a
+//!   POSIX system; the user-space switch is x86-64 ELF, other targets use
+//!   `swapcontext` (build with `LOGPROBE_CUDA_HOST_UCONTEXT=1` to test that
+//!   path on x86-64).
 //! - **Math.** `expf` and `log1pf` are the CPU kernels' [`exp_f32`] and
 //!   [`ln_1p_f32`] (`kernels/src/exp.rs`), so the declared algorithm of a
 //!   host-built kernel carries their error bounds ([`EXP_F32_MAX_ULPS`],
