@@ -1,7 +1,7 @@
 //! The one launcher the CUDA launch code drives: device buffers, kernel
 //! launches by name, synchronisation. Two back ends implement it: the GPU
-//! through cudarc ([`super::runtime::CudaRuntime`], feature `cuda`) and the
-//! host build of the same `.cu` sources ([`super::host::HostLauncher`],
+//! through cudarc (`runtime::CudaRuntime`, feature `cuda`) and the
+//! host build of the same `.cu` sources (`host::HostLauncher`,
 //! feature `cuda-host`), so the chunk planner and every launch sequence of
 //! [`super::forward`] and [`super::backward`] also run without a driver.
 

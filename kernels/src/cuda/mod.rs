@@ -3,11 +3,11 @@
 //! [`Kernel`](crate::Kernel) trait, so every property runs on them unchanged.
 //!
 //! Two back ends run the same sources through one [`Launcher`]:
-//! - feature `cuda`: a GPU, the sources compiled by NVRTC ([`CudaRuntime`]);
+//! - feature `cuda`: a GPU, the sources compiled by NVRTC (`CudaRuntime`);
 //! - feature `cuda-host`: the host build, the sources compiled as C++ and
 //!   launched block by block with a block's threads as fibers
-//!   ([`host::HostLauncher`]); no GPU, so it runs in every `cargo test`.
-//!   Its limits are in [`host`]'s docs; `scripts/gpu-check.sh` still runs
+//!   (`host::HostLauncher`); no GPU, so it runs in every `cargo test`.
+//!   Its limits are in `host`'s docs; `scripts/gpu-check.sh` still runs
 //!   the GPU back end where one is lent.
 //!
 //! - One block per row, 16-bit logits loaded as 16-bit words and widened
@@ -19,7 +19,9 @@
 //!   for any chunk size and any `N`. The declared algorithm
 //!   ([`plan::Layout::algorithm`]) counts every rounding on that path.
 //! - `expf` (2 ulp) and `log1pf` (1 ulp), never the fast intrinsics; IEEE
-//!   division; `--fmad=false`.
+//!   division; `--fmad=false`. The host build routes `expf` / `log1pf` to
+//!   the CPU kernels' `exp_f32` / `ln_1p_f32` and declares their bounds
+//!   ([`DeviceKernel::algorithm`] takes them from [`Launcher::math`]).
 //! - Dynamic loading (cudarc, CUDA 13.0 bindings): a binary built with this
 //!   feature starts on machines without CUDA. [`runtime::driver_present`] and
 //!   [`source::nvrtc_present`] are checked before any driver or NVRTC call;
