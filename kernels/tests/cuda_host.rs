@@ -152,7 +152,8 @@ fn expf_and_log1pf_are_the_cpu_kernels_functions() {
 }
 
 /// `lp_z` (temperature applied in the input dtype) is `x / T` in f32, or the
-/// f64 quotient correctly rounded to bf16 / f16 (the spec's rounding).
+/// f32 quotient rounded again to bf16 / f16 (the spec's `Dtype::scaled_input`:
+/// PyTorch's two roundings).
 #[test]
 fn temperature_in_the_input_dtype_rounds_as_the_spec_does() {
     let mut r = Rng(7);
@@ -162,14 +163,14 @@ fn temperature_in_the_input_dtype_rounds_as_the_spec_does() {
         assert_eq!(probe::z(x, 0, t).to_bits(), x.to_bits());
         assert_eq!(probe::z(x, 1, t).to_bits(), (x / t).to_bits(), "{x} / {t}");
         let xb = bf16::from_f32(x).to_f32();
-        let want = Dtype::Bf16.round_f64(xb as f64 / t as f64) as f32;
+        let want = Dtype::Bf16.scaled_input(xb as f64, t as f64) as f32;
         assert_eq!(
             probe::z(xb, 2, t).to_bits(),
             want.to_bits(),
             "bf16 {xb} / {t}"
         );
         let xh = f16::from_f32(x).to_f32();
-        let want = Dtype::F16.round_f64(xh as f64 / t as f64) as f32;
+        let want = Dtype::F16.scaled_input(xh as f64, t as f64) as f32;
         assert_eq!(
             probe::z(xh, 3, t).to_bits(),
             want.to_bits(),

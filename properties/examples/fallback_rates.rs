@@ -6,8 +6,8 @@
 //! Run: `cargo run --release -p logprobe-properties --example fallback_rates
 //! -- fixtures/torch/*.safetensors`
 
-use logprobe_verify::dump::DumpFile;
 use logprobe_reference::oracle::{Fallback, Oracle, Tier};
+use logprobe_verify::dump::DumpFile;
 
 fn main() {
     // The VJP on the f64 tier too (the default keeps it on MPFR).

@@ -147,6 +147,7 @@ pub fn dump_bytes(
     }
     let o = &p.options;
     let mut meta: Vec<(&str, String)> = vec![
+        ("format_version", "2".into()),
         ("temperature", num(o.temperature)),
         (
             "temperature_dtype",

@@ -1,6 +1,6 @@
 //! The format-version-2 metadata this build reads (`shared/cases/README.md`):
 //! `format_version`, `cotangent_reduction`, `topk_ids_source`,
-//! `topk_sorted`. Version-1 keys are parsed with the options in
+//! `topk_sorted`, `chunk_size` (checked, informational). Version-1 keys are parsed with the options in
 //! [`crate::dump`].
 
 use std::collections::HashMap;
@@ -74,6 +74,17 @@ impl FormatOptions {
             &["false", "true"],
             "expected `false` or `true`",
         )? == 1;
+        // Informational: the chunk size the kernel used (fuzz writes it);
+        // outputs are chunk-size invariant, so it changes no judgement.
+        if let Some(v) = meta.get("chunk_size") {
+            if !v.trim().parse::<u64>().is_ok_and(|c| c >= 1) {
+                return Err(DumpError::BadMetadata {
+                    key: "chunk_size",
+                    value: v.clone(),
+                    reason: "expected an integer >= 1",
+                });
+            }
+        }
         if topk_sorted && !topk_kernel {
             return Err(DumpError::BadMetadata {
                 key: "topk_sorted",

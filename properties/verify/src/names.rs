@@ -84,8 +84,14 @@ pub const NAMES: &[Name] = &[
     m("cotangent_reduction", 2, true),
     m("topk_ids_source", 2, true),
     m("topk_sorted", 2, true),
+    m("chunk_size", 2, true),
+    // Version 2, written by `logprobe fuzz` on a counterexample (docs/fuzz.md):
+    // its provenance, read by `fuzz --replay`, ignored by verify.
+    m("fuzz_recipe", 2, true),
+    m("fuzz_kernel", 2, true),
+    m("fuzz_property", 2, true),
+    m("fuzz_seed", 2, true),
     // Version 2: reserved, not built yet.
-    m("chunk_size", 2, false),
     m("outputs", 2, false),
     t("lse", 2, false),
     t("z_loss", 2, false),
