@@ -7,6 +7,13 @@
 #![warn(missing_docs)]
 
 pub mod dump;
+pub mod format;
+pub mod header;
+pub mod names;
+pub mod progress;
 mod row_oracle;
+pub mod shapes;
+pub mod temperature;
 pub mod tolerance;
+pub mod topk_set;
 pub mod verify;

@@ -99,20 +99,17 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         if self.problem.options.entropy.is_none() {
             ff.entropy = None;
         }
-        let (rf, fb) = self.oracle.complete_forward(fast, target, ff);
+        let (rf, fb) = self.oracle.complete_forward(self.problem, fast, target, ff);
         self.fallback.outputs += fb.outputs;
         self.fallback.outputs_mpfr += fb.outputs_mpfr;
         self.mpfr_ran |= fb.rows_mpfr > 0;
-        let k = rf.topk.len();
         Ok(OracleForward {
             dtype: target,
             lse: vec![rf.lse],
-            log_probs: self.problem.tokens.map(|_| vec![rf.log_prob]),
-            entropy: rf.entropy.map(|e| vec![e]),
-            topk_log_probs: self
-                .problem
-                .topk_ids
-                .map(|_| Array2::from_shape_vec((1, k), rf.topk).expect("K results")),
+            values: rf.values.map(|_, v| {
+                let w = v.len();
+                Array2::from_shape_vec((1, w), v).expect("one row of results")
+            }),
             fallback: fb,
         })
     }

@@ -23,12 +23,15 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use ndarray::ArrayView1;
+
 use logprobe_reference::oracle::{Exact, Fallback, Oracle};
-use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
+use logprobe_reference::spec::{Columns, Dtype, Output, PerOutput, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::row_oracle::RowOracle;
 use crate::tolerance;
+use logprobe_kernels::{Fused, Kernel};
 
 /// Which rows of each dump to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -58,7 +61,11 @@ impl std::str::FromStr for RowSelection {
             return Ok(RowSelection::All);
         }
         if let Some(k) = s.strip_prefix("sample:") {
-            return k.parse().map(RowSelection::Sample).map_err(|_| bad());
+            return match k.parse() {
+                Ok(0) => Err(format!("--rows `{s}` selects no row: K must be at least 1")),
+                Ok(k) => Ok(RowSelection::Sample(k)),
+                Err(_) => Err(bad()),
+            };
         }
         let (a, b) = s.split_once("..").ok_or_else(bad)?;
         let start = if a.is_empty() {
@@ -74,7 +81,24 @@ impl std::str::FromStr for RowSelection {
         if end < start {
             return Err(bad());
         }
+        if end == start {
+            return Err(format!("--rows `{s}` selects no row (empty range)"));
+        }
         Ok(RowSelection::Range { start, end })
+    }
+}
+
+impl std::fmt::Display for RowSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RowSelection::All => f.write_str("all"),
+            RowSelection::Range {
+                start,
+                end: usize::MAX,
+            } => write!(f, "{start}.."),
+            RowSelection::Range { start, end } => write!(f, "{start}..{end}"),
+            RowSelection::Sample(k) => write!(f, "sample:{k}"),
+        }
     }
 }
 
@@ -106,10 +130,16 @@ pub struct VerifyConfig {
     pub rows: RowSelection,
     /// How many worst elements to report per output.
     pub worst: usize,
-    /// Show a progress bar on stderr (hidden anyway when not a terminal).
+    /// Show progress on stderr: a bar on a terminal, otherwise a line every
+    /// `progress_interval` ([`crate::progress`]).
     pub progress: bool,
+    /// Time between two progress lines when stderr is not a terminal.
+    pub progress_interval: std::time::Duration,
     /// The oracle's precision policy.
     pub oracle: Oracle,
+    /// The statistical threshold's `c` (`None`: no SUSPECT tier); default
+    /// [`tolerance::DEFAULT_C`]. Forward outputs only.
+    pub statistical_c: Option<f64>,
 }
 
 impl Default for VerifyConfig {
@@ -120,7 +150,9 @@ impl Default for VerifyConfig {
             rows: RowSelection::All,
             worst: 5,
             progress: false,
+            progress_interval: crate::progress::ProgressMode::DEFAULT_INTERVAL,
             oracle: Oracle::default(),
+            statistical_c: Some(tolerance::DEFAULT_C),
         }
     }
 }
@@ -128,9 +160,13 @@ impl Default for VerifyConfig {
 /// A verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub enum ReportVerdict {
     /// Every element within its bound.
     Pass,
+    /// Every element within its sound bound, some beyond the statistical
+    /// threshold ([`tolerance::Statistical`]): far less accurate than a
+    /// correct implementation in any calibrated order. Exit 0, 1 with `--strict`.
+    Suspect,
     /// The model certifies nothing (`n u >= 1`) and nothing is definitely
     /// wrong: not a pass.
     NoBound,
@@ -138,23 +174,25 @@ pub enum Verdict {
     Fail,
 }
 
-impl Verdict {
-    /// `pass`, `no bound` or `fail` (the `--expect` vocabulary).
+impl ReportVerdict {
+    /// `pass`, `suspect`, `no bound` or `fail` (the `--expect` vocabulary).
     pub fn name(self) -> &'static str {
         match self {
-            Verdict::Pass => "pass",
-            Verdict::NoBound => "no bound",
-            Verdict::Fail => "fail",
+            ReportVerdict::Pass => "pass",
+            ReportVerdict::Suspect => "suspect",
+            ReportVerdict::NoBound => "no bound",
+            ReportVerdict::Fail => "fail",
         }
     }
 }
 
-impl std::fmt::Display for Verdict {
+impl std::fmt::Display for ReportVerdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Verdict::Pass => "pass",
-            Verdict::NoBound => "no bound",
-            Verdict::Fail => "FAIL",
+            ReportVerdict::Pass => "pass",
+            ReportVerdict::Suspect => "SUSPECT",
+            ReportVerdict::NoBound => "no bound",
+            ReportVerdict::Fail => "FAIL",
         })
     }
 }
@@ -164,6 +202,8 @@ impl std::fmt::Display for Verdict {
 pub struct Judged {
     /// Row of the dump.
     pub row: usize,
+    /// `(b, t)` of the row for `[B, T, V]` logits.
+    pub position: Option<(usize, usize)>,
     /// Column: `k` for top-k, vocabulary index for `grad_logits`.
     pub col: Option<usize>,
     /// The candidate value (exact f64 of the stored value).
@@ -243,8 +283,8 @@ pub struct OutputReport {
     pub dtype: String,
     /// Elements judged.
     pub count: usize,
-    /// Verdict under the chosen model.
-    pub verdict: Verdict,
+    /// ReportVerdict under the chosen model.
+    pub verdict: ReportVerdict,
     /// Largest error bound `|candidate - exact|`.
     #[serde(serialize_with = "json_f64")]
     pub max_abs_error: f64,
@@ -264,8 +304,26 @@ pub struct OutputReport {
     pub flash_rule: Option<FlashRule>,
     /// Why the chosen model certifies nothing (first element without a bound).
     pub no_bound_reason: Option<String>,
+    /// Elements within the sound bound but beyond the statistical threshold.
+    pub suspect_elements: usize,
+    /// Largest `error / statistical threshold` (`null` without a tier:
+    /// gradients, or `--statistical-c` off).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub statistical_max_ratio: Option<f64>,
+    /// Largest error our own correct f32 kernel (`Fused`) makes on the same
+    /// rows, rounded to the same dtype (`null` for gradients).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub fused_max_abs_error: Option<f64>,
+    /// `max_abs_error / fused_max_abs_error`: how many times less accurate
+    /// than a correct f32 kernel on these rows.
+    #[serde(serialize_with = "json_opt_f64")]
+    pub vs_fused: Option<f64>,
     /// The worst elements, worst first (by ratio, then by error).
     pub worst: Vec<Judged>,
+    /// Why no element was checked (no row, every row ignored, `K = 0`);
+    /// `None` when some element was. Such an output is valid but certifies
+    /// nothing: the table says "unchecked".
+    pub nothing_checked: Option<String>,
 }
 
 /// The judgement of one dump.
@@ -276,7 +334,7 @@ pub struct FileReport {
     /// File stem (the key in `expected.json`).
     pub name: String,
     /// Overall verdict (the worst of the outputs').
-    pub verdict: Verdict,
+    pub verdict: ReportVerdict,
     /// `N`.
     pub rows: usize,
     /// Rows checked (`--rows`).
@@ -291,8 +349,13 @@ pub struct FileReport {
     pub model: String,
     /// Accumulation dtype of the bound.
     pub accumulation: String,
+    /// The statistical threshold's `c` (`null`: no SUSPECT tier).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub statistical_c: Option<f64>,
     /// Per output.
     pub outputs: Vec<OutputReport>,
+    /// `topk_ids` judged as the kernel's top-k (`topk_ids_source=kernel`).
+    pub topk_ids: Option<crate::topk_set::TopkSetReport>,
     /// Tensors the format does not define (not read).
     pub ignored_tensors: Vec<String>,
     /// What MPFR had to decide after the f64 tier.
@@ -314,10 +377,10 @@ pub struct FallbackReport {
     pub rows: u64,
     /// Rows in which MPFR ran at all.
     pub rows_mpfr: u64,
-    /// `outputs_mpfr / outputs`.
+    /// `outputs_mpfr / outputs` (0 when nothing was computed).
     #[serde(serialize_with = "json_f64")]
     pub output_rate: f64,
-    /// `rows_mpfr / rows`.
+    /// `rows_mpfr / rows` (0 when no row was checked).
     #[serde(serialize_with = "json_f64")]
     pub row_rate: f64,
 }
@@ -378,6 +441,11 @@ struct OutputAcc {
     /// Why the chosen model gave no bound (first occurrence).
     no_bound_reason: Option<String>,
     worst: Vec<Judged>,
+    /// Statistical tier: suspect elements, largest error / threshold.
+    suspect: usize,
+    stat_ratio: Option<f64>,
+    /// Largest error of our Fused f32 kernel on the same rows.
+    fused_err: Option<f64>,
 }
 
 impl OutputAcc {
@@ -393,6 +461,9 @@ impl OutputAcc {
             flash: None,
             no_bound_reason: None,
             worst: Vec::new(),
+            suspect: 0,
+            stat_ratio: None,
+            fused_err: None,
         }
     }
 
@@ -473,15 +544,43 @@ impl OutputAcc {
         };
         self.worst.extend(other.worst);
         self.trim(keep);
+        self.suspect += other.suspect;
+        self.stat_ratio = opt_max(self.stat_ratio, other.stat_ratio);
+        self.fused_err = opt_max(self.fused_err, other.fused_err);
     }
 
-    fn verdict(&self) -> Verdict {
+    /// Records the statistical threshold of an element judged within its
+    /// sound bound (`error`): suspect when beyond it.
+    fn observe_statistical(
+        &mut self,
+        error: f64,
+        sound_pass: bool,
+        threshold: &tolerance::ErrorBound,
+    ) {
+        if let tolerance::ErrorBound::Abs(t) = threshold {
+            let r = if *t > 0.0 {
+                error / t
+            } else if error == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            self.stat_ratio = opt_max(self.stat_ratio, Some(r));
+            if sound_pass && !(error <= *t) {
+                self.suspect += 1;
+            }
+        }
+    }
+
+    fn verdict(&self) -> ReportVerdict {
         if self.any_fail {
-            Verdict::Fail
+            ReportVerdict::Fail
         } else if self.any_no_bound {
-            Verdict::NoBound
+            ReportVerdict::NoBound
+        } else if self.suspect > 0 {
+            ReportVerdict::Suspect
         } else {
-            Verdict::Pass
+            ReportVerdict::Pass
         }
     }
 }
@@ -502,6 +601,13 @@ fn worse(j: &Judged) -> (f64, f64) {
     (r, e)
 }
 
+fn opt_max(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(max_nan(x, y)),
+        (x, y) => x.or(y),
+    }
+}
+
 fn max_nan(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
@@ -510,10 +616,8 @@ fn max_nan(a: f64, b: f64) -> f64 {
     }
 }
 
-const OUTPUTS: [&str; 4] = ["log_probs", "entropy", "topk_log_probs", "grad_logits"];
-
-/// Per-row accumulators, one per output in [`OUTPUTS`] order.
-type RowAcc = [Option<OutputAcc>; 4];
+/// Per-row accumulators, one per judged output.
+type RowAcc = PerOutput<OutputAcc>;
 
 /// Verifies a parsed dump (see the module docs).
 ///
@@ -538,6 +642,13 @@ pub fn verify_dump(
             .effective_temperature(logits_dtype.accumulation())?;
     }
     let rows = config.rows.rows(n);
+    if rows.is_empty() && config.rows != RowSelection::All {
+        return Err(DumpError::EmptySelection {
+            selection: config.rows.to_string(),
+            rows: n,
+        });
+    }
+    let rows = crate::shapes::unmasked_rows(rows, dump.row_mask.as_deref());
 
     // Validate every selected row first (cheap, O(V) each), so bad input is
     // reported deterministically (first bad row) before any oracle work.
@@ -550,58 +661,68 @@ pub fn verify_dump(
                 .map(|e| (r, e))
         })
         .min_by_key(|(r, _)| *r);
-    if let Some((_, e)) = first_bad {
-        return Err(e);
+    if let Some((r, e)) = first_bad {
+        return Err(crate::shapes::at_position(e, dump.row_shape.position(r)));
     }
 
-    let progress = progress_bar(config.progress, rows.len(), path);
+    let mode = if config.progress {
+        crate::progress::ProgressMode::Auto {
+            interval: config.progress_interval,
+        }
+    } else {
+        crate::progress::ProgressMode::Off
+    };
+    let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
     let keep = config.worst;
     let results: Vec<Result<(RowAcc, Fallback), DumpError>> = rows
         .par_iter()
         .map(|&r| {
             let out = verify_row(dump, r, acc_dtype, config, keep);
-            progress.inc(1);
+            progress.inc();
             out
         })
         .collect();
-    progress.finish_and_clear();
+    progress.finish();
 
-    let mut totals: RowAcc = Default::default();
+    let mut totals: RowAcc = PerOutput::new();
     let mut fallback = Fallback::default();
     for res in results {
         let (acc, fb) = res?;
         fallback += fb;
-        for (total, part) in totals.iter_mut().zip(acc) {
-            if let Some(part) = part {
-                match total {
-                    Some(t) => t.merge(part, keep),
-                    None => {
-                        let mut p = part;
-                        p.trim(keep);
-                        *total = Some(p);
-                    }
+        for (o, mut part) in acc {
+            match totals.get_mut(o) {
+                Some(t) => t.merge(part, keep),
+                None => {
+                    part.trim(keep);
+                    totals.insert(o, part);
                 }
             }
         }
     }
 
-    let dtypes = [
-        dump.log_probs.as_ref().map(|c| c.dtype),
-        dump.entropy.as_ref().map(|c| c.dtype),
-        dump.topk_log_probs.as_ref().map(|c| c.dtype),
-        dump.grad_logits.as_ref().map(|m| m.dtype),
-    ];
     let mut outputs = Vec::new();
-    for (i, name) in OUTPUTS.iter().enumerate() {
-        let Some(dtype) = dtypes[i] else { continue };
-        let acc = totals[i].take().unwrap_or_else(OutputAcc::new);
-        outputs.push(output_report(name, dtype, acc));
+    for (o, candidate) in dump.candidates.iter() {
+        let acc = totals.take(o).unwrap_or_else(OutputAcc::new);
+        let mut report = output_report(o.name(), candidate.dtype, acc);
+        for j in &mut report.worst {
+            j.position = dump.row_shape.position(j.row);
+        }
+        if report.count == 0 {
+            report.nothing_checked = Some(nothing_checked_reason(o, dump, &rows));
+        }
+        outputs.push(report);
     }
+    let topk_ids = dump
+        .format
+        .topk_kernel
+        .then(|| crate::topk_set::check_dump(dump, &rows, config.worst))
+        .transpose()?;
     let verdict = outputs
         .iter()
         .map(|o| o.verdict)
+        .chain(topk_ids.as_ref().map(|t| t.verdict))
         .max()
-        .unwrap_or(Verdict::Pass);
+        .unwrap_or(ReportVerdict::Pass);
     Ok(FileReport {
         path: path.to_path_buf(),
         name: path
@@ -616,11 +737,37 @@ pub fn verify_dump(
         logits_dtype: logits_dtype.to_string(),
         model: config.model.to_string(),
         accumulation: acc_dtype.to_string(),
+        statistical_c: config.statistical_c,
         outputs,
+        topk_ids,
         ignored_tensors: dump.ignored_tensors.clone(),
         fallback: fallback.into(),
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Why no row was checked: `N = 0`, or `row_mask` excludes every selected row.
+pub fn no_rows_reason(dump: &Dump<'_>) -> String {
+    if dump.n() == 0 {
+        "no rows (N = 0)".to_string()
+    } else {
+        "row_mask excludes every selected row".to_string()
+    }
+}
+
+/// Why output `name` has no element checked over `rows`.
+fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> String {
+    if rows.is_empty() {
+        return no_rows_reason(dump);
+    }
+    match output {
+        Output::LogProbs => format!(
+            "every checked row's token is ignore_index ({})",
+            dump.options.ignore_index
+        ),
+        Output::TopkLogProbs => "K = 0: topk_ids has no column".to_string(),
+        _ => "no element".to_string(),
+    }
 }
 
 fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputReport {
@@ -657,39 +804,31 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
             holds: f.holds(),
         }),
         no_bound_reason: acc.no_bound_reason,
+        suspect_elements: acc.suspect,
+        statistical_max_ratio: acc.stat_ratio,
+        fused_max_abs_error: acc.fused_err,
+        vs_fused: acc.fused_err.map(|f| {
+            if f > 0.0 {
+                acc.max_abs / f
+            } else if acc.max_abs == 0.0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        }),
         worst: acc.worst,
+        nothing_checked: None,
     }
-}
-
-fn progress_bar(enabled: bool, len: usize, path: &Path) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    // Draws on stderr; indicatif hides it when stderr is not a terminal.
-    let bar = indicatif::ProgressBar::new(len as u64);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(
-        path.file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    );
-    bar
 }
 
 /// The candidate dtypes that need a forward call, deduplicated.
 fn forward_dtypes(dump: &Dump<'_>) -> Vec<Dtype> {
-    let mut v: Vec<Dtype> = [
-        dump.log_probs.as_ref().map(|c| c.dtype),
-        dump.entropy.as_ref().map(|c| c.dtype),
-        dump.topk_log_probs.as_ref().map(|c| c.dtype),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let mut v: Vec<Dtype> = dump
+        .candidates
+        .iter()
+        .filter(|(o, _)| o.is_forward())
+        .map(|(_, c)| c.dtype)
+        .collect();
     v.sort();
     v.dedup();
     v
@@ -704,7 +843,7 @@ fn judge4(
     candidate: f64,
     exact: &Exact,
     dtype: Dtype,
-    bounds: &[tolerance::Bound; 4],
+    bounds: &[tolerance::ErrorBound; 4],
 ) -> (Judged, [Option<f64>; 3]) {
     let js = bounds
         .each_ref()
@@ -718,6 +857,7 @@ fn judge4(
     let j = &js[0];
     let judged = Judged {
         row,
+        position: None,
         col,
         candidate,
         exact: if mid.is_nan() { exact.rounded } else { mid },
@@ -730,8 +870,10 @@ fn judge4(
     (judged, [js[1].ratio, js[2].ratio, js[3].ratio])
 }
 
-/// Oracle, bounds and judgement for one row: one oracle pass
-/// ([`RowOracle`]) gives the statistics, the forward values and the VJP.
+/// Oracle, bounds and judgement for one row: the exact values of every
+/// candidate output (forward once per candidate dtype, the VJP in the
+/// gradient's dtype), then the row-judging walk ([`tolerance::walk_row`]),
+/// each element under `[chosen, tree, lanes=8, sequential]`.
 fn verify_row(
     dump: &Dump<'_>,
     r: usize,
@@ -741,150 +883,101 @@ fn verify_row(
 ) -> Result<(RowAcc, Fallback), DumpError> {
     let inputs: RowInputs = dump.row(r)?;
     let p = inputs.problem();
+    let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
     let (mut oracle, stats) = RowOracle::new(&config.oracle, &p).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
     let rb = tolerance::RowBounds::new_all(&models.all, &stats, &ctx);
-    let v = dump.vocab_size();
-    let mut out: RowAcc = Default::default();
+    let st = config
+        .statistical_c
+        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
+        .map(|s| s.row_bounds(&stats, &ctx));
+    let targets = tolerance::RowTargets::new(&p, 0, &cot);
 
-    // Judges one element under [chosen, tree, lanes=8, sequential].
-    let push = |acc: &mut OutputAcc,
-                col: Option<usize>,
-                cand: f64,
-                exact: &Exact,
-                dtype: Dtype,
-                f: &dyn Fn(&tolerance::RowBounds<'_>) -> tolerance::Bound| {
-        let bounds = rb.each_ref().map(f);
-        if let (tolerance::Bound::None { reason }, None) = (&bounds[0], &acc.no_bound_reason) {
-            acc.no_bound_reason = Some(reason.to_string());
-        }
-        let (judged, reference) = judge4(r, col, cand, exact, dtype, &bounds);
-        acc.push(judged, reference, keep);
-    };
-    // Naive same-dtype log_softmax / entropy for the flash-attention rule,
-    // over the real vocabulary (`-inf` where the mask disallows).
-    let x = inputs.logits.view().row_f64(0);
-    let masked: Vec<f64> = (0..v)
-        .map(|j| {
-            if p.allowed(0, j) {
-                x[j]
-            } else {
-                f64::NEG_INFINITY
-            }
+    let forwards = forward_dtypes(dump)
+        .into_iter()
+        .map(|dtype| oracle.forward(dtype))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(spec)?;
+    // Our correct f32 kernel on the same row, per forward dtype.
+    let ours: Vec<_> = forward_dtypes(dump)
+        .into_iter()
+        .filter_map(|dtype| Fused.forward(&p, dtype).ok().map(|f| (dtype, f)))
+        .collect();
+    let grad = dump
+        .candidates
+        .get(Output::GradLogits)
+        .map(|g| oracle.vjp(&cot, g.dtype))
+        .transpose()
+        .map_err(spec)?;
+    let exact: PerOutput<ArrayView1<'_, Exact>> = dump
+        .candidates
+        .iter()
+        .filter_map(|(o, c)| {
+            let values = match &grad {
+                Some(g) if o == Output::GradLogits => g,
+                _ => forwards
+                    .iter()
+                    .find(|f| f.dtype == c.dtype)?
+                    .values
+                    .get(o)?,
+            };
+            Some((o, values.row(0)))
         })
         .collect();
-    let temperature = dump.options.temperature;
+    let rows = dump.candidates.as_ref().map(|_, c| (c.dtype, c.row_f64(r)));
+    let candidates = rows
+        .as_ref()
+        .map(|_, (dtype, v)| (*dtype, ArrayView1::from(&v[..])));
 
-    for dtype in forward_dtypes(dump) {
-        let fwd = oracle.forward(dtype).map_err(spec)?;
-        let naive_lp = (dump.log_probs.is_some() || dump.topk_log_probs.is_some())
-            .then(|| tolerance::naive_log_softmax(&masked, temperature, dtype));
-        if let (Some(c), Some(lp)) = (
-            dump.log_probs.as_ref().filter(|c| c.dtype == dtype),
-            fwd.log_probs.as_ref(),
-        ) {
-            let acc = out[0].get_or_insert_with(OutputAcc::new);
-            if let (Some(exact), Some(t)) = (
-                lp[0].as_ref().filter(|_| dump.has_target(r)),
-                inputs.tokens.as_ref(),
-            ) {
-                push(acc, None, c.values[r], exact, dtype, &|b| b.log_prob(dtype));
-                if let Some(n) = &naive_lp {
-                    acc.flash
-                        .get_or_insert_with(tolerance::FlashRule::new)
-                        .observe(exact, c.values[r], n[t[0] as usize], dtype);
+    let mut naive = tolerance::NaiveRow::new(&p, 0);
+    let mut out: RowAcc = PerOutput::new();
+    let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
+        &exact,
+        &candidates,
+        |o| o.judged(&p, 0),
+        |e| {
+            let acc = out.get_or_insert_with(e.output, OutputAcc::new);
+            let bounds = rb
+                .each_ref()
+                .map(|b| b.bound(e.output, e.col, &targets, e.dtype));
+            if let (tolerance::ErrorBound::None { reason }, None) =
+                (&bounds[0], &acc.no_bound_reason)
+            {
+                acc.no_bound_reason = Some(reason.to_string());
+            }
+            let col = (e.output.columns() != Columns::One).then_some(e.col);
+            let (judged, reference) = judge4(r, col, e.candidate, e.exact, e.dtype, &bounds);
+            acc.push(judged, reference, keep);
+            // The statistical threshold (forward outputs only) and our
+            // kernel's error on the same element.
+            if let Some(t) = st
+                .as_ref()
+                .and_then(|s| s.bound(e.output, e.col, &targets, e.dtype))
+            {
+                let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
+                acc.observe_statistical(j.error_abs, j.pass, &t);
+            }
+            if e.output.is_forward() {
+                let v = ours
+                    .iter()
+                    .find(|(d, _)| *d == e.dtype)
+                    .and_then(|(_, f)| f.values.get(e.output))
+                    .map(|a| a[[0, e.col]]);
+                if let Some(v) = v {
+                    acc.fused_err = opt_max(acc.fused_err, Some(e.exact.error(v)));
                 }
             }
-        }
-        if let (Some(c), Some(ent)) = (
-            dump.entropy.as_ref().filter(|c| c.dtype == dtype),
-            fwd.entropy.as_ref(),
-        ) {
-            let acc = out[1].get_or_insert_with(OutputAcc::new);
-            push(acc, None, c.values[r], &ent[0], dtype, &|b| {
-                b.entropy(dtype)
-            });
-            let masked_w = matches!(dump.options.entropy, Some(EntropyLogits::Masked));
-            let naive = match &naive_lp {
-                // The same logits: reuse the naive log-softmax.
-                Some(n) if masked_w || inputs.sampling_mask.is_none() => {
-                    tolerance::naive_entropy_of(n, dtype)
-                }
-                _ => {
-                    let w = if masked_w { &masked[..] } else { &x[..v] };
-                    tolerance::naive_entropy(w, temperature, dtype)
-                }
-            };
-            acc.flash
-                .get_or_insert_with(tolerance::FlashRule::new)
-                .observe(&ent[0], c.values[r], naive, dtype);
-        }
-        if let (Some(c), Some(tk)) = (
-            dump.topk_log_probs.as_ref().filter(|c| c.dtype == dtype),
-            fwd.topk_log_probs.as_ref(),
-        ) {
-            let acc = out[2].get_or_insert_with(OutputAcc::new);
-            let ids = dump.topk_ids.as_ref().expect("checked by the reader");
-            for k in 0..c.values.ncols() {
-                // In range: validated by the spec before the oracle ran.
-                let id = ids[[r, k]] as usize;
-                let (cand, exact) = (c.values[[r, k]], &tk[[0, k]]);
-                push(acc, Some(k), cand, exact, dtype, &|b| b.topk(id, dtype));
-                if let Some(n) = &naive_lp {
-                    acc.flash
-                        .get_or_insert_with(tolerance::FlashRule::new)
-                        .observe(exact, cand, n[id], dtype);
-                }
+            if let Some(n) = naive.value(e.output, e.col, &targets, e.dtype) {
+                acc.flash
+                    .get_or_insert_with(tolerance::FlashRule::new)
+                    .observe(e.exact, e.candidate, n, e.dtype);
             }
-        }
-    }
-
-    if let Some(g) = dump.grad_logits.as_ref() {
-        let cot = inputs.cotangents();
-        let exact = oracle.vjp(&cot, g.dtype).map_err(spec)?;
-        let cand = g.row_f64(r);
-        let has_target = dump.has_target(r);
-        let topk: Vec<(usize, f64)> = match (
-            inputs.topk_ids.as_ref(),
-            inputs.grad_topk_log_probs.as_ref(),
-        ) {
-            // Ids masked by sampling_mask are constants (no gradient).
-            (Some(ids), Some(gk)) => tolerance::GradCotangents::live_topk(
-                ids.iter().copied(),
-                gk.iter().copied(),
-                |id| id < v && p.allowed(0, id),
-            ),
-            _ => Vec::new(),
-        };
-        let gc = tolerance::GradCotangents {
-            g: if has_target {
-                inputs.grad_log_probs.as_ref().map_or(0.0, |a| a[0])
-            } else {
-                0.0
-            },
-            h: inputs.grad_entropy.as_ref().map_or(0.0, |a| a[0]),
-            token: if has_target {
-                inputs.tokens.as_ref().map(|t| t[0] as usize)
-            } else {
-                None
-            },
-            topk: &topk,
-        };
-        let acc = out[3].get_or_insert_with(OutputAcc::new);
-        let zero = [0; 4].map(|_| tolerance::Bound::Abs(0.0));
-        for (j, &c) in cand.iter().enumerate() {
-            let ex = &exact[[0, j]];
-            if j >= v {
-                // Padded columns: exactly 0 under every model.
-                let (judged, reference) = judge4(r, Some(j), c, ex, g.dtype, &zero);
-                acc.push(judged, reference, keep);
-            } else {
-                push(acc, Some(j), c, ex, g.dtype, &|b| b.grad(j, &gc, g.dtype));
-            }
-        }
-    }
+            Ok(())
+        },
+    );
+    let Ok(()) = walked;
     Ok((out, oracle.finish()))
 }
 
@@ -940,11 +1033,17 @@ fn fmt_v(x: f64) -> String {
 pub fn render_table(report: &FileReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
+    let all_unchecked = report.outputs.iter().all(|o| o.nothing_checked.is_some())
+        && report
+            .topk_ids
+            .as_ref()
+            .is_none_or(|t| t.nothing_checked.is_some());
     let _ = writeln!(
         s,
-        "{}: {}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
+        "{}: {}{}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
         report.path.display(),
         report.verdict,
+        if all_unchecked { " (nothing checked)" } else { "" },
         report.rows,
         report.columns,
         report.logits_dtype,
@@ -957,7 +1056,7 @@ pub fn render_table(report: &FileReport) -> String {
     );
     let _ = writeln!(
         s,
-        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
         "output",
         "dtype",
         "elements",
@@ -966,22 +1065,86 @@ pub fn render_table(report: &FileReport) -> String {
         "max ulps",
         "err/bound",
         "tightest",
-        "flash"
+        "flash",
+        "err/stat",
+        "vs f32"
     );
     for o in &report.outputs {
         let _ = writeln!(
             s,
-            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
             o.output,
             o.dtype,
             o.count,
-            o.verdict.to_string(),
+            if o.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                o.verdict.to_string()
+            },
             fmt_g(o.max_abs_error),
             fmt_g(o.max_ulps),
             o.max_ratio.map_or("-".into(), fmt_g),
             o.tightest_model.as_deref().unwrap_or("none"),
             o.flash_rule.as_ref().map_or("-".into(), |f| fmt_g(f.ratio)),
+            o.statistical_max_ratio.map_or("-".into(), fmt_g),
+            o.vs_fused.map_or("-".into(), |r| format!("{}x", fmt_g(r))),
         );
+    }
+    // "37x less accurate than a correct f32 kernel on these rows".
+    for o in &report.outputs {
+        if let (Some(r), Some(f)) = (o.vs_fused, o.fused_max_abs_error) {
+            if r > 2.0 {
+                let _ = writeln!(
+                    s,
+                    "  {}: {}x less accurate than a correct f32 kernel on these rows (its max |err| {})",
+                    o.output,
+                    fmt_g(r),
+                    fmt_g(f)
+                );
+            }
+        }
+        if o.suspect_elements > 0 {
+            let _ = writeln!(
+                s,
+                "  {}: SUSPECT: {} of {} elements within the sound bound but beyond the statistical threshold (c = {})",
+                o.output, o.suspect_elements, o.count, report.statistical_c.map_or("-".into(), fmt_g)
+            );
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>5} {:>8} {:>9}  ids as the kernel's top-{} of z'{}: {} of {} rows not a valid top-k set",
+            "topk_ids",
+            "-",
+            t.rows_checked,
+            if t.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                t.verdict.to_string()
+            },
+            t.k,
+            if t.sorted { ", descending" } else { "" },
+            t.rows_failed,
+            t.rows_checked,
+        );
+    }
+    for o in &report.outputs {
+        if let Some(why) = &o.nothing_checked {
+            let _ = writeln!(s, "  {}: nothing checked: {why}", o.output);
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        if let Some(why) = &t.nothing_checked {
+            let _ = writeln!(s, "  topk_ids: nothing checked: {why}");
+        }
+        for f in &t.failures {
+            let at = match f.position {
+                Some((b, tt)) => format!("(b, t) = ({b}, {tt})"),
+                None => format!("row {}", f.row),
+            };
+            let _ = writeln!(s, "    topk_ids {at}: {}", f.message);
+        }
     }
     for o in &report.outputs {
         if o.worst.is_empty() {
@@ -989,9 +1152,11 @@ pub fn render_table(report: &FileReport) -> String {
         }
         let _ = writeln!(s, "  worst {}:", o.output);
         for j in &o.worst {
-            let at = match j.col {
-                Some(c) => format!("[{}, {}]", j.row, c),
-                None => format!("[{}]", j.row),
+            let at = match (j.position, j.col) {
+                (Some((b, t)), Some(c)) => format!("({b}, {t}), {c}"),
+                (Some((b, t)), None) => format!("({b}, {t})"),
+                (None, Some(c)) => format!("[{}, {}]", j.row, c),
+                (None, None) => format!("[{}]", j.row),
             };
             let _ = writeln!(
                 s,
@@ -1007,11 +1172,13 @@ pub fn render_table(report: &FileReport) -> String {
         }
     }
     let fb = &report.fallback;
-    let _ = writeln!(
-        s,
-        "  fallback to MPFR: {} of {} oracle outputs ({:.2e}), {} of {} rows ({:.2e})",
-        fb.outputs_mpfr, fb.outputs, fb.output_rate, fb.rows_mpfr, fb.rows, fb.row_rate
-    );
+    if fb.rows > 0 {
+        let _ = writeln!(
+            s,
+            "  fallback to MPFR: {} of {} oracle outputs ({:.2e}), {} of {} rows ({:.2e})",
+            fb.outputs_mpfr, fb.outputs, fb.output_rate, fb.rows_mpfr, fb.rows, fb.row_rate
+        );
+    }
     if !report.ignored_tensors.is_empty() {
         let _ = writeln!(
             s,
@@ -1092,12 +1259,12 @@ impl Expectations {
                 .and_then(|e| e.as_str())
                 .ok_or_else(|| format!("entry `{name}` has no string `expect`"))?;
             match expect {
-                "pass" | "fail" | "no bound" => {
+                "pass" | "suspect" | "fail" | "no bound" => {
                     out.insert(name.clone(), expect.to_string());
                 }
                 other => {
                     return Err(format!(
-                        "entry `{name}`: expect = {other:?}, not pass, fail or no bound"
+                        "entry `{name}`: expect = {other:?}, not pass, suspect, fail or no bound"
                     ))
                 }
             }
@@ -1157,6 +1324,16 @@ pub fn render_expect(rows: &[ExpectRow]) -> String {
 /// one does not; without, 0 when every file passes and 1 when any fails
 /// or has no bound.
 pub fn exit_status(outcomes: &[FileOutcome], expect: Option<&[ExpectRow]>) -> u8 {
+    exit_status_strict(outcomes, expect, false)
+}
+
+/// [`exit_status`], where without expectations a `suspect` verdict passes
+/// (exit 0) unless `strict` (exit 1).
+pub fn exit_status_strict(
+    outcomes: &[FileOutcome],
+    expect: Option<&[ExpectRow]>,
+    strict: bool,
+) -> u8 {
     if outcomes
         .iter()
         .any(|o| matches!(o, FileOutcome::BadInput { .. }))
@@ -1165,11 +1342,10 @@ pub fn exit_status(outcomes: &[FileOutcome], expect: Option<&[ExpectRow]>) -> u8
     }
     match expect {
         Some(rows) => u8::from(!rows.iter().all(|r| r.matches)),
-        None => u8::from(
-            !outcomes
-                .iter()
-                .all(|o| matches!(o, FileOutcome::Report(r) if r.verdict == Verdict::Pass)),
-        ),
+        None => u8::from(!outcomes.iter().all(|o| {
+            matches!(o, FileOutcome::Report(r) if r.verdict == ReportVerdict::Pass
+                    || (!strict && r.verdict == ReportVerdict::Suspect))
+        })),
     }
 }
 

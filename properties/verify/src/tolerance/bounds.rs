@@ -4,12 +4,12 @@
 //! (`(T1)` ...).
 
 use logprobe_reference::oracle::{Interval, RowStats};
-use logprobe_reference::spec::Shift;
-use logprobe_reference::spec::{pow2, Dtype};
+use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
 
 use super::model::{EntropyForm, Model, RowContext};
 use super::upward::{Hi, Lo};
-use super::{Bound, NoBound};
+use super::walk::RowTargets;
+use super::{ErrorBound, NoBound};
 
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
@@ -142,6 +142,24 @@ fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
     Ok(Hi(nu) / (Lo(1.0) - Hi(nu)))
 }
 
+/// The `gamma_n` of an accumulation (summation) path: sound `gamma_n`, or
+/// with `stat_c = Some(c)` the statistical `min(gamma_n, c sqrt(n) u)`
+/// (`statistical.rs`, TOLERANCE.md "(S1)"). No bound when `n u >= 1` either way.
+fn acc_gamma(n: usize, u: f64, stat_c: Option<f64>) -> Result<Hi, NoBound> {
+    let g = gamma(n, u)?;
+    Ok(match stat_c {
+        Some(c) => {
+            let s = Hi(c.max(0.0)) * Hi((n as f64).sqrt()) * Hi(u);
+            if s.0 < g.0 {
+                s
+            } else {
+                g
+            }
+        }
+        None => g,
+    })
+}
+
 /// Half an ulp of `dtype` at magnitude `y` (exact; monotone in `y`).
 fn half_ulp(dtype: Dtype, y: Hi) -> Hi {
     Hi(0.5 * dtype.ulp(y.0))
@@ -170,7 +188,7 @@ fn finite(x: Hi, what: &'static str) -> Result<Hi, NoBound> {
 }
 
 impl Consts {
-    fn new(model: &Model, n_terms: usize, ctx: &RowContext) -> Consts {
+    fn new(model: &Model, n_terms: usize, ctx: &RowContext, stat_c: Option<f64>) -> Consts {
         let acc = model.accumulation;
         let u_f = acc.unit_roundoff();
         let u = Hi(u_f);
@@ -208,6 +226,8 @@ impl Consts {
         let n_b = h + l + 2 * r + 2;
         let n_p = h + l + r + 1;
         let exps = (Hi::ONE + eps_exp).powi(1 + r);
+        // Accumulation terms: sound gamma_n, or the statistical threshold's.
+        let gamma = |n: usize, u: f64| acc_gamma(n, u, stat_c);
         let k_s = gamma(n_s, u_f).map(|g| exps * (Hi::ONE + g));
         let k_b = gamma(n_b, u_f).map(|g| exps * (Hi::ONE + g));
         let k_p = gamma(n_p, u_f).and_then(|g0| {
@@ -262,10 +282,10 @@ impl Consts {
     /// The final roundings (T8): `A + 1/2 ulp_acc(|v| + A)`, then
     /// `+ 1/2 ulp_out(|v| + A + 1/2 ulp_acc)` when `out` is narrower than
     /// the accumulation dtype.
-    fn finish(&self, pre: Hi, v_abs: Hi, out: Dtype, what: &'static str) -> Bound {
+    fn finish(&self, pre: Hi, v_abs: Hi, out: Dtype, what: &'static str) -> ErrorBound {
         let y1 = v_abs + pre;
         if !y1.0.is_finite() {
-            return Bound::None {
+            return ErrorBound::None {
                 reason: NoBound::NonFinite { what },
             };
         }
@@ -275,8 +295,8 @@ impl Consts {
             total = total + half_ulp(out, y1 + r1);
         }
         match finite(total, what) {
-            Ok(t) => Bound::Abs(t.0),
-            Err(reason) => Bound::None { reason },
+            Ok(t) => ErrorBound::Abs(t.0),
+            Err(reason) => ErrorBound::None { reason },
         }
     }
 
@@ -319,7 +339,7 @@ impl<'a> RowBounds<'a> {
         ctx: &RowContext,
     ) -> [RowBounds<'a>; M] {
         let n = stats.d.len().max(stats.e.len());
-        let cs = models.each_ref().map(|m| Consts::new(m, n, ctx));
+        let cs = models.each_ref().map(|m| Consts::new(m, n, ctx, None));
         if M == 0 || !cs.iter().all(|c| c.same_shift(&cs[0])) {
             return models.each_ref().map(|m| RowBounds::new(m, stats, ctx));
         }
@@ -355,9 +375,22 @@ impl<'a> RowBounds<'a> {
     /// `V` for the summation presets is `stats.d.len()` (`p` and `q` are
     /// not read: they may be empty). Never panics: a
     /// model that certifies nothing (`n u >= 1`, `theta_S >= 1`, non-finite
-    /// statistics) yields [`Bound::None`] from the queries.
+    /// statistics) yields [`ErrorBound::None`] from the queries.
     pub fn new(model: &Model, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
-        let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx);
+        Self::build(model, stats, ctx, None)
+    }
+
+    /// [`RowBounds::new`] with the accumulation terms' `gamma_n` replaced
+    /// by `min(gamma_n, c sqrt(n) u)`: the statistical threshold of
+    /// [`super::Statistical`], which exposes only the forward outputs (no
+    /// statistical tier for gradients: (T14) reads the entropy's terms).
+    pub(super) fn build(
+        model: &Model,
+        stats: &'a RowStats,
+        ctx: &RowContext,
+        stat_c: Option<f64>,
+    ) -> RowBounds<'a> {
+        let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx, stat_c);
         let p = set_bounds(&c, model, &stats.d, stats.ln_s);
         let w = set_bounds(&c, model, &stats.e, stats.ln_s_w);
         let (entropy_pre, entropy_grad) = match &w {
@@ -383,13 +416,42 @@ impl<'a> RowBounds<'a> {
         self.p.as_ref().map(|s| s.theta_s.0).map_err(Clone::clone)
     }
 
+    /// The bound of column `col` of `output` in this row, for a candidate
+    /// in `out`: the one place a bound is chosen per output. Log-probs
+    /// [`RowBounds::log_prob`], entropy [`RowBounds::entropy`], top-k
+    /// log-probs [`RowBounds::topk`] of the id `targets.topk_ids[col]`, grad
+    /// logits [`RowBounds::grad`] with the row's cotangents (exactly 0 on
+    /// padded columns `col >= V`).
+    pub fn bound(
+        &self,
+        output: Output,
+        col: usize,
+        targets: &RowTargets,
+        out: Dtype,
+    ) -> ErrorBound {
+        match output {
+            Output::LogProbs => self.log_prob(out),
+            Output::Entropy => self.entropy(out),
+            Output::TopkLogProbs => match targets.topk_ids.get(col) {
+                Some(&id) => self.topk(id, out),
+                None => ErrorBound::None {
+                    reason: NoBound::MissingStatistic {
+                        what: "top-k id of this column",
+                    },
+                },
+            },
+            Output::GradLogits if col >= targets.vocab_size => ErrorBound::Abs(0.0),
+            Output::GradLogits => self.grad(col, &targets.grad_cotangents(), out),
+        }
+    }
+
     /// Bound (nats) on `|log_prob^ - log_prob|` for a candidate in `out`
     /// (T7-T8): `A = a |d_t| + b + delta_ell` (raw kernels:
     /// `t_T (Z + |d_t|) + err(lse)`), then the final roundings.
-    pub fn log_prob(&self, out: Dtype) -> Bound {
+    pub fn log_prob(&self, out: Dtype) -> ErrorBound {
         match self.stats.d_t {
             Some(d_t) => self.shifted_log_prob(&d_t, out, "log_prob"),
-            None => Bound::None {
+            None => ErrorBound::None {
                 reason: NoBound::MissingStatistic {
                     what: "d_t (no target)",
                 },
@@ -400,11 +462,11 @@ impl<'a> RowBounds<'a> {
     /// Bound (nats) on the top-k log-prob of vocabulary id `id`: as
     /// [`RowBounds::log_prob`] with `d_id`; exactly 0 for an id with
     /// `d_id = -inf` (masked, or an allowed `-inf` logit: the value is `-inf`).
-    pub fn topk(&self, id: usize, out: Dtype) -> Bound {
+    pub fn topk(&self, id: usize, out: Dtype) -> ErrorBound {
         match self.stats.d.get(id) {
-            Some(d) if d.hi == f64::NEG_INFINITY => Bound::Abs(0.0),
+            Some(d) if d.hi == f64::NEG_INFINITY => ErrorBound::Abs(0.0),
             Some(d) => self.shifted_log_prob(d, out, "topk_log_prob"),
-            None => Bound::None {
+            None => ErrorBound::None {
                 reason: NoBound::MissingStatistic {
                     what: "d of a top-k id (out of range)",
                 },
@@ -412,10 +474,10 @@ impl<'a> RowBounds<'a> {
         }
     }
 
-    fn shifted_log_prob(&self, d: &Interval, out: Dtype, what: &'static str) -> Bound {
+    fn shifted_log_prob(&self, d: &Interval, out: Dtype, what: &'static str) -> ErrorBound {
         let set = match &self.p {
             Ok(s) => s,
-            Err(e) => return Bound::None { reason: e.clone() },
+            Err(e) => return ErrorBound::None { reason: e.clone() },
         };
         let d_abs = mag(d);
         let pre = self.c.lp_err_pre(set, d_abs);
@@ -424,27 +486,32 @@ impl<'a> RowBounds<'a> {
 
     /// Bound (nats) on `|entropy^ - entropy|` for a candidate in `out`
     /// (T11-T13 per the model's [`EntropyForm`], then the final roundings).
-    pub fn entropy(&self, out: Dtype) -> Bound {
+    pub fn entropy(&self, out: Dtype) -> ErrorBound {
         match (&self.w, &self.entropy_pre) {
             (Ok(ws), Ok(pre)) => {
                 self.c
                     .finish(*pre, Hi(ws.ln_s.hi) + Hi(self.stats.r.hi), out, "entropy")
             }
-            (Err(e), _) | (_, Err(e)) => Bound::None { reason: e.clone() },
+            (Err(e), _) | (_, Err(e)) => ErrorBound::None { reason: e.clone() },
         }
     }
 
     /// Bound on `|dx^_j - dx_j|` for element `j < V` of grad logits (T14),
     /// in the gradient's units, for the cotangents `cot`, rounded to `out`.
     /// Padded columns (`j >= V`) are exactly 0 and are not covered here.
-    pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> Bound {
+    pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> ErrorBound {
         match self.grad_inner(j, cot, out) {
             Ok(b) => b,
-            Err(reason) => Bound::None { reason },
+            Err(reason) => ErrorBound::None { reason },
         }
     }
 
-    fn grad_inner(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> Result<Bound, NoBound> {
+    fn grad_inner(
+        &self,
+        j: usize,
+        cot: &GradCotangents<'_>,
+        out: Dtype,
+    ) -> Result<ErrorBound, NoBound> {
         let c = &self.c;
         let st = self.stats;
         let (Some(dj), Some(ej)) = (st.d.get(j), st.e.get(j)) else {
@@ -519,7 +586,7 @@ impl<'a> RowBounds<'a> {
             let v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
             total = total + half_ulp(out, v_abs + pre);
         }
-        Ok(Bound::Abs(finite(total, "grad_logits")?.0))
+        Ok(ErrorBound::Abs(finite(total, "grad_logits")?.0))
     }
 
     /// `(ln p_j upper, arg_j)`: the exponent of the relative error of a
