@@ -5,6 +5,11 @@
 //! outputs and elements that tier leaves undecided, reusing the prepared
 //! row. The [`Fallback`] counts say how many it had to decide.
 //!
+//! The VJP comes from the same pass under [`Tier::Fast`] too (as under
+//! `Tier::FastVjp`): one pass per row is the point (issue 12). Its values
+//! are the same correctly rounded ones; only the enclosures are a few f64
+//! ulps wide instead of about one, so a reported gradient error, measured
+//! to the far end, can differ from the MPFR path's in its last digits.
 //! With [`Tier::Mpfr`] every value comes from the MPFR path (the public
 //! [`Oracle`] calls), for comparisons.
 //!

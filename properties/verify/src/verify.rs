@@ -888,11 +888,17 @@ fn verify_row(
     let (mut oracle, stats) = RowOracle::new(&config.oracle, &p).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
-    let rb = tolerance::RowBounds::new_all(&models.all, &stats, &ctx);
-    let st = config
+    let statistical = config
         .statistical_c
-        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
-        .map(|s| s.row_bounds(&stats, &ctx));
+        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c));
+    let keys = entry_keys(&p, dump.vocab_size());
+    let (rb, st) = tolerance::RowBounds::new_shared(
+        &models.all,
+        statistical.as_ref(),
+        &stats,
+        &ctx,
+        keys.as_deref(),
+    );
     let targets = tolerance::RowTargets::new(&p, 0, &cot);
 
     let forwards = forward_dtypes(dump)
@@ -939,9 +945,12 @@ fn verify_row(
         |o| o.judged(&p, 0),
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
-            let bounds = rb
-                .each_ref()
-                .map(|b| b.bound(e.output, e.col, &targets, e.dtype));
+            let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
+                tolerance::RowBounds::grad_many(&rb, e.col, &targets.grad_cotangents(), e.dtype)
+            } else {
+                rb.each_ref()
+                    .map(|b| b.bound(e.output, e.col, &targets, e.dtype))
+            };
             if let (tolerance::ErrorBound::None { reason }, None) =
                 (&bounds[0], &acc.no_bound_reason)
             {
@@ -979,6 +988,37 @@ fn verify_row(
     );
     let Ok(()) = walked;
     Ok((out, oracle.finish()))
+}
+
+/// The grouping keys of row 0 of `p` for the bounds' per-entry sums
+/// ([`tolerance::RowBounds::new_shared`]), `[V]`: a 16-bit logit's raw
+/// bits and its sampling-mask bit; `None` for f32 and f64 logits (their
+/// values are mostly distinct).
+fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) -> Option<Vec<u32>> {
+    use logprobe_reference::spec::Logits;
+    let bits: Vec<u32> = match p.logits {
+        Logits::Bf16(a) => a
+            .row(0)
+            .iter()
+            .take(v)
+            .map(|x| u32::from(x.to_bits()))
+            .collect(),
+        Logits::F16(a) => a
+            .row(0)
+            .iter()
+            .take(v)
+            .map(|x| u32::from(x.to_bits()))
+            .collect(),
+        _ => return None,
+    };
+    Some(match p.sampling_mask {
+        Some(m) => bits
+            .into_iter()
+            .zip(m.row(0))
+            .map(|(b, &ok)| b | (u32::from(ok) << 16))
+            .collect(),
+        None => bits,
+    })
 }
 
 /// The chosen model and the three reference models (tree, lanes=8,
