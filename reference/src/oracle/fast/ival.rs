@@ -103,25 +103,27 @@ pub(crate) fn div_up(a: f64, b: f64) -> f64 {
 impl Interval {
     /// The point `[x, x]`.
     #[inline(always)]
-    pub(crate) const fn point(x: f64) -> Interval {
+    pub const fn point(x: f64) -> Interval {
         Interval { lo: x, hi: x }
     }
 
     /// `[0, 0]`.
     pub(crate) const ZERO: Interval = Interval::point(0.0);
 
-    /// `self + o`.
+    /// `self + o`, both ends rounded in their direction (`RD`, `RU`):
+    /// encloses `x + y` for every `x` in `self`, `y` in `o`.
     #[inline(always)]
-    pub(crate) fn add(self, o: Interval) -> Interval {
+    pub fn add(self, o: Interval) -> Interval {
         Interval {
             lo: add_dn(self.lo, o.lo),
             hi: add_up(self.hi, o.hi),
         }
     }
 
-    /// `self - o`.
+    /// `self - o`, both ends rounded in their direction: encloses `x - y`
+    /// for every `x` in `self`, `y` in `o`.
     #[inline(always)]
-    pub(crate) fn sub(self, o: Interval) -> Interval {
+    pub fn sub(self, o: Interval) -> Interval {
         Interval {
             lo: add_dn(self.lo, -o.hi),
             hi: add_up(self.hi, -o.lo),
@@ -130,7 +132,7 @@ impl Interval {
 
     /// `-self` (exact).
     #[inline(always)]
-    pub(crate) fn neg(self) -> Interval {
+    pub fn neg(self) -> Interval {
         Interval {
             lo: -self.hi,
             hi: -self.lo,
