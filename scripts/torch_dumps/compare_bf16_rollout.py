@@ -4,10 +4,10 @@ engine see them.
 
 - trainer_f32.safetensors: f32 logits [B, T, V] of a causal LM's response,
   log-probs from PyTorch's fp32 log_softmax (the trainer's careful path),
-  a row_mask (response tokens 1, prompt tokens 0), f32 entropy.
+  a row_mask (response tokens 1, prompt tokens 0).
 - rollout_bf16.safetensors: the same logits rounded to bf16 (as a bf16
   rollout engine holds them), log-probs from PyTorch's bf16 log_softmax
-  (output bf16), bf16 entropy; the same tokens and row_mask.
+  (output bf16); the same tokens and row_mask.
 - rollout_bf16_log_probs_only.safetensors: the rollout's tokens, row_mask
   and log-probs only (what vLLM / SGLang return: no logits).
 
@@ -41,25 +41,23 @@ row_mask[:, :4] = False
 # Trainer: fp32 log_softmax over f32 logits.
 lp_a_all = torch.log_softmax(logits, dim=-1)
 lp_a = lp_a_all.gather(-1, tokens[..., None]).squeeze(-1)
-ent_a = -(lp_a_all.exp() * lp_a_all).sum(-1)
 
 # Rollout: logits held in bf16, PyTorch's bf16 log_softmax.
 logits_b = logits.to(torch.bfloat16)
 lp_b_all = torch.log_softmax(logits_b, dim=-1)
 assert lp_b_all.dtype == torch.bfloat16
 lp_b = lp_b_all.gather(-1, tokens[..., None]).squeeze(-1)
-ent_b = -(lp_b_all.float().exp() * lp_b_all.float()).sum(-1).to(torch.bfloat16)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "fixtures/torch/compare"
 os.makedirs(out, exist_ok=True)
 meta = {"format_version": "2"}
 save_file(
     {"logits": logits, "tokens": tokens, "row_mask": row_mask,
-     "log_probs": lp_a.contiguous(), "entropy": ent_a.contiguous()},
+     "log_probs": lp_a.contiguous()},
     f"{out}/trainer_f32.safetensors", metadata=meta)
 save_file(
     {"logits": logits_b.contiguous(), "tokens": tokens, "row_mask": row_mask,
-     "log_probs": lp_b.contiguous(), "entropy": ent_b.contiguous()},
+     "log_probs": lp_b.contiguous()},
     f"{out}/rollout_bf16.safetensors", metadata=meta)
 save_file(
     {"tokens": tokens, "row_mask": row_mask, "log_probs": lp_b.contiguous()},

@@ -941,24 +941,37 @@ fn verdict_line(s: &Summary) -> String {
             )
         })
         .collect();
-    let bounds = if out_of_bound.is_empty() {
-        if s.kernel_bounds.is_empty() {
-            String::new()
-        } else {
-            let sides: Vec<String> = s
-                .kernel_bounds
-                .iter()
-                .filter(|k| k.output == "log_probs")
-                .map(|k| k.side.to_string())
-                .collect();
-            match sides.len() {
-                0 => String::new(),
-                1 => format!("; {}'s log_probs kernel is within its bound", sides[0]),
-                _ => "; both log_probs kernels are within their bounds".into(),
-            }
-        }
+    let suspect: Vec<String> = s
+        .kernel_bounds
+        .iter()
+        .filter(|k| k.verdict == Verdict::Suspect)
+        .map(|k| {
+            format!(
+                "{}'s {} kernel is within its bound but SUSPECT (beyond the statistical threshold)",
+                k.side, k.output
+            )
+        })
+        .collect();
+    let within: Vec<String> = s
+        .kernel_bounds
+        .iter()
+        .filter(|k| k.output == "log_probs" && k.verdict == Verdict::Pass)
+        .map(|k| k.side.to_string())
+        .collect();
+    let mut notes = out_of_bound;
+    match within.len() {
+        0 => {}
+        1 => notes.push(format!(
+            "{}'s log_probs kernel is within its bound",
+            within[0]
+        )),
+        _ => notes.push("both log_probs kernels are within their bounds".into()),
+    }
+    notes.extend(suspect);
+    let bounds = if notes.is_empty() {
+        String::new()
     } else {
-        format!("; {}", out_of_bound.join("; "))
+        format!("; {}", notes.join("; "))
     };
     if s.bitwise_equal_rows == Some(s.rows) {
         let logits = match s.logits_bitwise_equal_rows {

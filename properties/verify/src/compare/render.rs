@@ -59,7 +59,7 @@ pub fn render_table(r: &CompareReport) -> String {
     };
     let _ = writeln!(
         s,
-        "  rows compared {} of {} ({shape}; row_mask excludes {}, ignore_index {}){}, {:.2} s",
+        "  rows compared {} of {} ({shape}; row_mask excludes {}, token = ignore_index in {}){}, {:.2} s",
         r.summary.rows,
         r.rows_total,
         r.rows_masked,
