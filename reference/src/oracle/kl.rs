@@ -27,8 +27,17 @@
 //! exponent range rounds down to 0 and up to the smallest positive number:
 //! still an enclosure); the sums run at `prec + 64` bits in fixed chunks of
 //! [`row::CHUNK`] entries, so the enclosure does not depend on the thread
-//! count. Precision doubles from 128 bits (the f64 target's start) until
-//! the enclosure rounds to one f64 or the cap is reached (`decided = false`).
+//! count. Precision doubles from the target's start (64 bits for f32, 128
+//! for f64) until the enclosure rounds to one value of the target dtype or
+//! the cap is reached (`decided = false`).
+//!
+//! # Tiers
+//!
+//! With [`super::Tier::Fast`] (the default) the same formula first runs in
+//! f64 interval arithmetic on the oracle's f64 row statistics (one
+//! CORE-MATH `exp` per entry and side, then a correctly rounded `expm1`);
+//! when that enclosure rounds to one value of the target it is the result,
+//! otherwise MPFR decides, as for every other output.
 //! Rows with the same `z'` on both sides (equal values, temperatures and
 //! supports: bitwise-equal logits) give the point 0 without a sum.
 
@@ -38,8 +47,9 @@ use rug::ops::{AddAssignRound, AssignRound};
 use rug::{Assign, Float};
 
 use super::bounds::Bounds;
+use super::fast::ival::{add_dn, add_up};
 use super::row::{self, Cache, Entry, Row, ACC_EXTRA, CHUNK};
-use super::{Exact, Oracle, Rounder};
+use super::{Exact, Interval, Oracle, Rounder, RowStats};
 use crate::spec::{Dtype, Problem, SpecError};
 
 impl Oracle {
@@ -48,20 +58,21 @@ impl Oracle {
     /// dtype), temperature, `temperature_dtype` and sampling mask; `z'` is
     /// `z` with disallowed entries at `-inf`, over the real vocabulary
     /// (`vocab_size` columns, which must agree). Tokens and top-k ids play
-    /// no part. The result is an enclosure correctly rounded to f64
-    /// (`decided = false` only at the precision cap); `+inf` when B gives
-    /// probability 0 to a token A does not. Formula: the module docs.
+    /// no part. The result is an enclosure whose ends round to one value of
+    /// `target` (`decided = false` only at the precision cap), from the f64
+    /// tier when it decides, else from MPFR (the module docs); `+inf` when
+    /// B gives probability 0 to a token A does not.
     ///
     /// ```
     /// use logprobe_reference::oracle::Oracle;
-    /// use logprobe_reference::spec::{Logits, Problem};
+    /// use logprobe_reference::spec::{Dtype, Logits, Problem};
     /// use ndarray::array;
     /// let xa = array![[1.0f32, 2.0, 3.0]];
     /// let xb = array![[1.0f32, 2.0, 3.5]];
     /// let (a, b) = (Problem::new(Logits::F32(xa.view())), Problem::new(Logits::F32(xb.view())));
-    /// let kl = Oracle::default().kl_row(&a, 0, &b, 0).unwrap();
+    /// let kl = Oracle::default().kl_row(&a, 0, &b, 0, Dtype::F32).unwrap();
     /// assert!(kl.decided && kl.rounded > 0.0 && kl.rounded < 0.05);
-    /// assert_eq!(Oracle::default().kl_row(&a, 0, &a, 0).unwrap().rounded, 0.0);
+    /// assert_eq!(Oracle::default().kl_row(&a, 0, &a, 0, Dtype::F32).unwrap().rounded, 0.0);
     /// ```
     ///
     /// # Errors
@@ -75,6 +86,7 @@ impl Oracle {
         row_a: usize,
         b: &Problem<'_>,
         row_b: usize,
+        target: Dtype,
     ) -> Result<Exact, SpecError> {
         let sa = a.validate_shapes()?;
         let sb = b.validate_shapes()?;
@@ -101,10 +113,22 @@ impl Oracle {
         {
             return Ok(Exact::point(0.0));
         }
+        if self.tier.fast().is_some() {
+            let (sa, sb) = (self.row_stats(a, row_a)?, self.row_stats(b, row_b)?);
+            let e = kl_fast(&ra, &rb, &sa, &sb);
+            let (lo, hi) = (target.round_f64(e.lo), target.round_f64(e.hi));
+            if lo == hi && e.is_finite() {
+                return Ok(Exact {
+                    enclosure: e,
+                    rounded: lo,
+                    decided: true,
+                });
+            }
+        }
         let mut rounder = Rounder::new();
         let mut out = None;
-        for prec in self.precisions(Dtype::F64) {
-            let e = rounder.exact(&kl_at(&ra, &rb, prec), Dtype::F64);
+        for prec in self.precisions(target) {
+            let e = rounder.exact(&kl_at(&ra, &rb, prec), target);
             out = Some(e);
             if e.decided {
                 break;
@@ -112,6 +136,66 @@ impl Oracle {
         }
         Ok(out.expect("at least one precision"))
     }
+}
+
+/// The f64 tier: each side's row statistics ([`Oracle::row_stats`]: f64
+/// enclosures of `d'_j`, `p_j`, `ln S`) in the module's formula, in
+/// outward f64 interval arithmetic (module `fast::ival`); `phi` with
+/// CORE-MATH's correctly rounded `expm1` moved one ulp outward (a correctly
+/// rounded value is within half an ulp).
+fn kl_fast(ra: &Row<'_>, rb: &Row<'_>, sa: &RowStats, sb: &RowStats) -> Interval {
+    let one = Interval::point(1.0);
+    let mut sum = Interval::ZERO;
+    let phi_at = |x: f64, up: bool| -> f64 {
+        let m = core_math::expm1(-x);
+        if up {
+            add_up(m.next_up(), x)
+        } else {
+            add_dn(m.next_down(), x)
+        }
+    };
+    for j in 0..ra.v.len() {
+        let (in_a, in_b) = (ra.in_p(j), rb.in_p(j));
+        let term = if !in_a {
+            if !in_b {
+                continue;
+            }
+            sb.p[j]
+        } else {
+            let delta = sa.d[j].sub(sa.ln_s).sub(sb.d[j].sub(sb.ln_s));
+            if delta.lo >= -1.0 {
+                let phi = if delta.lo >= 0.0 {
+                    Interval {
+                        lo: phi_at(delta.lo, false),
+                        hi: phi_at(delta.hi, true),
+                    }
+                } else if delta.hi <= 0.0 {
+                    Interval {
+                        lo: phi_at(delta.hi, false),
+                        hi: phi_at(delta.lo, true),
+                    }
+                } else {
+                    Interval {
+                        lo: 0.0,
+                        hi: phi_at(delta.lo, true).max(phi_at(delta.hi, true)),
+                    }
+                };
+                let phi = Interval {
+                    lo: phi.lo.max(0.0),
+                    hi: phi.hi,
+                };
+                sa.p[j].mul_nonneg(phi)
+            } else {
+                // p_B - p_A (1 - delta)
+                sb.p[j].sub(sa.p[j].mul(one.sub(delta)))
+            }
+        };
+        sum = sum.add(Interval {
+            lo: term.lo.max(0.0),
+            hi: term.hi,
+        });
+    }
+    sum
 }
 
 /// One side at one precision: cached `exp(d_j)`, `S = 1 + s`, `ln S`.
@@ -289,7 +373,7 @@ mod tests {
         let a = Problem::new(Logits::F64(xa.view()));
         let b = Problem::new(Logits::F64(xb.view()));
         let o = Oracle::default();
-        let kl = o.kl_row(&a, 0, &b, 0).unwrap();
+        let kl = o.kl_row(&a, 0, &b, 0, Dtype::F64).unwrap();
         let want = naive(xa.row(0).as_slice().unwrap(), xb.row(0).as_slice().unwrap());
         assert!(kl.decided);
         assert!(
@@ -297,10 +381,13 @@ mod tests {
             "{kl:?} vs {want}"
         );
         // B far likelier than A at column 4 in the reverse direction (delta < -1).
-        let rev = o.kl_row(&b, 0, &a, 0).unwrap();
+        let rev = o.kl_row(&b, 0, &a, 0, Dtype::F64).unwrap();
         let want_rev = naive(xb.row(0).as_slice().unwrap(), xa.row(0).as_slice().unwrap());
         assert!(rev.enclosure.lo <= want_rev && want_rev <= rev.enclosure.hi);
-        assert_eq!(o.kl_row(&a, 0, &a, 0).unwrap(), Exact::point(0.0));
+        assert_eq!(
+            o.kl_row(&a, 0, &a, 0, Dtype::F64).unwrap(),
+            Exact::point(0.0)
+        );
     }
 
     #[test]
@@ -317,7 +404,7 @@ mod tests {
         );
         let a = Problem::new(Logits::F32(xa.view()));
         let b = Problem::new(Logits::F32(xb.view()));
-        let kl = Oracle::default().kl_row(&a, 0, &b, 0).unwrap();
+        let kl = Oracle::default().kl_row(&a, 0, &b, 0, Dtype::F64).unwrap();
         let to64 = |x: &ndarray::Array2<f32>| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
         let want = naive(&to64(&xa), &to64(&xb));
         assert!(kl.decided && kl.rounded > 0.0);
@@ -335,15 +422,53 @@ mod tests {
         let b = Problem::new(Logits::F32(xb.view()));
         let o = Oracle::default();
         // A puts 0 where B does not: finite, the p_B mass term counts.
-        let ab = o.kl_row(&a, 0, &b, 0).unwrap();
+        let ab = o.kl_row(&a, 0, &b, 0, Dtype::F64).unwrap();
         let want = naive(&[1.0, 2.0, -1e300], &[1.0, 2.0, 0.5]);
         assert!(ab.enclosure.lo <= want * (1.0 + 1e-15) && want <= ab.enclosure.hi * (1.0 + 1e-15));
-        assert_eq!(o.kl_row(&b, 0, &a, 0).unwrap().rounded, f64::INFINITY);
+        assert_eq!(
+            o.kl_row(&b, 0, &a, 0, Dtype::F64).unwrap().rounded,
+            f64::INFINITY
+        );
         let xc = array![[1.0f32, 2.0]];
         let c = Problem::new(Logits::F32(xc.view()));
         assert!(matches!(
-            o.kl_row(&a, 0, &c, 0),
+            o.kl_row(&a, 0, &c, 0, Dtype::F64),
             Err(SpecError::ShapeMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn the_f64_tier_agrees_with_mpfr() {
+        use crate::oracle::Tier;
+        let v = 3000;
+        let xa: Vec<f32> = (0..v)
+            .map(|j| ((j * 53 % 211) as f32) / 19.0 - 4.0)
+            .collect();
+        // B: xa rounded to bf16 (the worked example's logits effect), and a
+        // row where B is far likelier than A at one entry (delta < -1).
+        let xb: Vec<f32> = xa
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_f32())
+            .collect();
+        let mut xc = xa.clone();
+        xc[7] += 9.0;
+        let arr = |x: Vec<f32>| ndarray::Array2::from_shape_vec((1, v), x).unwrap();
+        let (xa, xb, xc) = (arr(xa), arr(xb), arr(xc));
+        let a = Problem::new(Logits::F32(xa.view()));
+        for x in [&xb, &xc] {
+            let b = Problem::new(Logits::F32(x.view()));
+            let fast = Oracle::default().kl_row(&a, 0, &b, 0, Dtype::F32).unwrap();
+            let mpfr = Oracle {
+                tier: Tier::Mpfr,
+                ..Oracle::default()
+            }
+            .kl_row(&a, 0, &b, 0, Dtype::F32)
+            .unwrap();
+            assert!(fast.decided && mpfr.decided);
+            assert_eq!(fast.rounded, mpfr.rounded);
+            let (f, m) = (fast.enclosure, mpfr.enclosure);
+            assert!(f.lo <= m.hi && m.lo <= f.hi, "{f:?} vs {m:?}");
+            assert!(f.lo > 0.0 && (f.hi - f.lo) < 1e-9 * f.hi, "{f:?}");
+        }
     }
 }

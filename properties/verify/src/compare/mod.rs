@@ -17,7 +17,8 @@
 //! - `observed = lp_A - lp_B`, which is exactly
 //!   `kernel_error_a - kernel_error_b + logits_effect`;
 //! - `kl = KL(softmax(z'_A) || softmax(z'_B))`, exact
-//!   ([`Oracle::kl_row`]), when both sides have logits;
+//!   ([`Oracle::kl_row`]: an enclosure whose ends round to one f32), when
+//!   both sides have logits;
 //! - without B's logits, `b_minus_exact_a = lp_B - exact(logits_A)`
 //!   (B's kernel error and logits effect together, inseparable without
 //!   B's logits), so `observed = kernel_error_a - b_minus_exact_a`;
@@ -178,8 +179,8 @@ pub struct CompareConfig {
     pub rows: RowSelection,
     /// PPO clip range `eps` of the importance-ratio summary (`0.2`).
     pub clip: f64,
-    /// Compute the exact KL per row when both sides have logits (MPFR: a
-    /// few times the log-prob oracle's cost).
+    /// Compute the exact KL per row when both sides have logits (the f64
+    /// tier, MPFR where it does not decide: about the log-prob oracle's cost).
     pub kl: bool,
     /// Rows listed in the table, largest `|observed|` first.
     pub worst: usize,
@@ -726,7 +727,7 @@ fn compare_row(
     let kl = match (&b_exact, want_kl) {
         (Some((_, in_b)), true) => Some(
             oracle
-                .kl_row(&in_a.problem(), 0, &in_b.problem(), 0)
+                .kl_row(&in_a.problem(), 0, &in_b.problem(), 0, Dtype::F32)
                 .map_err(|e| side_err(Side::B)(DumpError::Spec(at_row(e, r))))?,
         ),
         _ => None,
