@@ -14,7 +14,7 @@ use rug::Float;
 
 use logprobe_verify::compare::{compare_files, CompareConfig, CompareReport};
 use logprobe_verify::dump::DumpFile;
-use logprobe_verify::verify::Verdict;
+use logprobe_verify::verify::ReportVerdict as Verdict;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

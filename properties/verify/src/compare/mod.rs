@@ -56,13 +56,13 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use logprobe_reference::oracle::{Exact, Interval, Oracle};
-use logprobe_reference::spec::{Dtype, SpecError};
+use logprobe_reference::spec::{Dtype, Output, SpecError};
 
 pub use render::render_table;
-pub use side::{LogProbsDump, Side, SideDump, LOGITS_FREE_TENSORS};
+pub use side::{LogProbs, LogProbsDump, Side, SideDump, LOGITS_FREE_TENSORS};
 
 use crate::dump::{at_row, DumpError, DumpFile};
-use crate::verify::{RowSelection, Verdict, VerifyConfig};
+use crate::verify::{ReportVerdict as Verdict, RowSelection, VerifyConfig};
 
 /// `schema_version` of the `compare --json` document ([`CompareReport`]).
 pub const SCHEMA_VERSION: u32 = 1;
@@ -597,7 +597,7 @@ pub fn compare_dumps(
     let oracle = config.verify.oracle;
     let computed: Vec<Result<CompareRow, CompareError>> = rows
         .par_iter()
-        .map(|&r| compare_row(da, db, lp_a, lp_b, r, shape, &oracle, config.kl))
+        .map(|&r| compare_row(da, db, &lp_a, lp_b.as_ref(), r, shape, &oracle, config.kl))
         .collect();
     let rows_out: Vec<CompareRow> = computed.into_iter().collect::<Result<_, _>>()?;
 
@@ -610,7 +610,7 @@ pub fn compare_dumps(
     };
     for (side, d, path) in [(Side::A, Some(da), path_a), (Side::B, db, path_b)] {
         let Some(d) = d else { continue };
-        if d.log_probs.is_none() && d.entropy.is_none() {
+        if !d.candidates.contains(Output::LogProbs) && !d.candidates.contains(Output::Entropy) {
             continue;
         }
         let report = crate::verify::verify_dump(d, path, &vcfg)
@@ -640,7 +640,7 @@ pub fn compare_dumps(
     Ok(CompareReport {
         schema_version: SCHEMA_VERSION,
         a: info(path_a, Some(da), Some(lp_a.dtype)),
-        b: info(path_b, db, lp_b.map(|c| c.dtype)),
+        b: info(path_b, db, lp_b.as_ref().map(|c| c.dtype)),
         rows_total: shape.n,
         batch: shape.batch,
         rows_masked: selected.len() - kept.len(),
@@ -675,7 +675,11 @@ fn exact_log_prob(
     let f = oracle
         .forward_row_of(&inputs.problem(), 0, dtype)
         .map_err(|e: SpecError| DumpError::Spec(at_row(e, r)))?;
-    let e = f.log_prob.expect("a compared row has a target");
+    let e = f
+        .values
+        .get(Output::LogProbs)
+        .and_then(|v| v.first().copied())
+        .expect("a compared row has a target");
     Ok((e, inputs))
 }
 
@@ -683,8 +687,8 @@ fn exact_log_prob(
 fn compare_row(
     da: &crate::dump::Dump<'_>,
     db: Option<&crate::dump::Dump<'_>>,
-    lp_a: &crate::dump::Candidate<ndarray::Array1<f64>>,
-    lp_b: Option<&crate::dump::Candidate<ndarray::Array1<f64>>>,
+    lp_a: &LogProbs,
+    lp_b: Option<&LogProbs>,
     r: usize,
     shape: crate::shapes::RowShape,
     oracle: &Oracle,

@@ -6,9 +6,9 @@
 use ndarray::Array1;
 
 use super::CompareError;
-use crate::dump::{decode_floats, decode_ids, parse_meta, st_float, Candidate, Dump, DumpError};
+use crate::dump::{decode_floats, decode_ids, parse_meta, st_float, Dump, DumpError};
 use crate::shapes::RowShape;
-use logprobe_reference::spec::DEFAULT_IGNORE_INDEX;
+use logprobe_reference::spec::{Dtype, Output, DEFAULT_IGNORE_INDEX};
 
 /// Which side of `compare A B`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -32,6 +32,16 @@ impl std::fmt::Display for Side {
 /// `[B, T]`). Any other tensor needs the logits it is a function of.
 pub const LOGITS_FREE_TENSORS: [&str; 3] = ["tokens", "log_probs", "row_mask"];
 
+/// A side's candidate log-probs `[N]` (flattened), exact f64 values of
+/// the stored ones, with the dtype they were dumped in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogProbs {
+    /// Dtype of the `log_probs` tensor.
+    pub dtype: Dtype,
+    /// The values, exactly.
+    pub values: Array1<f64>,
+}
+
 /// A dump without logits: the log-probs of a rollout engine (vLLM and
 /// SGLang return these, not the logits).
 #[derive(Clone, Debug)]
@@ -41,7 +51,7 @@ pub struct LogProbsDump {
     /// `tokens` (`[N]` flattened).
     pub tokens: Array1<i64>,
     /// Candidate `log_probs` (`[N]` flattened).
-    pub log_probs: Option<Candidate<Array1<f64>>>,
+    pub log_probs: Option<LogProbs>,
     /// `row_mask` (`[N]` flattened).
     pub row_mask: Option<Vec<bool>>,
     /// `ignore_index` (metadata, default -100).
@@ -115,7 +125,7 @@ impl LogProbsDump {
                 row_shape
                     .expect("log_probs", t.shape(), &[])
                     .map_err(dump)?;
-                Some(Candidate {
+                Some(LogProbs {
                     dtype,
                     values: Array1::from(decode_floats(dtype, t.data())),
                 })
@@ -166,11 +176,14 @@ impl SideDump<'_> {
         }
     }
 
-    /// Candidate `log_probs`, when present.
-    pub fn log_probs(&self) -> Option<&Candidate<Array1<f64>>> {
+    /// Candidate `log_probs`, when present (decoded: `[N]`).
+    pub fn log_probs(&self) -> Option<LogProbs> {
         match self {
-            SideDump::Logits(d) => d.log_probs.as_ref(),
-            SideDump::LogProbsOnly(d) => d.log_probs.as_ref(),
+            SideDump::Logits(d) => d.candidates.get(Output::LogProbs).map(|m| LogProbs {
+                dtype: m.dtype,
+                values: m.to_array().column(0).to_owned(),
+            }),
+            SideDump::LogProbsOnly(d) => d.log_probs.clone(),
         }
     }
 
