@@ -103,7 +103,8 @@ pub struct CompareArgs {
     /// (default: f64 for f64 logits, f32 otherwise).
     #[arg(long, value_parser = parse_accumulation)]
     pub accumulation: Option<logprobe_reference::spec::Dtype>,
-    /// Skip the exact KL per row (MPFR; a few times the log-prob oracle's cost).
+    /// Skip the exact KL per row (certified f64 tier, MPFR where it does not
+    /// decide: about one more oracle pass per side).
     #[arg(long)]
     pub no_kl: bool,
     /// Rows listed in the table, largest |observed| first.
@@ -192,7 +193,7 @@ A and B must hold the same rows: the same tokens ([N] or [B, T]), row_mask and
 ignore_index. B may hold only tokens, log_probs (and row_mask): what rollout engines return.
 
 Exit status:
-  0  compared; every kernel within its bound
+  0  compared; every kernel within its bound (SUSPECT included)
   1  compared; some side's kernel beyond its bound (or \"no bound\")
   2  bad input (the message names the side, tensor and row)"
         .to_string()

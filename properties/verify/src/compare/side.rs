@@ -151,7 +151,8 @@ impl LogProbsDump {
     }
 }
 
-/// One side, parsed.
+/// One side, parsed (two per comparison: the size difference is moot).
+#[allow(clippy::large_enum_variant)]
 pub enum SideDump<'a> {
     /// With logits: every check of `verify` applies.
     Logits(Dump<'a>),

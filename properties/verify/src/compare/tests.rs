@@ -359,4 +359,54 @@ fn mismatched_pairs_are_typed_bad_input() {
             ..
         })
     ));
+    // Different ignore_index metadata, and different vocabularies.
+    let meta_b = serialize_dump(
+        &[
+            ("tokens", DumpTensor::i64s(&[N], &tokens())),
+            ("log_probs", DumpTensor::floats(Dtype::F32, &[N], &[0.0; N])),
+        ],
+        &[("ignore_index", "-1")],
+    )
+    .unwrap();
+    let db = parse_side(&meta_b, Side::B).unwrap();
+    let e = compare_dumps(
+        &da,
+        &db,
+        Path::new("a"),
+        Path::new("b"),
+        &CompareConfig::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CompareError::MetadataMismatch {
+                key: "ignore_index",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let narrow = serialize_dump(
+        &[
+            ("tokens", DumpTensor::i64s(&[N], &tokens())),
+            ("logits", DumpTensor::floats(Dtype::F32, &[N, V], &logits())),
+            ("log_probs", DumpTensor::floats(Dtype::F32, &[N], &[0.0; N])),
+        ],
+        &[("vocab_size", "39")],
+    )
+    .unwrap();
+    let db = parse_side(&narrow, Side::B).unwrap();
+    let e = compare_dumps(
+        &da,
+        &db,
+        Path::new("a"),
+        Path::new("b"),
+        &CompareConfig::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, CompareError::VocabMismatch { a: 40, b: 39 }),
+        "{e}"
+    );
 }

@@ -112,6 +112,8 @@ impl Interval {
 
     /// `self + o`, both ends rounded in their direction (`RD`, `RU`):
     /// encloses `x + y` for every `x` in `self`, `y` in `o`.
+    // Named methods, not `std::ops`: each end rounds outward, which `+` does not say.
+    #[allow(clippy::should_implement_trait)]
     #[inline(always)]
     pub fn add(self, o: Interval) -> Interval {
         Interval {
@@ -122,6 +124,7 @@ impl Interval {
 
     /// `self - o`, both ends rounded in their direction: encloses `x - y`
     /// for every `x` in `self`, `y` in `o`.
+    #[allow(clippy::should_implement_trait)]
     #[inline(always)]
     pub fn sub(self, o: Interval) -> Interval {
         Interval {
@@ -132,7 +135,7 @@ impl Interval {
 
     /// `-self` (exact).
     #[inline(always)]
-    pub fn neg(self) -> Interval {
+    pub(crate) fn neg(self) -> Interval {
         Interval {
             lo: -self.hi,
             hi: -self.lo,
