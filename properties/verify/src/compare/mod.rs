@@ -23,7 +23,9 @@
 //!   (B's kernel error and logits effect together, inseparable without
 //!   B's logits), so `observed = kernel_error_a - b_minus_exact_a`;
 //! - whether the two candidate log-probs, and the two logits rows, are
-//!   bitwise equal.
+//!   bitwise equal;
+//! - when A has an `entropy` candidate, the same decomposition of the
+//!   entropy (`entropy.kernel_error_a`, ... with `exact_entropy(logits)`).
 //!
 //! Every value is an [`Enclosure`] `[lo, hi]` with f64 ends rounded
 //! outward: the oracle's enclosure of `exact(...)` (a few f64 ulps wide)
@@ -56,7 +58,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use logprobe_reference::oracle::{Exact, Interval, Oracle};
-use logprobe_reference::spec::{Dtype, Output, SpecError};
+use logprobe_reference::spec::{Dtype, EntropyLogits, Output, SpecError};
 
 pub use render::render_table;
 pub use side::{LogProbs, LogProbsDump, Side, SideDump, LOGITS_FREE_TENSORS};
@@ -282,6 +284,34 @@ pub struct CompareRow {
     /// The two logits rows are the same bits in the same dtype (and the
     /// same temperature and mask).
     pub logits_bitwise_equal: Option<bool>,
+    /// The same decomposition of the entropy, when A has an `entropy`
+    /// candidate (B's from its own candidate, when it has one).
+    pub entropy: Option<EntropyRow>,
+}
+
+/// The entropy's decomposition of one row (nats; enclosures as for the
+/// log-probs): `observed = kernel_error_a - kernel_error_b + logits_effect`
+/// with `kernel_error = H - exact_entropy(logits)`.
+#[derive(Clone, Debug, Serialize)]
+pub struct EntropyRow {
+    /// A's candidate entropy.
+    #[serde(serialize_with = "json_f64")]
+    pub entropy_a: f64,
+    /// B's candidate entropy (`null` when B has none).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub entropy_b: Option<f64>,
+    /// The exact entropy of A's logits.
+    pub exact_a: Enclosure,
+    /// The exact entropy of B's logits (`null` without them).
+    pub exact_b: Option<Enclosure>,
+    /// `H_A - exact(logits_A)`.
+    pub kernel_error_a: Enclosure,
+    /// `H_B - exact(logits_B)`.
+    pub kernel_error_b: Option<Enclosure>,
+    /// `exact(logits_A) - exact(logits_B)`.
+    pub logits_effect: Option<Enclosure>,
+    /// `H_A - H_B`.
+    pub observed: Option<Enclosure>,
 }
 
 /// Mean and max `|x|` of a quantity over the compared rows (midpoints).
@@ -382,8 +412,23 @@ pub struct Summary {
     pub share_logits: Option<f64>,
     /// Each side's kernel against its bound (sides with logits).
     pub kernel_bounds: Vec<KernelBound>,
+    /// The entropy's magnitudes, when A has an entropy candidate.
+    pub entropy: Option<EntropySummary>,
     /// The one-line verdict.
     pub verdict: String,
+}
+
+/// Mean and max `|.|` of the entropy's decomposition (nats).
+#[derive(Clone, Debug, Serialize)]
+pub struct EntropySummary {
+    /// `|H_A - H_B|` (`null` without B's entropy).
+    pub observed: Option<Magnitude>,
+    /// `|H_A - exact(logits_A)|`.
+    pub kernel_error_a: Option<Magnitude>,
+    /// `|H_B - exact(logits_B)|`.
+    pub kernel_error_b: Option<Magnitude>,
+    /// `|exact(logits_A) - exact(logits_B)|`.
+    pub logits_effect: Option<Magnitude>,
 }
 
 /// Facts of one side for the report's header.
@@ -662,25 +707,54 @@ fn exit_status(s: &Summary) -> u8 {
     u8::from(bad)
 }
 
-/// The oracle's exact log-prob of row `r` of `d` (enclosure), in the
-/// candidate's dtype `dtype` (the enclosure does not depend on it; the
-/// dtype only decides when the oracle stops refining).
-fn exact_log_prob(
+/// The oracle's exact log-prob of row `r` of `d` (enclosure), and its
+/// exact entropy over `entropy`'s logits when `entropy` is `Some`, in the
+/// candidate's dtype `dtype` (the enclosures do not depend on it; the dtype
+/// only decides when the oracle stops refining).
+fn exact_row(
     d: &crate::dump::Dump<'_>,
     r: usize,
     dtype: Dtype,
+    entropy: Option<EntropyLogits>,
     oracle: &Oracle,
-) -> Result<(Exact, crate::dump::RowInputs), DumpError> {
-    let inputs = d.row(r)?;
+) -> Result<(Exact, Option<Exact>, crate::dump::RowInputs), DumpError> {
+    let mut inputs = d.row(r)?;
+    inputs.options.entropy = entropy;
     let f = oracle
         .forward_row_of(&inputs.problem(), 0, dtype)
         .map_err(|e: SpecError| DumpError::Spec(at_row(e, r)))?;
-    let e = f
-        .values
-        .get(Output::LogProbs)
-        .and_then(|v| v.first().copied())
-        .expect("a compared row has a target");
-    Ok((e, inputs))
+    let first = |o: Output| f.values.get(o).and_then(|v| v.first().copied());
+    let e = first(Output::LogProbs).expect("a compared row has a target");
+    Ok((e, first(Output::Entropy), inputs))
+}
+
+/// The decomposition of one quantity of one row (module docs): candidates
+/// `ca`, `cb`, exact enclosures `ia`, `ib`; `same_logits` makes the logits
+/// effect the exact 0 (one real, so no width).
+fn decompose(
+    ca: f64,
+    cb: Option<f64>,
+    ia: Interval,
+    ib: Option<Interval>,
+    same_logits: bool,
+) -> [Option<Enclosure>; 5] {
+    let (enc, point) = (Enclosure::of, Interval::point);
+    [
+        Some(enc(point(ca).sub(ia))),
+        cb.zip(ib).map(|(cb, ib)| enc(point(cb).sub(ib))),
+        ib.map(|ib| {
+            enc(if same_logits {
+                Interval::point(0.0)
+            } else {
+                ia.sub(ib)
+            })
+        }),
+        cb.map(|cb| enc(point(ca).sub(point(cb)))),
+        match (cb, ib) {
+            (Some(cb), None) => Some(enc(point(cb).sub(ia))),
+            _ => None,
+        },
+    ]
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -701,18 +775,22 @@ fn compare_row(
         }
     };
     let la = lp_a.values[r];
-    let (ea, in_a) = exact_log_prob(da, r, lp_a.dtype, oracle).map_err(side_err(Side::A))?;
+    // The entropy is decomposed when A has an entropy candidate.
+    let ent_a = da.candidates.get(Output::Entropy);
+    let want_entropy = ent_a.map(|_| da.options.entropy.unwrap_or(EntropyLogits::Unmasked));
+    let (ea, eh_a, in_a) =
+        exact_row(da, r, lp_a.dtype, want_entropy, oracle).map_err(side_err(Side::A))?;
     let ia = ea.enclosure;
-    let point = Interval::point;
     let lb = lp_b.map(|c| c.values[r]);
     let b_exact = match db {
         Some(db) => {
             let dtype = lp_b.map_or(lp_a.dtype, |c| c.dtype);
-            Some(exact_log_prob(db, r, dtype, oracle).map_err(side_err(Side::B))?)
+            let ent = want_entropy.map(|w| db.options.entropy.unwrap_or(w));
+            Some(exact_row(db, r, dtype, ent, oracle).map_err(side_err(Side::B))?)
         }
         None => None,
     };
-    let logits_bitwise_equal = b_exact.as_ref().map(|(_, in_b)| {
+    let logits_bitwise_equal = b_exact.as_ref().map(|(_, _, in_b)| {
         let (pa, pb) = (in_a.problem(), in_b.problem());
         pa.logits.dtype() == pb.logits.dtype()
             && pa.options.temperature.to_bits() == pb.options.temperature.to_bits()
@@ -726,10 +804,10 @@ fn compare_row(
     // leave a few ulps of width in their difference).
     let ib = match logits_bitwise_equal {
         Some(true) => Some(ia),
-        _ => b_exact.as_ref().map(|(e, _)| e.enclosure),
+        _ => b_exact.as_ref().map(|(e, _, _)| e.enclosure),
     };
     let kl = match (&b_exact, want_kl) {
-        (Some((_, in_b)), true) => Some(
+        (Some((_, _, in_b)), true) => Some(
             oracle
                 .kl_row(&in_a.problem(), 0, &in_b.problem(), 0, Dtype::F32)
                 .map_err(|e| side_err(Side::B)(DumpError::Spec(at_row(e, r))))?,
@@ -739,6 +817,37 @@ fn compare_row(
     let log_probs_bitwise_equal =
         lp_b.map(|c| c.dtype == lp_a.dtype && c.values[r].to_bits() == la.to_bits());
     let enc = Enclosure::of;
+    let same = logits_bitwise_equal == Some(true);
+    let [kernel_error_a, kernel_error_b, logits_effect, observed, b_minus_exact_a] =
+        decompose(la, lb, ia, ib, same);
+    let entropy = match (ent_a, eh_a) {
+        (Some(m), Some(eh_a)) => {
+            let ha = m.row_f64(r)[0];
+            let hb = db
+                .and_then(|d| d.candidates.get(Output::Entropy))
+                .map(|m| m.row_f64(r)[0]);
+            let ih_a = eh_a.enclosure;
+            let ih_b = match (same, &b_exact) {
+                (true, _) => Some(ih_a),
+                (false, Some((_, eh, _))) => eh.map(|e| e.enclosure),
+                _ => None,
+            };
+            // A logits-free B holds no entropy: no b_minus_exact_a here.
+            let [kernel_error_a, kernel_error_b, logits_effect, observed, _] =
+                decompose(ha, hb, ih_a, ih_b, same);
+            Some(EntropyRow {
+                entropy_a: ha,
+                entropy_b: hb,
+                exact_a: enc(ih_a),
+                exact_b: ih_b.map(enc),
+                kernel_error_a: kernel_error_a.expect("always"),
+                kernel_error_b,
+                logits_effect,
+                observed,
+            })
+        }
+        _ => None,
+    };
     Ok(CompareRow {
         row: r,
         position: shape.position(r),
@@ -747,26 +856,15 @@ fn compare_row(
         log_prob_b: lb,
         exact_a: enc(ia),
         exact_b: ib.map(enc),
-        kernel_error_a: enc(point(la).sub(ia)),
-        kernel_error_b: match (lb, ib) {
-            (Some(lb), Some(ib)) => Some(enc(point(lb).sub(ib))),
-            _ => None,
-        },
-        logits_effect: ib.map(|ib| {
-            enc(if logits_bitwise_equal == Some(true) {
-                Interval::point(0.0)
-            } else {
-                ia.sub(ib)
-            })
-        }),
-        observed: lb.map(|lb| enc(point(la).sub(point(lb)))),
-        b_minus_exact_a: match (lb, ib) {
-            (Some(lb), None) => Some(enc(point(lb).sub(ia))),
-            _ => None,
-        },
+        kernel_error_a: kernel_error_a.expect("always"),
+        kernel_error_b,
+        logits_effect,
+        observed,
+        b_minus_exact_a,
         kl: kl.map(|k| enc(k.enclosure)),
         log_probs_bitwise_equal,
         logits_bitwise_equal,
+        entropy,
     })
 }
 
@@ -915,6 +1013,17 @@ fn summarize(
         share_kernel_b,
         share_logits,
         kernel_bounds,
+        entropy: rows.first().and_then(|r| r.entropy.as_ref()).map(|_| {
+            let e = |f: fn(&EntropyRow) -> Option<&Enclosure>| {
+                magnitude(rows, move |r| r.entropy.as_ref().and_then(f), shape)
+            };
+            EntropySummary {
+                observed: e(|h| h.observed.as_ref()),
+                kernel_error_a: e(|h| Some(&h.kernel_error_a)),
+                kernel_error_b: e(|h| h.kernel_error_b.as_ref()),
+                logits_effect: e(|h| h.logits_effect.as_ref()),
+            }
+        }),
         verdict: String::new(),
     };
     s.verdict = verdict_line(&s);

@@ -109,6 +109,12 @@ pub fn render_table(r: &CompareReport) -> String {
         &sm.b_minus_exact_a,
     );
     line(&mut s, "KL(softmax(z_A) || softmax(z_B))", &sm.kl);
+    if let Some(h) = &sm.entropy {
+        line(&mut s, "entropy: observed = H_A - H_B", &h.observed);
+        line(&mut s, "entropy: kernel_error_a", &h.kernel_error_a);
+        line(&mut s, "entropy: kernel_error_b", &h.kernel_error_b);
+        line(&mut s, "entropy: logits_effect", &h.logits_effect);
+    }
     if let Some(n) = sm.bitwise_equal_rows {
         let _ = write!(s, "  bitwise-equal rows: {n} of {} (log_probs)", sm.rows);
         if let Some(m) = sm.logits_bitwise_equal_rows {

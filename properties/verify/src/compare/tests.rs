@@ -410,3 +410,77 @@ fn mismatched_pairs_are_typed_bad_input() {
         "{e}"
     );
 }
+
+/// Entropy per row in f64 (error ~1e-15).
+fn f64_entropy(x: &[f64]) -> Vec<f64> {
+    (0..N)
+        .map(|r| {
+            let row = &x[r * V..(r + 1) * V];
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let l = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            row.iter().map(|v| -(v - l).exp() * (v - l)).sum()
+        })
+        .collect()
+}
+
+#[test]
+fn the_entropy_decomposes_too() {
+    let (xa, t) = (logits(), tokens());
+    let mut xb = xa.clone();
+    for r in 0..N {
+        xb[r * V + 9] -= 0.5;
+    }
+    let side = |x: &[f64], h: Vec<f64>| {
+        serialize_dump(
+            &[
+                ("tokens", DumpTensor::i64s(&[N], &t)),
+                ("logits", DumpTensor::floats(Dtype::F32, &[N, V], x)),
+                (
+                    "log_probs",
+                    DumpTensor::floats(Dtype::F64, &[N], &f64_log_probs(x, &t)),
+                ),
+                ("entropy", DumpTensor::floats(Dtype::F64, &[N], &h)),
+            ],
+            &[],
+        )
+        .unwrap()
+    };
+    let ba = side(&xa, f64_entropy(&xa));
+    // B's entropy kernel adds 0.02 nats.
+    let bb = side(&xb, f64_entropy(&xb).iter().map(|h| h + 0.02).collect());
+    let (da, db) = (
+        parse_side(&ba, Side::A).unwrap(),
+        parse_side(&bb, Side::B).unwrap(),
+    );
+    let r = compare_dumps(
+        &da,
+        &db,
+        Path::new("a"),
+        Path::new("b"),
+        &CompareConfig::default(),
+    )
+    .unwrap();
+    let (ha, hb) = (f64_entropy(&xa), f64_entropy(&xb));
+    for c in &r.rows {
+        let h = c.entropy.as_ref().unwrap();
+        let obs = f(h.entropy_a) - f(h.entropy_b.unwrap());
+        let (ka, kb, le) = (
+            h.kernel_error_a,
+            h.kernel_error_b.unwrap(),
+            h.logits_effect.unwrap(),
+        );
+        let lo = f(ka.lo) - f(kb.hi) + f(le.lo);
+        let hi = f(ka.hi) - f(kb.lo) + f(le.hi);
+        assert!(lo <= obs && obs <= hi, "row {}", c.row);
+        assert!((kb.value - 0.02).abs() < 1e-12, "row {}: {kb:?}", c.row);
+        assert!(ka.value.abs() < 1e-13);
+        assert!(
+            (le.value - (ha[c.row] - hb[c.row])).abs() < 1e-12,
+            "row {}",
+            c.row
+        );
+    }
+    let s = r.summary.entropy.as_ref().unwrap();
+    assert!((s.kernel_error_b.as_ref().unwrap().mean_abs - 0.02).abs() < 1e-12);
+    assert!(s.logits_effect.as_ref().unwrap().mean_abs > 1e-3);
+}
