@@ -26,6 +26,12 @@ fn compare(a: &str, b: &str) -> CompareReport {
     compare_files(&fixture(a), &fixture(b), &CompareConfig::default()).unwrap()
 }
 
+/// The worked example's report, computed once for the tests that read it.
+fn worked_example() -> &'static CompareReport {
+    static R: std::sync::OnceLock<CompareReport> = std::sync::OnceLock::new();
+    R.get_or_init(|| compare("trainer_f32", "rollout_bf16"))
+}
+
 /// log_softmax of every row of a dump's logits, in f64 (error ~1e-13 at
 /// V = 32000: a yardstick for effects of 1e-3), `[N][V]`.
 fn f64_log_softmax(name: &str) -> Vec<Vec<f64>> {
@@ -72,13 +78,13 @@ fn assert_decomposition(r: &CompareReport) {
 
 #[test]
 fn worked_example_attributes_the_bf16_kernel_error_and_the_logits_effect() {
-    let r = compare("trainer_f32", "rollout_bf16");
+    let r = worked_example();
     assert_eq!(
         (r.rows_total, r.batch, r.rows_masked),
         (24, Some((2, 12)), 8)
     );
     assert_eq!(r.rows.len(), 16);
-    assert_decomposition(&r);
+    assert_decomposition(r);
     let (la, lb) = (
         f64_log_softmax("trainer_f32"),
         f64_log_softmax("rollout_bf16"),
@@ -168,7 +174,7 @@ fn a_dump_against_itself_is_bitwise_equal() {
 
 #[test]
 fn b_without_logits_gives_its_deviation_from_a_exact() {
-    let full = compare("trainer_f32", "rollout_bf16");
+    let full = worked_example();
     let r = compare("trainer_f32", "rollout_bf16_log_probs_only");
     assert_eq!(r.rows.len(), full.rows.len());
     for (c, g) in r.rows.iter().zip(&full.rows) {
