@@ -1,8 +1,9 @@
 //! Tensors in from Python through DLPack (dlpark): torch tensors, numpy
 //! arrays and any object with `__dlpack__`, read as the raw little-endian
 //! bytes a dump holds. bf16 / f16 keep their bit patterns: nothing goes
-//! through a float conversion. Compact CPU tensors are borrowed (no copy);
-//! strided ones are gathered into row-major order.
+//! through a float conversion. Compact CPU tensors are borrowed here (the
+//! one copy is the in-memory dump, `logprobe_verify::tensors`); strided ones
+//! are gathered into row-major order.
 
 use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
 use dlpark::python::{dlpack_device, from_dlpack, ImportedDlpack};
@@ -130,8 +131,20 @@ pub fn import(
             )));
         }
     }
-    let managed = from_dlpack(obj.as_borrowed(), None, None)
-        .map_err(|e| bad(format!("tensor `{name}`: DLPack import failed: {e}")))?;
+    let py = obj.py();
+    let managed = match from_dlpack(obj.as_borrowed(), None, None) {
+        Ok(m) => m,
+        // A producer older than DLPack 1.0's `__dlpack__(max_version=...)`
+        // (numpy < 2.1, torch < 2.3): its legacy capsule.
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
+            let capsule = obj
+                .call_method0("__dlpack__")
+                .map_err(|e| bad(format!("tensor `{name}`: DLPack import failed: {e}")))?;
+            from_dlpack(capsule.as_borrowed(), None, None)
+                .map_err(|e| bad(format!("tensor `{name}`: DLPack import failed: {e}")))?
+        }
+        Err(e) => return Err(bad(format!("tensor `{name}`: DLPack import failed: {e}"))),
+    };
     let (dtype, shape, layout) = describe(name, &managed, dtype16, explicit)?;
     let storage = match layout {
         Layout::Compact { ptr, len } => Storage::Borrowed {

@@ -28,7 +28,8 @@ def reference(logits: np.ndarray, tokens: np.ndarray, out_dtype=np.float32):
     lp = log_softmax64(logits)
     log_probs = np.take_along_axis(lp, tokens[..., None], axis=-1)[..., 0]
     p = np.exp(lp)
-    entropy = -(np.where(p > 0, p * lp, 0.0)).sum(axis=-1)
+    with np.errstate(invalid="ignore"):  # p = 0 where lp = -inf: no term
+        entropy = -(np.where(p > 0, p * lp, 0.0)).sum(axis=-1)
     cast = lambda a: a.astype(np.float32).astype(out_dtype)  # noqa: E731
     return cast(log_probs), cast(entropy)
 

@@ -173,7 +173,7 @@ def test_keywords_metadata_rows_and_options(rng):
     with pytest.raises(logprobe.BadInputError, match="not supported yet"):
         logprobe.verify(logits, tokens, lse=np.zeros(8, np.float32))
     with pytest.raises(ValueError, match="model="):
-        logprobe.verify(logits, tokens, log_probs=np.zeros(8, np.float32), model="lanes")
+        logprobe.verify(logits, tokens, log_probs=np.zeros(8, np.float32), model="lanes=0")
     T = 0.7
     lp, ent = reference(logits / np.float64(T), tokens)
     r = logprobe.verify(logits, tokens, log_probs=lp, entropy=ent, temperature=T, rows="sample:3")
@@ -183,6 +183,7 @@ def test_keywords_metadata_rows_and_options(rng):
     # The wrong temperature is caught.
     assert not logprobe.verify(logits, tokens, log_probs=lp, temperature=0.75).ok
     # A broken row excluded by row_mask is not judged; vocab_size truncates padding.
+    lp, ent = reference(logits, tokens)
     bad = lp.copy()
     bad[0] += 1
     mask = np.ones(8, bool)
@@ -213,13 +214,31 @@ def test_strided_and_dlpack_producers(rng):
         def __dlpack_device__(self):
             return self.a.__dlpack_device__()
 
+    class Legacy:
+        """A pre-DLPack-1.0 producer (numpy < 2.1): no `max_version` keyword."""
+
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, stream=None):
+            return self.a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
     a = logprobe.verify(logits, tokens, log_probs=lp, entropy=ent)
     b = logprobe.verify(strided, tokens, log_probs=lp, entropy=ent)
     c = logprobe.verify(Producer(strided), Producer(tokens), log_probs=Producer(lp), entropy=ent)
+    d = logprobe.verify(Legacy(logits), Legacy(tokens), log_probs=Legacy(lp.copy()), entropy=ent)
     strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "seconds"}  # noqa: E731
-    assert strip(a) == strip(b) == strip(c)
-    # Python lists are arrays too.
-    assert logprobe.verify(logits.tolist(), tokens.tolist(), log_probs=lp.astype(np.float64).tolist()).ok
+    assert strip(a) == strip(b) == strip(c) == strip(d)
+    with pytest.raises(TypeError, match="tensor `entropy`: expected a torch tensor"):
+        logprobe.verify(logits, tokens, log_probs=lp, entropy=object())
+    # Python lists are arrays too (floats as f64: judged in f64 ulps, so an
+    # f32-rounded log-prob passed as a float list fails).
+    lp64 = np.take_along_axis(log_softmax64(logits), tokens[:, None], -1)[:, 0]
+    assert logprobe.verify(logits.tolist(), tokens.tolist(), log_probs=lp64.tolist()).ok
+    assert not logprobe.verify(logits.tolist(), tokens.tolist(), log_probs=lp.astype(np.float64).tolist()).ok
 
 
 def test_report_to_dict_and_str(rng):

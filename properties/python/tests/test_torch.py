@@ -68,7 +68,7 @@ def test_autograd_gradients_and_requires_grad_inputs():
     log_probs = lp_all.gather(-1, tokens[:, None]).squeeze(-1)
     entropy = -(lp_all.exp() * lp_all).sum(-1)
     gl, ge = torch.randn(N, generator=g), torch.randn(N, generator=g)
-    (grad,) = torch.autograd.grad((log_probs * gl).sum() + (entropy * ge).sum(), logits)
+    (grad,) = torch.autograd.grad((log_probs * gl).sum() + (entropy * ge).sum(), logits, retain_graph=True)
     r = logprobe.testing.assert_verified(
         logits, tokens, log_probs=log_probs, entropy=entropy, grad_log_probs=gl, grad_entropy=ge,
         grad_logits=grad, temperature=T,
