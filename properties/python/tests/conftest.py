@@ -59,3 +59,11 @@ def read_safetensors(path: Path):
         if info["dtype"] == "BF16":
             bf16.add(name)
     return tensors, meta, bf16
+
+
+def figures(report) -> str:
+    """A report (or its dict) without wall time and file identity, as
+    canonical JSON: equal strings mean equal verdicts and figures (NaN too)."""
+    d = report if isinstance(report, dict) else report.to_dict()
+    keep = {k: v for k, v in d.items() if k not in ("seconds", "path", "name", "ok", "unchecked")}
+    return json.dumps(keep, sort_keys=True)

@@ -12,7 +12,7 @@ import pytest
 
 import logprobe
 import logprobe.testing
-from conftest import log_softmax64, reference
+from conftest import figures, log_softmax64, reference
 
 
 
@@ -79,8 +79,7 @@ def test_ml_dtypes_bfloat16_and_uint16_bits_agree():
         logits.view(np.uint16), tokens, log_probs=lp, entropy=ent.view(np.uint16),
         dtype={"logits": "bfloat16", "entropy": "bf16"},
     )
-    strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "seconds"}  # noqa: E731
-    assert strip(a) == strip(b) == strip(c)
+    assert figures(a) == figures(b) == figures(c)
 
 
 def test_one_bf16_ulp_is_counted_in_bf16_ulps():
@@ -230,8 +229,7 @@ def test_strided_and_dlpack_producers(rng):
     b = logprobe.verify(strided, tokens, log_probs=lp, entropy=ent)
     c = logprobe.verify(Producer(strided), Producer(tokens), log_probs=Producer(lp), entropy=ent)
     d = logprobe.verify(Legacy(logits), Legacy(tokens), log_probs=Legacy(lp.copy()), entropy=ent)
-    strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "seconds"}  # noqa: E731
-    assert strip(a) == strip(b) == strip(c) == strip(d)
+    assert figures(a) == figures(b) == figures(c) == figures(d)
     with pytest.raises(TypeError, match="tensor `entropy`: expected a torch tensor"):
         logprobe.verify(logits, tokens, log_probs=lp, entropy=object())
     # Python lists are arrays too (floats as f64: judged in f64 ulps, so an

@@ -11,10 +11,7 @@ torch = pytest.importorskip("torch")
 
 import logprobe  # noqa: E402
 import logprobe.testing  # noqa: E402
-
-
-def strip(r):
-    return {k: v for k, v in r.to_dict().items() if k != "seconds"}
+from conftest import figures  # noqa: E402
 
 
 def kernel_f32(logits, tokens, out_dtype):
@@ -36,11 +33,11 @@ def test_bf16_kernel_passes_and_all_bf16_paths_agree():
     u16 = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
     b = logprobe.verify(u16(logits), tokens, log_probs=u16(lp), entropy=ent.view(torch.int16),
                         dtype="bfloat16")
-    assert strip(a) == strip(b)
+    assert figures(a) == figures(b)
     ml_dtypes = pytest.importorskip("ml_dtypes")
     c = logprobe.verify(u16(logits).view(ml_dtypes.bfloat16), tokens.numpy(),
                         log_probs=u16(lp).view(ml_dtypes.bfloat16), entropy=u16(ent).view(ml_dtypes.bfloat16))
-    assert strip(a) == strip(c)
+    assert figures(a) == figures(c)
 
 
 def test_bf16_summed_normaliser_fails():
@@ -103,7 +100,7 @@ def test_non_contiguous_torch_tensor():
     lp = torch.log_softmax(logits.double(), -1).gather(-1, tokens[:, None]).squeeze(-1).float()
     a = logprobe.verify(logits, tokens, log_probs=lp)
     b = logprobe.verify(logits.contiguous(), tokens, log_probs=lp)
-    assert a.ok and strip(a) == strip(b)
+    assert a.ok and figures(a) == figures(b)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -113,4 +110,4 @@ def test_cuda_tensors_are_copied_to_the_host():
     lp, ent = kernel_f32(logits, tokens, torch.float32)
     a = logprobe.verify(logits, tokens, log_probs=lp, entropy=ent)
     b = logprobe.verify(logits.cpu(), tokens.cpu(), log_probs=lp.cpu(), entropy=ent.cpu())
-    assert strip(a) == strip(b)
+    assert figures(a) == figures(b)

@@ -8,6 +8,7 @@ are floats again here.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -175,8 +176,7 @@ class Report:
     def to_dict(self) -> Dict[str, Any]:
         """The ``logprobe verify --json`` object of this report (one file),
         non-finite figures as floats, plus ``ok`` and ``unchecked``."""
-        d = json.loads(json.dumps(self._dict))  # a deep copy
-        d = _floats(d)
+        d = copy.deepcopy(self._dict)
         d["ok"] = self.ok
         d["unchecked"] = dict(self.unchecked)
         return d
