@@ -143,7 +143,7 @@ pub fn to_dump_bytes(
 mod tests {
     use super::*;
     use crate::dump::DumpTensor;
-    use crate::verify::Verdict;
+    use crate::verify::ReportVerdict;
 
     fn t<'a>(d: &'a DumpTensor) -> TensorBytes<'a> {
         TensorBytes {
@@ -164,9 +164,10 @@ mod tests {
     }
 
     #[test]
-    fn in_memory_equals_the_file_and_sets_version_2() {
-        // 2 rows of V = 3, the exact log-probs rounded to f32 by hand are
-        // not needed: a wrong candidate must fail and name its row.
+    fn a_wrong_row_fails_and_bad_bytes_are_errors() {
+        // Row 0 holds log_softmax([0, 1, 2])[2] rounded to f32; row 1 is
+        // -1.5 where -ln 3 is exact. `row_mask` (version 2) needs no
+        // `format_version`: it is set.
         let logits = DumpTensor::floats(
             logprobe_reference::spec::Dtype::F32,
             &[2, 3],
@@ -186,7 +187,7 @@ mod tests {
             ("row_mask", t(&row_mask)),
         ];
         let r = verify_tensors(&tensors, &[], "mem", &VerifyConfig::default()).unwrap();
-        assert_eq!(r.verdict, Verdict::Fail);
+        assert_eq!(r.verdict, ReportVerdict::Fail);
         assert_eq!(r.outputs[0].worst[0].row, 1);
         // Duplicates and byte lengths are bad input, not a panic.
         let dup = [("logits", t(&logits)), ("logits", t(&logits))];
