@@ -82,6 +82,21 @@ def test_ml_dtypes_bfloat16_and_uint16_bits_agree():
     assert figures(a) == figures(b) == figures(c)
 
 
+def test_float16_and_uint16_float16_bits_agree(rng):
+    logits = (3 * rng.standard_normal((6, 2048))).astype(np.float16)
+    tokens = rng.integers(0, 2048, 6)
+    lp, ent = reference(logits, tokens, out_dtype=np.float16)  # f32 -> f16: one RNE rounding
+    a = logprobe.verify(logits, tokens, log_probs=lp, entropy=ent)
+    assert a.ok and a.logits_dtype == "f16" and a["entropy"].dtype == "f16"
+    b = logprobe.verify(logits.view(np.uint16), tokens, log_probs=lp.view(np.uint16), entropy=ent, dtype="float16")
+    assert figures(a) == figures(b)
+    # Truncating instead of rounding to f16 is caught (a shipped dump's bug kind).
+    trunc = (np.abs(reference(logits, tokens)[0]).view(np.uint32) & ~np.uint32(0x1FFF)).view(np.float32)
+    trunc = (-trunc).astype(np.float16)  # now exact in f16: the truncated value
+    r = logprobe.verify(logits, tokens, log_probs=trunc, worst=6)
+    assert r.verdict == "fail" and r["log_probs"].max_ulps > 0.5
+
+
 def test_one_bf16_ulp_is_counted_in_bf16_ulps():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(8)
