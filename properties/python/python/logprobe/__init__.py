@@ -68,6 +68,11 @@ def verify(
     Raises ``BadInputError`` (a ``ValueError``) for input that cannot be
     verified, naming tensor, row and column; ``TypeError`` for an unknown
     keyword (with the closest name) or a value of the wrong kind.
+
+    The tensors are copied once into an in-memory dump (nothing is written
+    to disk). The exact oracle is far slower than a kernel (its cost grows
+    with N x V): for large tensors pass ``rows="sample:K"``. Ctrl-C takes effect when the call
+    returns (the GIL is released while Rust works).
     """
     named: Dict[str, Any] = {"logits": logits, "tokens": tokens}
     named.update(names)

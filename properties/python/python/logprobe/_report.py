@@ -141,6 +141,7 @@ class Report:
     - ``str(report)``: the CLI's table, worst elements included.
     - ``to_dict()``: the ``verify --json`` object of the file (non-finite
       figures as floats), plus ``ok`` and ``unchecked``.
+    - ``bool(report)`` is ``ok``.
     """
 
     def __init__(self, report_json: str, table: str, *, strict: bool = False) -> None:
