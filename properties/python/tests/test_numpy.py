@@ -290,5 +290,6 @@ def test_work_runs_with_the_gil_released(rng):
         time.sleep(0.001)
     th.join()
     assert out["r"].ok
-    # Holding the GIL for the whole call would leave this thread ~no ticks.
-    assert out["s"] < 0.05 or ticks >= 0.25 * out["s"] / 0.002, (ticks, out["s"])
+    # Holding the GIL for the whole call would leave this thread a few ticks
+    # at most (before and after the call); released, it ticks throughout.
+    assert out["s"] < 0.2 or ticks >= 10, (ticks, out["s"])
