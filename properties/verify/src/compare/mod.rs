@@ -527,6 +527,32 @@ pub fn compare_files(
     compare_dumps(&da, &db, a, b, config)
 }
 
+/// Compares two sides given as named tensors and metadata strings in
+/// memory (the Python package's entry point): each side is laid out as the
+/// bytes of a dump ([`crate::tensors::to_dump_bytes`]: `format_version=2`
+/// added where a version-2 name is present) and compared as
+/// [`compare_files`] compares two files; `name_a`, `name_b` stand for the
+/// paths in the report.
+///
+/// # Errors
+/// [`CompareError`], as for files; a side's duplicate name or byte length
+/// that does not match its shape is [`CompareError::Dump`] of that side.
+pub fn compare_tensors(
+    a: (&[(&str, crate::tensors::TensorBytes<'_>)], &[(&str, &str)]),
+    b: (&[(&str, crate::tensors::TensorBytes<'_>)], &[(&str, &str)]),
+    name_a: &str,
+    name_b: &str,
+    config: &CompareConfig,
+) -> Result<CompareReport, CompareError> {
+    let bytes = |side, (t, m)| {
+        crate::tensors::to_dump_bytes(t, m).map_err(|source| CompareError::Dump { side, source })
+    };
+    let (ba, bb) = (bytes(Side::A, a)?, bytes(Side::B, b)?);
+    let da = parse_side(&ba, Side::A)?;
+    let db = parse_side(&bb, Side::B)?;
+    compare_dumps(&da, &db, Path::new(name_a), Path::new(name_b), config)
+}
+
 fn row_name(shape: crate::shapes::RowShape, r: usize) -> String {
     match shape.position(r) {
         Some((b, t)) => format!("(b, t) = ({b}, {t})"),

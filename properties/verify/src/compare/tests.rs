@@ -484,3 +484,53 @@ fn the_entropy_decomposes_too() {
     assert!((s.kernel_error_b.as_ref().unwrap().mean_abs - 0.02).abs() < 1e-12);
     assert!(s.logits_effect.as_ref().unwrap().mean_abs > 1e-3);
 }
+
+#[test]
+fn tensors_in_memory_compare_as_files_do() {
+    use crate::tensors::TensorBytes;
+    let (a, b) = (trainer(), trainer());
+    let dump_tensors = |s: &Fake| {
+        let mut v = vec![("tokens", DumpTensor::i64s(&[N], &s.tokens))];
+        if let Some((d, x)) = &s.logits {
+            v.push(("logits", DumpTensor::floats(*d, &[N, V], x)));
+        }
+        if let Some((d, x)) = &s.log_probs {
+            v.push(("log_probs", DumpTensor::floats(*d, &[N], x)));
+        }
+        v
+    };
+    let (ta, tb) = (dump_tensors(&a), dump_tensors(&b));
+    fn view<'a>(t: &'a [(&'static str, DumpTensor)]) -> Vec<(&'static str, TensorBytes<'a>)> {
+        t.iter()
+            .map(|(n, d)| {
+                (
+                    *n,
+                    TensorBytes {
+                        dtype: d.dtype,
+                        shape: &d.shape,
+                        data: &d.data,
+                    },
+                )
+            })
+            .collect()
+    }
+    let (va, vb) = (view(&ta), view(&tb));
+    let r = compare_tensors((&va, &[]), (&vb, &[]), "a", "b", &CompareConfig::default()).unwrap();
+    let want = run(&a, &b).unwrap();
+    assert_eq!(r.summary.verdict, want.summary.verdict);
+    assert_eq!(r.rows.len(), N);
+    assert!(r
+        .rows
+        .iter()
+        .zip(&want.rows)
+        .all(|(x, y)| x.observed == y.observed && x.kernel_error_a == y.kernel_error_a));
+    // A name given twice on B's side is B's bad input.
+    let dup = [vb[0], vb[0]];
+    assert!(matches!(
+        compare_tensors((&va, &[]), (&dup, &[]), "a", "b", &CompareConfig::default()),
+        Err(CompareError::Dump {
+            side: Side::B,
+            source: DumpError::Duplicate(_)
+        })
+    ));
+}
