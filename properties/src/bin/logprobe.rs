@@ -13,6 +13,9 @@
 //!   over the gate's recipe space, shrinking each finding to a minimal
 //!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
 //!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
+//! - `compare A B`: where a trainer-vs-rollout log-prob mismatch comes
+//!   from ([`logprobe_verify::compare`], `docs/compare.md`). Exit 0 both
+//!   kernels within their bounds, 1 a kernel beyond, 2 bad input.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -61,6 +64,11 @@ enum Command {
     /// Search kernels for inputs they get wrong, within a time budget; shrink
     /// each finding and write it as a dump (docs/fuzz.md).
     Fuzz(FuzzArgs),
+    /// Where a log-prob mismatch between two dumps of the same rows (trainer
+    /// vs rollout engine) comes from: each kernel's error against the exact
+    /// oracle, the logits' effect, the exact KL (docs/compare.md).
+    #[command(after_long_help = logprobe_properties::cli::compare_help())]
+    Compare(logprobe_properties::cli::CompareArgs),
 }
 
 #[derive(Args, Debug)]
@@ -447,6 +455,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify(args),
         Command::Bench(args) => bench(args),
         Command::Fuzz(args) => fuzz(args),
+        Command::Compare(args) => logprobe_properties::cli::compare(args),
     };
     ExitCode::from(status)
 }

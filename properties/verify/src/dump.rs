@@ -572,7 +572,7 @@ fn malformed(e: safetensors::SafeTensorError) -> DumpError {
     }
 }
 
-fn st_float(d: StDtype) -> Option<Dtype> {
+pub(crate) fn st_float(d: StDtype) -> Option<Dtype> {
     match d {
         StDtype::F64 => Some(Dtype::F64),
         StDtype::F32 => Some(Dtype::F32),
@@ -583,7 +583,7 @@ fn st_float(d: StDtype) -> Option<Dtype> {
 }
 
 /// Decodes little-endian floats of `dtype` to exact f64 values.
-fn decode_floats(dtype: Dtype, b: &[u8]) -> Vec<f64> {
+pub(crate) fn decode_floats(dtype: Dtype, b: &[u8]) -> Vec<f64> {
     match dtype {
         Dtype::F64 => b
             .chunks_exact(8)
@@ -604,7 +604,11 @@ fn decode_floats(dtype: Dtype, b: &[u8]) -> Vec<f64> {
     }
 }
 
-fn decode_ids(tensor: &'static str, d: StDtype, b: &[u8]) -> Result<Vec<i64>, DumpError> {
+pub(crate) fn decode_ids(
+    tensor: &'static str,
+    d: StDtype,
+    b: &[u8],
+) -> Result<Vec<i64>, DumpError> {
     Ok(match d {
         StDtype::I64 => b
             .chunks_exact(8)
@@ -650,7 +654,7 @@ fn decode_ids(tensor: &'static str, d: StDtype, b: &[u8]) -> Result<Vec<i64>, Du
     })
 }
 
-fn parse_meta<T: std::str::FromStr>(
+pub(crate) fn parse_meta<T: std::str::FromStr>(
     meta: &HashMap<String, String>,
     key: &'static str,
     reason: &'static str,
@@ -689,36 +693,7 @@ impl<'a> Dump<'a> {
     }
 
     fn parse_with(bytes: &'a [u8], require_candidate: bool) -> Result<Self, DumpError> {
-        // Checks offsets, sizes (with overflow checks) and that the data
-        // covers the file exactly: nothing below reads out of bounds.
-        let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
-            _ if crate::header::first_repeated(bytes).is_some() => {
-                DumpError::Duplicate(crate::header::first_repeated(bytes).expect("just found"))
-            }
-            safetensors::SafeTensorError::MetadataIncompleteBuffer => DumpError::Malformed {
-                reason: describe_size_mismatch(bytes),
-            },
-            safetensors::SafeTensorError::InvalidHeaderLength => DumpError::Malformed {
-                reason: format!(
-                    "truncated header: its length field declares {} bytes, the file holds {} after it",
-                    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read by safetensors")),
-                    bytes.len() - 8
-                ),
-            },
-            other => malformed(other),
-        })?;
-        let (_, header) = SafeTensors::read_metadata(bytes).map_err(malformed)?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        if let Some(r) = crate::header::first_repeated(bytes) {
-            return Err(DumpError::Duplicate(r));
-        }
-        let format = crate::format::FormatOptions::parse(&meta)?;
-        crate::names::check_names(
-            st.names(),
-            meta.keys().map(String::as_str),
-            format.version,
-            crate::names::NAMES,
-        )?;
+        let Header { st, meta, format } = Header::read(bytes)?;
         let get = |name: &str| st.tensor(name).ok();
 
         let logits_t = get("logits").ok_or(DumpError::MissingTensor {
@@ -971,6 +946,61 @@ impl<'a> Dump<'a> {
         self.tokens
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
+    }
+}
+
+/// A checked safetensors file: its tensors, its `__metadata__` and the
+/// format options, every name checked against the name table
+/// ([`crate::names`]). Shared by [`Dump::parse`] and the logits-less side of
+/// `compare` ([`crate::compare`]).
+pub(crate) struct Header<'a> {
+    /// The tensors (offsets and sizes checked).
+    pub st: SafeTensors<'a>,
+    /// `__metadata__`.
+    pub meta: HashMap<String, String>,
+    /// `format_version` and the version-2 options.
+    pub format: crate::format::FormatOptions,
+}
+
+impl<'a> Header<'a> {
+    /// Deserializes `bytes` (a whole safetensors file) and checks its header
+    /// and names.
+    ///
+    /// # Errors
+    /// [`DumpError::Malformed`], [`DumpError::Duplicate`],
+    /// [`DumpError::BadMetadata`] (format options), [`DumpError::Name`].
+    pub(crate) fn read(bytes: &'a [u8]) -> Result<Self, DumpError> {
+        // Checks offsets, sizes (with overflow checks) and that the data
+        // covers the file exactly: nothing below reads out of bounds.
+        let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
+            _ if crate::header::first_repeated(bytes).is_some() => {
+                DumpError::Duplicate(crate::header::first_repeated(bytes).expect("just found"))
+            }
+            safetensors::SafeTensorError::MetadataIncompleteBuffer => DumpError::Malformed {
+                reason: describe_size_mismatch(bytes),
+            },
+            safetensors::SafeTensorError::InvalidHeaderLength => DumpError::Malformed {
+                reason: format!(
+                    "truncated header: its length field declares {} bytes, the file holds {} after it",
+                    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read by safetensors")),
+                    bytes.len() - 8
+                ),
+            },
+            other => malformed(other),
+        })?;
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(malformed)?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        if let Some(r) = crate::header::first_repeated(bytes) {
+            return Err(DumpError::Duplicate(r));
+        }
+        let format = crate::format::FormatOptions::parse(&meta)?;
+        crate::names::check_names(
+            st.names(),
+            meta.keys().map(String::as_str),
+            format.version,
+            crate::names::NAMES,
+        )?;
+        Ok(Header { st, meta, format })
     }
 }
 

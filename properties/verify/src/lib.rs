@@ -6,6 +6,7 @@
 //! binary, fuzz and the Python wheel build on it.
 #![warn(missing_docs)]
 
+pub mod compare;
 pub mod dump;
 pub mod format;
 pub mod header;

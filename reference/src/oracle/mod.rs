@@ -77,6 +77,7 @@
 
 mod bounds;
 pub mod fast;
+mod kl;
 mod round;
 mod row;
 mod vjp;
