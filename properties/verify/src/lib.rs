@@ -2,7 +2,7 @@
 //! derived error bounds from a declared algorithm and the oracle's row
 //! statistics), the dump format read and written ([`dump`]: safetensors
 //! files of inputs and candidate outputs), and the verify engine with its
-//! reports ([`verify`]). Links neither proptest nor candle: the `logprobe`
+//! reports ([`verify`]), and the fuzz protocol types ([`protocol`]). Links neither proptest nor candle: the `logprobe`
 //! binary, fuzz and the Python wheel build on it.
 #![warn(missing_docs)]
 
@@ -11,6 +11,7 @@ pub mod format;
 pub mod header;
 pub mod names;
 pub mod progress;
+pub mod protocol;
 pub mod shapes;
 pub mod temperature;
 pub mod tolerance;
