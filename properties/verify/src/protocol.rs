@@ -439,9 +439,22 @@ pub fn write_frame(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
 /// [`FrameError::Eof`] when the stream ends first, [`FrameError::TooLong`]
 /// for a length above `limit`, [`FrameError::Io`].
 pub fn read_frame(r: &mut impl Read, limit: u64) -> Result<Vec<u8>, FrameError> {
+    read_frame_with(r, || limit)
+}
+
+/// As [`read_frame`], with the limit taken once the length has arrived
+/// (a reader waiting for the answer to a request not yet sent).
+///
+/// # Errors
+/// As [`read_frame`].
+pub fn read_frame_with(
+    r: &mut impl Read,
+    limit: impl FnOnce() -> u64,
+) -> Result<Vec<u8>, FrameError> {
     let mut len = [0u8; 8];
     read_exact(r, &mut len, "before a frame's length")?;
     let len = u64::from_le_bytes(len);
+    let limit = limit();
     if len > limit {
         return Err(FrameError::TooLong { len, limit });
     }
