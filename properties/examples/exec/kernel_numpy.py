@@ -136,8 +136,7 @@ def run(inputs, meta, bug):
                 Sw = rowsum(ew)
                 q = ew / Sw[:, None]
                 H = np.log(Sw) - rowsum(np.where(q > 0, q * zw, 0))
-                e = zw - zw.max(axis=1, keepdims=True)
-                R = H - np.log(Sw)
+                e, R = zw, H - np.log(Sw)  # R = -sum q z, unshifted as well
             else:
                 e = shifted(xc, w_allowed)
                 ew = exp(e)

@@ -116,8 +116,7 @@ def run(inputs, meta, bug):
                 Sw = rowsum(ew)
                 q = ew / Sw[:, None]
                 H = torch.log(Sw) - rowsum(torch.where(q > 0, q * zw, 0.0))
-                e = zw - zw.amax(dim=1, keepdim=True)
-                R = H - torch.log(Sw)
+                e, R = zw, H - torch.log(Sw)  # R = -sum q z, unshifted as well
             else:
                 e = shifted(xc, w_allowed)
                 ew = torch.exp(e)
