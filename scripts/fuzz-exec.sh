@@ -11,11 +11,14 @@
 # Usage: scripts/fuzz-exec.sh [BUG...]   (default: every planted bug)
 # Env: PYTHON (with numpy; default python3), FUZZ_SEEDS (default "1 2 3 4 5"),
 # FUZZ_BUDGET (search budget per run, default 120s), FUZZ_SHRINK (default 2s),
-# FUZZ_CLEAN (budget of the correct kernel's run, default 60s), LOGPROBE
+# FUZZ_CLEAN (budget of the correct kernel's run, default 60s), FUZZ_TRANSPORT
+# (`persistent`, the default, or `oneshot`: the bugs' runs with --exec), LOGPROBE
 # (binary; default: build target/release/logprobe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=${PYTHON:-python3}
+# The interpreter itself, not a shim (pyenv's shim costs ~1 s per start).
+py=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
+transport=${FUZZ_TRANSPORT:-persistent}
 seeds=${FUZZ_SEEDS:-"1 2 3 4 5"}
 budget=${FUZZ_BUDGET:-120s}
 shrink=${FUZZ_SHRINK:-2s}
@@ -43,7 +46,12 @@ for b in "${bugs[@]}"; do
     prop=""
     for s in $seeds; do
         set +e
-        report=$("$LOGPROBE" fuzz --exec-persistent "$py $adapter --persistent --bug $b" \
+        if [[ $transport == oneshot ]]; then
+            flag=(--exec "$py $adapter --bug $b --in {in} --out {out}")
+        else
+            flag=(--exec-persistent "$py $adapter --persistent --bug $b")
+        fi
+        report=$("$LOGPROBE" fuzz "${flag[@]}" \
             --require "$require" --seed "$s" --budget "$budget" --shrink-budget "$shrink" \
             --out "$out" --no-progress 2>/dev/null)
         rc=$?
@@ -73,11 +81,11 @@ set -e
 grep -E '^(fuzz|calls|padding|chunk|batch|FOUND|  detail)' <<<"$report" || true
 [[ $rc -eq 0 ]] || { echo "the correct kernel did not run clean (exit $rc)" >&2; status=1; }
 echo
-echo "per-call cost, correct kernel, 20 cases at V <= 64:"
+echo "per-call cost, correct kernel, 20 cases at V <= 64 (at most 120 s):"
 for flag in --exec --exec-persistent; do
     if [[ $flag == --exec ]]; then cmd="$py $adapter --in {in} --out {out}"; else cmd="$py $adapter --persistent"; fi
     t0=$(date +%s.%N)
-    report=$("$LOGPROBE" fuzz "$flag" "$cmd" --seed 1 --cases 20 --vocab 1..64 --out "$out" --no-progress 2>/dev/null || true)
+    report=$("$LOGPROBE" fuzz "$flag" "$cmd" --seed 1 --cases 20 --budget 120s --vocab 1..64 --out "$out" --no-progress 2>/dev/null || true)
     t1=$(date +%s.%N)
     printf '%-18s %6.1f s wall: %s\n' "$flag" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" "$(grep -m1 '^calls' <<<"$report")"
 done

@@ -57,7 +57,11 @@ fn fuzz(flag: &str, cmd: &str, out: &str, extra: &[&str]) -> std::process::Outpu
 fn command_failures_are_findings_of_kind_command() {
     let out = out_dir("failures");
     let cases: [(&str, &str, &str); 9] = [
-        ("--exec", "sleep 30 # {in} {out}", "timed out: no exit within 1 s"),
+        (
+            "--exec",
+            "sleep 30 # {in} {out}",
+            "timed out: no exit within 1 s",
+        ),
         (
             "--exec",
             "echo kernel exploded >&2; exit 3 # {in} {out}",
@@ -74,8 +78,16 @@ fn command_failures_are_findings_of_kind_command() {
             "the output is not a safetensors dump",
         ),
         ("--exec", "cp {in} {out}", "output `log_probs` is missing"),
-        ("--exec", "true {in} {out}", "exited 0 but wrote no {out} file"),
-        ("--exec-persistent", "sleep 30", "no answer frame within 1 s"),
+        (
+            "--exec",
+            "true {in} {out}",
+            "exited 0 but wrote no {out} file",
+        ),
+        (
+            "--exec-persistent",
+            "sleep 30",
+            "no answer frame within 1 s",
+        ),
         (
             "--exec-persistent",
             "head -c 16 /dev/urandom; sleep 30",
@@ -88,7 +100,21 @@ fn command_failures_are_findings_of_kind_command() {
         ),
     ];
     for (flag, cmd, want) in cases {
-        let o = fuzz(flag, cmd, &out, &["--cases", "2", "--timeout", "1s", "--shrink-budget", "0s", "--options", "tokens=on,vocab=1..64"]);
+        let o = fuzz(
+            flag,
+            cmd,
+            &out,
+            &[
+                "--cases",
+                "2",
+                "--timeout",
+                "1s",
+                "--shrink-budget",
+                "0s",
+                "--options",
+                "tokens=on,vocab=1..64",
+            ],
+        );
         let t = text(&o);
         assert_eq!(o.status.code(), Some(1), "{flag} {cmd}:\n{t}");
         assert!(t.contains(": command (case 0"), "{flag} {cmd}:\n{t}");
@@ -108,7 +134,11 @@ fn command_failures_are_findings_of_kind_command() {
     let dump = format!("{out}/fuzz-exec-seed1.safetensors");
     let o = logprobe(&["fuzz", "--replay", &dump]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("rerun it with --exec CMD"), "{}", text(&o));
+    assert!(
+        text(&o).contains("rerun it with --exec CMD"),
+        "{}",
+        text(&o)
+    );
     let o = logprobe(&["fuzz", "--replay", &dump, "--exec", "exit 3 # {in} {out}"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("still fails command"), "{}", text(&o));
@@ -118,13 +148,28 @@ fn command_failures_are_findings_of_kind_command() {
 #[test]
 fn bad_usage_exits_2() {
     for (args, want) in [
-        (vec!["fuzz", "--exec", "python3 k.py"], "must contain {in} and {out}"),
         (
-            vec!["fuzz", "--exec", "x {in} {out}", "--require", "batch-invarient"],
+            vec!["fuzz", "--exec", "python3 k.py"],
+            "must contain {in} and {out}",
+        ),
+        (
+            vec![
+                "fuzz",
+                "--exec",
+                "x {in} {out}",
+                "--require",
+                "batch-invarient",
+            ],
             "unknown property `batch-invarient`",
         ),
         (
-            vec!["fuzz", "--exec", "x {in} {out}", "--options", "bad=nan-logit"],
+            vec![
+                "fuzz",
+                "--exec",
+                "x {in} {out}",
+                "--options",
+                "bad=nan-logit",
+            ],
             "valid inputs only",
         ),
         (
@@ -146,7 +191,14 @@ fn python_with_numpy() -> Option<String> {
         .output()
         .is_ok_and(|o| o.status.success());
     if ok {
-        return Some(py);
+        // The interpreter itself, not a shim (pyenv's costs ~1 s per start).
+        let exe = Command::new(&py)
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty());
+        return Some(exe.unwrap_or(py));
     }
     let msg = format!(
         "`{py} -c 'import numpy'` fails: the numpy example kernel is not run \
@@ -221,10 +273,30 @@ fn planted_bugs_are_found_and_their_dumps_reproduce() {
     let out = out_dir("numpy-bugs");
     // (bug, --require, --options, the property found)
     let bugs = [
-        ("entropy-no-max-shift", "none", "entropy=unmasked,offset=1e3|-1e4,vocab=1..64", "oracle agreement"),
-        ("padded-vocab-not-truncated", "none", "padding=1..8,vocab=1..64", "oracle agreement"),
-        ("dropped-chunk-remainder", "none", "rows=3..8,chunk=2,vocab=1..64", "oracle agreement"),
-        ("batch-dependent", "batch-invariant", "rows=2..6,vocab=200..400", "batch invariance"),
+        (
+            "entropy-no-max-shift",
+            "none",
+            "entropy=unmasked,offset=1e3|-1e4,vocab=1..64",
+            "oracle agreement",
+        ),
+        (
+            "padded-vocab-not-truncated",
+            "none",
+            "padding=1..8,vocab=1..64",
+            "oracle agreement",
+        ),
+        (
+            "dropped-chunk-remainder",
+            "none",
+            "rows=3..8,chunk=2,vocab=1..64",
+            "oracle agreement",
+        ),
+        (
+            "batch-dependent",
+            "batch-invariant",
+            "rows=2..6,vocab=200..400",
+            "batch invariance",
+        ),
     ];
     for (bug, require, options, property) in bugs {
         let o = fuzz(
@@ -279,6 +351,9 @@ fn planted_bugs_are_found_and_their_dumps_reproduce() {
     );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
-    assert!(t.contains("batch-invariant") && t.contains("lacks (case"), "{t}");
+    assert!(
+        t.contains("batch-invariant") && t.contains("lacks (case"),
+        "{t}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }

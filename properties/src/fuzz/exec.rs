@@ -266,9 +266,14 @@ impl Persistent {
         }
     }
 
+    /// Kills the process group while its leader is unreaped (so the group
+    /// id cannot have been reused), then reaps it.
     fn kill(&self) {
-        kill_group(self.pid);
-        let _ = self.child.lock().expect("not poisoned").wait();
+        let mut child = self.child.lock().expect("not poisoned");
+        if matches!(child.try_wait(), Ok(None)) {
+            kill_group(self.pid);
+        }
+        let _ = child.wait();
     }
 }
 
@@ -361,28 +366,31 @@ impl Runner {
             .process_group(0)
             .spawn()
             .map_err(|e| failure(format!("could not start `sh -c {line}`: {e}"), ""))?;
-        let pid = child.id();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        let status = match rx.recv_timeout(self.timeout) {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(failure(format!("waiting for the command: {e}"), "")),
-            Err(_) => {
-                kill_group(pid);
-                let _ = rx.recv();
-                return Err(failure(
-                    format!(
-                        "timed out: no exit within {} (--timeout); killed",
-                        secs(self.timeout)
-                    ),
-                    &tail(&errp, 12),
-                ));
+        // Poll (no waiting thread): the group is killed only while its
+        // leader is unreaped, so its id cannot have been reused.
+        let deadline = Instant::now() + self.timeout;
+        let mut nap = Duration::from_micros(100);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() >= deadline => {
+                    kill_group(child.id());
+                    let _ = child.wait();
+                    return Err(failure(
+                        format!(
+                            "timed out: no exit within {} (--timeout); killed",
+                            secs(self.timeout)
+                        ),
+                        &tail(&errp, 12),
+                    ));
+                }
+                Ok(None) => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 3 / 2).min(Duration::from_millis(5));
+                }
+                Err(e) => return Err(failure(format!("waiting for the command: {e}"), "")),
             }
         };
-        // Whatever the shell started in the background goes with it.
-        kill_group(pid);
         if !status.success() {
             return Err(failure(
                 format!("the command {}", describe(status)),
