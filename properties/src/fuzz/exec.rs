@@ -37,7 +37,7 @@ use logprobe_verify::dump::Dump;
 use logprobe_verify::protocol::{
     read_frame_with, write_frame, FrameError, Output, Request, RequestMeta, Response,
 };
-use logprobe_verify::verify::{verify_dump, FileReport, Verdict, VerifyConfig};
+use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict as Verdict, VerifyConfig};
 
 use super::case::{FuzzCase, Space};
 use super::grammar::num;
