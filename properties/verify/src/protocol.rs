@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
+use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, TemperatureDtype};
 
 use crate::dump::{serialize_dump, DumpError, DumpTensor};
 
@@ -31,46 +31,17 @@ use crate::dump::{serialize_dump, DumpError, DumpTensor};
 /// breaks an existing adapter gets a new number.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// An output a request may ask for (metadata `outputs`, a comma list).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Output {
-    /// `log_probs [N]` (nats; rows whose token is `ignore_index`: any value).
-    LogProbs,
-    /// `entropy [N]` (nats), over `entropy_logits`.
-    Entropy,
-    /// `topk_log_probs [N, K]` (nats) at `topk_ids`.
-    TopkLogProbs,
-    /// `grad_logits [N, V_total]`: d(sum of cotangent * output) / d logits,
-    /// padded columns 0.
-    GradLogits,
-}
+/// An output a request may ask for (metadata `outputs`, a comma list of
+/// [`Output::name`]s): the spec's one output type.
+pub use logprobe_reference::spec::Output;
 
-impl Output {
-    /// Every output, in protocol order.
-    pub const ALL: [Output; 4] = [
-        Output::LogProbs,
-        Output::Entropy,
-        Output::TopkLogProbs,
-        Output::GradLogits,
-    ];
-
-    /// The tensor name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Output::LogProbs => "log_probs",
-            Output::Entropy => "entropy",
-            Output::TopkLogProbs => "topk_log_probs",
-            Output::GradLogits => "grad_logits",
-        }
-    }
-
-    /// The shape expected for `N` rows, `K` top-k ids and `V_total` columns.
-    pub fn shape(self, n: usize, k: usize, v_total: usize) -> Vec<usize> {
-        match self {
-            Output::LogProbs | Output::Entropy => vec![n],
-            Output::TopkLogProbs => vec![n, k],
-            Output::GradLogits => vec![n, v_total],
-        }
+/// The shape an answer's `output` must have for `N` rows, `K` top-k ids and
+/// `V_total` columns: `[N]`, `[N, K]` or `[N, V_total]`.
+pub fn output_shape(output: Output, n: usize, k: usize, v_total: usize) -> Vec<usize> {
+    match output.columns() {
+        Columns::One => vec![n],
+        Columns::TopK => vec![n, k],
+        Columns::Vocabulary => vec![n, v_total],
     }
 }
 
@@ -362,7 +333,7 @@ impl Response {
                     found: format!("{:?}", t.dtype()),
                 });
             }
-            let expected = o.shape(request.n, request.k(), request.v_total);
+            let expected = output_shape(o, request.n, request.k(), request.v_total);
             if t.shape() != expected.as_slice() {
                 return Err(ResponseError::BadShape {
                     output: o.name(),
@@ -526,7 +497,8 @@ mod tests {
         );
         let joined = r.with_response(&resp, &[]).unwrap();
         let d = crate::dump::Dump::parse(&joined).unwrap();
-        assert!(d.log_probs.is_some() && d.topk_log_probs.is_some());
+        assert!(d.candidates.get(Output::LogProbs).is_some());
+        assert!(d.candidates.get(Output::TopkLogProbs).is_some());
         // Rows select every [N, ...] tensor.
         let one = r.select_rows(&[1, 1]);
         assert_eq!(one.n, 2);
