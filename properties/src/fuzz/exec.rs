@@ -579,6 +579,9 @@ fn answer_limit(r: &Request) -> u64 {
     elems * 8 * 2 + (1 << 20)
 }
 
+/// Named dump bytes: `("", base)` and `("variant", ..)` (file suffixes).
+pub type Dumps = Vec<(&'static str, Vec<u8>)>;
+
 /// A finding on an external kernel, with the dumps that show it.
 #[derive(Clone, Debug)]
 pub struct ExecFinding {
@@ -586,7 +589,7 @@ pub struct ExecFinding {
     /// `statistical`, or an invariance's).
     pub finding: Finding,
     /// The dumps: `("", base)` and, for an invariance, `("variant", ..)`.
-    pub dumps: Vec<(&'static str, Vec<u8>)>,
+    pub dumps: Dumps,
 }
 
 /// A lacked invariance (not required): the case, what differed, dumps.
@@ -601,7 +604,7 @@ pub struct Lack {
     /// What differed.
     pub detail: String,
     /// The dumps.
-    pub dumps: Vec<(&'static str, Vec<u8>)>,
+    pub dumps: Dumps,
     /// Where they were written (or why not).
     pub written: Result<Vec<PathBuf>, String>,
 }
@@ -620,7 +623,7 @@ pub struct Judged {
     /// Invariances checked and held.
     pub held: Vec<Invariance>,
     /// Invariances lacked (not required), with what differed and dumps.
-    pub lacked: Vec<(Invariance, String, Vec<(&'static str, Vec<u8>)>)>,
+    pub lacked: Vec<(Invariance, String, Dumps)>,
 }
 
 /// The external kernel under test.
@@ -632,6 +635,13 @@ pub struct ExecTarget {
     /// The run's seed (dump provenance).
     pub seed: u64,
 }
+
+/// Whether an invariance held: `Err` with what differed and the dumps.
+type Held = Result<(), (String, Dumps)>;
+
+/// A variant of a request: what changed, the request, and the pairs
+/// `(variant row, base row)` to compare.
+type Variant = (String, Request, Vec<(usize, usize)>);
 
 /// One answered call.
 struct Answer {
@@ -772,17 +782,16 @@ impl ExecTarget {
 
     /// Checks one invariance against the base answer: `None` when it does
     /// not apply to the case, `Some(Err)` with what differed.
-    #[allow(clippy::type_complexity)]
     fn invariance(
         &self,
         case: &FuzzCase,
         inv: Invariance,
         base: &Answer,
-    ) -> Result<Option<Result<(), (String, Vec<(&'static str, Vec<u8>)>)>>, ExecFinding> {
+    ) -> Result<Option<Held>, ExecFinding> {
         let r = &base.request;
         let n = r.n;
         // (variant request, rows of the variant compared with rows of the base)
-        let mut variants: Vec<(String, Request, Vec<(usize, usize)>)> = Vec::new();
+        let mut variants: Vec<Variant> = Vec::new();
         let same: Vec<(usize, usize)> = (0..n).map(|i| (i, i)).collect();
         match inv {
             Invariance::Padding => {
