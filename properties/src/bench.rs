@@ -39,10 +39,11 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use logprobe_kernels::candle::candle_log_softmax;
-use logprobe_kernels::{cpu_path, Chunked, Fused, Kernel, VocabParallel};
+use logprobe_kernels::{cpu_path, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 use logprobe_reference::splitmix::SplitMix64;
+use logprobe_testkit::registry;
 
 use logprobe_testkit::memory::{allocator_installed, budget, peak_extra};
 
@@ -491,8 +492,14 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         entropy: None,
         ..Options::default()
     };
-    let chunked = Chunked::new(config.chunk_size);
-    let vp = VocabParallel::new(uneven_shards(v, config.shards));
+    // The benched kernels, from the test kit's registry.
+    let registered = |name: &str| registry::find(name).expect("a registered CPU kernel");
+    let fused = registered("fused").kernel(0, &[]);
+    let fused = fused.as_ref();
+    let chunked = registered("chunked").kernel(config.chunk_size, &[]);
+    let chunked = chunked.as_ref();
+    let vp = registered("vocab-parallel").kernel(0, &uneven_shards(v, config.shards));
+    let vp = vp.as_ref();
     let entries = (n * v) as f64;
 
     let mut paths = Vec::new();
@@ -533,8 +540,8 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
                 std::hint::black_box(k.forward(p, Dtype::F32).ok());
             }))
         };
-        let t_fused = fwd(&Fused, &p_ent)?;
-        let t_fused_lp = fwd(&Fused, &p_lp)?;
+        let t_fused = fwd(fused, &p_ent)?;
+        let t_fused_lp = fwd(fused, &p_lp)?;
         timed.push((
             "fused forward (log_prob + entropy)".into(),
             t_fused,
@@ -543,21 +550,21 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         timed.push(("fused forward (log_prob)".into(), t_fused_lp, threads));
         timed.push((
             format!("chunked forward (chunk_size = {})", config.chunk_size),
-            fwd(&chunked, &p_ent)?,
+            fwd(chunked, &p_ent)?,
             threads,
         ));
         timed.push((
             format!("vocab-parallel forward ({} shards)", config.shards),
-            fwd(&vp, &p_ent)?,
+            fwd(vp, &p_ent)?,
             threads,
         ));
-        Fused
+        fused
             .backward(&p_ent, &cot, Dtype::F32)
-            .map_err(|e| kernel_err(&Fused, e))?;
+            .map_err(|e| kernel_err(fused, e))?;
         timed.push((
             "fused backward (f64 [N, V] out)".into(),
             time(config.reps, || {
-                std::hint::black_box(Fused.backward(&p_ent, &cot, Dtype::F32).ok());
+                std::hint::black_box(fused.backward(&p_ent, &cot, Dtype::F32).ok());
             }),
             threads,
         ));
@@ -611,11 +618,8 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
                 threads: th,
             });
         }
-        let shape = p_ent.validate_shapes().map_err(|e| kernel_err(&Fused, e))?;
-        for (k, chunk) in [
-            (&Fused as &dyn Kernel, None),
-            (&chunked as &dyn Kernel, Some(config.chunk_size)),
-        ] {
+        let shape = p_ent.validate_shapes().map_err(|e| kernel_err(fused, e))?;
+        for (k, chunk) in [(fused, None), (chunked, Some(config.chunk_size))] {
             let peak = if memory_counted {
                 Some(
                     peak_extra(k, &p_ent, None, Dtype::F32)

@@ -624,6 +624,11 @@ fn result_eq<T>(
     match (a, b) {
         (Ok(x), Ok(y)) => eq(x, y),
         (Err(KernelError::Spec(x)), Err(KernelError::Spec(y))) => same_error(x, y),
+        // The same refusal, whatever the kernel's name (it holds the chunk size).
+        (
+            Err(KernelError::Unsupported { what: x, .. }),
+            Err(KernelError::Unsupported { what: y, .. }),
+        ) => x == y,
         (Err(x), Err(y)) => x == y,
         _ => false,
     }
