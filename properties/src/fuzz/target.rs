@@ -32,7 +32,7 @@ enum Make {
     /// By `chunk_size` (the mutants).
     Chunked(Box<dyn Fn(usize) -> Box<dyn Kernel> + Send + Sync>),
     /// By shard widths (the TP mutant).
-    Sharded(Box<dyn Fn(&[usize]) -> Box<dyn Kernel> + Send + Sync>),
+    Sharded(logprobe_testkit::suite::ShardedMaker),
 }
 
 /// One fuzz target (see the module docs).
