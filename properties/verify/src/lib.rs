@@ -2,7 +2,7 @@
 //! derived error bounds from a declared algorithm and the oracle's row
 //! statistics), the dump format read and written ([`dump`]: safetensors
 //! files of inputs and candidate outputs), and the verify engine with its
-//! reports ([`verify`]). Links neither proptest nor candle: the `logprobe`
+//! reports ([`verify`]), also from tensors in memory ([`tensors`]). Links neither proptest nor candle: the `logprobe`
 //! binary, fuzz and the Python wheel build on it.
 #![warn(missing_docs)]
 
@@ -13,6 +13,7 @@ pub mod names;
 pub mod progress;
 pub mod shapes;
 pub mod temperature;
+pub mod tensors;
 pub mod tolerance;
 pub mod topk_set;
 pub mod verify;
