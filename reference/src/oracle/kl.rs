@@ -46,8 +46,8 @@ use rug::float::Round;
 use rug::ops::{AddAssignRound, AssignRound};
 use rug::{Assign, Float};
 
-use super::bounds::Bounds;
 use super::fast::ival::{add_dn, add_up};
+use super::mpfr_interval::MpfrInterval;
 use super::row::{self, Cache, Entry, Row, ACC_EXTRA, CHUNK};
 use super::{Exact, Interval, Oracle, Rounder, RowStats};
 use crate::spec::{Dtype, Problem, SpecError};
@@ -201,8 +201,8 @@ fn kl_fast(ra: &Row<'_>, rb: &Row<'_>, sa: &RowStats, sb: &RowStats) -> Interval
 /// One side at one precision: cached `exp(d_j)`, `S = 1 + s`, `ln S`.
 struct Side {
     cache: Cache,
-    s: Bounds,
-    ln_s: Bounds,
+    s: MpfrInterval,
+    ln_s: MpfrInterval,
     vmax: Float,
 }
 
@@ -210,9 +210,9 @@ impl Side {
     fn new(r: &Row<'_>, prec: u32) -> Self {
         let mut cache = Cache::default();
         let sums = row::pass(r, prec, false, Some(&mut cache));
-        let mut s = Bounds::new(prec + ACC_EXTRA);
+        let mut s = MpfrInterval::new(prec + ACC_EXTRA);
         row::one_plus(&mut s, &sums.s_p);
-        let mut ln_s = Bounds::new(prec + ACC_EXTRA);
+        let mut ln_s = MpfrInterval::new(prec + ACC_EXTRA);
         ln_s.ln_1p(&sums.s_p);
         Side {
             cache,
@@ -225,7 +225,7 @@ impl Side {
 
 /// The enclosure of KL at working precision `prec` (the module's formula;
 /// supp A within supp B checked by the caller).
-fn kl_at(ra: &Row<'_>, rb: &Row<'_>, prec: u32) -> Bounds {
+fn kl_at(ra: &Row<'_>, rb: &Row<'_>, prec: u32) -> MpfrInterval {
     let acc = prec + ACC_EXTRA;
     let (a, b) = (Side::new(ra, prec), Side::new(rb, prec));
     let v = ra.v.len();
@@ -233,11 +233,11 @@ fn kl_at(ra: &Row<'_>, rb: &Row<'_>, prec: u32) -> Bounds {
         .step_by(CHUNK)
         .map(|s| s..(s + CHUNK).min(v))
         .collect();
-    let parts: Vec<Bounds> = ranges
+    let parts: Vec<MpfrInterval> = ranges
         .into_par_iter()
         .map(|range| chunk(ra, rb, &a, &b, prec, range))
         .collect();
-    let mut total = Bounds::new(acc);
+    let mut total = MpfrInterval::new(acc);
     for p in &parts {
         total.lo.add_assign_round(&p.lo, Round::Down);
         total.hi.add_assign_round(&p.hi, Round::Up);
@@ -252,20 +252,20 @@ fn chunk(
     b: &Side,
     prec: u32,
     range: std::ops::Range<usize>,
-) -> Bounds {
+) -> MpfrInterval {
     let acc = prec + ACC_EXTRA;
-    let mut sum = Bounds::new(acc);
+    let mut sum = MpfrInterval::new(acc);
     let (mut ea, mut eb) = (Entry::new(acc), Entry::new(acc));
     let (mut delta, mut dl, mut pa, mut pb, mut term, mut c) = (
-        Bounds::new(acc),
-        Bounds::new(acc),
-        Bounds::new(acc),
-        Bounds::new(acc),
-        Bounds::new(acc),
-        Bounds::new(acc),
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
     );
     let mut t = Float::new(acc);
-    let one = Bounds::point(acc, 1.0);
+    let one = MpfrInterval::point(acc, 1.0);
     // ell_B - ell_A, shared by every entry.
     dl.sub(&b.ln_s, &a.ln_s);
     for j in range {
@@ -301,7 +301,7 @@ fn chunk(
 }
 
 /// `sum += term` for a term known to be `>= 0` (its lower end clamped at 0).
-fn add_nonneg(sum: &mut Bounds, term: &Bounds) {
+fn add_nonneg(sum: &mut MpfrInterval, term: &MpfrInterval) {
     if term.lo.cmp0() == Some(std::cmp::Ordering::Greater) {
         sum.lo.add_assign_round(&term.lo, Round::Down);
     }
@@ -310,7 +310,7 @@ fn add_nonneg(sum: &mut Bounds, term: &Bounds) {
 
 /// `out = phi(x) = expm1(-x) + x` over the enclosure `x` (`x.lo >= -1`):
 /// `phi` decreases on `x <= 0` and increases on `x >= 0`, `phi(0) = 0`.
-fn phi(out: &mut Bounds, x: &Bounds, t: &mut Float) {
+fn phi(out: &mut MpfrInterval, x: &MpfrInterval, t: &mut Float) {
     let at = |v: &Float, round: Round, t: &mut Float| -> Float {
         t.assign_round(-v, round);
         t.exp_m1_round(round);
