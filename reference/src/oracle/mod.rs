@@ -75,14 +75,15 @@
 //! correctly rounded values either way; [`Tier::Mpfr`] forces the MPFR
 //! path, and [`Fallback`] counts how many outputs and rows MPFR decided.
 
-mod bounds;
 pub mod fast;
+mod kl;
+mod mpfr_interval;
 mod round;
 mod row;
 mod vjp;
 
-pub use bounds::Bounds;
 pub use fast::{Fallback, Tier};
+pub use mpfr_interval::MpfrInterval;
 pub use round::{round_to_dtype, Rounder};
 
 use ndarray::Array2;

@@ -94,7 +94,7 @@ pub enum NoBound {
 
 /// An error bound for one value (how far a correct kernel's result may
 /// be from the exact one), or the reason there is none. Not to be confused
-/// with the oracle's `Bounds` (an MPFR interval around an exact real).
+/// with the oracle's `MpfrInterval` (an MPFR interval around an exact real).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ErrorBound {
     /// Absolute bound on `|candidate - exact|`, in the output's units

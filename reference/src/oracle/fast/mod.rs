@@ -113,7 +113,7 @@
 //! costs nothing measurable.
 
 mod grad;
-mod ival;
+pub(crate) mod ival;
 mod pass;
 
 pub use grad::{FastVjp, RowCotangents};
