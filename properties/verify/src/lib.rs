@@ -14,6 +14,7 @@ pub mod header;
 pub mod names;
 pub mod progress;
 pub mod protocol;
+mod row_oracle;
 pub mod shapes;
 pub mod temperature;
 pub mod tensors;

@@ -9,10 +9,11 @@ use rayon::prelude::*;
 
 use ndarray::ArrayView1;
 
-use logprobe_reference::oracle::Exact;
+use logprobe_reference::oracle::{Exact, Fallback};
 use logprobe_reference::spec::{Columns, Dtype, Output, PerOutput, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
+use crate::row_oracle::RowOracle;
 use crate::tolerance;
 use logprobe_kernels::{Fused, Kernel};
 
@@ -280,7 +281,7 @@ pub fn verify_dump(
     };
     let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
     let keep = config.worst;
-    let results: Vec<Result<RowAcc, DumpError>> = rows
+    let results: Vec<Result<(RowAcc, Fallback), DumpError>> = rows
         .par_iter()
         .map(|&r| {
             let out = verify_row(dump, r, acc_dtype, config, keep);
@@ -291,8 +292,11 @@ pub fn verify_dump(
     progress.finish();
 
     let mut totals: RowAcc = PerOutput::new();
+    let mut fallback = Fallback::default();
     for res in results {
-        for (o, mut part) in res? {
+        let (acc, fb) = res?;
+        fallback += fb;
+        for (o, mut part) in acc {
             match totals.get_mut(o) {
                 Some(t) => t.merge(part, keep),
                 None => {
@@ -344,6 +348,7 @@ pub fn verify_dump(
         outputs,
         topk_ids,
         ignored_tensors: dump.ignored_tensors.clone(),
+        fallback: fallback.into(),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -482,25 +487,30 @@ fn verify_row(
     acc_dtype: Dtype,
     config: &VerifyConfig,
     keep: usize,
-) -> Result<RowAcc, DumpError> {
+) -> Result<(RowAcc, Fallback), DumpError> {
     let inputs: RowInputs = dump.row(r)?;
     let p = inputs.problem();
     let cot = inputs.cotangents();
-    let oracle = &config.oracle;
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
-    let stats = oracle.row_stats(&p, 0).map_err(spec)?;
+    let (mut oracle, stats) = RowOracle::new(&config.oracle, &p).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
-    let rb = models.all.each_ref().map(|m| m.row_bounds(&stats, &ctx));
-    let st = config
+    let statistical = config
         .statistical_c
-        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
-        .map(|s| s.row_bounds(&stats, &ctx));
+        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c));
+    let keys = entry_keys(&p, dump.vocab_size());
+    let (rb, st) = tolerance::RowBounds::new_shared(
+        &models.all,
+        statistical.as_ref(),
+        &stats,
+        &ctx,
+        keys.as_deref(),
+    );
     let targets = tolerance::RowTargets::new(&p, 0, &cot);
 
     let forwards = forward_dtypes(dump)
         .into_iter()
-        .map(|dtype| oracle.forward(&p, dtype))
+        .map(|dtype| oracle.forward(dtype))
         .collect::<Result<Vec<_>, _>>()
         .map_err(spec)?;
     // Our correct f32 kernel on the same row, per forward dtype.
@@ -511,7 +521,7 @@ fn verify_row(
     let grad = dump
         .candidates
         .get(Output::GradLogits)
-        .map(|g| oracle.vjp(&p, &cot, g.dtype))
+        .map(|g| oracle.vjp(&cot, g.dtype))
         .transpose()
         .map_err(spec)?;
     let exact: PerOutput<ArrayView1<'_, Exact>> = dump
@@ -542,9 +552,12 @@ fn verify_row(
         |o| o.judged(&p, 0),
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
-            let bounds = rb
-                .each_ref()
-                .map(|b| b.bound(e.output, e.col, &targets, e.dtype));
+            let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
+                tolerance::RowBounds::grad_many(&rb, e.col, &targets.grad_cotangents(), e.dtype)
+            } else {
+                rb.each_ref()
+                    .map(|b| b.bound(e.output, e.col, &targets, e.dtype))
+            };
             if let (tolerance::ErrorBound::None { reason }, None) =
                 (&bounds[0], &acc.no_bound_reason)
             {
@@ -581,7 +594,38 @@ fn verify_row(
         },
     );
     let Ok(()) = walked;
-    Ok(out)
+    Ok((out, oracle.finish()))
+}
+
+/// The grouping keys of row 0 of `p` for the bounds' per-entry sums
+/// ([`tolerance::RowBounds::new_shared`]), `[V]`: a 16-bit logit's raw
+/// bits and its sampling-mask bit; `None` for f32 and f64 logits (their
+/// values are mostly distinct).
+fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) -> Option<Vec<u32>> {
+    use logprobe_reference::spec::Logits;
+    let bits: Vec<u32> = match p.logits {
+        Logits::Bf16(a) => a
+            .row(0)
+            .iter()
+            .take(v)
+            .map(|x| u32::from(x.to_bits()))
+            .collect(),
+        Logits::F16(a) => a
+            .row(0)
+            .iter()
+            .take(v)
+            .map(|x| u32::from(x.to_bits()))
+            .collect(),
+        _ => return None,
+    };
+    Some(match p.sampling_mask {
+        Some(m) => bits
+            .into_iter()
+            .zip(m.row(0))
+            .map(|(b, &ok)| b | (u32::from(ok) << 16))
+            .collect(),
+        None => bits,
+    })
 }
 
 /// The chosen model and the three reference models (tree, lanes=8,

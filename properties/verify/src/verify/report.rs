@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use logprobe_reference::oracle::Fallback;
+
 use crate::dump::DumpError;
 
 /// A verdict.
@@ -209,8 +211,44 @@ pub struct FileReport {
     pub topk_ids: Option<crate::topk_set::TopkSetReport>,
     /// Tensors the format does not define (not read).
     pub ignored_tensors: Vec<String>,
+    /// What MPFR had to decide after the f64 tier.
+    pub fallback: FallbackReport,
     /// Wall time in seconds.
     pub seconds: f64,
+}
+
+/// How much of a verification the MPFR path decided after the certified
+/// f64 tier (`docs/fast-oracle.md`): outputs (forward values including
+/// `lse`, grad elements, one statistics set per row) and rows.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FallbackReport {
+    /// Oracle outputs computed.
+    pub outputs: u64,
+    /// Of those, decided by MPFR.
+    pub outputs_mpfr: u64,
+    /// Rows checked.
+    pub rows: u64,
+    /// Rows in which MPFR ran at all.
+    pub rows_mpfr: u64,
+    /// `outputs_mpfr / outputs` (0 when nothing was computed).
+    #[serde(serialize_with = "json_f64")]
+    pub output_rate: f64,
+    /// `rows_mpfr / rows` (0 when no row was checked).
+    #[serde(serialize_with = "json_f64")]
+    pub row_rate: f64,
+}
+
+impl From<Fallback> for FallbackReport {
+    fn from(f: Fallback) -> Self {
+        FallbackReport {
+            outputs: f.outputs,
+            outputs_mpfr: f.outputs_mpfr,
+            rows: f.rows,
+            rows_mpfr: f.rows_mpfr,
+            output_rate: f.output_rate(),
+            row_rate: f.row_rate(),
+        }
+    }
 }
 
 /// The result of verifying one file: a report, or the bad input found.

@@ -176,6 +176,14 @@ pub fn render_table(report: &FileReport) -> String {
             );
         }
     }
+    let fb = &report.fallback;
+    if fb.rows > 0 {
+        let _ = writeln!(
+            s,
+            "  fallback to MPFR: {} of {} oracle outputs ({:.2e}), {} of {} rows ({:.2e})",
+            fb.outputs_mpfr, fb.outputs, fb.output_rate, fb.rows_mpfr, fb.rows, fb.row_rate
+        );
+    }
     if !report.ignored_tensors.is_empty() {
         let _ = writeln!(
             s,

@@ -744,6 +744,30 @@ impl<'a> FastRow<'a> {
         }
     }
 
+    /// [`FastRow::row_stats`] without the probability vectors: `p` and `q`
+    /// are left empty (`[]`), `d` and `e` are `[V]`. What the tolerance
+    /// model reads (it never reads `p` or `q`), at a third of the cost.
+    pub fn row_stats_shifts(&self) -> RowStats {
+        let v = self.row.v.len();
+        let zero = Interval::ZERO;
+        RowStats {
+            d_t: self.row.target.map(|t| self.d(t)),
+            s: self.sum(),
+            ln_s: self.ln_s(),
+            s_w: self.sum_w().unwrap_or(zero),
+            ln_s_w: self.ln_s_w().unwrap_or(zero),
+            r: self.r().unwrap_or(zero),
+            m2: self.m2().unwrap_or(Interval {
+                lo: 0.0,
+                hi: f64::INFINITY,
+            }),
+            p: Vec::new(),
+            q: Vec::new(),
+            e: (0..v).map(|j| self.e(j)).collect(),
+            d: (0..v).map(|j| self.d(j)).collect(),
+        }
+    }
+
     /// Whether the row-level statistics are tight enough to stand for the
     /// MPFR ones (relative width at most `2^-30` plus `2^-1000` absolute):
     /// the tolerance bounds computed from them then agree with MPFR's to
