@@ -1019,9 +1019,7 @@ fn entropy_errors(
     st: &RowStats,
     ws: &SetBounds,
 ) -> (Result<Hi, NoBound>, Result<Hi, NoBound>) {
-    let r_hi = Hi(st.r.hi);
     let ell = Hi(ws.ln_s.hi);
-    let h_hi = r_hi + ell;
     // One pass over w: the fused sums (T11) and the log-softmax sums (T12).
     let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
         (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
@@ -1058,52 +1056,22 @@ fn entropy_errors(
             fl_1 = fl_1 + wel;
         }
     }
-    let n = Hi(n_fin as f64);
-    // (T11) fused: Delta R_B, then E_R = [R (2u + u^2 + theta) + Delta R_B (1+u)^2] / (1 - theta).
-    let fused = c.k_b.clone().and_then(|k_b| {
-        let kb1 = k_b * (Hi::ONE + c.a);
-        let floor_b =
-            n * Hi((c.n_b + 3) as f64) * c.eta + c.eta_sub * k_b * ((Hi::ONE + c.a) * sd + n * c.b);
-        let dr_b =
-            kb1 * (e2 + fl2) + (kb1 - Lo(1.0)) * r_hi + k_b * c.b * (Hi::ONE + e1 + fl) + floor_b;
-        let u2 = (Hi::ONE + c.u) * (Hi::ONE + c.u);
-        let e_r = (r_hi * ((u2 - Lo(1.0)) + ws.theta_s) + dr_b * u2) / (Lo(1.0) - ws.theta_s);
-        let pre = match c.shift {
-            Shift::Raw => {
-                let omega = c.omega.clone()?;
-                let mu_abs = c.z * (Hi::ONE + omega) + r_hi + e_r;
-                ws.lse_err + c.z * omega + e_r + half_ulp(c.acc, mu_abs)
-            }
-            _ => ws.delta_ell + e_r,
-        };
-        finite(pre, "entropy (fused form)")
-    });
-    // (T12) log-softmax form, and (T13) its `lp + 1` variant for gradients.
-    let logsoftmax = c.k_p.clone().and_then(|(k_p, k_p1)| {
-        let floor = |k: usize, extra: Hi| {
-            n * Hi((c.n_p + k) as f64) * c.eta + c.eta_sub * k_p1 * (sdl + extra)
-        };
-        let dh = k_p * (s_dem + fl_d) + (k_p - Lo(1.0)) * h_hi + k_p * s_lam + floor(3, Hi::ZERO);
-        let dh1 = k_p1 * (s_dem + s_em + fl_d + fl_1)
-            + (k_p1 - Lo(1.0)) * (h_hi + Hi::ONE)
-            + k_p1 * s_lam
-            + floor(4, n);
-        Ok((
-            finite(dh, "entropy (log-softmax form)")?,
-            finite(dh1, "entropy (autograd form)")?,
-        ))
-    });
-    let pre = match model.entropy_form {
-        EntropyForm::Fused => fused.clone(),
-        EntropyForm::LogSoftmax => logsoftmax.clone().map(|(dh, _)| dh),
-        EntropyForm::Any => fused.clone().and_then(|f| Ok(f.max(logsoftmax.clone()?.0))),
+    let sh = EntropyShared {
+        set: SetSums { e1, fl, n_fin },
+        e2,
+        fl2,
+        sd,
+        ew: Vec::new(),
     };
-    let any = fused.and_then(|f| {
-        let (dh, dh1) = logsoftmax?;
-        let a = f.max(dh);
-        Ok((a + half_ulp(c.acc, h_hi + a)).max(dh1))
-    });
-    (pre, any)
+    let ls = LsSums {
+        s_dem,
+        s_em,
+        s_lam,
+        fl_d,
+        fl_1,
+        sdl,
+    };
+    entropy_finish(c, model, st, ws, &sh, &ls)
 }
 
 /// [`entropy_errors`] from the shared and per-model sums.
