@@ -434,6 +434,11 @@ fn entropy_f64(b: &[f64], beta: f64) -> f64 {
 /// LLM-like shifted logits (`<= 0`, max 0) of width `v` with entropy about
 /// `entropy` nats: Zipf ranks over a random permutation plus noise, scaled
 /// by bisection on the scale.
+/// The z-loss coefficient of every generated case (PaLM's and Liger's
+/// usual `1e-4`; not a power of two, so its rounding to the accumulation
+/// dtype is exercised).
+pub const Z_LOSS_COEF: f64 = 1e-4;
+
 fn llm_like_shape(rng: &mut TestRng, v: usize, entropy: f64) -> Vec<f64> {
     let mut ranks: Vec<usize> = (1..=v).collect();
     for i in (1..v).rev() {
@@ -723,6 +728,10 @@ impl ProblemRecipe {
             vocab_size: (self.padding > 0).then_some(v),
             ignore_index: self.ignore_index,
             entropy: self.entropy,
+            // The loss side rides on every case: lse and z_loss are judged
+            // wherever a kernel supports them (Capabilities::lse).
+            lse: true,
+            z_loss_coef: Some(Z_LOSS_COEF),
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),

@@ -91,11 +91,12 @@ pub const NAMES: &[Name] = &[
     m("fuzz_kernel", 2, true),
     m("fuzz_property", 2, true),
     m("fuzz_seed", 2, true),
+    // Version 2, the loss side: built.
+    t("lse", 2, true),
+    t("z_loss", 2, true),
+    m("z_loss_coef", 2, true),
     // Version 2: reserved, not built yet.
     m("outputs", 2, false),
-    t("lse", 2, false),
-    t("z_loss", 2, false),
-    m("z_loss_coef", 2, false),
     m("z_loss_rows", 2, false),
     t("loss", 2, false),
     m("reduction", 2, false),
@@ -270,8 +271,8 @@ mod tests {
             Err(NameError::NeedsVersion2 { .. })
         ));
         assert!(matches!(
-            check_name("z_loss", Kind::Tensor, 2, NAMES),
-            Err(NameError::NotSupported { name: "z_loss", .. })
+            check_name("loss", Kind::Tensor, 2, NAMES),
+            Err(NameError::NotSupported { name: "loss", .. })
         ));
         // A tensor name used as a metadata key is unknown as a key.
         assert!(matches!(

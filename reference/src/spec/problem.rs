@@ -154,6 +154,13 @@ pub struct Options {
     /// Whether to compute the entropy, and over which logits. Default
     /// `Some(Unmasked)`.
     pub entropy: Option<EntropyLogits>,
+    /// Whether to compute `lse [N]`, the logsumexp of `z'` per row (nats).
+    /// Default false.
+    pub lse: bool,
+    /// `Some(coef)`: compute `z_loss [N] = coef * lse^2` per row (nats^2
+    /// times `coef`; DESIGN: "Loss side"). `coef >= 0` and finite, rounded
+    /// to the accumulation dtype as the temperature is. Default `None`.
+    pub z_loss_coef: Option<f64>,
 }
 
 impl Default for Options {
@@ -164,6 +171,8 @@ impl Default for Options {
             vocab_size: None,
             ignore_index: DEFAULT_IGNORE_INDEX,
             entropy: Some(EntropyLogits::Unmasked),
+            lse: false,
+            z_loss_coef: None,
         }
     }
 }
@@ -182,6 +191,25 @@ impl Options {
             Err(SpecError::BadTemperature {
                 temperature: self.temperature,
             })
+        }
+    }
+
+    /// The z-loss coefficient as the computation uses it: rounded to `acc`
+    /// (f32 or f64), as an exact f64 (`None` without `z_loss_coef`).
+    ///
+    /// # Errors
+    /// [`SpecError::BadZLossCoef`] unless the rounded value is finite and >= 0.
+    pub fn effective_z_loss_coef(&self, acc: Dtype) -> Result<Option<f64>, SpecError> {
+        match self.z_loss_coef {
+            None => Ok(None),
+            Some(c) => {
+                let r = acc.round_f64(c);
+                if r.is_finite() && r >= 0.0 {
+                    Ok(Some(r))
+                } else {
+                    Err(SpecError::BadZLossCoef { z_loss_coef: c })
+                }
+            }
         }
     }
 }
@@ -258,6 +286,7 @@ impl<'a> Problem<'a> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
         let temperature = self.options.effective_temperature(dtype.accumulation())?;
+        self.options.effective_z_loss_coef(dtype.accumulation())?;
         let vocab_size = self.options.vocab_size.unwrap_or(v_total);
         if vocab_size > v_total {
             return Err(SpecError::BadVocabSize {
