@@ -326,7 +326,13 @@ impl Oracle {
         };
         let lse = ff.lse;
         let values = fast_values(problem, ff, target);
-        if undecided == 0 {
+        // The loss side's values derived here (z_loss) may be undecided
+        // where the f64 tier's own outputs are not.
+        let derived = values
+            .get(Output::ZLoss)
+            .map_or(0, |v| v.iter().filter(|e| e.is_none()).count() as u64);
+        fb.outputs_mpfr += derived;
+        if undecided + derived == 0 {
             let rf = RowForward {
                 lse: lse.expect("decided"),
                 values: values.map(|_, v| v.into_iter().map(|e| e.expect("decided")).collect()),
