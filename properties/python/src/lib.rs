@@ -162,6 +162,92 @@ fn verify_file(
     }
 }
 
+/// Imports one side's tensors (see `verify`).
+fn import_side(
+    tensors: &[(String, Bound<'_, PyAny>, Option<String>, bool)],
+) -> PyResult<Vec<import::Imported>> {
+    let mut imported = Vec::with_capacity(tensors.len());
+    for (tname, obj, dtype16, explicit) in tensors {
+        let d16 = dtype16.as_deref().map(import::parse_dtype16).transpose()?;
+        imported.push(import::import(tname, obj, d16, *explicit)?);
+    }
+    Ok(imported)
+}
+
+fn views(imported: &[import::Imported]) -> Vec<(&str, TensorBytes<'_>)> {
+    imported
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                TensorBytes {
+                    dtype: t.dtype,
+                    shape: &t.shape,
+                    data: t.bytes(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Compares two sides given as tensors and metadata (see
+/// `logprobe.compare`; each side as `verify` takes its tensors) with
+/// `logprobe_verify::compare::compare_tensors`, the engine of `logprobe
+/// compare`. Returns `(json, table)`: the `compare --json` document and the
+/// CLI's table.
+///
+/// # Errors
+/// `BadInputError` naming the side, tensor and row; `ValueError` for a bad
+/// `model` / `rows` / `accumulation` / `clip`.
+#[pyfunction]
+#[pyo3(signature = (a_tensors, a_metadata, b_tensors, b_metadata, *, name_a, name_b, model, clip=0.2, kl=true, accumulation=None, rows=None, worst=5))]
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    py: Python<'_>,
+    a_tensors: Vec<(String, Bound<'_, PyAny>, Option<String>, bool)>,
+    a_metadata: Vec<(String, String)>,
+    b_tensors: Vec<(String, Bound<'_, PyAny>, Option<String>, bool)>,
+    b_metadata: Vec<(String, String)>,
+    name_a: String,
+    name_b: String,
+    model: &str,
+    clip: f64,
+    kl: bool,
+    accumulation: Option<&str>,
+    rows: Option<&str>,
+    worst: usize,
+) -> PyResult<(String, String)> {
+    use logprobe_verify::compare::{compare_tensors, render_table as compare_table, CompareConfig};
+    if !(clip.is_finite() && clip > 0.0 && clip < 1.0) {
+        return Err(PyValueError::new_err(format!(
+            "clip={clip}: the PPO clip range eps, in (0, 1)"
+        )));
+    }
+    let verify = config(model, accumulation, rows, 1, Some(DEFAULT_C))?;
+    let cfg = CompareConfig {
+        rows: verify.rows,
+        clip,
+        kl,
+        worst,
+        verify,
+    };
+    let (ia, ib) = (import_side(&a_tensors)?, import_side(&b_tensors)?);
+    let (va, vb) = (views(&ia), views(&ib));
+    fn pairs(m: &[(String, String)]) -> Vec<(&str, &str)> {
+        m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+    let (ma, mb) = (pairs(&a_metadata), pairs(&b_metadata));
+    let result = py.detach(|| compare_tensors((&va, &ma), (&vb, &mb), &name_a, &name_b, &cfg));
+    match result {
+        Ok(r) => {
+            let json = serde_json::to_string(&r)
+                .map_err(|e| PyValueError::new_err(format!("cannot serialise the report: {e}")))?;
+            Ok((json, compare_table(&r)))
+        }
+        Err(e) => Err(BadInputError::new_err(e.to_string())),
+    }
+}
+
 /// The closest keyword (tensor or metadata name of the table) to `name`,
 /// or `None`.
 #[pyfunction]
@@ -187,6 +273,7 @@ fn name_kind(name: &str) -> Option<(&'static str, bool)> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_file, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(closest_name, m)?)?;
     m.add_function(wrap_pyfunction!(name_kind, m)?)?;
     m.add("BadInputError", m.py().get_type::<BadInputError>())?;

@@ -120,7 +120,7 @@ pub fn dump_bytes(
                 ));
             }
         }
-        Call::Forward(_) | Call::Invariance | Call::Memory => {
+        Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec => {
             let out = match finding.call {
                 Call::Forward(d) => d,
                 _ => case.out(),
@@ -157,6 +157,9 @@ pub fn dump_bytes(
     ];
     if let Some(v) = o.vocab_size {
         meta.push(("vocab_size", v.to_string()));
+    }
+    if let Some(c) = o.z_loss_coef {
+        meta.push(("z_loss_coef", num(c)));
     }
     if let Some(en) = o.entropy {
         meta.push((

@@ -49,10 +49,12 @@ impl safetensors::View for &TensorBytes<'_> {
 
 /// The names a caller passes as keywords, in table order: every built
 /// name of `kind` ([`crate::names::NAMES`]) but `format_version` (set by
-/// [`verify_tensors`]) and the `fuzz_*` provenance keys (written by
-/// `logprobe fuzz`, ignored by verify).
+/// [`verify_tensors`]), `outputs` (a fuzz protocol request's list of wanted
+/// outputs) and the `fuzz_*` provenance keys (written by `logprobe fuzz`,
+/// ignored by verify).
 pub fn keyword_names(kind: Kind) -> impl Iterator<Item = &'static str> {
-    crate::names::built(kind, NAMES).filter(|n| *n != "format_version" && !n.starts_with("fuzz_"))
+    crate::names::built(kind, NAMES)
+        .filter(|n| *n != "format_version" && *n != "outputs" && !n.starts_with("fuzz_"))
 }
 
 /// Whether any of `names` (tensor or metadata names) first appears in

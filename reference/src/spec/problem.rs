@@ -136,8 +136,10 @@ pub enum EntropyLogits {
     Masked,
 }
 
-/// Options of the computation (DESIGN.md, "The math").
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Options of the computation (DESIGN.md, "The math"). `Debug` prints the
+/// loss side's fields only when set (reports and golden headers of
+/// log-prob problems read as before they existed).
+#[derive(Clone, Copy, PartialEq)]
 pub struct Options {
     /// Temperature `T > 0`; rounded to the accumulation dtype (f32 for
     /// f32/bf16/f16 logits, f64 for f64) before use, as PyTorch does with a
@@ -161,6 +163,24 @@ pub struct Options {
     /// times `coef`; DESIGN: "Loss side"). `coef >= 0` and finite, rounded
     /// to the accumulation dtype as the temperature is. Default `None`.
     pub z_loss_coef: Option<f64>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Options");
+        d.field("temperature", &self.temperature)
+            .field("temperature_dtype", &self.temperature_dtype)
+            .field("vocab_size", &self.vocab_size)
+            .field("ignore_index", &self.ignore_index)
+            .field("entropy", &self.entropy);
+        if self.lse {
+            d.field("lse", &self.lse);
+        }
+        if let Some(c) = self.z_loss_coef {
+            d.field("z_loss_coef", &c);
+        }
+        d.finish()
+    }
 }
 
 impl Default for Options {

@@ -7,6 +7,9 @@ for the summation model (``model=``), exactly as ``logprobe verify`` judges a
 dump file, without writing one: the keywords are the dump format's tensor
 and metadata names (``logprobe.TENSOR_KEYWORDS``, ``logprobe.METADATA_KEYWORDS``).
 ``logprobe.testing.assert_verified`` is the pytest form.
+``logprobe.compare(a, b)`` splits a trainer-vs-rollout log-prob mismatch
+into each kernel's error and the logits' effect, as ``logprobe compare``
+does for two dumps (docs/compare.md).
 
 Inputs: torch tensors (CPU, or CUDA copied to the host), numpy arrays, and
 any object with ``__dlpack__``. bf16 and f16 are read bit-exactly: torch
@@ -21,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Union
 
 from . import _native
+from ._compare import CompareReport
 from ._inputs import rows_arg, split
 from ._report import Element, Output, Report
 
@@ -36,6 +40,8 @@ __version__ = _native.__version__
 __all__ = [
     "verify",
     "verify_file",
+    "compare",
+    "CompareReport",
     "Report",
     "Output",
     "Element",
@@ -115,3 +121,54 @@ def verify_file(
         statistical_c=None if c is None else float(c),
     )
     return Report(report_json, table, strict=strict)
+
+
+def compare(
+    a: Dict[str, Any],
+    b: Dict[str, Any],
+    *,
+    clip: float = 0.2,
+    kl: bool = True,
+    model: str = "lanes=8",
+    accumulation: Optional[str] = None,
+    rows: Union[None, str, range] = None,
+    worst: int = 5,
+    dtype_a: Union[None, str, Dict[str, str]] = None,
+    dtype_b: Union[None, str, Dict[str, str]] = None,
+    name_a: str = "<A>",
+    name_b: str = "<B>",
+) -> CompareReport:
+    """Where the log-prob mismatch between A (the trainer) and B (the
+    rollout engine) comes from, as ``logprobe compare A B`` reports it for
+    two dumps (docs/compare.md). ``a`` and ``b`` map the dump format's names
+    to tensors and metadata values, as ``verify``'s keywords do: the same
+    ``tokens`` (and ``row_mask``) on both sides, each its own ``logits`` and
+    ``log_probs`` (optionally ``entropy``); B may hold only ``tokens``,
+    ``log_probs`` and ``row_mask``. ``dtype_a`` / ``dtype_b``: as
+    ``verify``'s ``dtype=`` for each side.
+
+    Raises ``BadInputError`` naming the side, tensor and row (mismatched
+    tokens, row counts or row_mask; a B with neither logits nor log_probs;
+    every error ``verify`` gives); ``TypeError`` for an unknown name.
+    """
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        raise TypeError("compare(a, b): each side is a dict of names to tensors / metadata values")
+    if not isinstance(worst, int) or isinstance(worst, bool) or worst < 0:
+        raise TypeError(f"compare(): worst={worst!r}: expected an int >= 0")
+    ta, ma = split("compare", dict(a), dtype_a)
+    tb, mb = split("compare", dict(b), dtype_b)
+    report_json, table = _native.compare(
+        ta,
+        ma,
+        tb,
+        mb,
+        name_a=name_a,
+        name_b=name_b,
+        model=model,
+        clip=float(clip),
+        kl=bool(kl),
+        accumulation=accumulation,
+        rows=rows_arg(rows),
+        worst=worst,
+    )
+    return CompareReport(report_json, table)

@@ -5,6 +5,7 @@
 from os import PathLike
 from typing import Any, Dict, Optional, Tuple, Union
 
+from ._compare import CompareReport as CompareReport
 from ._report import Element as Element, Output as Output, Report as Report
 
 # A torch tensor, a numpy array (ml_dtypes bfloat16 included) or any object
@@ -86,3 +87,19 @@ def verify_file(
     statistical_c: Optional[float] = ...,
 ) -> Report:
     """Judges a dump file as `logprobe verify FILE` does."""
+
+def compare(
+    a: Dict[str, Any],
+    b: Dict[str, Any],
+    *,
+    clip: float = 0.2,
+    kl: bool = True,
+    model: str = "lanes=8",
+    accumulation: Optional[str] = None,
+    rows: Union[None, str, range] = None,
+    worst: int = 5,
+    dtype_a: Union[None, str, Dict[str, str]] = None,
+    dtype_b: Union[None, str, Dict[str, str]] = None,
+    name_a: str = "<A>",
+    name_b: str = "<B>",
+) -> CompareReport: ...

@@ -30,3 +30,18 @@ def verify_file(
 ) -> Tuple[str, str]: ...
 def closest_name(name: str) -> Optional[str]: ...
 def name_kind(name: str) -> Optional[Tuple[str, bool]]: ...
+def compare(
+    a_tensors: List[Tuple[str, Any, Optional[str], bool]],
+    a_metadata: List[Tuple[str, str]],
+    b_tensors: List[Tuple[str, Any, Optional[str], bool]],
+    b_metadata: List[Tuple[str, str]],
+    *,
+    name_a: str,
+    name_b: str,
+    model: str,
+    clip: float = 0.2,
+    kl: bool = True,
+    accumulation: Optional[str] = None,
+    rows: Optional[str] = None,
+    worst: int = 5,
+) -> Tuple[str, str]: ...
