@@ -9,6 +9,7 @@ pub mod chunked;
 pub mod cuda;
 pub mod exp;
 pub mod fused;
+mod grad_block;
 pub mod kernel;
 pub mod row;
 pub mod stats;

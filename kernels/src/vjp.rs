@@ -28,6 +28,7 @@ use logprobe_reference::spec::{
     Cotangents, Dtype, Logits, LogitsMut, Options, Problem, Shape, SpecError,
 };
 
+use crate::grad_block::{grad_block, BlockConsts, EntropyTerm};
 use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
 use crate::stats::{
     ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
@@ -93,34 +94,212 @@ pub trait RowIo<A: Acc> {
     fn store(&mut self, start: usize, vals: &[A]);
     /// Writes 0 to columns `range` (padding).
     fn store_zeros(&mut self, range: std::ops::Range<usize>);
+    /// One block of the write pass: `f(z, emit)` with `z` the values of
+    /// columns `start .. start + n` (`zbuf` holds them unless the row can
+    /// lend them in place) and `emit(k, vals)` storing the gradients of
+    /// columns `start + k ..`; an implementation may prefetch the next
+    /// block (`start + n .. end`) as pieces are emitted.
+    #[inline(always)]
+    fn block(
+        &mut self,
+        start: usize,
+        n: usize,
+        end: usize,
+        zbuf: &mut [A],
+        f: &mut dyn FnMut(&[A], &mut dyn FnMut(usize, &[A])),
+    ) {
+        let _ = end;
+        self.load(start, &mut zbuf[..n]);
+        f(&zbuf[..n], &mut |k, vals| self.store(start + k, vals));
+    }
 }
 
-/// Out of place: read from a source, write rounded to `out` as f64.
-pub struct ToF64<'a, A: Acc, S: Source<A> + ?Sized> {
+/// Prefetch-for-write hints (`prefetchw`: the lines come in exclusive, so
+/// the stores that follow need no read for ownership) for `s[k .. k + len]`
+/// clamped to `s`; no effect on any value (a no-op off x86_64).
+#[inline(always)]
+fn prefetch_write<T>(s: &[T], k: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let a = k.min(s.len());
+        let s = &s[a..k.saturating_add(len).min(s.len())];
+        let p = s.as_ptr() as *const i8;
+        let mut off = 0;
+        while off < std::mem::size_of_val(s) {
+            // SAFETY: `p + off` lies inside `s`; a prefetch never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p.add(off));
+            }
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, k, len);
+}
+
+/// Prefetches the columns of the next block (`next .. end`) matching
+/// the piece `k .. k + len` of the current one.
+#[inline(always)]
+fn prefetch_next<A: Acc, S: Source<A> + ?Sized>(
+    src: &S,
+    next: usize,
+    end: usize,
+    k: usize,
+    len: usize,
+) {
+    if next + k < end {
+        src.prefetch(next + k, len.min(end - next - k));
+    }
+}
+
+/// A gradient element type: f64, f32, bf16 or f16.
+pub trait GradElement: Input {
+    /// An f32 value rounded once to nearest (ties to even) in this type.
+    fn from_f32(x: f32) -> Self;
+}
+
+impl GradElement for f64 {
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x as f64
+    }
+}
+
+impl GradElement for f32 {
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl GradElement for half::bf16 {
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
+impl GradElement for half::f16 {
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+/// `x` rounded once to nearest in `G` (from f32 accumulation by
+/// [`GradElement::from_f32`], from f64 by the spec's correct rounding).
+#[inline(always)]
+fn round_to<A: Acc, G: GradElement>(x: A) -> G {
+    match A::DTYPE {
+        Dtype::F64 => G::from_f64(x.to_f64()),
+        _ => G::from_f32(x.to_f64() as f32),
+    }
+}
+
+/// How gradient values in the accumulation dtype are written to the
+/// output's element type.
+pub trait GradSink<A: Acc>: Sync {
+    /// The output's element type.
+    type Elem: Copy + Send + Sync;
+    /// `vals` rounded into `dst` (same length).
+    fn write(&self, vals: &[A], dst: &mut [Self::Elem]);
+    /// `+0`.
+    fn zero(&self) -> Self::Elem;
+}
+
+/// f64 storage of values rounded to `Dtype` (the [`crate::Kernel::backward`]
+/// output).
+#[derive(Clone, Copy, Debug)]
+pub struct F64Rounded(pub Dtype);
+
+impl<A: Acc> GradSink<A> for F64Rounded {
+    type Elem = f64;
+    #[inline]
+    fn write(&self, vals: &[A], dst: &mut [f64]) {
+        // The accumulation dtype's values are exact in any dtype at least as wide.
+        let exact = self.0 == Dtype::F64 || (self.0 == Dtype::F32 && A::DTYPE == Dtype::F32);
+        if exact {
+            for (d, &v) in dst.iter_mut().zip(vals) {
+                *d = v.to_f64();
+            }
+        } else {
+            for (d, &v) in dst.iter_mut().zip(vals) {
+                *d = self.0.round_f64(v.to_f64());
+            }
+        }
+    }
+    fn zero(&self) -> f64 {
+        0.0
+    }
+}
+
+/// Storage in `G` itself, rounded once to nearest ([`backward_into`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Typed<G>(pub std::marker::PhantomData<G>);
+
+impl<A: Acc, G: GradElement> GradSink<A> for Typed<G> {
+    type Elem = G;
+    #[inline]
+    fn write(&self, vals: &[A], dst: &mut [G]) {
+        for (d, &v) in dst.iter_mut().zip(vals) {
+            *d = round_to::<A, G>(v);
+        }
+    }
+    fn zero(&self) -> G {
+        G::from_f32(0.0)
+    }
+}
+
+/// Out of place: read from a source, write through a [`GradSink`].
+pub struct ToSink<'a, A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> {
     /// Source row.
     pub src: &'a S,
     /// Output row `[V_total]`.
-    pub dst: &'a mut [f64],
-    /// Output dtype.
-    pub out: Dtype,
-    /// Marker.
-    pub _a: std::marker::PhantomData<A>,
+    pub dst: &'a mut [K::Elem],
+    /// How values are rounded and stored.
+    pub sink: &'a K,
 }
 
-impl<A: Acc, S: Source<A> + ?Sized> RowIo<A> for ToF64<'_, A, S> {
+impl<A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> RowIo<A> for ToSink<'_, A, S, K> {
+    #[inline(always)]
     fn load(&self, start: usize, dst: &mut [A]) {
         self.src.load(start, dst)
     }
     fn get(&self, j: usize) -> A {
         self.src.get(j)
     }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[A]) {
-        for (d, &v) in self.dst[start..start + vals.len()].iter_mut().zip(vals) {
-            *d = self.out.round_f64(v.to_f64());
-        }
+        self.sink
+            .write(vals, &mut self.dst[start..start + vals.len()]);
     }
     fn store_zeros(&mut self, range: std::ops::Range<usize>) {
-        self.dst[range].fill(0.0);
+        self.dst[range].fill(self.sink.zero());
+    }
+    #[inline(always)]
+    fn block(
+        &mut self,
+        start: usize,
+        n: usize,
+        end: usize,
+        zbuf: &mut [A],
+        f: &mut dyn FnMut(&[A], &mut dyn FnMut(usize, &[A])),
+    ) {
+        let (src, sink) = (self.src, self.sink);
+        let (dst, rest) = self.dst[start..].split_at_mut(n);
+        let rest = &rest[..rest.len().min(end - start - n)];
+        let z = match src.contiguous(start, n) {
+            Some(z) => z,
+            None => {
+                src.load(start, &mut zbuf[..n]);
+                &zbuf[..n]
+            }
+        };
+        f(z, &mut |k, vals| {
+            prefetch_next(src, start + n, end, k, vals.len());
+            prefetch_write(rest, k, vals.len());
+            sink.write(vals, &mut dst[k..k + vals.len()]);
+        });
     }
 }
 
@@ -133,17 +312,35 @@ pub struct ToBuffer<'a, A> {
 }
 
 impl<A: Acc> RowIo<A> for ToBuffer<'_, A> {
+    #[inline(always)]
     fn load(&self, start: usize, dst: &mut [A]) {
         self.src.load(start, dst)
     }
     fn get(&self, j: usize) -> A {
         self.src[j]
     }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[A]) {
         self.dst[start..start + vals.len()].copy_from_slice(vals);
     }
     fn store_zeros(&mut self, range: std::ops::Range<usize>) {
         self.dst[range].fill(A::ZERO);
+    }
+    #[inline(always)]
+    fn block(
+        &mut self,
+        start: usize,
+        n: usize,
+        end: usize,
+        _zbuf: &mut [A],
+        f: &mut dyn FnMut(&[A], &mut dyn FnMut(usize, &[A])),
+    ) {
+        let src = self.src;
+        let dst = &mut self.dst[start..start + n];
+        f(&src[start..start + n], &mut |k, vals| {
+            prefetch_next(src, start + n, end, k, vals.len());
+            dst[k..k + vals.len()].copy_from_slice(vals);
+        });
     }
 }
 
@@ -155,24 +352,36 @@ pub struct InPlace<'a, T> {
     pub input_temperature: Option<f64>,
 }
 
-impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
-    fn load(&self, start: usize, dst: &mut [T::Acc]) {
+impl<T: Input> InPlace<'_, T> {
+    fn typed(&self) -> TypedRow<'_, T> {
         TypedRow {
             row: self.row.view(),
             input_temperature: self.input_temperature,
         }
-        .load(start, dst)
+    }
+}
+
+impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
+    #[inline(always)]
+    fn load(&self, start: usize, dst: &mut [T::Acc]) {
+        self.typed().load(start, dst)
     }
     fn get(&self, j: usize) -> T::Acc {
-        TypedRow {
-            row: self.row.view(),
-            input_temperature: self.input_temperature,
-        }
-        .get(j)
+        self.typed().get(j)
     }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[T::Acc]) {
-        for (i, &v) in vals.iter().enumerate() {
-            self.row[start + i] = T::narrow(v);
+        match self.row.as_slice_mut() {
+            Some(s) => {
+                for (d, &v) in s[start..start + vals.len()].iter_mut().zip(vals) {
+                    *d = T::narrow(v);
+                }
+            }
+            None => {
+                for (i, &v) in vals.iter().enumerate() {
+                    self.row[start + i] = T::narrow(v);
+                }
+            }
         }
     }
     fn store_zeros(&mut self, range: std::ops::Range<usize>) {
@@ -182,33 +391,36 @@ impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
     }
 }
 
-/// Gradient of one non-source entry (see the module docs).
-#[inline(always)]
-fn general<A: Acc>(
-    z: A,
-    zw: A,
+/// The entropy term of the row's non-source entries. With no mask, or a
+/// masked entropy, the entropy's logits are the row's own `z` and
+/// [`row_stats`] takes its statistics from the same reduction (`m_w = m`,
+/// `ell_w = ell` bit for bit), so `q_j = p_j` and `e_j = d_j`.
+fn entropy_term<A: Acc>(
     st: &RowStats<A>,
-    scale: Option<A>,
-    gscale: Option<A>,
-    total: A,
     h: Option<A>,
-) -> A {
-    let pj = (shift(z, st.m, scale) - st.ell).exp();
-    let mut g = -(total * pj);
-    if let (Some(h), Some(w)) = (h, st.w.as_ref()) {
-        let e = shift(zw, w.m, scale);
-        let q = (e - w.ell).exp();
-        let t = if q > A::ZERO { q * (e + w.r) } else { A::ZERO };
-        g = g - h * t;
+    masked: bool,
+    masked_entropy: bool,
+) -> EntropyTerm<A> {
+    match (h, st.w.as_ref()) {
+        (Some(h), Some(w)) if masked && !masked_entropy => EntropyTerm::Unmasked {
+            h,
+            m: w.m,
+            ell: w.ell,
+            r: w.r,
+        },
+        (Some(h), Some(w)) => {
+            debug_assert_eq!(w.m.to_f64().to_bits(), st.m.to_f64().to_bits());
+            debug_assert_eq!(w.ell.to_f64().to_bits(), st.ell.to_f64().to_bits());
+            EntropyTerm::Own { h, r: w.r }
+        }
+        _ => EntropyTerm::None,
     }
-    let g = match gscale {
-        None => g,
-        Some(t) => g / t,
-    };
-    g + A::ZERO
 }
 
-/// Writes the gradient of one row (columns `0..v`, padding `v..v_total`).
+/// Writes the gradient of one row (columns `0..v`, padding `v..v_total`):
+/// the non-source entries block by block ([`crate::grad_block`], blocks
+/// of [`BLOCK`] columns from column 0, the next block prefetched while one
+/// is computed), then the source columns.
 pub fn grad_row<A: Acc, Io: RowIo<A>>(
     io: &mut Io,
     mask: Option<ArrayView1<'_, bool>>,
@@ -229,28 +441,36 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         }
     }
     let allowed = |j: usize| mask.is_none_or(|m| m[j]);
-    let mut buf = [A::ZERO; BLOCK];
+    let consts = BlockConsts {
+        m: st.m,
+        ell: st.ell,
+        scale: p.scale,
+        grad_scale: p.grad_scale,
+        total,
+        entropy: entropy_term(st, h, mask.is_some(), masked_entropy),
+    };
+    let mask_slice = mask.and_then(|m| m.to_slice());
+    let mut zbuf = [A::ZERO; BLOCK];
+    let mut mbuf = [false; BLOCK];
     let mut start = 0;
     while start < v {
         let n = BLOCK.min(v - start);
-        let b = &mut buf[..n];
-        io.load(start, b);
-        match mask {
-            None => {
-                for x in b.iter_mut() {
-                    *x = general(*x, *x, st, p.scale, p.grad_scale, total, h);
+        let mk: Option<&[bool]> = match (mask, mask_slice) {
+            (None, _) => None,
+            (Some(_), Some(s)) => Some(&s[start..start + n]),
+            (Some(m), None) => {
+                for (d, &x) in mbuf[..n]
+                    .iter_mut()
+                    .zip(m.slice(ndarray::s![start..start + n]))
+                {
+                    *d = x;
                 }
+                Some(&mbuf[..n])
             }
-            Some(m) => {
-                for (i, x) in b.iter_mut().enumerate() {
-                    let a = m[start + i];
-                    let z = if a { *x } else { A::NEG_INF };
-                    let zw = if a || !masked_entropy { *x } else { A::NEG_INF };
-                    *x = general(z, zw, st, p.scale, p.grad_scale, total, h);
-                }
-            }
-        }
-        io.store(start, b);
+        };
+        io.block(start, n, v, &mut zbuf, &mut |z, emit| {
+            grad_block(&consts, z, mk, emit)
+        });
         start += n;
     }
     io.store_zeros(v..v_total);
@@ -344,58 +564,59 @@ fn all_stats<T: Input>(
     rows.into_iter().collect()
 }
 
-fn backward_typed<T: Input>(
+/// The gradient of every row into `grad` (`[N, V_total]`, row-major)
+/// through `sink`. Fused staging: per row its stats, then its write pass
+/// (the row is read twice while it is still in cache); rows in parallel.
+#[allow(clippy::too_many_arguments)]
+fn backward_rows<T: Input, K: GradSink<T::Acc>>(
     problem: &Problem<'_>,
     shape: &Shape,
     lv: ArrayView2<'_, T>,
     cot: &Cotangents<'_>,
-    out: Dtype,
+    sink: &K,
     staging: Staging,
     widths: &[usize],
-) -> Result<Array2<f64>, SpecError> {
+    grad: &mut [K::Elem],
+) -> Result<(), SpecError> {
     let p = params::<T::Acc>(problem, shape, cot, widths);
     let me = masked_entropy(problem);
     let (n, vt) = (shape.n, shape.v_total);
-    let mut grad = Array2::<f64>::zeros((n, vt));
     if n == 0 || vt == 0 {
         if n > 0 {
             return Err(row_error(problem, shape, 0));
         }
-        return Ok(grad);
+        return Ok(());
     }
-    let gs = grad.as_slice_mut().expect("fresh array is contiguous");
     match staging {
         Staging::Fused => {
-            let stats = all_stats(problem, shape, &lv, &p)?;
-            gs.par_chunks_mut(vt)
-                .zip(stats.par_iter())
+            let res: Vec<Result<(), SpecError>> = grad
+                .par_chunks_mut(vt)
                 .enumerate()
-                .for_each(|(r, (dst, st))| {
+                .map(|(r, dst)| {
                     let src = typed_row(&lv, r, &p);
+                    if ids_suspect(problem, &src, r, p.v) {
+                        return Err(row_error(problem, shape, r));
+                    }
+                    let mask = mask_row(problem.sampling_mask, r);
+                    let st = row_stats(&src, mask, &p).map_err(|_| row_error(problem, shape, r))?;
                     let rc = RowCot::new(problem, cot, r);
-                    let mut io = ToF64 {
+                    let mut io = ToSink {
                         src: &src,
                         dst,
-                        out,
-                        _a: std::marker::PhantomData,
+                        sink,
                     };
-                    grad_row(
-                        &mut io,
-                        mask_row(problem.sampling_mask, r),
-                        st,
-                        &p,
-                        &rc,
-                        vt,
-                        me,
-                    );
-                });
+                    grad_row(&mut io, mask, &st, &p, &rc, vt, me);
+                    Ok(())
+                })
+                .collect();
+            res.into_iter().collect()
         }
         Staging::Chunked(cs) => {
             let v = p.v;
             let c = cs.min(n);
             let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];
             let mut gbuf = vec![<T::Acc as Acc>::ZERO; c * v];
-            for (ci, out_chunk) in gs.chunks_mut(cs * vt).enumerate() {
+            for (ci, out_chunk) in grad.chunks_mut(cs * vt).enumerate() {
                 let r0 = ci * cs;
                 let rows = out_chunk.len() / vt;
                 chunked_grad_chunk(
@@ -405,13 +626,36 @@ fn backward_typed<T: Input>(
                     .par_chunks_mut(vt)
                     .zip(gbuf.par_chunks(v.max(1)))
                     .for_each(|(dst, g)| {
-                        for (d, &x) in dst.iter_mut().zip(g) {
-                            *d = out.round_f64(x.to_f64());
-                        }
+                        sink.write(g, &mut dst[..v]);
+                        dst[v..].fill(sink.zero());
                     });
             }
+            Ok(())
         }
     }
+}
+
+fn backward_typed<T: Input>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    lv: ArrayView2<'_, T>,
+    cot: &Cotangents<'_>,
+    out: Dtype,
+    staging: Staging,
+    widths: &[usize],
+) -> Result<Array2<f64>, SpecError> {
+    let mut grad = Array2::<f64>::zeros((shape.n, shape.v_total));
+    let gs = grad.as_slice_mut().expect("fresh array is contiguous");
+    backward_rows(
+        problem,
+        shape,
+        lv,
+        cot,
+        &F64Rounded(out),
+        staging,
+        widths,
+        gs,
+    )?;
     Ok(grad)
 }
 
@@ -474,6 +718,47 @@ pub fn backward(
 ) -> Result<Array2<f64>, SpecError> {
     let shape = prepare(problem, cot, staging)?;
     logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, &shape, lv, cot, out, staging, widths))
+}
+
+/// Grad logits `[N, V_total]` (the module's formula) written into `grad`,
+/// each value rounded once to nearest in `G` (f64, f32, bf16 or f16);
+/// padded columns get `+0`. `staging` and `widths` as in [`backward`].
+/// Every entry of `grad` is written; on error its contents are
+/// unspecified.
+///
+/// # Errors
+/// [`SpecError::ShapeMismatch`] (tensor `grad_logits`) when `grad` is not
+/// `[N, V_total]`; otherwise as [`backward`].
+pub fn backward_into<G: GradElement>(
+    problem: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    staging: Staging,
+    widths: &[usize],
+    mut grad: ArrayViewMut2<'_, G>,
+) -> Result<(), SpecError> {
+    let shape = prepare(problem, cot, staging)?;
+    if grad.dim() != (shape.n, shape.v_total) {
+        return Err(SpecError::ShapeMismatch {
+            tensor: "grad_logits",
+            expected: vec![shape.n, shape.v_total],
+            found: grad.shape().to_vec(),
+        });
+    }
+    let sink = Typed::<G>(std::marker::PhantomData);
+    macro_rules! go {
+        ($lv:expr, $gs:expr) => {
+            logprobe_reference::with_logits!(problem.logits, lv => backward_rows(problem, &shape, lv, cot, &sink, staging, widths, $gs))
+        };
+    }
+    match grad.as_slice_mut() {
+        Some(gs) => go!(lv, gs),
+        None => {
+            let mut tmp = Array2::from_elem(grad.dim(), G::from_f32(0.0));
+            go!(lv, tmp.as_slice_mut().expect("fresh array is contiguous"))?;
+            grad.assign(&tmp);
+            Ok(())
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -9,11 +9,16 @@
 //!   the adds never limit it; AVX-512 / AVX2 when the CPU has them, as the
 //!   kernels), best of `reps`;
 //! - the fused forward (log-probs + entropy, and log-probs only), the chunked
-//!   forward, the vocab-parallel forward and the fused backward (log-prob
-//!   and entropy cotangents; output `[N, V]` f64), each as GB/s of logits
+//!   forward and the vocab-parallel forward, each as GB/s of logits
 //!   read (`N V b` bytes per call, `b` the element size), as a fraction of
 //!   the roofline, and as core cycles per entry (clock x threads x time /
 //!   `N V`, the clock estimated by a chain of dependent integer adds);
+//! - the read + write roofline (the logits copied into a reused `[N, V]`
+//!   buffer of their dtype, one contiguous part per thread) and the fused
+//!   backward (log-prob and entropy cotangents) into a reused `[N, V]`
+//!   gradient of the logits' dtype, and through [`Kernel::backward`] (a
+//!   fresh f64 `[N, V]`, page faults included), each as GB/s read and
+//!   written, as a fraction of that roofline and in cycles per entry;
 //! - candle's composed path (`max -> sub -> exp -> sum -> log -> sub`, then
 //!   a gather, on a `Tensor` the caller holds: what candle users run), and
 //!   the ratio of its time to the fused forward's;
@@ -39,6 +44,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use logprobe_kernels::candle::candle_log_softmax;
+use logprobe_kernels::vjp::{self, GradElement, Staging};
 use logprobe_kernels::{cpu_path, Chunked, Fused, Kernel, VocabParallel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
@@ -135,13 +141,15 @@ pub struct PathResult {
     pub path: String,
     /// Logits dtype (`f32`, `bf16`).
     pub dtype: &'static str,
-    /// Logits bytes read per call (`N V b`).
+    /// Bytes per call: logits read (`N V b`), plus the output written for
+    /// the backward paths and the read + write roofline.
     pub bytes: usize,
     /// Times.
     pub timing: Timing,
     /// `bytes / best_s` in GB/s (1e9 bytes).
     pub gb_per_s: f64,
-    /// `gb_per_s` over the roofline of the same dtype.
+    /// `gb_per_s` over the roofline of the same dtype (read + write for
+    /// the backward paths, read for the others).
     pub fraction_of_roofline: f64,
     /// Core cycles per logit: `clock x threads x best_s / (N V)` (`None`
     /// without a clock estimate; for a single-threaded path, threads = 1).
@@ -326,12 +334,42 @@ fn read_sum<T: Copy + Sync>(x: &[T], threads: usize, sum: fn(&[T]) -> f32) -> f3
     x.par_chunks(part).map(sum).sum()
 }
 
-/// Core clock in GHz from 10^7 dependent integer adds (1 cycle each on
-/// every x86_64 core), best of 30 runs (short runs dodge preemption).
+/// The read + write roofline: `src` copied into `dst` (same length, already
+/// touched: no page faults), one contiguous part per thread.
+fn read_write<T: Copy + Send + Sync>(src: &[T], dst: &mut [T], threads: usize) {
+    let part = src.len().div_ceil(threads.max(1)).max(1);
+    dst.par_chunks_mut(part)
+        .zip(src.par_chunks(part))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    std::hint::black_box(dst);
+}
+
+/// The fused backward into a reused `[N, V]` gradient of `G` (the logits'
+/// dtype: f32 or bf16), timed as [`time`] does.
+fn backward_into<G: GradElement>(
+    p: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    reps: usize,
+) -> Result<Timing, BenchError> {
+    let (n, v) = p.logits.dim();
+    let mut grad = Array2::from_elem((n, v), G::from_f32(0.0));
+    let run = |g: &mut Array2<G>| vjp::backward_into(p, cot, Staging::Fused, &[], g.view_mut());
+    run(&mut grad).map_err(|e| kernel_err(&Fused, e))?;
+    Ok(time(reps, || {
+        std::hint::black_box(run(&mut grad).ok());
+    }))
+}
+
+/// Core clock in GHz from 10^7 dependent register-register integer adds
+/// (1 cycle each on every x86_64 core), best of 30 runs (short runs dodge
+/// preemption). Not `add reg, imm`: Golden Cove and later Intel cores
+/// execute chains of immediate adds at several per cycle (measured 11 GHz
+/// on a ~2.9 GHz Xeon).
 #[cfg(target_arch = "x86_64")]
 fn clock_ghz() -> Option<f64> {
     const PER: u64 = 100;
     const ITERS: u64 = 100_000;
+    let one = std::hint::black_box(1u64);
     let best = (0..30)
         .map(|_| {
             let mut x = 0u64;
@@ -341,9 +379,10 @@ fn clock_ghz() -> Option<f64> {
                 unsafe {
                     std::arch::asm!(
                         ".rept 100",
-                        "add {0}, 1",
+                        "add {0}, {1}",
                         ".endr",
                         inout(reg) x,
+                        in(reg) one,
                         options(nomem, nostack)
                     );
                 }
@@ -568,15 +607,45 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             fwd(&vp, &p_ent)?,
             threads,
         ));
+        // Backward paths, against the read + write roofline: (path, time,
+        // threads, bytes read + written per call).
+        let mut timed_rw: Vec<(String, Timing, usize, usize)> = Vec::new();
+        let (rw, t_into) = match logits {
+            Logits::Bf16(x) => {
+                let s = x.as_slice().expect("fresh array is contiguous");
+                let mut dst = vec![bf16::ZERO; n * v];
+                let rw = time(config.reps, || read_write(s, &mut dst, threads));
+                (rw, backward_into::<bf16>(&p_ent, &cot, config.reps)?)
+            }
+            _ => {
+                let s = x32.as_slice().expect("fresh array is contiguous");
+                let mut dst = vec![0f32; n * v];
+                let rw = time(config.reps, || read_write(s, &mut dst, threads));
+                (rw, backward_into::<f32>(&p_ent, &cot, config.reps)?)
+            }
+        };
+        timed_rw.push((
+            "roofline (read + write, reused buffer)".into(),
+            rw,
+            threads,
+            2 * bytes,
+        ));
+        timed_rw.push((
+            format!("fused backward ({name} out, reused buffer)"),
+            t_into,
+            threads,
+            2 * bytes,
+        ));
         Fused
             .backward(&p_ent, &cot, Dtype::F32)
             .map_err(|e| kernel_err(&Fused, e))?;
-        timed.push((
-            "fused backward (f64 [N, V] out)".into(),
+        timed_rw.push((
+            "fused backward (f64 [N, V] out, fresh)".into(),
             time(config.reps, || {
                 std::hint::black_box(Fused.backward(&p_ent, &cot, Dtype::F32).ok());
             }),
             threads,
+            bytes + n * v * 8,
         ));
         if config.candle {
             let dev = Device::Cpu;
@@ -624,6 +693,20 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
                 timing,
                 gb_per_s: gbs,
                 fraction_of_roofline: gbs / roof_gbs,
+                cycles_per_entry: clock.map(|c| c * 1e9 * th as f64 * timing.best_s / entries),
+                threads: th,
+            });
+        }
+        let rw_gbs = 2.0 * bytes as f64 / rw.best_s / 1e9;
+        for (path, timing, th, moved) in timed_rw {
+            let gbs = moved as f64 / timing.best_s / 1e9;
+            paths.push(PathResult {
+                path,
+                dtype: name,
+                bytes: moved,
+                timing,
+                gb_per_s: gbs,
+                fraction_of_roofline: gbs / rw_gbs,
                 cycles_per_entry: clock.map(|c| c * 1e9 * th as f64 * timing.best_s / entries),
                 threads: th,
             });
@@ -750,6 +833,22 @@ fn targets(
             p.fraction_of_roofline,
             0.75,
         ));
+    }
+    for (dtype, path) in [
+        ("f32", "fused backward (f32 out, reused buffer)"),
+        ("bf16", "fused backward (bf16 out, reused buffer)"),
+    ] {
+        if let Some(c) = paths
+            .iter()
+            .find(|p| p.dtype == dtype && p.path == path)
+            .and_then(|p| p.cycles_per_entry)
+        {
+            t.push(at_most(
+                format!("{path}, {dtype} logits: cycles/entry per thread"),
+                c,
+                4.0,
+            ));
+        }
     }
     if let Some(c) = candle.iter().find(|c| c.dtype == "f32") {
         t.push(at_least(
