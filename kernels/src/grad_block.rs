@@ -183,22 +183,54 @@ struct Consts<A> {
     well: A,
 }
 
+/// Where the block's gradients go: straight into `direct` (the output row
+/// in the accumulation dtype, as long as the block) when given, else into
+/// a step-sized scratch. Either way `emit(k, values)` is called with each
+/// piece (`k` its first entry) as soon as it is computed, in entry order:
+/// it stores a scratch piece, and may prefetch.
+pub struct BlockOut<'a, A> {
+    /// The block's output entries, when the row holds them in the
+    /// accumulation dtype.
+    pub direct: Option<&'a mut [A]>,
+    /// Called with each finished piece.
+    pub emit: &'a mut dyn FnMut(usize, &[A]),
+}
+
+/// The `W`-entry output of the piece at `k`: the direct slice's entries,
+/// or the scratch.
+#[inline(always)]
+fn piece<'a, A, const W: usize>(
+    direct: &'a mut Option<&mut [A]>,
+    scratch: &'a mut [A; W],
+    k: usize,
+) -> &'a mut [A; W] {
+    match direct {
+        Some(d) => (&mut d[k..k + W]).try_into().expect("W outputs"),
+        None => scratch,
+    }
+}
+
+/// Entries emitted at once from the scratch (no direct output): steps
+/// stored in a few batches per block, each call's cost spread over 512
+/// entries, without bunching a whole block's stores.
+const EMIT: usize = 4 * STEP;
+
 /// The block loop: steps of [`STEP`], then chunks of [`LANES`], then the
-/// last partial chunk padded (padding lanes computed and dropped). Each
-/// piece's gradients go to `emit(k, values)` (`k` its first entry) as soon
-/// as they are computed, in entry order.
+/// last partial chunk padded (padding lanes computed and dropped), each
+/// piece written and emitted as [`BlockOut`] says.
 #[inline(always)]
 fn body<A: Acc, const SC: bool, const GS: bool, const ENT: u8, const MK: bool, const X: bool>(
     c: &Consts<A>,
     z: &[A],
     mask: &[bool],
-    emit: &mut dyn FnMut(usize, &[A]),
+    out: BlockOut<'_, A>,
 ) {
+    let BlockOut { mut direct, emit } = out;
     let n = z.len();
     let ns = n - n % STEP;
     let nl = n - n % LANES;
     let none = [true; STEP];
-    let mut o = [A::ZERO; STEP];
+    let mut batch = [A::ZERO; EMIT];
     let mut k = 0;
     while k < ns {
         let x: &[A; STEP] = z[k..k + STEP].try_into().expect("STEP values");
@@ -207,11 +239,26 @@ fn body<A: Acc, const SC: bool, const GS: bool, const ENT: u8, const MK: bool, c
         } else {
             &none
         };
-        step::<A, STEP, SC, GS, ENT, MK, X>(c, x, mk, &mut o);
-        emit(k, &o);
+        match &mut direct {
+            Some(d) => {
+                let o: &mut [A; STEP] = (&mut d[k..k + STEP]).try_into().expect("STEP outputs");
+                step::<A, STEP, SC, GS, ENT, MK, X>(c, x, mk, o);
+                emit(k, o);
+            }
+            None => {
+                let at = k % EMIT;
+                let o: &mut [A; STEP] = (&mut batch[at..at + STEP])
+                    .try_into()
+                    .expect("STEP outputs");
+                step::<A, STEP, SC, GS, ENT, MK, X>(c, x, mk, o);
+                if at + STEP == EMIT || k + STEP == ns {
+                    emit(k - at, &batch[..at + STEP]);
+                }
+            }
+        }
         k += STEP;
     }
-    let mut o = [A::ZERO; LANES];
+    let mut scratch = [A::ZERO; LANES];
     while k < nl {
         let x: &[A; LANES] = z[k..k + LANES].try_into().expect("LANES values");
         let mk: &[bool; LANES] = if MK {
@@ -219,8 +266,9 @@ fn body<A: Acc, const SC: bool, const GS: bool, const ENT: u8, const MK: bool, c
         } else {
             none[..LANES].try_into().expect("LANES flags")
         };
-        step::<A, LANES, SC, GS, ENT, MK, X>(c, x, mk, &mut o);
-        emit(k, &o);
+        let o = piece(&mut direct, &mut scratch, k);
+        step::<A, LANES, SC, GS, ENT, MK, X>(c, x, mk, o);
+        emit(k, o);
         k += LANES;
     }
     if k < n {
@@ -231,8 +279,14 @@ fn body<A: Acc, const SC: bool, const GS: bool, const ENT: u8, const MK: bool, c
         if MK {
             mk[..r].copy_from_slice(&mask[k..]);
         }
-        step::<A, LANES, SC, GS, ENT, MK, X>(c, &x, &mk, &mut o);
-        emit(k, &o[..r]);
+        step::<A, LANES, SC, GS, ENT, MK, X>(c, &x, &mk, &mut scratch);
+        match direct {
+            Some(d) => {
+                d[k..].copy_from_slice(&scratch[..r]);
+                emit(k, &d[k..]);
+            }
+            None => emit(k, &scratch[..r]),
+        }
     }
 }
 
@@ -242,7 +296,7 @@ fn dispatch<A: Acc, const X: bool>(
     c: &BlockConsts<A>,
     z: &[A],
     mask: Option<&[bool]>,
-    emit: &mut dyn FnMut(usize, &[A]),
+    out: BlockOut<'_, A>,
 ) {
     let (ent, h, r, wm, well) = match c.entropy {
         EntropyTerm::None => (ENT_NONE, A::ZERO, A::ZERO, A::ZERO, A::ZERO),
@@ -266,12 +320,12 @@ fn dispatch<A: Acc, const X: bool>(
     macro_rules! go {
         ($sc:expr, $gs:expr) => {
             match (ent, mask.is_some()) {
-                (ENT_NONE, false) => body::<A, $sc, $gs, ENT_NONE, false, X>(&k, z, m, emit),
-                (ENT_NONE, true) => body::<A, $sc, $gs, ENT_NONE, true, X>(&k, z, m, emit),
-                (ENT_OWN, false) => body::<A, $sc, $gs, ENT_OWN, false, X>(&k, z, m, emit),
-                (ENT_OWN, true) => body::<A, $sc, $gs, ENT_OWN, true, X>(&k, z, m, emit),
+                (ENT_NONE, false) => body::<A, $sc, $gs, ENT_NONE, false, X>(&k, z, m, out),
+                (ENT_NONE, true) => body::<A, $sc, $gs, ENT_NONE, true, X>(&k, z, m, out),
+                (ENT_OWN, false) => body::<A, $sc, $gs, ENT_OWN, false, X>(&k, z, m, out),
+                (ENT_OWN, true) => body::<A, $sc, $gs, ENT_OWN, true, X>(&k, z, m, out),
                 // The unmasked entropy differs from the row's own only under a mask.
-                (_, _) => body::<A, $sc, $gs, ENT_UNMASKED, true, X>(&k, z, m, emit),
+                (_, _) => body::<A, $sc, $gs, ENT_UNMASKED, true, X>(&k, z, m, out),
             }
         };
     }
@@ -288,9 +342,9 @@ unsafe fn block_avx512<A: Acc>(
     c: &BlockConsts<A>,
     z: &[A],
     mask: Option<&[bool]>,
-    emit: &mut dyn FnMut(usize, &[A]),
+    out: BlockOut<'_, A>,
 ) {
-    dispatch::<A, true>(c, z, mask, emit)
+    dispatch::<A, true>(c, z, mask, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -299,25 +353,24 @@ unsafe fn block_avx2<A: Acc>(
     c: &BlockConsts<A>,
     z: &[A],
     mask: Option<&[bool]>,
-    emit: &mut dyn FnMut(usize, &[A]),
+    out: BlockOut<'_, A>,
 ) {
-    dispatch::<A, false>(c, z, mask, emit)
+    dispatch::<A, false>(c, z, mask, out)
 }
 
 fn block_baseline<A: Acc>(
     c: &BlockConsts<A>,
     z: &[A],
     mask: Option<&[bool]>,
-    emit: &mut dyn FnMut(usize, &[A]),
+    out: BlockOut<'_, A>,
 ) {
-    dispatch::<A, false>(c, z, mask, emit)
+    dispatch::<A, false>(c, z, mask, out)
 }
 
 /// The gradients of the non-source entries `z` (one block, at most
 /// [`crate::row::BLOCK`] entries; `mask`: their sampling-mask flags), in
-/// the accumulation dtype, handed to `emit(k, values)` piece by piece in
-/// entry order (`k` the piece's first entry; the caller stores them, and
-/// may prefetch meanwhile). Source entries get the non-source value here;
+/// the accumulation dtype, written piece by piece as `out` says
+/// ([`BlockOut`]; a direct slice must be as long as `z`). Source entries get the non-source value here;
 /// the caller overwrites them. A masked-out entry (`p_j = 0`) gets `+0` or
 /// its entropy term. No heap allocation.
 ///
@@ -327,17 +380,18 @@ pub(crate) fn grad_block<A: Acc>(
     c: &BlockConsts<A>,
     z: &[A],
     mask: Option<&[bool]>,
-    emit: &mut dyn FnMut(usize, &[A]),
+    out: BlockOut<'_, A>,
 ) {
     debug_assert!(mask.is_none_or(|m| m.len() == z.len()));
+    debug_assert!(out.direct.as_ref().is_none_or(|d| d.len() == z.len()));
     match path() {
         // SAFETY: the features were detected at run time by `path()`.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { block_avx512(c, z, mask, emit) },
+        Path::Avx512 => unsafe { block_avx512(c, z, mask, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { block_avx2(c, z, mask, emit) },
-        _ => block_baseline(c, z, mask, emit),
+        Path::Avx2 => unsafe { block_avx2(c, z, mask, out) },
+        _ => block_baseline(c, z, mask, out),
     }
 }
 
@@ -440,12 +494,28 @@ mod tests {
                             .map(|j| scalar(&c, z[j], !masked || mask[j]).to_bits())
                             .collect();
                         let what = format!("n {n} scale {scale:?} {entropy:?} mask {masked}");
-                        let collect = |f: &dyn Fn(&mut dyn FnMut(usize, &[f32]))| {
+                        // Each build, emitting pieces and writing a direct slice.
+                        let collect = |f: &dyn Fn(BlockOut<'_, f32>)| {
                             let mut got = Vec::new();
-                            f(&mut |k, vals| {
-                                assert_eq!(k, got.len(), "pieces in entry order");
-                                got.extend(vals.iter().map(|x| x.to_bits()));
+                            f(BlockOut {
+                                direct: None,
+                                emit: &mut |k, vals| {
+                                    assert_eq!(k, got.len(), "pieces in entry order");
+                                    got.extend(vals.iter().map(|x| x.to_bits()));
+                                },
                             });
+                            let mut direct = vec![f32::NAN; n];
+                            let mut seen = 0;
+                            f(BlockOut {
+                                direct: Some(&mut direct),
+                                emit: &mut |k, vals| {
+                                    assert_eq!(k, seen, "pieces in entry order");
+                                    seen += vals.len();
+                                },
+                            });
+                            assert_eq!(seen, n);
+                            let d: Vec<u32> = direct.iter().map(|x| x.to_bits()).collect();
+                            assert_eq!(d, got, "direct and emitted outputs");
                             got
                         };
                         let got = collect(&|e| block_baseline(&c, &z, mk, e));

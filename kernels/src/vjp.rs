@@ -28,8 +28,8 @@ use logprobe_reference::spec::{
     Cotangents, Dtype, Logits, LogitsMut, Options, Problem, Shape, SpecError,
 };
 
-use crate::grad_block::{grad_block, BlockConsts, EntropyTerm};
-use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
+use crate::grad_block::{grad_block, BlockConsts, BlockOut, EntropyTerm};
+use crate::row::{path, shift, Acc, Input, Path, Source, TypedRow, BLOCK};
 use crate::stats::{
     ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
 };
@@ -94,10 +94,11 @@ pub trait RowIo<A: Acc> {
     fn store(&mut self, start: usize, vals: &[A]);
     /// Writes 0 to columns `range` (padding).
     fn store_zeros(&mut self, range: std::ops::Range<usize>);
-    /// One block of the write pass: `f(z, emit)` with `z` the values of
+    /// One block of the write pass: `f(z, out)` with `z` the values of
     /// columns `start .. start + n` (`zbuf` holds them unless the row can
-    /// lend them in place) and `emit(k, vals)` storing the gradients of
-    /// columns `start + k ..`; an implementation may prefetch the next
+    /// lend them in place) and `out` where the gradients of those columns
+    /// go (the output row itself when it holds the accumulation dtype,
+    /// else stored piece by piece); an implementation may prefetch the next
     /// block (`start + n .. end`) as pieces are emitted.
     #[inline(always)]
     fn block(
@@ -106,11 +107,17 @@ pub trait RowIo<A: Acc> {
         n: usize,
         end: usize,
         zbuf: &mut [A],
-        f: &mut dyn FnMut(&[A], &mut dyn FnMut(usize, &[A])),
+        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
     ) {
         let _ = end;
         self.load(start, &mut zbuf[..n]);
-        f(&zbuf[..n], &mut |k, vals| self.store(start + k, vals));
+        f(
+            &zbuf[..n],
+            BlockOut {
+                direct: None,
+                emit: &mut |k, vals| self.store(start + k, vals),
+            },
+        );
     }
 }
 
@@ -156,6 +163,13 @@ fn prefetch_next<A: Acc, S: Source<A> + ?Sized>(
 pub trait GradElement: Input {
     /// An f32 value rounded once to nearest (ties to even) in this type.
     fn from_f32(x: f32) -> Self;
+    /// [`GradElement::from_f32`] of each of `src` into `dst` (same length).
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(x);
+        }
+    }
 }
 
 impl GradElement for f64 {
@@ -176,6 +190,53 @@ impl GradElement for half::bf16 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         half::bf16::from_f32(x)
+    }
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        narrow_bf16(src, dst)
+    }
+}
+
+/// `half::bf16::from_f32` bit for bit, as selects (so loops over it
+/// vectorise): round to nearest, ties to even, on the top 16 bits;
+/// overflow rounds to infinity; a NaN keeps its top bits and is made quiet.
+#[inline(always)]
+fn bf16_bits(x: u32) -> u16 {
+    let nan = (x & 0x7FFF_FFFF) > 0x7F80_0000;
+    let up = (x & 0x8000) != 0 && (x & 0x17FFF) != 0;
+    let r = (x >> 16) + up as u32;
+    (if nan { (x >> 16) | 0x40 } else { r }) as u16
+}
+
+#[inline(always)]
+fn narrow_bf16_body(src: &[f32], dst: &mut [half::bf16]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::bf16::from_bits(bf16_bits(x.to_bits()));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,avx")]
+unsafe fn narrow_bf16_avx512(src: &[f32], dst: &mut [half::bf16]) {
+    narrow_bf16_body(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx")]
+unsafe fn narrow_bf16_avx2(src: &[f32], dst: &mut [half::bf16]) {
+    narrow_bf16_body(src, dst)
+}
+
+/// f32 values rounded to bf16 ([`bf16_bits`]), vectorised for this CPU.
+fn narrow_bf16(src: &[f32], dst: &mut [half::bf16]) {
+    match path() {
+        // SAFETY: the features were detected at run time by `path()`.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { narrow_bf16_avx512(src, dst) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { narrow_bf16_avx2(src, dst) },
+        _ => narrow_bf16_body(src, dst),
     }
 }
 
@@ -205,6 +266,36 @@ pub trait GradSink<A: Acc>: Sync {
     fn write(&self, vals: &[A], dst: &mut [Self::Elem]);
     /// `+0`.
     fn zero(&self) -> Self::Elem;
+    /// `dst` itself when its elements are the accumulation dtype and
+    /// [`GradSink::write`] would copy them unchanged (then the write pass
+    /// computes straight into it).
+    #[inline(always)]
+    fn as_acc<'b>(&self, dst: &'b mut [Self::Elem]) -> Option<&'b mut [A]> {
+        let _ = dst;
+        None
+    }
+}
+
+/// `s` as `&[A]` when `E` and `A` are the same type.
+#[inline(always)]
+fn same_type_ref<A: 'static, E: 'static>(s: &[E]) -> Option<&[A]> {
+    if std::any::TypeId::of::<A>() == std::any::TypeId::of::<E>() {
+        // SAFETY: `A` and `E` are the same type, so the slice is the same.
+        Some(unsafe { std::slice::from_raw_parts(s.as_ptr() as *const A, s.len()) })
+    } else {
+        None
+    }
+}
+
+/// `dst` as `&mut [A]` when `E` and `A` are the same type.
+#[inline(always)]
+fn same_type<A: 'static, E: 'static>(dst: &mut [E]) -> Option<&mut [A]> {
+    if std::any::TypeId::of::<A>() == std::any::TypeId::of::<E>() {
+        // SAFETY: `A` and `E` are the same type, so the slice is the same.
+        Some(unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut A, dst.len()) })
+    } else {
+        None
+    }
 }
 
 /// f64 storage of values rounded to `Dtype` (the [`crate::Kernel::backward`]
@@ -231,6 +322,15 @@ impl<A: Acc> GradSink<A> for F64Rounded {
     fn zero(&self) -> f64 {
         0.0
     }
+    #[inline(always)]
+    fn as_acc<'b>(&self, dst: &'b mut [f64]) -> Option<&'b mut [A]> {
+        // f64 accumulation stored as f64 output: the values unchanged.
+        if self.0 == Dtype::F64 {
+            same_type::<A, f64>(dst)
+        } else {
+            None
+        }
+    }
 }
 
 /// Storage in `G` itself, rounded once to nearest ([`backward_into`]).
@@ -241,12 +341,22 @@ impl<A: Acc, G: GradElement> GradSink<A> for Typed<G> {
     type Elem = G;
     #[inline]
     fn write(&self, vals: &[A], dst: &mut [G]) {
-        for (d, &v) in dst.iter_mut().zip(vals) {
-            *d = round_to::<A, G>(v);
+        match same_type_ref::<f32, A>(vals) {
+            Some(v) => G::from_f32_slice(v, dst),
+            None => {
+                for (d, &v) in dst.iter_mut().zip(vals) {
+                    *d = round_to::<A, G>(v);
+                }
+            }
         }
     }
     fn zero(&self) -> G {
         G::from_f32(0.0)
+    }
+    #[inline(always)]
+    fn as_acc<'b>(&self, dst: &'b mut [G]) -> Option<&'b mut [A]> {
+        // `round_to` is the identity when `G` is the accumulation dtype.
+        same_type::<A, G>(dst)
     }
 }
 
@@ -283,7 +393,7 @@ impl<A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> RowIo<A> for ToSink<'_, A, S
         n: usize,
         end: usize,
         zbuf: &mut [A],
-        f: &mut dyn FnMut(&[A], &mut dyn FnMut(usize, &[A])),
+        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
     ) {
         let (src, sink) = (self.src, self.sink);
         let (dst, rest) = self.dst[start..].split_at_mut(n);
@@ -295,11 +405,29 @@ impl<A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> RowIo<A> for ToSink<'_, A, S
                 &zbuf[..n]
             }
         };
-        f(z, &mut |k, vals| {
-            prefetch_next(src, start + n, end, k, vals.len());
-            prefetch_write(rest, k, vals.len());
-            sink.write(vals, &mut dst[k..k + vals.len()]);
-        });
+        match sink.as_acc(dst) {
+            Some(direct) => f(
+                z,
+                BlockOut {
+                    direct: Some(direct),
+                    emit: &mut |k, vals| {
+                        prefetch_next(src, start + n, end, k, vals.len());
+                        prefetch_write(rest, k, vals.len());
+                    },
+                },
+            ),
+            None => f(
+                z,
+                BlockOut {
+                    direct: None,
+                    emit: &mut |k, vals| {
+                        prefetch_next(src, start + n, end, k, vals.len());
+                        prefetch_write(rest, k, vals.len());
+                        sink.write(vals, &mut dst[k..k + vals.len()]);
+                    },
+                },
+            ),
+        }
     }
 }
 
@@ -333,14 +461,16 @@ impl<A: Acc> RowIo<A> for ToBuffer<'_, A> {
         n: usize,
         end: usize,
         _zbuf: &mut [A],
-        f: &mut dyn FnMut(&[A], &mut dyn FnMut(usize, &[A])),
+        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
     ) {
         let src = self.src;
-        let dst = &mut self.dst[start..start + n];
-        f(&src[start..start + n], &mut |k, vals| {
-            prefetch_next(src, start + n, end, k, vals.len());
-            dst[k..k + vals.len()].copy_from_slice(vals);
-        });
+        f(
+            &src[start..start + n],
+            BlockOut {
+                direct: Some(&mut self.dst[start..start + n]),
+                emit: &mut |k, vals| prefetch_next(src, start + n, end, k, vals.len()),
+            },
+        );
     }
 }
 
@@ -361,7 +491,7 @@ impl<T: Input> InPlace<'_, T> {
     }
 }
 
-impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
+impl<T: GradElement> RowIo<T::Acc> for InPlace<'_, T> {
     #[inline(always)]
     fn load(&self, start: usize, dst: &mut [T::Acc]) {
         self.typed().load(start, dst)
@@ -373,8 +503,15 @@ impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
     fn store(&mut self, start: usize, vals: &[T::Acc]) {
         match self.row.as_slice_mut() {
             Some(s) => {
-                for (d, &v) in s[start..start + vals.len()].iter_mut().zip(vals) {
-                    *d = T::narrow(v);
+                let s = &mut s[start..start + vals.len()];
+                match same_type_ref::<f32, T::Acc>(vals) {
+                    // `narrow` from f32 is `from_f32`: rounded once to nearest.
+                    Some(v) => T::from_f32_slice(v, s),
+                    None => {
+                        for (d, &v) in s.iter_mut().zip(vals) {
+                            *d = T::narrow(v);
+                        }
+                    }
                 }
             }
             None => {
@@ -468,8 +605,8 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
                 Some(&mbuf[..n])
             }
         };
-        io.block(start, n, v, &mut zbuf, &mut |z, emit| {
-            grad_block(&consts, z, mk, emit)
+        io.block(start, n, v, &mut zbuf, &mut |z, out| {
+            grad_block(&consts, z, mk, out)
         });
         start += n;
     }
@@ -833,7 +970,7 @@ fn plan_in_place<T: Input>(
     })
 }
 
-fn apply_in_place<T: Input>(
+fn apply_in_place<T: GradElement>(
     lv: &mut ArrayViewMut2<'_, T>,
     sampling_mask: Option<ArrayView2<'_, bool>>,
     options: &Options,
@@ -910,6 +1047,57 @@ fn apply_in_place<T: Input>(
                         }
                     });
                 r0 += rows;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorised bf16 rounding is `half::bf16::from_f32` bit for bit:
+    /// a sweep over every 257th f32 bit pattern (both signs, subnormals,
+    /// infinities, NaNs, ties), on every CPU path this machine has.
+    #[test]
+    fn narrow_bf16_is_half_from_f32() {
+        let mut xs: Vec<f32> = (0..=u32::MAX / 257)
+            .map(|i| f32::from_bits(i.wrapping_mul(257)))
+            .collect();
+        xs.extend([
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+            f32::from_bits(0x3f80_8000), // a tie, rounds to even (down)
+            f32::from_bits(0x3f81_8000), // a tie, rounds to even (up)
+            f32::from_bits(0x7f7f_8000), // rounds up to infinity
+        ]);
+        let want: Vec<u16> = xs
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let check = |f: &dyn Fn(&[f32], &mut [half::bf16]), what: &str| {
+            let mut got = vec![half::bf16::ZERO; xs.len()];
+            f(&xs, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), *w, "{what}: {:#010x}", xs[i].to_bits());
+            }
+        };
+        check(&narrow_bf16_body, "baseline");
+        check(&narrow_bf16, "dispatched");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: feature detected above.
+                check(&|s, d| unsafe { narrow_bf16_avx2(s, d) }, "avx2");
+            }
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
+            {
+                // SAFETY: feature detected above.
+                check(&|s, d| unsafe { narrow_bf16_avx512(s, d) }, "avx512");
             }
         }
     }
