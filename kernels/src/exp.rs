@@ -31,6 +31,10 @@
 //! (`cargo run --release -p logprobe-kernels --example exp_ulps`; the test
 //! `exp_f32_error_is_within_declared_ulps` re-checks a strided subset).
 //! `exp_f32(0) == 1` and `exp_f32(-inf) == 0` exactly; NaN gives NaN.
+//!
+//! [`exp_f32_nonpos_n_avx512`] (the AVX-512 block loops) replaces the two
+//! power-of-two multiplies by one `vscalefps`: the same bits (proof in its
+//! docs), so the error above holds for it too.
 
 /// Max error of [`exp_f32`] on `[-104, 0]` in ulps of f32 at the exact value,
 /// measured exhaustively (1,120,927,745 inputs; worst 0.951453 ulps at

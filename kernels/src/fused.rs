@@ -6,9 +6,11 @@
 //!
 //! Forward: one result record per row (`N * (size_of::<Result<RowForward,
 //! SpecError>>() + 8 K)` bytes) plus `BLOCK` accumulation elements of
-//! stack per worker thread (16 KiB for f64). Backward: one [`RowStats`] per
-//! row (`N * size_of::<Result<RowStats, SpecError>>()` bytes) plus the same
-//! stack; the output `[N, V_total]` is the result. Nothing scales with `V`.
+//! stack per worker thread (16 KiB for f64). Backward: one result per row
+//! (at most `N * size_of::<Result<RowStats, SpecError>>()` bytes; in place,
+//! where every row is validated before any write, one [`RowStats`] each)
+//! plus the same stack; the output `[N, V_total]` is the result. Nothing
+//! scales with `V`.
 
 use rayon::prelude::*;
 

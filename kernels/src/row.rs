@@ -22,7 +22,8 @@
 //!
 //! No FMA is used and lane order is explicit, so the SSE2, AVX2 and AVX-512
 //! builds of the block loop (chosen at run time, [`cpu_path`]) give the same
-//! bits.
+//! bits (the AVX-512 build's exps scale by `2^k` with `vscalefps`, which
+//! rounds the same exact product once: [`crate::exp::exp_f32_nonpos_n_avx512`]).
 //!
 //! # Evaluation (speed without changing that order)
 //!

@@ -1,6 +1,11 @@
 //! Backward (VJP) of log-probs, entropy and top-k log-probs for the CPU
-//! kernels: a stats pass per row ([`crate::stats::row_stats`]), then one
-//! write pass.
+//! kernels: per row a stats pass ([`crate::stats::row_stats`], the
+//! forward's reduction), then one write pass, vectorised block by block
+//! (`crate::grad_block`), while the row is still in cache (fused staging;
+//! in place, every row's stats come first so that bad input leaves the
+//! logits unchanged). The gradient is written as f64 holding values of the
+//! requested dtype ([`backward`]) or in the element type itself
+//! ([`backward_into`]: f64, f32, bf16 or f16), each value rounded once.
 //!
 //! # Formula (DESIGN "The math"; the oracle's docs)
 //!
@@ -555,7 +560,7 @@ fn entropy_term<A: Acc>(
 }
 
 /// Writes the gradient of one row (columns `0..v`, padding `v..v_total`):
-/// the non-source entries block by block ([`crate::grad_block`], blocks
+/// the non-source entries block by block (`crate::grad_block`, blocks
 /// of [`BLOCK`] columns from column 0, the next block prefetched while one
 /// is computed), then the source columns.
 pub fn grad_row<A: Acc, Io: RowIo<A>>(
