@@ -2,16 +2,24 @@
 # The two set-up commands of README.md, runnable on a fresh machine:
 #   scripts/run.sh verify   verify the shipped PyTorch dumps (the main job)
 #   scripts/run.sh test     the test gate (cargo test over the workspace)
-# Each first installs what a fresh machine lacks: m4 (GMP's build needs it).
+# Each first installs what a fresh machine lacks: m4 (GMP's build needs it)
+# and a C++17 compiler (the tests build the CUDA kernels for the host,
+# feature `cuda-host` of logprobe-kernels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ensure_build_deps() {
-    if ! command -v m4 >/dev/null 2>&1; then
-        echo "installing m4 (needed to build GMP for the MPFR oracle)..." >&2
+    local missing=()
+    command -v m4 >/dev/null 2>&1 || missing+=(m4)
+    if ! command -v "${CXX:-c++}" >/dev/null 2>&1 && ! command -v g++ >/dev/null 2>&1 \
+        && ! command -v clang++ >/dev/null 2>&1; then
+        missing+=(g++)
+    fi
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "installing ${missing[*]} (m4 builds GMP for the MPFR oracle; g++ builds the host CUDA kernels)..." >&2
         if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
         $SUDO apt-get update -qq >/dev/null
-        $SUDO apt-get install -y -qq m4 >/dev/null
+        $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
 }
 

@@ -1,6 +1,8 @@
 // Backward write pass (VJP of log_prob, entropy and top-k log-probs), one
 // block per row, after the stats pass (row_stats.cu) over the same row:
 //   dx_j = ( a_j (1 - p_j) - o_j p_j - h q_j (e_j + R) ) / T
+// (the gradient with respect to x: dz/dx = 1/T in both temperature dtypes;
+// grad_temp = T, grad_t_one = [T == 1], while temp / t_one are the shift's)
 // with p = softmax(z') (masked), q = softmax(w) and e_j = (w_j - max w) / T
 // the entropy's set, R = b_w / S_w, a_j the summed cotangents of the target
 // and top-k slots at column j and o_j = G - a_j those of the other slots
@@ -17,13 +19,15 @@
 // Arguments: x [rows, x_stride] (logits, shard or widened chunk); cols_real
 // real columns, cols_total columns to write (padding included); col_off:
 // global column of local column 0; mask / zmode / temps as row_stats.cu;
+// grad_temp / grad_t_one: the final division by T;
 // state [rows, LP_STATE_WORDS]; same_sets: W is P (no separate entropy set);
 // gsum [rows] = G, hcot [rows] = h; out [rows, out_stride].
 // Dynamic shared memory: k1 floats.
 
 __device__ __forceinline__ float lp_grad_entry(float z, bool allowed, int gcol, float a, float o, float h,
                                                LpState p, float big_s, LpState w, float big_sw, float r_w,
-                                               int same_sets, float temp, int t_one) {
+                                               int same_sets, float temp, int t_one, float grad_temp,
+                                               int grad_t_one) {
     float prob = 0.0f;
     float one_minus = 1.0f;
     if (allowed && z != LP_NEG_INF) {
@@ -39,13 +43,14 @@ __device__ __forceinline__ float lp_grad_entry(float z, bool allowed, int gcol, 
             dx = __fsub_rn(dx, __fmul_rn(__fmul_rn(h, q), __fadd_rn(e, r_w)));
         }
     }
-    return t_one ? dx : __fdiv_rn(dx, temp);
+    return grad_t_one ? dx : __fdiv_rn(dx, grad_temp);
 }
 
 template <class L, class O>
 __device__ __forceinline__ void lp_backward(const typename L::T* x, lp_i64 x_stride, int cols_real, int cols_total,
                                             int col_off, const lp_u8* mask, lp_i64 mask_stride, int zmode,
-                                            float temp_z, float temp, int t_one, const float* state, int same_sets,
+                                            float temp_z, float temp, int t_one, float grad_temp, int grad_t_one,
+                                            const float* state, int same_sets,
                                             const int* sidx, const float* sa, const float* so, int k1,
                                             const float* gsum, const float* hcot, typename O::T* out,
                                             lp_i64 out_stride) {
@@ -73,7 +78,7 @@ __device__ __forceinline__ void lp_backward(const typename L::T* x, lp_i64 x_str
             const float z = lp_z(L::widen(row[c]), zmode, temp_z);
             const bool allowed = !mrow || mrow[c];
             dx = lp_grad_entry(z, allowed, c + col_off, 0.0f, g_all, h, p, big_s, w, big_sw, r_w, same_sets, temp,
-                               t_one);
+                               t_one, grad_temp, grad_t_one);
         }
         orow[c] = O::narrow(dx);
     }
@@ -83,7 +88,8 @@ __device__ __forceinline__ void lp_backward(const typename L::T* x, lp_i64 x_str
         if (sidx[base + k] >= 0 && c >= 0 && c < cols_real) {
             const bool allowed = !mrow || mrow[c];
             orow[c] = O::narrow(lp_grad_entry(saved_z[k], allowed, c + col_off, sa[base + k], so[base + k], h, p,
-                                              big_s, w, big_sw, r_w, same_sets, temp, t_one));
+                                              big_s, w, big_sw, r_w, same_sets, temp, t_one, grad_temp,
+                                              grad_t_one));
         }
     }
 }
@@ -91,12 +97,12 @@ __device__ __forceinline__ void lp_backward(const typename L::T* x, lp_i64 x_str
 #define LP_BACKWARD(NAME, LOADER, STORE)                                                                       \
     extern "C" __global__ void __launch_bounds__(LP_MAX_BLOCK)                                                 \
         NAME(const LOADER::T* x, lp_i64 x_stride, int cols_real, int cols_total, int col_off, const lp_u8* mask, \
-             lp_i64 mask_stride, int zmode, float temp_z, float temp, int t_one, const float* state,             \
-             int same_sets, const int* sidx, const float* sa, const float* so, int k1, const float* gsum,        \
-             const float* hcot, STORE::T* out, lp_i64 out_stride) {                                              \
+             lp_i64 mask_stride, int zmode, float temp_z, float temp, int t_one, float grad_temp,               \
+             int grad_t_one, const float* state, int same_sets, const int* sidx, const float* sa,               \
+             const float* so, int k1, const float* gsum, const float* hcot, STORE::T* out, lp_i64 out_stride) {  \
         lp_backward<LOADER, STORE>(x, x_stride, cols_real, cols_total, col_off, mask, mask_stride, zmode,       \
-                                   temp_z, temp, t_one, state, same_sets, sidx, sa, so, k1, gsum, hcot, out,    \
-                                   out_stride);                                                                 \
+                                   temp_z, temp, t_one, grad_temp, grad_t_one, state, same_sets, sidx, sa, so,  \
+                                   k1, gsum, hcot, out, out_stride);                                            \
     }
 
 // Into an f32 grad buffer.

@@ -37,10 +37,15 @@ __device__ __forceinline__ float lp_bf16_to_f32(lp_u16 b) {
     return __uint_as_float(((unsigned)b) << 16);
 }
 
+// The host build (cuda/host/lp_host.h) has no PTX: a bit-exact C fallback.
 __device__ __forceinline__ float lp_f16_to_f32(lp_u16 h) {
+#ifdef LP_HOST_BUILD
+    return lp_host_f16_to_f32(h);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 
 // Round to nearest even; NaN stays NaN, overflow carries into infinity.
@@ -54,9 +59,13 @@ __device__ __forceinline__ lp_u16 lp_f32_to_bf16(float f) {
 }
 
 __device__ __forceinline__ lp_u16 lp_f32_to_f16(float f) {
+#ifdef LP_HOST_BUILD
+    return lp_host_f32_to_f16(f);
+#else
     lp_u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#endif
 }
 
 // Loaders: element type T, exact widening to f32, one tile of LP_TILE
@@ -129,20 +138,19 @@ __device__ __forceinline__ float lp_round_f64(double x, int prec, int min_sub_ex
 // The logit z the softmax sees (options.temperature_dtype):
 //   zmode 0: z = x (the temperature is applied after the max shift, lp_shift);
 //   zmode 1: z = fl32(x / T)               (f32 logits, temperature_dtype = input);
-//   zmode 2: z = round_bf16(x / T)         (bf16 logits, temperature_dtype = input);
-//   zmode 3: z = round_f16(x / T)          (f16 logits, temperature_dtype = input).
-// For 16-bit logits the f64 quotient of an 8/11-bit x by a 24-bit T is never
-// a rounding tie of the 16-bit format unless exact, so rounding it again is
-// correct rounding (no double-rounding error). With zmode != 0 the host passes
-// temperature 1 to lp_shift.
+//   zmode 2: z = round_bf16(fl32(x / T))   (bf16 logits, temperature_dtype = input);
+//   zmode 3: z = round_f16(fl32(x / T))    (f16 logits, temperature_dtype = input).
+// Two roundings, as PyTorch materialises `x / T` in a 16-bit dtype: the f32
+// quotient, then the 16-bit rounding of it (Dtype::scaled_input on the host).
+// With zmode != 0 the host passes temperature 1 to lp_shift.
 __device__ __forceinline__ float lp_z(float x, int zmode, float temp_z) {
     switch (zmode) {
     case 1:
         return __fdiv_rn(x, temp_z);
     case 2:
-        return lp_round_f64((double)x / (double)temp_z, 8, -133, 3.3895313892515355e38);
+        return lp_round_f64((double)__fdiv_rn(x, temp_z), 8, -133, 3.3895313892515355e38);
     case 3:
-        return lp_round_f64((double)x / (double)temp_z, 11, -24, 65504.0);
+        return lp_round_f64((double)__fdiv_rn(x, temp_z), 11, -24, 65504.0);
     default:
         return x;
     }

@@ -5,7 +5,7 @@
 #[cfg(feature = "candle")]
 pub mod candle;
 pub mod chunked;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-host"))]
 pub mod cuda;
 pub mod exp;
 pub mod fused;

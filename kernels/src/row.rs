@@ -338,14 +338,12 @@ impl<T: Input> TypedRow<'_, T> {
     }
 }
 
-/// `round_input(x / T)`: the quotient in f64 rounded once to `T`'s dtype.
-/// For f32/bf16/f16 logits and an f32 temperature the f64 quotient is
-/// itself correctly rounded and `53 >= 2p + 2`, so the double rounding is
-/// innocuous (Figueroa, "When is double rounding innocuous?", 1995); for f64
-/// it is the single IEEE division.
+/// `round_input(round_acc(x / T))`: the quotient rounded to the
+/// accumulation dtype, then to `T`'s dtype, as PyTorch materialises it
+/// ([`Dtype::scaled_input`], which defines it); the result is exact in `T`.
 #[inline]
 pub fn round_input<T: Input>(x: T, t: f64) -> T {
-    T::from_f64(x.to_f64() / t)
+    T::from_f64(T::DTYPE.scaled_input(x.to_f64(), t))
 }
 
 impl<T: Input> Source<T::Acc> for TypedRow<'_, T> {

@@ -14,8 +14,8 @@
 
 use std::path::Path;
 
-use logprobe_properties::dump::{serialize_dump, DumpTensor};
 use logprobe_reference::spec::Dtype;
+use logprobe_verify::dump::{serialize_dump, DumpTensor};
 
 /// xorshift64 (Marsaglia 2003): a fixed stream from a seed.
 struct Rng(u64);

@@ -23,7 +23,7 @@
 //!   a gather, on a `Tensor` the caller holds: what candle users run), and
 //!   the ratio of its time to the fused forward's;
 //! - peak extra memory of the fused and chunked forward (outputs excluded),
-//!   counted by [`crate::memory::CountingAllocator`] when it is the binary's
+//!   counted by [`logprobe_testkit::memory::CountingAllocator`] when it is the binary's
 //!   global allocator (the `logprobe` binary installs it: a few relaxed
 //!   atomics per allocation, nothing per entry), else `None` and only the
 //!   kernels' declared `workspace_bytes`;
@@ -51,7 +51,7 @@ use logprobe_kernels::{cpu_path, Chunked, Fused, Kernel, VocabParallel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 
-use crate::memory::{allocator_installed, budget, peak_extra};
+use logprobe_testkit::memory::{allocator_installed, budget, peak_extra};
 
 /// What `logprobe bench` measures and how often.
 #[derive(Clone, Debug, Serialize)]

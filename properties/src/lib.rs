@@ -1,17 +1,12 @@
-//! `logprobe-properties`: the tolerance model, proptest strategies, the
-//! property checks, the dump verifier, and the `logprobe` binary.
+//! `logprobe-properties`: the `logprobe` binary (`verify` from
+//! `logprobe-verify`, `bench` and `fuzz` here), the golden-fixture generator
+//! (`examples/gen_fixtures.rs`) and the `cargo test` gate (`tests/`, built
+//! on `logprobe-testkit`).
 #![warn(missing_docs)]
 
 pub mod bench;
-pub mod cache;
-pub mod checks;
-pub mod dump;
-pub mod memory;
-pub mod mutants;
-pub mod strategies;
-pub mod suite;
-pub mod tolerance;
-pub mod verify;
+pub mod cli;
+pub mod fuzz;
 
 /// The README's code, compiled and run as a doctest so it cannot rot.
 #[doc = include_str!("../../README.md")]

@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use ndarray::{Array1, Array2};
 
 use logprobe_kernels::{Chunked, Fused, Kernel};
-use logprobe_properties::dump::Dump;
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Problem};
+use logprobe_verify::dump::Dump;
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/golden")

@@ -5,10 +5,10 @@
 
 use logprobe_kernels::kernel::Kernel;
 use logprobe_kernels::{Chunked, Fused};
-use logprobe_properties::memory::{check_memory, CountingAllocator};
-use logprobe_properties::mutants::{Mutant, MutantKind};
-use logprobe_properties::strategies::{CotangentRecipe, ProblemRecipe};
 use logprobe_reference::spec::Dtype;
+use logprobe_testkit::memory::{check_memory, CountingAllocator};
+use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

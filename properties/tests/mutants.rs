@@ -1,17 +1,17 @@
 //! Property 8, the suite's power: every planted mutant of the catalog
-//! (`logprobe_properties::mutants`) is killed by the default property checks
+//! (`logprobe_testkit::mutants`) is killed by the default property checks
 //! (the same check functions and case counts as `tests/properties.rs`, plus
 //! the memory check), and the correct kernels survive them all. One test in
 //! this binary, with the counting allocator, so the memory check is exact.
 
 use logprobe_kernels::kernel::Kernel;
 use logprobe_kernels::Fused;
-use logprobe_properties::checks::{survey, KernelSummary};
-use logprobe_properties::memory::{check_memory, CountingAllocator};
-use logprobe_properties::mutants::{Mutant, MutantKind};
-use logprobe_properties::strategies::{CotangentRecipe, ProblemRecipe};
-use logprobe_properties::suite::{self, cpu_families, cpu_kernels, KernelFamily, ShardedFamily};
 use logprobe_reference::spec::Dtype;
+use logprobe_testkit::checks::{survey, KernelSummary};
+use logprobe_testkit::memory::{check_memory, CountingAllocator};
+use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
+use logprobe_testkit::suite::{self, cpu_families, cpu_kernels, KernelFamily, ShardedFamily};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

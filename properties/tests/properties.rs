@@ -3,8 +3,8 @@
 //! minimal recipe and persist in `proptest-regressions/properties.txt`.
 //! `PROPTEST_CASES` replaces every default case count.
 
-use logprobe_properties::checks::gate;
-use logprobe_properties::suite::{self, cpu_families, cpu_kernels};
+use logprobe_testkit::checks::gate;
+use logprobe_testkit::suite::{self, cpu_families, cpu_kernels};
 
 const REGRESSIONS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -57,7 +57,7 @@ fn inputs_unchanged_after_non_in_place_calls() {
 fn f32_bounds_are_tight_on_the_generators() {
     use logprobe_kernels::kernel::Kernel;
     use logprobe_kernels::{Chunked, Fused};
-    use logprobe_properties::checks::survey;
+    use logprobe_testkit::checks::survey;
     let kernels: Vec<Box<dyn Kernel>> = vec![Box::new(Fused), Box::new(Chunked::new(64))];
     let property = suite::agreement();
     for s in survey(&property, &kernels[..], Some(property.cases), 0) {
@@ -85,10 +85,10 @@ fn f32_bounds_are_tight_on_the_generators() {
 fn candle_baseline_bf16_f16_logsumexp_out_of_bound_at_real_vocab() {
     use logprobe_kernels::candle::CandleComposed;
     use logprobe_kernels::kernel::Kernel;
-    use logprobe_properties::cache::OracleCase;
-    use logprobe_properties::checks::judge_forward;
-    use logprobe_properties::strategies::{ProblemRecipe, RowKind};
     use logprobe_reference::spec::Dtype;
+    use logprobe_testkit::cache::OracleCase;
+    use logprobe_testkit::checks::judge_forward;
+    use logprobe_testkit::strategies::{ProblemRecipe, RowKind};
     for (dtype, min_nats) in [
         (Dtype::F32, None),
         (Dtype::Bf16, Some(2.0)),
@@ -127,8 +127,8 @@ fn candle_baseline_bf16_f16_logsumexp_out_of_bound_at_real_vocab() {
 fn zero_chunk_size_is_a_typed_error() {
     use logprobe_kernels::kernel::{Kernel, KernelError};
     use logprobe_kernels::Chunked;
-    use logprobe_properties::strategies::{CotangentRecipe, ProblemRecipe};
     use logprobe_reference::spec::{Dtype, SpecError};
+    use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
     let data = ProblemRecipe::plain(3, 4, 10).expand();
     let cot = CotangentRecipe {
         seed: 1,
@@ -155,10 +155,8 @@ fn zero_chunk_size_is_a_typed_error() {
 /// while the strategies stay unchanged): each passes on every CPU kernel.
 #[test]
 fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
-    use logprobe_properties::strategies::{
-        CotangentRecipe, Offset, PadFill, ProblemRecipe, RowKind,
-    };
     use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
+    use logprobe_testkit::strategies::{CotangentRecipe, Offset, PadFill, ProblemRecipe, RowKind};
     let recipe = |seed, n, vocab_size, dtype, kind, temperature, topk| ProblemRecipe {
         seed,
         n,
@@ -185,7 +183,7 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
         topk: true,
     };
     let kernels = cpu_kernels();
-    let all_ok = |name: &str, verdicts: Vec<logprobe_properties::checks::Verdict>| {
+    let all_ok = |name: &str, verdicts: Vec<logprobe_testkit::checks::Verdict>| {
         for v in verdicts {
             assert!(v.outcome.is_ok(), "{name}: {:?}", v.outcome.err());
         }

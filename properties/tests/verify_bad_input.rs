@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use logprobe_properties::dump::{serialize_dump, Dump, DumpError, DumpTensor};
-use logprobe_properties::verify::{verify_dump, VerifyConfig};
 use logprobe_reference::spec::{Dtype, SpecError};
+use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
 const N: usize = 3;
 const V: usize = 5;
@@ -423,7 +423,7 @@ fn zero_rows_with_a_huge_vocabulary_verify_trivially() {
     assert_eq!((dump.n(), dump.v_total()), (0, huge));
     let report = verify_dump(&dump, Path::new("empty"), &VerifyConfig::default()).unwrap();
     assert_eq!(report.rows_checked, 0);
-    assert_eq!(report.verdict, logprobe_properties::verify::Verdict::Pass);
+    assert_eq!(report.verdict, logprobe_verify::verify::Verdict::Pass);
 }
 
 #[test]

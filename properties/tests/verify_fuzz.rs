@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 
-use logprobe_properties::dump::{serialize_dump, Dump, DumpError, DumpTensor};
-use logprobe_properties::verify::{verify_dump, VerifyConfig};
 use logprobe_reference::spec::Dtype;
+use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
 /// Counts live bytes and their peak.
 struct Counting;

@@ -8,13 +8,13 @@ use std::path::Path;
 
 use ndarray::{Array1, Array2};
 
-use logprobe_properties::dump::{serialize_dump, Dump, DumpTensor};
-use logprobe_properties::verify::{verify_dump, FileReport, RowSelection, Verdict, VerifyConfig};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Logits, Options, Problem, TemperatureDtype,
     DEFAULT_IGNORE_INDEX,
 };
+use logprobe_verify::dump::{serialize_dump, Dump, DumpTensor};
+use logprobe_verify::verify::{verify_dump, FileReport, RowSelection, Verdict, VerifyConfig};
 
 const N: usize = 4;
 const VT: usize = 40;
@@ -202,7 +202,7 @@ fn assert_all_pass(case: &Case) {
         Verdict::Pass,
         "{:?}\n{}",
         verdicts(&r),
-        logprobe_properties::verify::render_table(&r)
+        logprobe_verify::verify::render_table(&r)
     );
     assert_eq!(r.outputs.len(), 4);
     for o in &r.outputs {
@@ -270,7 +270,7 @@ fn metadata_is_honoured() {
         .tensors()
         .into_iter()
         .map(|(n, v)| {
-            let name: &'static str = logprobe_properties::dump::TENSOR_NAMES
+            let name: &'static str = logprobe_verify::dump::TENSOR_NAMES
                 .iter()
                 .copied()
                 .find(|x| *x == n)
@@ -324,7 +324,7 @@ fn live_topk_id_at_neg_inf_logit_gets_its_gradient_bound() {
         r.verdict,
         Verdict::Pass,
         "{}",
-        logprobe_properties::verify::render_table(&r)
+        logprobe_verify::verify::render_table(&r)
     );
 }
 

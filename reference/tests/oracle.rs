@@ -4,7 +4,9 @@
 //! precisions agreeing, a rounding midpoint, and every error path.
 
 use half::{bf16, f16};
-use logprobe_reference::oracle::{round_to_dtype, Exact, Oracle, OracleForward};
+use logprobe_reference::oracle::{
+    round_to_dtype, Exact, Oracle, OracleForward, Tier, FAST_PRECISION,
+};
 use logprobe_reference::spec::{
     pow2, Cotangents, Dtype, EntropyLogits, Logits, Problem, SpecError, TemperatureDtype,
 };
@@ -67,11 +69,22 @@ fn one_hot_limits_are_exact_and_end_the_loop_at_once() {
     p.tokens = Some(t.view());
     p.topk_ids = Some(ids.view());
     let o = Oracle::default();
-    let r = o.forward_row_of(&p, 0, Dtype::F64).unwrap();
+    let mpfr = Oracle {
+        tier: Tier::Mpfr,
+        ..Oracle::default()
+    };
+    let r = mpfr.forward_row_of(&p, 0, Dtype::F64).unwrap();
     assert_eq!(
         r.precision,
         o.precisions(Dtype::F64)[0],
         "exact results end Ziv's loop at once"
+    );
+    // The f64 tier decides these exact results without MPFR.
+    let fast = o.forward_row_of(&p, 0, Dtype::F64).unwrap();
+    assert_eq!(fast.precision, FAST_PRECISION);
+    assert_eq!(
+        (fast.log_prob, fast.entropy, fast.lse),
+        (r.log_prob, r.entropy, r.lse)
     );
     for e in [r.log_prob.unwrap(), r.entropy.unwrap(), r.topk[0]] {
         assert_eq!(e, Exact::point(0.0));
@@ -413,10 +426,12 @@ fn two_working_precisions_agree() {
     let low = Oracle {
         start_precision: 64,
         max_precision: 4096,
+        ..Oracle::default()
     };
     let high = Oracle {
         start_precision: 512,
         max_precision: 4096,
+        ..Oracle::default()
     };
     for target in [Dtype::F32, Dtype::F64] {
         let (a, b) = (
@@ -503,6 +518,7 @@ fn ziv_loop_raises_precision_and_the_cap_returns_undecided() {
     let capped = Oracle {
         start_precision: 64,
         max_precision: 64,
+        ..Oracle::default()
     };
     let r = capped.forward_row_of(&p, 0, Dtype::F32).unwrap();
     assert!(!r.lse.decided && r.precision == 64);
@@ -511,37 +527,48 @@ fn ziv_loop_raises_precision_and_the_cap_returns_undecided() {
 }
 
 #[test]
-fn temperature_in_the_input_dtype_rounds_z_once() {
-    // bf16 logits, T = 0.7 (f32): z = round_bf16(x / T) is the input.
-    let xs = [20.0f32, 19.5, 3.0, -1.0];
+fn temperature_in_the_input_dtype_rounds_z_twice_as_pytorch_does() {
+    // bf16 logits, T = 0.6 (f32): PyTorch's `x / 0.6` on a bf16 tensor is
+    // z = round_bf16(round_f32(x / T)). 1.2890625 / 0.6 is a double-rounding
+    // entry: its f32 quotient 2.1484375 is a bf16 tie (-> 2.15625), while the
+    // exact quotient rounds once to 2.140625.
+    let xs = [1.2890625f32, 20.0, 19.5, 3.0, -1.0];
     let x =
-        Array2::from_shape_vec((1, 4), xs.iter().map(|&v| bf16::from_f32(v)).collect()).unwrap();
-    let t = array![1i64];
+        Array2::from_shape_vec((1, 5), xs.iter().map(|&v| bf16::from_f32(v)).collect()).unwrap();
+    let t = array![0i64];
     let mut p = Problem::new(Logits::Bf16(x.view()));
     p.tokens = Some(t.view());
-    p.options.temperature = 0.7;
+    p.options.temperature = 0.6;
     p.options.temperature_dtype = TemperatureDtype::Input;
     let f = Oracle::default().forward(&p, Dtype::F64).unwrap();
-    let t32 = Dtype::F32.round_f64(0.7);
-    let z: Vec<Float> = xs
+    let t32 = 0.6f32;
+    let lp_of = |z: Vec<f64>| {
+        let z: Vec<Float> = z.into_iter().map(|v| Float::with_val(300, v)).collect();
+        let mut s = Float::new(300);
+        for zj in &z {
+            s += Float::with_val(300, zj.exp_ref());
+        }
+        Float::with_val(300, &z[0] - s.ln()).to_f64()
+    };
+    // Independent of the spec: IEEE f32 division, then half's f32 -> bf16.
+    let pytorch: Vec<f64> = xs
         .iter()
-        .map(|&v| {
-            Float::with_val(
-                300,
-                round_to_dtype(&(Float::with_val(300, v) / t32), Dtype::Bf16),
-            )
-        })
+        .map(|&v| bf16::from_f32(v / t32).to_f64())
         .collect();
-    let mut s = Float::new(300);
-    for zj in &z {
-        s += Float::with_val(300, zj.exp_ref());
-    }
-    let lp = Float::with_val(300, &z[1] - s.ln());
-    assert_eq!(f.log_probs.unwrap()[0].unwrap().rounded, lp.to_f64());
+    assert_eq!(pytorch[0], 2.15625);
+    let lp = lp_of(pytorch);
+    assert_eq!(f.log_probs.unwrap()[0].unwrap().rounded, lp);
+    // One rounding of the exact quotient is a different input.
+    let once: Vec<f64> = xs
+        .iter()
+        .map(|&v| round_to_dtype(&(Float::with_val(300, v) / t32), Dtype::Bf16))
+        .collect();
+    assert_eq!(once[0], 2.140625);
+    assert_ne!(lp_of(once), lp);
     // Accumulation mode differs (z unrounded).
     p.options.temperature_dtype = TemperatureDtype::Accumulation;
     let g = Oracle::default().forward(&p, Dtype::F64).unwrap();
-    assert_ne!(g.log_probs.unwrap()[0].unwrap().rounded, lp.to_f64());
+    assert_ne!(g.log_probs.unwrap()[0].unwrap().rounded, lp);
 }
 
 #[test]

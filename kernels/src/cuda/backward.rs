@@ -6,6 +6,7 @@ use ndarray::Array2;
 
 use logprobe_reference::spec::{Cotangents, Dtype, Problem, Shape};
 
+use super::backend::{Arg, DeviceBuffer, Launcher};
 use super::error::CudaError;
 use super::forward::{
     check_sizes, item_config, launch_row_stats, launch_widen, row_config, DeviceMask,
@@ -14,7 +15,6 @@ use super::inputs::{dtype_suffix, host_logits, DeviceLogits, HostLogits, RowPara
 use super::launch::{chunks, STATE_WORDS};
 use super::memory::{AllocKind, MemoryTracker};
 use super::plan::{real_columns, Layout};
-use super::runtime::{Arg, CudaRuntime, DeviceBuffer};
 use super::slots::grad_slots;
 
 /// Largest `K + 1` the write pass keeps in shared memory (48 KiB of f32).
@@ -49,7 +49,7 @@ struct DeviceSlots {
 
 /// Arguments shared by every write-pass launch of one call.
 struct WritePass<'a> {
-    rt: &'a CudaRuntime,
+    rt: &'a dyn Launcher,
     params: RowParams,
     slots: &'a DeviceSlots,
 }
@@ -91,6 +91,8 @@ impl WritePass<'_> {
             Arg::F32(p.temp_z),
             Arg::F32(p.temp),
             Arg::I32(p.t_one),
+            Arg::F32(p.grad_temp),
+            Arg::I32(p.grad_t_one),
             Arg::Ptr(state.ptr_at(state_row0 * STATE_WORDS)),
             Arg::I32(1 - p.two_sets),
             Arg::Ptr(s.index.ptr_at(slot_row0 * s.k1)),
@@ -121,7 +123,7 @@ impl WritePass<'_> {
 /// # Errors
 /// [`CudaError`] from the device.
 pub(crate) fn backward(
-    rt: &CudaRuntime,
+    rt: &dyn Launcher,
     tracker: &MemoryTracker,
     layout: &Layout,
     problem: &Problem<'_>,
@@ -316,7 +318,7 @@ pub(crate) fn backward(
 }
 
 fn shape_grads(
-    rt: &CudaRuntime,
+    rt: &dyn Launcher,
     g: &DeviceBuffer<f32>,
     n: usize,
     vt: usize,

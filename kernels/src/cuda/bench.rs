@@ -5,16 +5,16 @@
 //! (row statistics, target gather, finish: log-probs and entropy).
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::LaunchConfig;
 
 use logprobe_reference::spec::Dtype;
 
+use super::backend::{Arg, LaunchConfig, Launcher};
 use super::error::CudaError;
 use super::forward::{item_config, launch_gather, launch_row_stats, DeviceMask};
 use super::inputs::{dtype_suffix, DeviceLogits, RowParams};
 use super::launch::{grid_stride_blocks, ELEMENTWISE_BLOCK, STATE_WORDS};
 use super::memory::{AllocKind, MemoryTracker};
-use super::runtime::{Arg, CudaRuntime};
+use super::runtime::CudaRuntime;
 
 /// The H200's specified HBM3e bandwidth, bytes per second (4.8 TB/s).
 pub const H200_PEAK_BYTES_PER_S: f64 = 4.8e12;
@@ -69,6 +69,9 @@ pub fn fused_forward_bandwidth(
     reps: usize,
     peak_bytes_per_s: f64,
 ) -> Result<BandwidthReport, CudaError> {
+    let ctx = rt.context().clone();
+    let stream = rt.stream().clone();
+    let rt: &dyn Launcher = rt;
     let _guard = rt.exclusive();
     let tracker = MemoryTracker::new();
     let len = n * v;
@@ -110,6 +113,8 @@ pub fn fused_forward_bandwidth(
         temp: 1.0,
         t_one: 1,
         two_sets: 0,
+        grad_temp: 1.0,
+        grad_t_one: 1,
     };
     let run = || -> Result<(), CudaError> {
         launch_row_stats(rt, &x, 0, n, v, 0, &mask, 0, &params, &state, 0)?;
@@ -133,7 +138,6 @@ pub fn fused_forward_bandwidth(
     };
     run()?;
     rt.synchronize()?;
-    let ctx = rt.context();
     let ev = |what| move |e| CudaError::driver(what, e);
     let mut times = Vec::with_capacity(reps.max(1));
     for _ in 0..reps.max(1) {
@@ -143,11 +147,9 @@ pub fn fused_forward_bandwidth(
         let end = ctx
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(ev("creating an event"))?;
-        start
-            .record(rt.stream())
-            .map_err(ev("recording an event"))?;
+        start.record(&stream).map_err(ev("recording an event"))?;
         run()?;
-        end.record(rt.stream()).map_err(ev("recording an event"))?;
+        end.record(&stream).map_err(ev("recording an event"))?;
         end.synchronize().map_err(ev("waiting for an event"))?;
         times.push(start.elapsed_ms(&end).map_err(ev("timing"))? as f64 * 1e-3);
     }

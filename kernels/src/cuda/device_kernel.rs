@@ -1,4 +1,4 @@
-//! The [`Kernel`] trait over a [`Layout`] on a [`CudaRuntime`]: validation
+//! The [`Kernel`] trait over a [`Layout`] on a [`Launcher`]: validation
 //! through the spec, upload, launches, download, rounding to the output
 //! dtype, allocation tracking. [`super::CudaFused`], [`super::CudaChunked`]
 //! and [`super::CudaVocabParallel`] are thin names over it.
@@ -9,19 +9,19 @@ use ndarray::{Array2, ArrayView1, ArrayView2};
 
 use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, Shape};
 
+use super::backend::Launcher;
 use super::backward::{backward, Dest, Grads, MAX_SLOTS};
 use super::error::CudaError;
 use super::forward::forward;
 use super::inputs::{check_dtype, check_scaled_logits, HostLogits};
 use super::memory::{MemoryReport, MemoryTracker};
 use super::plan::Layout;
-use super::runtime::CudaRuntime;
-use crate::kernel::{Capabilities, ForwardOutput, KernelError};
+use crate::kernel::{Algorithm, Capabilities, ForwardOutput, KernelError};
 
-/// A CUDA kernel: runtime, layout and its own allocation tracker.
+/// A CUDA kernel: back end, layout and its own allocation tracker.
 #[derive(Clone, Debug)]
 pub struct DeviceKernel {
-    rt: Arc<CudaRuntime>,
+    rt: Arc<dyn Launcher>,
     layout: Layout,
     tracker: MemoryTracker,
 }
@@ -31,12 +31,13 @@ impl DeviceKernel {
     ///
     /// # Errors
     /// [`CudaError`] when no CUDA device is usable (never a panic).
+    #[cfg(feature = "cuda")]
     pub fn new(layout: Layout) -> Result<Self, CudaError> {
-        Ok(Self::on(CudaRuntime::shared()?, layout))
+        Ok(Self::on(super::runtime::CudaRuntime::shared()?, layout))
     }
 
     /// A kernel of `layout` on `rt`.
-    pub fn on(rt: Arc<CudaRuntime>, layout: Layout) -> Self {
+    pub fn on(rt: Arc<dyn Launcher>, layout: Layout) -> Self {
         DeviceKernel {
             rt,
             layout,
@@ -49,9 +50,21 @@ impl DeviceKernel {
         &self.layout
     }
 
-    /// The runtime.
-    pub fn runtime(&self) -> &Arc<CudaRuntime> {
+    /// The back end.
+    pub fn launcher(&self) -> &Arc<dyn Launcher> {
         &self.rt
+    }
+
+    /// The declared algorithm of a call with `shape`: the layout's
+    /// reduction ([`Layout::algorithm`]) with the back end's `expf` /
+    /// `log1pf` error bounds ([`Launcher::math`]).
+    pub fn algorithm(&self, shape: &Shape) -> Algorithm {
+        let math = self.rt.math();
+        Algorithm {
+            exp_ulps: math.exp_ulps,
+            log_ulps: math.log_ulps,
+            ..self.layout.algorithm(shape)
+        }
     }
 
     /// Device memory of this kernel's calls: live and peak bytes by kind.
@@ -65,16 +78,18 @@ impl DeviceKernel {
     }
 
     /// Short name: `cuda-fused`, `cuda-chunked(chunk_size=64)`,
-    /// `cuda-vocab-parallel(shards=4)`.
+    /// `cuda-vocab-parallel(shards=4)`; on the host build `cuda-host-fused`
+    /// and so on (`cuda-host[mutant]-fused` for a mutant build).
     pub fn name(&self) -> String {
+        let p = self.rt.name_prefix();
         match &self.layout {
-            Layout::Fused => "cuda-fused".to_string(),
-            Layout::Chunked { chunk_size } => format!("cuda-chunked(chunk_size={chunk_size})"),
+            Layout::Fused => format!("{p}-fused"),
+            Layout::Chunked { chunk_size } => format!("{p}-chunked(chunk_size={chunk_size})"),
             Layout::VocabParallel(super::plan::Shards::Even(c)) => {
-                format!("cuda-vocab-parallel(shards={c})")
+                format!("{p}-vocab-parallel(shards={c})")
             }
             Layout::VocabParallel(super::plan::Shards::Widths(w)) => {
-                format!("cuda-vocab-parallel(widths={w:?})")
+                format!("{p}-vocab-parallel(widths={w:?})")
             }
         }
     }
@@ -121,7 +136,7 @@ impl DeviceKernel {
     /// As [`Kernel::forward`]; [`KernelError::Device`] from the device.
     pub fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
         let shape = self.validate(problem)?;
-        forward(&self.rt, &self.tracker, &self.layout, problem, &shape, out)
+        forward(&*self.rt, &self.tracker, &self.layout, problem, &shape, out)
             .map_err(self.device_err())
     }
 
@@ -138,7 +153,7 @@ impl DeviceKernel {
         let shape = self.validate(problem)?;
         problem.validate_cotangents(&shape, cot)?;
         match backward(
-            &self.rt,
+            &*self.rt,
             &self.tracker,
             &self.layout,
             problem,
@@ -188,7 +203,7 @@ impl DeviceKernel {
             let shape = self.validate(&problem)?;
             problem.validate_cotangents(&shape, cot)?;
             match backward(
-                &self.rt,
+                &*self.rt,
                 &self.tracker,
                 &self.layout,
                 &problem,
@@ -248,7 +263,7 @@ macro_rules! delegate_kernel {
                 &self,
                 shape: &logprobe_reference::spec::Shape,
             ) -> $crate::kernel::Algorithm {
-                self.0.layout().algorithm(shape)
+                self.0.algorithm(shape)
             }
             fn workspace_bytes(&self, shape: &logprobe_reference::spec::Shape) -> usize {
                 self.0.layout().workspace_bytes(shape)

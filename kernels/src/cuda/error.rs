@@ -1,4 +1,4 @@
-//! Why the CUDA kernels are unavailable or a device call failed.
+//! Why the CUDA kernels are unavailable or a device (or host-build) call failed.
 
 use crate::kernel::KernelError;
 
@@ -45,6 +45,17 @@ pub enum CudaError {
         major: i32,
         /// Minor version.
         minor: i32,
+    },
+    /// A launch was refused or its kernel failed: an unknown kernel, a bad
+    /// geometry, arguments that do not match the kernel's parameters (the
+    /// host build checks them), a fault of the host build (barrier deadlock,
+    /// partial-warp mask).
+    #[error("launch of {kernel} failed: {message}")]
+    Launch {
+        /// The kernel's name.
+        kernel: String,
+        /// What went wrong.
+        message: String,
     },
     /// A driver call failed (no device, out of memory, launch failure...).
     #[error("CUDA driver error in {context}: {message}")]

@@ -3,11 +3,11 @@
 //! (`cuda/row_stats.cu`); outputs are rounded on the host to the requested
 //! dtype from the device's f32 values.
 
-use cudarc::driver::LaunchConfig;
 use ndarray::{Array1, Array2};
 
 use logprobe_reference::spec::{Dtype, Problem, Shape};
 
+use super::backend::{Arg, DeviceBuffer, LaunchConfig, Launcher};
 use super::error::CudaError;
 use super::inputs::{dtype_suffix, host_logits, host_mask, round_outputs, DeviceLogits, RowParams};
 use super::launch::{
@@ -15,7 +15,6 @@ use super::launch::{
 };
 use super::memory::{AllocKind, MemoryTracker};
 use super::plan::{real_columns, Layout};
-use super::runtime::{Arg, CudaRuntime, DeviceBuffer};
 use super::slots::gather_indices;
 use crate::kernel::ForwardOutput;
 
@@ -45,6 +44,7 @@ pub(crate) struct DeviceMask {
 
 impl DeviceMask {
     /// No mask.
+    #[cfg(feature = "cuda")]
     pub(crate) fn none() -> Self {
         DeviceMask {
             buf: None,
@@ -54,7 +54,7 @@ impl DeviceMask {
 
     /// Uploads columns `cols` of the problem's mask, if it has one.
     pub(crate) fn upload(
-        rt: &CudaRuntime,
+        rt: &dyn Launcher,
         tracker: &MemoryTracker,
         problem: &Problem<'_>,
         cols: std::ops::Range<usize>,
@@ -83,7 +83,7 @@ impl DeviceMask {
 /// `state` from element `state_off`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_row_stats(
-    rt: &CudaRuntime,
+    rt: &dyn Launcher,
     x: &DeviceLogits,
     row0: usize,
     rows: usize,
@@ -140,7 +140,7 @@ pub(crate) fn check_sizes(shape: &Shape) -> Result<(), CudaError> {
 /// # Errors
 /// [`CudaError`] from the device.
 pub(crate) fn forward(
-    rt: &CudaRuntime,
+    rt: &dyn Launcher,
     tracker: &MemoryTracker,
     layout: &Layout,
     problem: &Problem<'_>,
@@ -356,7 +356,7 @@ pub(crate) fn forward(
 /// `lp_gather_*`: z at the slots' columns inside `[col_off, col_off + cols)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_gather(
-    rt: &CudaRuntime,
+    rt: &dyn Launcher,
     x: &DeviceLogits,
     rows: usize,
     cols: usize,
@@ -386,7 +386,7 @@ pub(crate) fn launch_gather(
 /// `lp_widen_*`: rows `[row0, row0 + rows)` of `x`, real columns `cols`,
 /// into the f32 chunk buffer `w` (`[rows, cols]`), z formed per `params`.
 pub(crate) fn launch_widen(
-    rt: &CudaRuntime,
+    rt: &dyn Launcher,
     x: &DeviceLogits,
     row0: usize,
     rows: usize,

@@ -10,9 +10,9 @@ use logprobe_reference::spec::{
     Dtype, Element, EntropyLogits, Logits, Problem, Shape, SpecError, TemperatureDtype,
 };
 
+use super::backend::{Arg, DeviceBuffer, Launcher};
 use super::error::CudaError;
 use super::memory::{AllocKind, MemoryTracker};
-use super::runtime::{Arg, CudaRuntime, DeviceBuffer};
 use crate::kernel::KernelError;
 
 /// The scalar parameters every row kernel takes (see `cuda/common.cuh`:
@@ -30,6 +30,11 @@ pub struct RowParams {
     /// 1 when the entropy needs its own (unmasked) statistics: a sampling
     /// mask is present and the entropy is over unmasked logits.
     pub two_sets: i32,
+    /// The temperature the backward's gradient is finally divided by
+    /// (`dz/dx = 1/T` in both temperature dtypes).
+    pub grad_temp: f32,
+    /// 1 when `grad_temp == 1` (the division is skipped: it is exact).
+    pub grad_t_one: i32,
 }
 
 impl RowParams {
@@ -53,6 +58,8 @@ impl RowParams {
                     temp: 1.0,
                     t_one: 1,
                     two_sets,
+                    grad_temp: t,
+                    grad_t_one: i32::from(t == 1.0),
                 }
             }
             TemperatureDtype::Accumulation => RowParams {
@@ -61,6 +68,8 @@ impl RowParams {
                 temp: t,
                 t_one: i32::from(t == 1.0),
                 two_sets,
+                grad_temp: t,
+                grad_t_one: i32::from(t == 1.0),
             },
         }
     }
@@ -102,8 +111,8 @@ pub fn check_dtype(shape: &Shape, kernel: &str) -> Result<(), KernelError> {
 
 /// With `temperature_dtype = input`, `round_input(x / T)` of a finite real
 /// logit may overflow (T < 1): bad input, as the oracle reports it. The same
-/// arithmetic as the device's `lp_z` (f32 division; for 16-bit logits the f64
-/// quotient correctly rounded).
+/// arithmetic as the device's `lp_z` ([`Dtype::scaled_input`]: the f32
+/// quotient, rounded again for 16-bit logits).
 ///
 /// # Errors
 /// [`SpecError::NonFiniteLogit`] with the overflowed value.
@@ -118,10 +127,7 @@ pub fn check_scaled_logits(problem: &Problem<'_>, shape: &Shape) -> Result<(), S
             if !x.is_finite() {
                 continue;
             }
-            let z = match shape.dtype {
-                Dtype::F32 => ((x as f32) / (t as f32)) as f64,
-                d => d.round_f64(x / t),
-            };
+            let z = shape.dtype.scaled_input(x, t);
             if !z.is_finite() {
                 return Err(SpecError::NonFiniteLogit {
                     tensor: "logits",
@@ -201,7 +207,7 @@ impl DeviceLogits {
     /// # Errors
     /// [`CudaError::Driver`].
     pub fn upload(
-        rt: &CudaRuntime,
+        rt: &dyn Launcher,
         tracker: &MemoryTracker,
         dtype: Dtype,
         stride: usize,
@@ -244,7 +250,7 @@ impl DeviceLogits {
     ///
     /// # Errors
     /// [`CudaError::Driver`].
-    pub fn download(&self, rt: &CudaRuntime, len: usize) -> Result<HostLogits, CudaError> {
+    pub fn download(&self, rt: &dyn Launcher, len: usize) -> Result<HostLogits, CudaError> {
         Ok(match &self.buf {
             DeviceLogitsBuf::F32(b) => HostLogits::F32(rt.download(b, len)?),
             DeviceLogitsBuf::U16(b) => HostLogits::U16(rt.download(b, len)?),
@@ -296,7 +302,9 @@ mod tests {
                 temp_z: 1.0,
                 temp: 1.0,
                 t_one: 1,
-                two_sets: 0
+                two_sets: 0,
+                grad_temp: 1.0,
+                grad_t_one: 1,
             }
         );
         p.options = Options {
@@ -312,6 +320,9 @@ mod tests {
         p.options.temperature_dtype = TemperatureDtype::Input;
         let r = RowParams::new(&p, &shape);
         assert_eq!((r.zmode, r.temp_z, r.temp, r.t_one), (1, 0.7f32, 1.0, 1));
+        // The gradient is with respect to x: divided by T in both dtypes.
+        assert_eq!((r.grad_temp, r.grad_t_one), (0.7f32, 0));
+        assert_eq!(r.on_widened().grad_temp, 0.7f32);
         assert_eq!(r.on_widened().zmode, 0);
         let xb = x.mapv(bf16::from_f32);
         let pb = Problem {

@@ -1,7 +1,14 @@
-//! CUDA kernels (feature `cuda`): the fused, chunked and vocab-parallel
-//! algorithms of the CPU kernels as NVRTC-compiled CUDA C
-//! (`kernels/cuda/*.cu`), behind the same [`Kernel`](crate::Kernel) trait, so
-//! every property runs on them unchanged.
+//! CUDA kernels: the fused, chunked and vocab-parallel algorithms of the CPU
+//! kernels as CUDA C (`kernels/cuda/*.cu`), behind the same
+//! [`Kernel`](crate::Kernel) trait, so every property runs on them unchanged.
+//!
+//! Two back ends run the same sources through one [`Launcher`]:
+//! - feature `cuda`: a GPU, the sources compiled by NVRTC (`CudaRuntime`);
+//! - feature `cuda-host`: the host build, the sources compiled as C++ and
+//!   launched block by block with a block's threads as fibers
+//!   (`host::HostLauncher`); no GPU, so it runs in every `cargo test`.
+//!   Its limits are in `host`'s docs; `scripts/gpu-check.sh` still runs
+//!   the GPU back end where one is lent.
 //!
 //! - One block per row, 16-bit logits loaded as 16-bit words and widened
 //!   exactly, f32 accumulation, 64-bit row offsets.
@@ -12,7 +19,9 @@
 //!   for any chunk size and any `N`. The declared algorithm
 //!   ([`plan::Layout::algorithm`]) counts every rounding on that path.
 //! - `expf` (2 ulp) and `log1pf` (1 ulp), never the fast intrinsics; IEEE
-//!   division; `--fmad=false`.
+//!   division; `--fmad=false`. The host build routes `expf` / `log1pf` to
+//!   the CPU kernels' `exp_f32` / `ln_1p_f32` and declares their bounds
+//!   ([`DeviceKernel::algorithm`] takes them from [`Launcher::math`]).
 //! - Dynamic loading (cudarc, CUDA 13.0 bindings): a binary built with this
 //!   feature starts on machines without CUDA. [`runtime::driver_present`] and
 //!   [`source::nvrtc_present`] are checked before any driver or NVRTC call;
@@ -22,25 +31,35 @@
 //! - Device allocations are counted by a [`memory::MemoryTracker`] per kernel
 //!   ([`CudaFused::memory`]), for the memory property.
 
+pub mod backend;
 pub mod backward;
+#[cfg(feature = "cuda")]
 pub mod bench;
 pub mod device_kernel;
 pub mod error;
 pub mod forward;
+#[cfg(feature = "cuda-host")]
+pub mod host;
 pub mod inputs;
 pub mod launch;
 pub mod memory;
 pub mod plan;
+#[cfg(feature = "cuda")]
 pub mod runtime;
 pub mod slots;
 pub mod source;
 
 use std::ops::Deref;
+use std::sync::Arc;
 
+pub use backend::{Arg, Backend, DeviceBuffer, DeviceMath, LaunchConfig, Launcher};
 pub use device_kernel::DeviceKernel;
 pub use error::CudaError;
+#[cfg(feature = "cuda-host")]
+pub use host::{HostBuild, HostLauncher};
 pub use memory::{AllocKind, MemoryReport, MemoryTracker};
 pub use plan::{Layout, Shards};
+#[cfg(feature = "cuda")]
 pub use runtime::{driver_present, unavailable_reason, CudaRuntime};
 
 use device_kernel::delegate_kernel;
@@ -57,8 +76,20 @@ impl CudaFused {
     /// # Errors
     /// [`CudaError`] when no CUDA device is usable (no driver, no device,
     /// no NVRTC and no PTX folder): never a panic.
+    #[cfg(feature = "cuda")]
     pub fn new() -> Result<Self, CudaError> {
         Ok(CudaFused(DeviceKernel::new(Layout::Fused)?))
+    }
+
+    /// On the real host build ([`HostLauncher::shared`]).
+    #[cfg(feature = "cuda-host")]
+    pub fn host() -> Self {
+        Self::on(HostLauncher::shared())
+    }
+
+    /// On `launcher`.
+    pub fn on(launcher: Arc<dyn Launcher>) -> Self {
+        CudaFused(DeviceKernel::on(launcher, Layout::Fused))
     }
 }
 
@@ -75,6 +106,7 @@ impl CudaChunked {
     /// # Errors
     /// [`SpecError::ZeroChunkSize`] (as [`CudaChunkedError::Spec`]) for
     /// `chunk_size == 0`; [`CudaError`] when no CUDA device is usable.
+    #[cfg(feature = "cuda")]
     pub fn new(chunk_size: usize) -> Result<Self, CudaChunkedError> {
         if chunk_size == 0 {
             return Err(CudaChunkedError::Spec(SpecError::ZeroChunkSize));
@@ -82,6 +114,29 @@ impl CudaChunked {
         Ok(CudaChunked(DeviceKernel::new(Layout::Chunked {
             chunk_size,
         })?))
+    }
+
+    /// On the real host build ([`HostLauncher::shared`]).
+    ///
+    /// # Errors
+    /// [`SpecError::ZeroChunkSize`] for `chunk_size == 0`.
+    #[cfg(feature = "cuda-host")]
+    pub fn host(chunk_size: usize) -> Result<Self, CudaChunkedError> {
+        Self::on(HostLauncher::shared(), chunk_size)
+    }
+
+    /// On `launcher`.
+    ///
+    /// # Errors
+    /// [`SpecError::ZeroChunkSize`] for `chunk_size == 0`.
+    pub fn on(launcher: Arc<dyn Launcher>, chunk_size: usize) -> Result<Self, CudaChunkedError> {
+        if chunk_size == 0 {
+            return Err(CudaChunkedError::Spec(SpecError::ZeroChunkSize));
+        }
+        Ok(CudaChunked(DeviceKernel::on(
+            launcher,
+            Layout::Chunked { chunk_size },
+        )))
     }
 
     /// Rows per chunk.
@@ -119,10 +174,22 @@ impl CudaVocabParallel {
     ///
     /// # Errors
     /// [`CudaError`] when no CUDA device is usable.
+    #[cfg(feature = "cuda")]
     pub fn new(shards: Shards) -> Result<Self, CudaError> {
         Ok(CudaVocabParallel(DeviceKernel::new(
             Layout::VocabParallel(shards),
         )?))
+    }
+
+    /// `shards` on the real host build ([`HostLauncher::shared`]).
+    #[cfg(feature = "cuda-host")]
+    pub fn host(shards: Shards) -> Self {
+        Self::on(HostLauncher::shared(), shards)
+    }
+
+    /// `shards` on `launcher`.
+    pub fn on(launcher: Arc<dyn Launcher>, shards: Shards) -> Self {
+        CudaVocabParallel(DeviceKernel::on(launcher, Layout::VocabParallel(shards)))
     }
 }
 

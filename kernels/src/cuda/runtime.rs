@@ -1,18 +1,20 @@
-//! The CUDA runtime of the kernels: driver and NVRTC detection, one context
-//! and stream, the compiled modules, tracked device buffers and launches.
+//! The GPU back end of the kernels (feature `cuda`): driver and NVRTC
+//! detection, one context and stream, the compiled modules, and the
+//! [`Launcher`] over them.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use super::backend::{
+    check_config, Arg, Backend, CallGuard, DeviceMath, LaunchConfig, Launcher, RawBuffer,
+};
 use super::error::CudaError;
-use super::memory::{AllocKind, MemoryTracker};
+use super::plan::{EXPF_ULPS, LOG1PF_ULPS};
 use super::source::{arch_for, compile, nvrtc_present, read_ptx, PTX_DIR_ENV, SOURCES};
 
 /// Whether the CUDA driver library can be loaded. Check this before any
@@ -143,34 +145,108 @@ impl CudaRuntime {
         &self.stream
     }
 
-    /// Serialises one kernel call on this device.
-    pub(crate) fn exclusive(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// The kernel function `name`.
     ///
     /// # Errors
-    /// [`CudaError::Driver`] when no loaded module has it.
+    /// [`CudaError::Launch`] when no loaded module has it.
     pub fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {
-        self.functions.get(name).ok_or_else(|| CudaError::Driver {
-            context: "finding a kernel",
-            message: format!("no kernel named {name}"),
+        self.functions.get(name).ok_or_else(|| CudaError::Launch {
+            kernel: name.to_string(),
+            message: "no loaded module has this kernel".to_string(),
         })
     }
+}
 
-    /// Launches kernel `name` with `cfg`; `args` are pushed in order.
-    ///
-    /// # Safety
-    /// `args` must match the kernel's parameters in number and type, and
-    /// every device pointer among them must stay allocated until the stream
-    /// is synchronised.
-    pub(crate) unsafe fn launch(
-        &self,
-        name: &str,
-        cfg: LaunchConfig,
-        args: &[Arg],
-    ) -> Result<(), CudaError> {
+/// A device allocation through cudarc (bytes; the typed view is
+/// [`super::backend::DeviceBuffer`]).
+struct CudaRaw {
+    slice: CudaSlice<u8>,
+    ptr: u64,
+}
+
+impl RawBuffer for CudaRaw {
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn bytes(&self) -> usize {
+        self.slice.num_bytes()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CudaRuntime {
+    fn wrap(&self, slice: CudaSlice<u8>) -> Box<dyn RawBuffer> {
+        let ptr = {
+            let (p, _sync) = slice.device_ptr(&self.stream);
+            p
+        };
+        Box::new(CudaRaw { slice, ptr })
+    }
+}
+
+impl Launcher for CudaRuntime {
+    fn backend(&self) -> Backend {
+        Backend::Cuda
+    }
+
+    fn name_prefix(&self) -> String {
+        "cuda".to_string()
+    }
+
+    /// libdevice's `expf` (2 ulp) and `log1pf` (1 ulp).
+    fn math(&self) -> DeviceMath {
+        DeviceMath {
+            exp_ulps: EXPF_ULPS,
+            log_ulps: LOG1PF_ULPS,
+        }
+    }
+
+    fn exclusive(&self) -> CallGuard<'_> {
+        CallGuard(Some(
+            self.lock.lock().unwrap_or_else(PoisonError::into_inner),
+        ))
+    }
+
+    fn alloc_zeroed(&self, bytes: usize) -> Result<Box<dyn RawBuffer>, CudaError> {
+        let slice = self
+            .stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| CudaError::driver("allocating", e))?;
+        Ok(self.wrap(slice))
+    }
+
+    fn upload_bytes(&self, data: &[u8]) -> Result<Box<dyn RawBuffer>, CudaError> {
+        if data.is_empty() {
+            return self.alloc_zeroed(1);
+        }
+        let slice = self
+            .stream
+            .clone_htod(data)
+            .map_err(|e| CudaError::driver("uploading", e))?;
+        Ok(self.wrap(slice))
+    }
+
+    fn download_bytes(&self, buf: &dyn RawBuffer, dst: &mut [u8]) -> Result<(), CudaError> {
+        let raw = buf
+            .as_any()
+            .downcast_ref::<CudaRaw>()
+            .filter(|r| r.slice.num_bytes() >= dst.len())
+            .ok_or_else(|| CudaError::Driver {
+                context: "downloading",
+                message: "not a large enough buffer of this device".to_string(),
+            })?;
+        let v = self
+            .stream
+            .clone_dtoh(&raw.slice)
+            .map_err(|e| CudaError::driver("downloading", e))?;
+        dst.copy_from_slice(&v[..dst.len()]);
+        Ok(())
+    }
+
+    unsafe fn launch(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), CudaError> {
+        check_config(name, &cfg)?;
         let f = self.function(name)?;
         let mut b = self.stream.launch_builder(f);
         for a in args {
@@ -182,152 +258,20 @@ impl CudaRuntime {
                 Arg::F32(v) => b.arg(v),
             };
         }
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: cfg.grid_dim,
+            block_dim: cfg.block_dim,
+            shared_mem_bytes: cfg.shared_mem_bytes,
+        };
         // SAFETY: forwarded to the caller.
         unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver("launching a kernel", e))?;
         Ok(())
     }
 
-    /// Waits for every launch and copy.
-    ///
-    /// # Errors
-    /// [`CudaError::Driver`] (a failed kernel shows here).
-    pub fn synchronize(&self) -> Result<(), CudaError> {
+    fn synchronize(&self) -> Result<(), CudaError> {
         self.stream
             .synchronize()
             .map_err(|e| CudaError::driver("synchronising", e))
-    }
-
-    /// Uploads `data` as a tracked buffer of `kind` (at least one element is
-    /// allocated, so empty data never makes a zero-sized allocation).
-    ///
-    /// # Errors
-    /// [`CudaError::Driver`] (out of memory...).
-    pub fn upload<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        tracker: &MemoryTracker,
-        kind: AllocKind,
-        data: &[T],
-    ) -> Result<DeviceBuffer<T>, CudaError> {
-        if data.is_empty() {
-            return self.zeros(tracker, kind, 0);
-        }
-        let slice = self
-            .stream
-            .clone_htod(data)
-            .map_err(|e| CudaError::driver("uploading", e))?;
-        Ok(DeviceBuffer::new(slice, &self.stream, kind, tracker))
-    }
-
-    /// A zero-filled tracked buffer of `len` elements (at least 1 allocated).
-    ///
-    /// # Errors
-    /// [`CudaError::Driver`] (out of memory...).
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        tracker: &MemoryTracker,
-        kind: AllocKind,
-        len: usize,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
-        let slice = self
-            .stream
-            .alloc_zeros::<T>(len.max(1))
-            .map_err(|e| CudaError::driver("allocating", e))?;
-        Ok(DeviceBuffer::new(slice, &self.stream, kind, tracker))
-    }
-
-    /// Downloads a buffer's first `len` elements (synchronises).
-    ///
-    /// # Errors
-    /// [`CudaError::Driver`].
-    pub fn download<T: DeviceRepr>(
-        &self,
-        buf: &DeviceBuffer<T>,
-        len: usize,
-    ) -> Result<Vec<T>, CudaError> {
-        let mut v = self
-            .stream
-            .clone_dtoh(&buf.slice)
-            .map_err(|e| CudaError::driver("downloading", e))?;
-        v.truncate(len);
-        Ok(v)
-    }
-}
-
-/// A kernel argument.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
-    /// A device pointer (0 for null).
-    Ptr(u64),
-    /// `long long`.
-    I64(i64),
-    /// `int`.
-    I32(i32),
-    /// `unsigned`.
-    U32(u32),
-    /// `float`.
-    F32(f32),
-}
-
-/// A device allocation counted by a [`MemoryTracker`] from allocation to drop.
-pub struct DeviceBuffer<T> {
-    slice: CudaSlice<T>,
-    ptr: u64,
-    kind: AllocKind,
-    bytes: usize,
-    tracker: MemoryTracker,
-}
-
-impl<T> DeviceBuffer<T> {
-    fn new(
-        slice: CudaSlice<T>,
-        stream: &CudaStream,
-        kind: AllocKind,
-        tracker: &MemoryTracker,
-    ) -> Self {
-        let bytes = slice.num_bytes();
-        let ptr = {
-            let (p, _sync) = slice.device_ptr(stream);
-            p
-        };
-        tracker.alloc(kind, bytes);
-        DeviceBuffer {
-            slice,
-            ptr,
-            kind,
-            bytes,
-            tracker: tracker.clone(),
-        }
-    }
-
-    /// Device address of element `offset` (for kernel arguments).
-    pub fn ptr_at(&self, offset: usize) -> u64 {
-        self.ptr + (offset * std::mem::size_of::<T>()) as u64
-    }
-
-    /// Device address of element 0.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Bytes allocated.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// The cudarc slice.
-    pub fn slice(&self) -> &CudaSlice<T> {
-        &self.slice
-    }
-
-    /// Mutable cudarc slice (for downloads into host memory).
-    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
-    }
-}
-
-impl<T> Drop for DeviceBuffer<T> {
-    fn drop(&mut self) {
-        self.tracker.free(self.kind, self.bytes);
     }
 }
 

@@ -2,12 +2,16 @@
 //! PTX with NVRTC, and prebuilt PTX folders for machines without NVRTC.
 //!
 //! Each `.cu` file is compiled as one program: the prelude `common.cuh`
-//! followed by the file's text. Options: `--fmad=false` (every fused
+//! followed by the file's text (the host build, feature `cuda-host`,
+//! compiles the same program text as C++: `kernels/build.rs`). Options: `--fmad=false` (every fused
 //! multiply-add is an explicit `fmaf`, so rounding is what the source says),
 //! IEEE division and square root, no flush-to-zero, full-precision math.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(feature = "cuda")]
+use std::path::PathBuf;
 
+#[cfg(feature = "cuda")]
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use super::error::CudaError;
@@ -82,6 +86,7 @@ pub fn program_text(source: &Source) -> String {
     format!("{PRELUDE}\n// ---- {}.cu\n{}", source.name, source.text)
 }
 
+#[cfg(feature = "cuda")]
 /// Whether the NVRTC library can be loaded (cudarc would panic on first use
 /// otherwise). Reads `LD_LIBRARY_PATH` as the dynamic loader does.
 pub fn nvrtc_present() -> bool {
@@ -89,6 +94,7 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+#[cfg(feature = "cuda")]
 /// Compiles `source` to PTX text for `arch` with NVRTC.
 ///
 /// # Errors
@@ -127,6 +133,7 @@ pub fn ptx_file_name(name: &str, arch: &str) -> String {
     format!("{name}.{arch}.ptx")
 }
 
+#[cfg(feature = "cuda")]
 /// Compiles every source for every arch in [`ARCHES`] into `dir` (created
 /// if missing); returns the files written.
 ///

@@ -9,7 +9,12 @@
 //!   machine's read roofline, candle's composed path and the oracle
 //!   ([`logprobe_properties::bench`]); `--json` for a machine-readable report.
 //!   Exit 0, or 2 on a bad configuration or a kernel failure.
+//! - `fuzz`: a time-budgeted search of kernels (ours, or planted mutants)
+//!   over the gate's recipe space, shrinking each finding to a minimal
+//!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
+//!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -17,12 +22,13 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use logprobe_properties::bench::{render as render_bench, BenchConfig};
-use logprobe_properties::memory::CountingAllocator;
-use logprobe_properties::verify::{
-    exit_status, render_expect, render_table, verify_files, ExpectRow, Expectations, FileOutcome,
-    RowSelection, SummationModel, VerifyConfig,
-};
 use logprobe_reference::spec::Dtype;
+use logprobe_testkit::memory::CountingAllocator;
+use logprobe_verify::tolerance::Order;
+use logprobe_verify::verify::{
+    exit_status_strict, render_expect, render_table, verify_files, ExpectRow, Expectations,
+    FileOutcome, RowSelection, VerifyConfig,
+};
 
 // Counts live heap bytes for `bench`'s peak-memory figures: a few relaxed
 // atomics per allocation, nothing per logit.
@@ -31,7 +37,14 @@ static ALLOC: CountingAllocator = CountingAllocator;
 
 /// Exact verification of log-prob, entropy and top-k kernels and their gradients.
 #[derive(Parser, Debug)]
-#[command(name = "logprobe", version, about)]
+#[command(
+    name = "logprobe",
+    version,
+    about = "Exact verification of log-prob, entropy and top-k kernels and their gradients",
+    long_about = "Exact verification of log-prob, entropy and top-k kernels and their gradients.\n\n\
+`logprobe verify FILE...` judges safetensors dumps of another implementation's outputs against \
+an exact (MPFR) oracle and derived error bounds; `logprobe bench` measures the CPU kernels."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,10 +53,148 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Verify safetensors dumps of another implementation against the exact oracle.
+    #[command(after_long_help = logprobe_properties::cli::verify_help())]
     Verify(VerifyArgs),
     /// Throughput and memory of the CPU kernels against the read roofline,
     /// candle's composed path and the oracle (one run, ratios).
     Bench(BenchArgs),
+    /// Search kernels for inputs they get wrong, within a time budget; shrink
+    /// each finding and write it as a dump (docs/fuzz.md).
+    Fuzz(FuzzArgs),
+}
+
+#[derive(Args, Debug)]
+struct FuzzArgs {
+    /// Targets: fused, chunked, vocab-parallel, candle, cuda, mutant:NAME (comma-separated).
+    #[arg(long, default_value = logprobe_properties::fuzz::target::DEFAULT_KERNELS)]
+    kernel: String,
+    /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    budget: std::time::Duration,
+    /// Case limit (whichever of --budget and --cases comes first).
+    #[arg(long)]
+    cases: Option<u64>,
+    /// Seed of the case stream (default: from the clock, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Logit dtypes: alternatives of `dtype=` (f64, f32, bf16, f16), e.g. bf16|f16.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Vocabulary sizes: alternatives of `vocab=` (numbers, lo..hi, real), e.g. real|1..64.
+    #[arg(long)]
+    vocab: Option<String>,
+    /// Pins of the search space, `key=alt|alt,key=...` (docs/fuzz.md); a printed recipe pins a whole case.
+    #[arg(long, default_value = "")]
+    options: String,
+    /// Time limit of each shrink.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    shrink_budget: std::time::Duration,
+    /// Directory of the counterexample dumps.
+    #[arg(long, default_value = "fuzz-findings")]
+    out: PathBuf,
+    /// Rerun the case of a fuzz dump on the kernel it names (other flags ignored).
+    #[arg(long)]
+    replay: Option<PathBuf>,
+    /// Never show progress.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// `90`, `90s`, `10m`, `1h`, `500ms`.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, scale) = if let Some(v) = s.strip_suffix("ms") {
+        (v, 0.001)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix('m') {
+        (v, 60.0)
+    } else if let Some(v) = s.strip_suffix('h') {
+        (v, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(x) if x >= 0.0 && x.is_finite() => Ok(std::time::Duration::from_secs_f64(x * scale)),
+        _ => Err(format!("`{s}`: expected a duration such as 90s, 10m or 1h")),
+    }
+}
+
+fn fuzz(args: FuzzArgs) -> u8 {
+    use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    if let Some(path) = &args.replay {
+        return match fuzz::replay(path) {
+            Err(e) => {
+                eprintln!("logprobe: {e}");
+                2
+            }
+            Ok((kernel, case, None)) => {
+                println!("{kernel}: passes now\n  recipe: {}", case.recipe());
+                0
+            }
+            Ok((kernel, case, Some(f))) => {
+                println!(
+                    "{kernel}: still fails {}: {}\n  recipe: {}",
+                    f.property,
+                    f.detail.lines().next().unwrap_or_default(),
+                    case.recipe()
+                );
+                1
+            }
+        };
+    }
+    let targets = match parse_targets(&args.kernel) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("logprobe: {e}");
+            return 2;
+        }
+    };
+    // --dtype and --vocab are the keys `dtype=` and `vocab=` of the grammar
+    // (there a comma separates alternatives too).
+    let mut options = args.options.clone();
+    for (key, v) in [("dtype", &args.dtype), ("vocab", &args.vocab)] {
+        if let Some(v) = v {
+            options.push_str(&format!(",{key}={}", v.replace(',', "|")));
+        }
+    }
+    let space = match Space::parse(&options) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("logprobe: --options: {e}");
+            return 2;
+        }
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    eprintln!(
+        "fuzz: kernels {}, seed {seed}, budget {:.0} s{}",
+        args.kernel,
+        args.budget.as_secs_f64(),
+        args.cases
+            .map_or(String::new(), |n| format!(", at most {n} cases"))
+    );
+    let config = FuzzConfig {
+        targets,
+        space,
+        seed,
+        budget: args.budget,
+        cases: args.cases,
+        shrink_budget: args.shrink_budget,
+        out_dir: args.out,
+        progress: !args.no_progress,
+    };
+    let report = fuzz::run(&config);
+    for t in &report.targets {
+        if let Some(f) = &t.found {
+            print!("{}", fuzz::render_found(&t.name, report.seed, f));
+        }
+    }
+    print!("{}", fuzz::render_summary(&report));
+    report.exit_status()
 }
 
 #[derive(Args, Debug)]
@@ -95,20 +246,23 @@ fn bench(args: BenchArgs) -> u8 {
     let report = match logprobe_properties::bench::run(&config) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("logprobe: {e}");
+            let _ = writeln!(std::io::stderr(), "logprobe: {e}");
             return 2;
         }
     };
     if args.json {
         match serde_json::to_string_pretty(&report) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => logprobe_properties::cli::Out::new().print(&format!("{s}\n")),
             Err(e) => {
-                eprintln!("logprobe: cannot serialise the report: {e}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "logprobe: cannot serialise the report: {e}"
+                );
                 return 2;
             }
         }
     } else {
-        print!("{}", render_bench(&report));
+        logprobe_properties::cli::Out::new().print(&render_bench(&report));
     }
     0
 }
@@ -123,7 +277,7 @@ struct VerifyArgs {
     json: bool,
     /// Summation model of the bound: lanes=8 (default), lanes=K, tree or sequential.
     #[arg(long, default_value = "lanes=8", value_parser = parse_model)]
-    model: SummationModel,
+    model: Order,
     /// Accumulation dtype of the implementation: f32, f64, bf16 or f16
     /// (default: f64 for f64 logits, f32 otherwise).
     #[arg(long, value_parser = parse_dtype)]
@@ -138,12 +292,44 @@ struct VerifyArgs {
     /// Worst elements listed per output.
     #[arg(long, default_value_t = 3)]
     worst: usize,
-    /// Never show the progress bar.
+    /// Never show progress (a bar on a terminal, else a line every --progress-every seconds).
     #[arg(long)]
     no_progress: bool,
+    /// Exit 1 on a SUSPECT verdict (within the sound bound, beyond the
+    /// statistical threshold) as on a failure.
+    #[arg(long)]
+    strict: bool,
+    /// The statistical threshold's constant c (of c sqrt(n) u; default the
+    /// calibrated value); `off` disables the SUSPECT tier.
+    #[arg(long, value_parser = parse_stat_c)]
+    statistical_c: Option<StatC>,
+    /// Seconds between two progress lines when stderr is not a terminal.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
+    progress_every: f64,
 }
 
-fn parse_model(s: &str) -> Result<SummationModel, String> {
+/// `--statistical-c`: a constant or `off`.
+#[derive(Clone, Copy, Debug)]
+struct StatC(Option<f64>);
+
+fn parse_stat_c(s: &str) -> Result<StatC, String> {
+    match s.trim() {
+        "off" => Ok(StatC(None)),
+        v => match v.parse::<f64>() {
+            Ok(c) if c >= 0.0 && c.is_finite() => Ok(StatC(Some(c))),
+            _ => Err(format!("bad --statistical-c `{s}`: a number >= 0 or `off`")),
+        },
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x < 1e9 => Ok(x),
+        _ => Err(format!("bad --progress-every `{s}`: expected seconds > 0")),
+    }
+}
+
+fn parse_model(s: &str) -> Result<Order, String> {
     s.parse()
 }
 
@@ -158,9 +344,14 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
         .ok_or_else(|| format!("unknown dtype `{s}`: expected f64, f32, bf16 or f16"))
 }
 
+/// `schema_version` of the `verify --json` document.
+const JSON_SCHEMA_VERSION: u32 = 1;
+
 /// The JSON document of `verify --json`.
 #[derive(Serialize)]
 struct JsonOut<'a> {
+    /// Version of this document's layout (1: this one).
+    schema_version: u32,
     files: Vec<JsonFile<'a>>,
     expect: Option<&'a [ExpectRow]>,
     exit_status: u8,
@@ -169,7 +360,7 @@ struct JsonOut<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum JsonFile<'a> {
-    Report(&'a logprobe_properties::verify::FileReport),
+    Report(&'a logprobe_verify::verify::FileReport),
     BadInput {
         path: &'a std::path::Path,
         verdict: &'static str,
@@ -184,18 +375,23 @@ fn verify(args: VerifyArgs) -> u8 {
         rows: args.rows.unwrap_or(RowSelection::All),
         worst: args.worst,
         progress: !args.no_progress && !args.json,
+        statistical_c: args
+            .statistical_c
+            .map_or(Some(logprobe_verify::tolerance::DEFAULT_C), |c| c.0),
+        progress_interval: std::time::Duration::from_secs_f64(args.progress_every),
         ..VerifyConfig::default()
     };
     let expectations = match args.expect.as_deref().map(Expectations::load).transpose() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("logprobe: {e}");
+            let _ = writeln!(std::io::stderr(), "logprobe: {e}");
             return 2;
         }
     };
     let outcomes = verify_files(&args.files, &config);
+    let mut out = logprobe_properties::cli::Out::new();
     let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
-    let status = exit_status(&outcomes, expect_rows.as_deref());
+    let status = exit_status_strict(&outcomes, expect_rows.as_deref(), args.strict);
     if args.json {
         let files = outcomes
             .iter()
@@ -209,29 +405,37 @@ fn verify(args: VerifyArgs) -> u8 {
             })
             .collect();
         let doc = JsonOut {
+            schema_version: JSON_SCHEMA_VERSION,
             files,
             expect: expect_rows.as_deref(),
             exit_status: status,
         };
         match serde_json::to_string_pretty(&doc) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => out.print(&format!("{s}\n")),
             Err(e) => {
-                eprintln!("logprobe: cannot serialise the report: {e}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "logprobe: cannot serialise the report: {e}"
+                );
                 return 2;
             }
         }
     } else {
         for o in &outcomes {
             match o {
-                FileOutcome::Report(r) => println!("{}", render_table(r)),
+                FileOutcome::Report(r) => out.print(&format!("{}\n", render_table(r))),
+                // Once, on stderr (stdout carries the reports).
                 FileOutcome::BadInput { path, error } => {
-                    println!("{}: bad input: {error}\n", path.display());
-                    eprintln!("logprobe: {}: bad input: {error}", path.display());
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "logprobe: {}: bad input: {error}",
+                        path.display()
+                    );
                 }
             }
         }
         if let Some(rows) = &expect_rows {
-            print!("{}", render_expect(rows));
+            out.print(&render_expect(rows));
         }
     }
     status
@@ -242,6 +446,7 @@ fn main() -> ExitCode {
     let status = match cli.command {
         Command::Verify(args) => verify(args),
         Command::Bench(args) => bench(args),
+        Command::Fuzz(args) => fuzz(args),
     };
     ExitCode::from(status)
 }

@@ -61,13 +61,28 @@
 //!
 //! Rows run in parallel (rayon), and long rows in fixed chunks of 8192
 //! entries, so the enclosures do not depend on the thread count.
+//!
+//! # Tiers
+//!
+//! By default ([`Tier::Fast`]) each row first goes through the certified
+//! f64 tier ([`fast`]: one CORE-MATH exp per entry, rigorous summation
+//! bounds); every forward output whose f64 enclosure rounds to one value of
+//! the target dtype is decided there, and only the others run the MPFR path
+//! above, output by output; the row statistics come from the same pass.
+//! [`Tier::FastVjp`] puts the VJP elements on the f64 tier too (its
+//! enclosures are a few f64 ulps wide, which moves printed absolute errors
+//! of almost exact gradients; see [`Tier`]). The values are the same
+//! correctly rounded values either way; [`Tier::Mpfr`] forces the MPFR
+//! path, and [`Fallback`] counts how many outputs and rows MPFR decided.
 
 mod bounds;
+pub mod fast;
 mod round;
 mod row;
 mod vjp;
 
 pub use bounds::Bounds;
+pub use fast::{Fallback, Tier};
 pub use round::{round_to_dtype, Rounder};
 
 use ndarray::Array2;
@@ -143,15 +158,36 @@ pub struct OracleForward {
     pub entropy: Option<Vec<Exact>>,
     /// Top-k log-probs `[N, K]` (nats; `-inf` for masked ids); `None` without ids.
     pub topk_log_probs: Option<Array2<Exact>>,
+    /// How many of these outputs (and rows) MPFR decided.
+    pub fallback: Fallback,
 }
 
-/// The MPFR oracle: precision policy of the Ziv loop.
+/// The oracle: which tier computes, and the precision policy of the MPFR
+/// path's Ziv loop.
+///
+/// ```
+/// use logprobe_reference::oracle::{Oracle, Tier};
+/// use logprobe_reference::spec::{Dtype, Logits, Problem};
+/// use ndarray::array;
+/// let x = array![[1.0f32, 2.0, 3.0]];
+/// let t = array![2i64];
+/// let mut p = Problem::new(Logits::F32(x.view()));
+/// p.tokens = Some(t.view());
+/// let fast = Oracle::default().forward(&p, Dtype::F32).unwrap();
+/// let mpfr = Oracle { tier: Tier::Mpfr, ..Oracle::default() }.forward(&p, Dtype::F32).unwrap();
+/// let lp = |f: &logprobe_reference::oracle::OracleForward| f.log_probs.as_ref().unwrap()[0].unwrap().rounded;
+/// assert_eq!(lp(&fast), lp(&mpfr));
+/// assert_eq!(fast.fallback.rows_mpfr, 0);
+/// assert_eq!(mpfr.fallback.output_rate(), 1.0);
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Oracle {
     /// First working precision in bits (64).
     pub start_precision: u32,
     /// Cap (4096): past it results come back undecided.
     pub max_precision: u32,
+    /// The tier ([`Tier::Fast`]: f64 first, MPFR for undecided outputs).
+    pub tier: Tier,
 }
 
 impl Default for Oracle {
@@ -159,8 +195,20 @@ impl Default for Oracle {
         Oracle {
             start_precision: 64,
             max_precision: 4096,
+            tier: Tier::Fast,
         }
     }
+}
+
+/// `RowForward::precision` of rows decided on the f64 tier.
+pub const FAST_PRECISION: u32 = 53;
+
+/// Which outputs of a row the MPFR path must decide.
+struct Want {
+    lse: bool,
+    log_prob: bool,
+    entropy: bool,
+    topk: Vec<bool>,
 }
 
 impl Oracle {
@@ -195,11 +243,12 @@ impl Oracle {
         target: Dtype,
     ) -> Result<OracleForward, SpecError> {
         let shape = problem.validate()?;
-        let rows: Vec<Result<RowForward, SpecError>> = (0..shape.n)
+        let rows: Vec<Result<(RowForward, Fallback), SpecError>> = (0..shape.n)
             .into_par_iter()
             .map(|r| self.forward_row(problem, &shape, r, target))
             .collect();
         let rows = first_error(rows)?;
+        let mut fallback = Fallback::default();
         let k = shape.k;
         let mut topk = Vec::with_capacity(if problem.topk_ids.is_some() {
             shape.n * k
@@ -211,7 +260,8 @@ impl Oracle {
             Vec::with_capacity(shape.n),
             Vec::with_capacity(shape.n),
         );
-        for r in rows {
+        for (r, fb) in rows {
+            fallback += fb;
             lse.push(r.lse);
             lp.push(r.log_prob);
             if let Some(e) = r.entropy {
@@ -227,6 +277,7 @@ impl Oracle {
             topk_log_probs: problem
                 .topk_ids
                 .map(|_| Array2::from_shape_vec((shape.n, k), topk).expect("N*K results")),
+            fallback,
         })
     }
 
@@ -244,23 +295,93 @@ impl Oracle {
         let shape = problem.validate_shapes()?;
         check_row(&shape, row)?;
         problem.validate_row(&shape, row)?;
-        self.forward_row(problem, &shape, row, target)
+        self.forward_row(problem, &shape, row, target).map(|r| r.0)
     }
 
+    /// One row: the f64 tier first (unless [`Tier::Mpfr`]), then MPFR for
+    /// the outputs it left undecided.
     fn forward_row(
         &self,
         problem: &Problem<'_>,
         shape: &Shape,
         r: usize,
         target: Dtype,
-    ) -> Result<RowForward, SpecError> {
+    ) -> Result<(RowForward, Fallback), SpecError> {
         let row = row::prepare(problem, shape, r, problem.options.entropy)?;
+        let Some(mutant) = self.tier.fast() else {
+            let rf = self.forward_mpfr(&row, target, None);
+            let n = rf.outputs();
+            return Ok((
+                rf,
+                Fallback {
+                    outputs: n,
+                    outputs_mpfr: n,
+                    rows: 1,
+                    rows_mpfr: 1,
+                },
+            ));
+        };
+        let fast = fast::FastRow::from_row(
+            row,
+            fast::FastOptions {
+                mutant,
+                ..Default::default()
+            },
+        );
+        let ff = fast.forward(target);
+        let (n, undecided) = ff.counts();
+        let mut fb = Fallback {
+            outputs: n,
+            outputs_mpfr: undecided,
+            rows: 1,
+            rows_mpfr: 0,
+        };
+        if undecided == 0 {
+            let rf = RowForward {
+                lse: ff.lse.expect("decided"),
+                log_prob: ff.log_prob.map(|e| e.expect("decided")),
+                entropy: ff.entropy.map(|e| e.expect("decided")),
+                topk: ff.topk.into_iter().map(|e| e.expect("decided")).collect(),
+                precision: FAST_PRECISION,
+            };
+            return Ok((rf, fb));
+        }
+        fb.rows_mpfr = 1;
+        let want = Want {
+            lse: ff.lse.is_none(),
+            log_prob: ff.log_prob.as_ref().is_some_and(|e| e.is_none()),
+            entropy: ff.entropy.as_ref().is_some_and(|e| e.is_none()),
+            topk: ff.topk.iter().map(|e| e.is_none()).collect(),
+        };
+        let m = self.forward_mpfr(fast.prepared(), target, Some(&want));
+        let rf = RowForward {
+            lse: ff.lse.unwrap_or(m.lse),
+            log_prob: ff
+                .log_prob
+                .map(|e| e.or(m.log_prob).expect("both paths agree")),
+            entropy: ff
+                .entropy
+                .map(|e| e.or(m.entropy).expect("both paths agree")),
+            topk: ff
+                .topk
+                .into_iter()
+                .zip(m.topk)
+                .map(|(f, m)| f.unwrap_or(m))
+                .collect(),
+            precision: m.precision,
+        };
+        Ok((rf, fb))
+    }
+
+    /// The MPFR path of one row: Ziv's loop until every output (or every
+    /// output in `want`) is decided.
+    fn forward_mpfr(&self, row: &row::Row<'_>, target: Dtype, want: Option<&Want>) -> RowForward {
         let mut rounder = Rounder::new();
         let precs = self.precisions(target);
         let mut out = None;
         for &prec in &precs {
-            let sums = row::pass(&row, prec, false, None);
-            let vals = row::values(&row, &sums, prec);
+            let sums = row::pass(row, prec, false, None);
+            let vals = row::values(row, &sums, prec);
             let rf = RowForward {
                 lse: rounder.exact(&vals.lse, target),
                 log_prob: vals.log_prob.map(|b| rounder.exact(&b, target)),
@@ -268,13 +389,21 @@ impl Oracle {
                 topk: vals.topk.iter().map(|b| rounder.exact(b, target)).collect(),
                 precision: prec,
             };
-            let done = rf.decided();
+            let done = match want {
+                None => rf.decided(),
+                Some(w) => {
+                    (!w.lse || rf.lse.decided)
+                        && (!w.log_prob || rf.log_prob.is_none_or(|e| e.decided))
+                        && (!w.entropy || rf.entropy.is_none_or(|e| e.decided))
+                        && rf.topk.iter().zip(&w.topk).all(|(e, &w)| !w || e.decided)
+                }
+            };
             out = Some(rf);
             if done {
                 break;
             }
         }
-        Ok(out.expect("at least one precision"))
+        out.expect("at least one precision")
     }
 
     /// Exact VJP: grad logits `[N, V_total]` for `cotangents` (padded
@@ -295,12 +424,26 @@ impl Oracle {
         cotangents: &Cotangents<'_>,
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
+        self.vjp_counted(problem, cotangents, target).map(|r| r.0)
+    }
+
+    /// [`Oracle::vjp`] with its [`Fallback`] counts (one output per
+    /// element of the real vocabulary).
+    ///
+    /// # Errors
+    /// As [`Oracle::vjp`].
+    pub fn vjp_counted(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        target: Dtype,
+    ) -> Result<(Array2<Exact>, Fallback), SpecError> {
         let shape = problem.validate_shapes()?;
         problem.validate_cotangents(&shape, cotangents)?;
         let shape = problem.validate()?;
         let (n, vt, v) = (shape.n, shape.v_total, shape.vocab_size);
         let precs = self.precisions(target);
-        let rows: Vec<Result<Vec<Exact>, SpecError>> = (0..n)
+        let rows: Vec<Result<(Vec<Exact>, Fallback), SpecError>> = (0..n)
             .into_par_iter()
             .map(|r| {
                 let cot = vjp::RowCot {
@@ -319,16 +462,77 @@ impl Oracle {
                     None
                 };
                 let row = row::prepare(problem, &shape, r, entropy)?;
-                Ok(vjp::vjp_row(&row, &cot, target, &precs))
+                Ok(self.vjp_row(row, &cot, target, &precs))
             })
             .collect();
         let rows = first_error(rows)?;
         let mut flat = Vec::with_capacity(n * vt);
-        for r in rows {
+        let mut fallback = Fallback::default();
+        for (r, fb) in rows {
+            fallback += fb;
             flat.extend(r);
             flat.extend(std::iter::repeat_n(Exact::point(0.0), vt - v));
         }
-        Ok(Array2::from_shape_vec((n, vt), flat).expect("N*V_total gradients"))
+        let grad = Array2::from_shape_vec((n, vt), flat).expect("N*V_total gradients");
+        Ok((grad, fallback))
+    }
+
+    /// One row's VJP: the f64 tier first (unless [`Tier::Mpfr`]), then
+    /// MPFR for the elements it left undecided.
+    fn vjp_row(
+        &self,
+        row: row::Row<'_>,
+        cot: &vjp::RowCot,
+        target: Dtype,
+        precs: &[u32],
+    ) -> (Vec<Exact>, Fallback) {
+        let v = row.v.len() as u64;
+        let Some(mutant) = self.tier.fast_vjp() else {
+            let out = vjp::vjp_row(&row, cot, target, precs, None);
+            return (
+                out,
+                Fallback {
+                    outputs: v,
+                    outputs_mpfr: v,
+                    rows: 1,
+                    rows_mpfr: 1,
+                },
+            );
+        };
+        let fast = fast::FastRow::from_row(
+            row,
+            fast::FastOptions {
+                per_entry: true,
+                mutant,
+                ..Default::default()
+            },
+        );
+        let rc = fast::RowCotangents {
+            g: cot.g,
+            h: cot.h,
+            topk: &cot.gk,
+        };
+        let (mut out, mut pending) = (Vec::new(), Vec::new());
+        if fast.applicable() {
+            fast.vjp(&rc).decide_into(target, &mut out, &mut pending);
+        } else {
+            out = vec![Exact::point(0.0); v as usize];
+            pending = (0..v as usize).collect();
+        }
+        let mut fb = Fallback {
+            outputs: v,
+            outputs_mpfr: pending.len() as u64,
+            rows: 1,
+            rows_mpfr: 0,
+        };
+        if !pending.is_empty() {
+            fb.rows_mpfr = 1;
+            let m = vjp::vjp_row(fast.prepared(), cot, target, precs, Some(pending.clone()));
+            for j in pending {
+                out[j] = m[j];
+            }
+        }
+        (out, fb)
     }
 
     /// Statistics of row `row` for the tolerance model, at
@@ -341,12 +545,54 @@ impl Oracle {
     /// [`Oracle::forward`]); a row index past `N` is
     /// [`SpecError::ShapeMismatch`] on tensor `row`.
     pub fn row_stats(&self, problem: &Problem<'_>, row: usize) -> Result<RowStats, SpecError> {
+        self.row_stats_counted(problem, row).map(|r| r.0)
+    }
+
+    /// [`Oracle::row_stats`] with its [`Fallback`] counts (one output per
+    /// row: the f64 tier's statistics stand when
+    /// [`fast::FastRow::stats_decided`], otherwise MPFR computes them).
+    ///
+    /// # Errors
+    /// As [`Oracle::row_stats`].
+    pub fn row_stats_counted(
+        &self,
+        problem: &Problem<'_>,
+        row: usize,
+    ) -> Result<(RowStats, Fallback), SpecError> {
         let shape = problem.validate_shapes()?;
         check_row(&shape, row)?;
         problem.validate_row(&shape, row)?;
         let entropy = Some(problem.options.entropy.unwrap_or(EntropyLogits::Unmasked));
         let prepared = row::prepare(problem, &shape, row, entropy)?;
-        Ok(row::stats(&prepared, self.start_precision.max(MIN_PREC)))
+        let prec = self.start_precision.max(MIN_PREC);
+        let mpfr = Fallback {
+            outputs: 1,
+            outputs_mpfr: 1,
+            rows: 1,
+            rows_mpfr: 1,
+        };
+        let Some(mutant) = self.tier.fast() else {
+            return Ok((row::stats(&prepared, prec), mpfr));
+        };
+        let fast = fast::FastRow::from_row(
+            prepared,
+            fast::FastOptions {
+                per_entry: true,
+                m2: true,
+                mutant,
+                ..Default::default()
+            },
+        );
+        if fast.stats_decided() {
+            let fb = Fallback {
+                outputs: 1,
+                outputs_mpfr: 0,
+                rows: 1,
+                rows_mpfr: 0,
+            };
+            return Ok((fast.row_stats(), fb));
+        }
+        Ok((row::stats(fast.prepared(), prec), mpfr))
     }
 }
 
@@ -361,11 +607,17 @@ pub struct RowForward {
     pub entropy: Option<Exact>,
     /// Top-k log-probs `[K]` (`-inf` for masked ids).
     pub topk: Vec<Exact>,
-    /// The working precision (bits) of the last Ziv step.
+    /// The working precision (bits) of the last Ziv step
+    /// ([`FAST_PRECISION`] when the f64 tier decided every output).
     pub precision: u32,
 }
 
 impl RowForward {
+    /// Number of outputs (lse, log-prob, entropy, top-k).
+    fn outputs(&self) -> u64 {
+        1 + self.log_prob.is_some() as u64 + self.entropy.is_some() as u64 + self.topk.len() as u64
+    }
+
     /// Whether every result is decided.
     pub fn decided(&self) -> bool {
         self.lse.decided

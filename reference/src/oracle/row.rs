@@ -14,7 +14,6 @@ use rug::ops::{AddAssignRound, AssignRound, MulAssignRound, NegAssign};
 use rug::{Assign, Float};
 
 use super::bounds::Bounds;
-use super::round::Rounder;
 use super::{Interval, RowStats};
 use crate::spec::{Element, EntropyLogits, Problem, Shape, SpecError, TemperatureDtype};
 use crate::with_logits;
@@ -122,9 +121,8 @@ pub(crate) fn prepare<'a>(
     let ts = match problem.options.temperature_dtype {
         TemperatureDtype::Accumulation => temperature,
         TemperatureDtype::Input => {
-            let mut r = Rounder::new();
             for (col, x) in v.iter_mut().enumerate() {
-                let z = r.round_quotient(*x, temperature, shape.dtype);
+                let z = shape.dtype.scaled_input(*x, temperature);
                 if z == f64::INFINITY {
                     return Err(SpecError::NonFiniteLogit {
                         tensor: "logits / temperature",

@@ -65,12 +65,14 @@ struct Consts {
 type Specials = BTreeMap<usize, (Bounds, Bounds)>;
 
 /// Grad logits of one row, `[V]` (real vocabulary), correctly rounded to
-/// `target`, with the Ziv loop over `precisions`.
+/// `target`, with the Ziv loop over `precisions`; with `only`, just those
+/// elements (the others stay 0).
 pub(crate) fn vjp_row(
     row: &Row<'_>,
     cot: &RowCot,
     target: Dtype,
     precisions: &[u32],
+    only: Option<Vec<usize>>,
 ) -> Vec<Exact> {
     let v = row.v.len();
     let mut out = vec![Exact::point(0.0); v];
@@ -116,9 +118,12 @@ pub(crate) fn vjp_row(
         lo: c.clone(),
         hi: c,
     };
-    let mut pending: Vec<usize> = (0..v)
-        .filter(|&j| row.in_p(j) || row.in_q(j) || specials.contains_key(&j))
-        .collect();
+    let mut pending: Vec<usize> = match only {
+        Some(only) => only,
+        None => (0..v)
+            .filter(|&j| row.in_p(j) || row.in_q(j) || specials.contains_key(&j))
+            .collect(),
+    };
     let mut cache = Cache::default();
     for &prec in precisions {
         let sums = pass(row, prec, false, Some(&mut cache));

@@ -134,6 +134,33 @@ impl Dtype {
     }
 }
 
+impl Dtype {
+    /// The logit `z` an implementation sees when it materialises `x / T` in
+    /// the logits' own dtype (`temperature_dtype = input`, e.g. PyTorch's
+    /// `bf16_logits / 0.6` or `div_(T)`): the quotient is computed in the
+    /// accumulation dtype (f32 for f32/bf16/f16 logits, f64 for f64), rounded
+    /// once to it, and then rounded to this dtype: two roundings,
+    /// `z = round_self(round_acc(x / T))` (DESIGN, "The math").
+    ///
+    /// `x` and `t` are exact values of this dtype and of the accumulation
+    /// dtype (`t > 0`). The f64 quotient is one rounding of the exact one and
+    /// `53 >= 2 * 24 + 2`, so rounding it again to f32 is the correctly
+    /// rounded f32 quotient (Figueroa, "When is double rounding innocuous?",
+    /// 1995); for f64 logits it is the IEEE division. Overflow gives `±inf`.
+    ///
+    /// ```
+    /// use logprobe_reference::spec::Dtype;
+    /// // bf16 1.2890625 / 0.6: the exact quotient 2.1484374... rounds to bf16
+    /// // 2.140625, but its f32 rounding is 2.1484375, a bf16 tie, which rounds
+    /// // to even: 2.15625 (what PyTorch computes).
+    /// let t = 0.6f32 as f64;
+    /// assert_eq!(Dtype::Bf16.scaled_input(1.2890625, t), 2.15625);
+    /// ```
+    pub fn scaled_input(self, x: f64, t: f64) -> f64 {
+        self.round_f64(self.accumulation().round_f64(x / t))
+    }
+}
+
 impl std::fmt::Display for Dtype {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -238,6 +265,53 @@ impl Element for f16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `scaled_input` is PyTorch's `x / T` on a 16-bit tensor: the IEEE f32
+    /// quotient, then the 16-bit rounding of that f32 (half's conversion
+    /// from f32 is correctly rounded), on every finite 16-bit value and
+    /// temperatures whose quotients hit double-rounding ties.
+    #[test]
+    fn scaled_input_rounds_twice_like_pytorch_on_every_16_bit_value() {
+        let mut differs_from_one_rounding = 0;
+        for t in [0.6f32, 0.7, 1.3, 0.05, 3.0] {
+            for bits in 0..=u16::MAX {
+                let (b, h) = (half::bf16::from_bits(bits), half::f16::from_bits(bits));
+                for (dtype, x, want) in [
+                    (
+                        Dtype::Bf16,
+                        b.to_f64(),
+                        half::bf16::from_f32(b.to_f32() / t).to_f64(),
+                    ),
+                    (
+                        Dtype::F16,
+                        h.to_f64(),
+                        half::f16::from_f32(h.to_f32() / t).to_f64(),
+                    ),
+                ] {
+                    if !x.is_finite() {
+                        continue;
+                    }
+                    let got = dtype.scaled_input(x, t as f64);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{dtype} {x} / {t}");
+                    if got != dtype.round_f64(x / t as f64) {
+                        differs_from_one_rounding += 1;
+                    }
+                }
+            }
+        }
+        // The double-rounding entries exist (the case that made verify fail
+        // correct PyTorch output) and are covered above.
+        assert!(
+            differs_from_one_rounding > 100,
+            "{differs_from_one_rounding}"
+        );
+        // f32 and f64 logits: one rounding, the IEEE division.
+        assert_eq!(
+            Dtype::F32.scaled_input(1.0, 0.6f32 as f64),
+            (1.0f32 / 0.6f32) as f64
+        );
+        assert_eq!(Dtype::F64.scaled_input(1.0, 0.6), 1.0 / 0.6);
+    }
 
     #[test]
     fn round_f64_matches_half_on_f32_values() {

@@ -1,11 +1,14 @@
 //! The problem's vocabulary, shared by the oracle, every kernel and the
-//! verifier: dtypes, input views, options, cotangents, typed errors and
-//! input validation. Plain Rust: no MPFR here.
+//! verifier: dtypes, input views, options, cotangents, typed errors, input
+//! validation, and the algorithm vocabulary kernels declare and the
+//! tolerance model reads. Plain Rust: no MPFR here.
 
+mod algorithm;
 mod dtype;
 mod error;
 mod problem;
 
+pub use algorithm::{ceil_log2, Algorithm, EntropyForm, Shift, Summation};
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use problem::{

@@ -2,19 +2,21 @@
 //! need besides it (the entropy's evaluation form), the presets `verify`
 //! uses for foreign kernels, and the per-row context ([`RowContext`]).
 
-use logprobe_kernels::kernel::{Algorithm, Kernel, Shift, Summation};
 use logprobe_reference::oracle::RowStats;
-use logprobe_reference::spec::{Dtype, Element, Problem, Shape, SpecError, TemperatureDtype};
+use logprobe_reference::spec::{
+    Algorithm, Dtype, Element, Problem, Shift, SpecError, Summation, TemperatureDtype,
+};
 use logprobe_reference::with_logits;
 
 use super::bounds::RowBounds;
 
-/// How a kernel evaluates the entropy: defined next to the [`Kernel`] trait
-/// (a kernel declares it with [`Kernel::entropy_form`]), re-exported here.
-pub use logprobe_kernels::kernel::EntropyForm;
+/// How a kernel evaluates the entropy: part of the spec's algorithm
+/// vocabulary (a kernel declares it), re-exported here.
+pub use logprobe_reference::spec::EntropyForm;
 
-/// The summation order of a model: a preset for foreign kernels, or a
-/// kernel's own declaration.
+/// The summation order of a model: a preset for foreign kernels (DESIGN:
+/// "The tolerance model"; `verify` cannot know a foreign kernel's order),
+/// or a kernel's own declaration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Order {
     /// Pairwise (tree) summation with leaf 1: `h = 1`, `L = ceil(log2 V)`.
@@ -29,6 +31,13 @@ pub enum Order {
 }
 
 impl Order {
+    /// `verify`'s default for a foreign kernel: 8 lanes.
+    pub const DEFAULT: Order = Order::Lanes(8);
+
+    /// The reference orders whose tightest satisfied one `verify` reports,
+    /// tightest first.
+    pub const REFERENCE: [Order; 3] = [Order::Tree, Order::Lanes(8), Order::Sequential];
+
     /// The summation model over `n` terms.
     pub fn summation(self, n: usize) -> Summation {
         match self {
@@ -36,6 +45,37 @@ impl Order {
             Order::Lanes(k) => Summation::lanes(n, k),
             Order::Sequential => Summation::sequential(n),
             Order::Declared(s) => s,
+        }
+    }
+}
+
+impl std::fmt::Display for Order {
+    /// `tree`, `lanes=K`, `sequential`, `declared(h=.., L=..)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Order::Tree => f.write_str("tree"),
+            Order::Lanes(k) => write!(f, "lanes={k}"),
+            Order::Sequential => f.write_str("sequential"),
+            Order::Declared(s) => write!(f, "declared(h={}, L={})", s.leaf, s.merges),
+        }
+    }
+}
+
+impl std::str::FromStr for Order {
+    type Err = String;
+    /// Parses a foreign-kernel preset: `tree`, `sequential`, `lanes` (= 8)
+    /// or `lanes=K` (`K >= 1`). A declared order is not parsed.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "tree" => Ok(Order::Tree),
+            "sequential" => Ok(Order::Sequential),
+            "lanes" => Ok(Order::Lanes(8)),
+            other => match other.strip_prefix("lanes=").map(|k| k.parse::<usize>()) {
+                Some(Ok(k)) if k >= 1 => Ok(Order::Lanes(k)),
+                _ => Err(format!(
+                    "unknown model `{other}`: expected tree, sequential, lanes or lanes=K (K >= 1)"
+                )),
+            },
         }
     }
 }
@@ -114,14 +154,6 @@ impl Model {
         }
     }
 
-    /// A kernel's own declaration for a call with this shape: its
-    /// [`Algorithm`] and, when it declares one, its entropy form
-    /// ([`Kernel::entropy_form`]; else [`EntropyForm::Any`]).
-    pub fn for_kernel(kernel: &dyn Kernel, shape: &Shape) -> Model {
-        Model::declared(&kernel.algorithm(shape))
-            .with_entropy_form(kernel.entropy_form().unwrap_or_default())
-    }
-
     /// The same model with another accumulation dtype (the `exp` / `ln`
     /// ulps stay counted in ulps of the new dtype).
     pub fn with_accumulation(self, accumulation: Dtype) -> Model {
@@ -152,13 +184,20 @@ impl Model {
     }
 
     /// A short name for reports: `tree`, `lanes=8`, `sequential`,
-    /// `declared(h=.., L=..)`.
+    /// `declared(h=.., L=..)` (the order's [`Display`](std::fmt::Display)).
     pub fn name(&self) -> String {
-        match self.order {
-            Order::Tree => "tree".into(),
-            Order::Lanes(k) => format!("lanes={k}"),
-            Order::Sequential => "sequential".into(),
-            Order::Declared(s) => format!("declared(h={}, L={})", s.leaf, s.merges),
+        self.order.to_string()
+    }
+
+    /// The foreign-kernel preset of `order` (as [`Model::lanes`] otherwise;
+    /// `Lanes(0)` is taken as `Lanes(1)`, a declared order as declared).
+    pub fn preset(order: Order) -> Model {
+        match order {
+            Order::Lanes(k) => Model::lanes(k),
+            order => Model {
+                order,
+                ..Model::lanes(8)
+            },
         }
     }
 
@@ -171,7 +210,7 @@ impl Model {
 /// `verify`'s presets for a foreign kernel, tightest first: `tree`,
 /// `lanes=8`, `sequential`, all accumulating in `accumulation`.
 pub fn foreign_presets(accumulation: Dtype) -> [Model; 3] {
-    [Model::tree(), Model::lanes(8), Model::sequential()].map(|m| m.with_accumulation(accumulation))
+    Order::REFERENCE.map(|o| Model::preset(o).with_accumulation(accumulation))
 }
 
 /// The first model of `models` (given tightest first, as

@@ -30,7 +30,7 @@
 //!
 //! # Example
 //! ```no_run
-//! use logprobe_properties::tolerance::{judge, Model, RowContext};
+//! use logprobe_verify::tolerance::{judge, Model, RowContext};
 //! # fn demo(stats: &logprobe_reference::oracle::RowStats, exact: &logprobe_reference::oracle::Exact) {
 //! let ctx = RowContext { temperature: 1.0, z_max_abs: 0.0 };
 //! let bound = Model::lanes(8).row_bounds(stats, &ctx).log_prob(logprobe_reference::spec::Dtype::F32);
@@ -43,6 +43,7 @@ mod bounds;
 mod flash;
 mod judge;
 mod model;
+mod statistical;
 mod upward;
 
 #[cfg(test)]
@@ -52,6 +53,10 @@ pub use bounds::{GradCotangents, RowBounds};
 pub use flash::{naive_entropy, naive_log_softmax, FlashRule};
 pub use judge::{judge, tightest_model, Judgement, Output, Verdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
+pub use statistical::{
+    clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
+    SEQUENTIAL_FACTOR,
+};
 
 /// Why a model certifies nothing for a value.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

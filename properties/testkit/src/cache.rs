@@ -18,7 +18,7 @@ use logprobe_reference::oracle::{Exact, Oracle, OracleForward, RowStats};
 use logprobe_reference::spec::{Dtype, SpecError};
 
 use crate::strategies::{CotangentData, ProblemData};
-use crate::tolerance::RowContext;
+use logprobe_verify::tolerance::RowContext;
 
 /// Vocabulary entries (rows times columns, summed over cached problems)
 /// past which the cache is cleared: 4 Mi entries, about 256 MiB of row

@@ -3,9 +3,9 @@
 //! soundness spot checks of f32 kernels written here against an f64
 //! reference with explicit margins.
 
-use logprobe_kernels::kernel::{Shift, Summation};
 use logprobe_reference::oracle::{Exact, Interval, RowStats};
 use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Shift, Summation};
 
 use super::*;
 
@@ -857,4 +857,88 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
             assert!(abs(&rb.grad(4, &now, out)) < 1e-30);
         }
     }
+}
+
+/// Gate: our own kernels (Fused, Chunked) are never SUSPECT: their errors
+/// are within the statistical threshold of their declared model and of
+/// `verify`'s default `lanes=8`, on Gaussian, near-uniform and Zipf-like
+/// rows (oracle statistics); and the threshold lies between the
+/// deterministic part (`c = 0`) and the sound bound.
+#[test]
+fn our_kernels_are_never_suspect() {
+    use super::Statistical;
+    use logprobe_kernels::{Chunked, Fused, Kernel};
+    use logprobe_reference::oracle::Oracle;
+    use logprobe_reference::spec::{Logits, Problem};
+    use ndarray::{Array1, Array2};
+    let mut rng = Rng(13);
+    let oracle = Oracle::default();
+    for case in 0..4 {
+        let v = [3000, 8192][case % 2];
+        let x = row(&mut rng, v, case);
+        let tgt = (case * 11) % v;
+        let xs = Array2::from_shape_vec((1, v), x.iter().map(|&a| a as f32).collect()).unwrap();
+        let tokens = Array1::from_vec(vec![tgt as i64]);
+        let mut problem = Problem::new(Logits::F32(xs.view()));
+        problem.tokens = Some(tokens.view());
+        let st = oracle.row_stats(&problem, 0).unwrap();
+        let ctx = RowContext::from_problem(&problem, 0).unwrap();
+        let shape = problem.validate_shapes().unwrap();
+        let out = Dtype::F32;
+        let fwd = oracle.forward(&problem, out).unwrap();
+        let lp_exact = fwd.log_probs.as_ref().unwrap()[0].unwrap();
+        let h_exact = fwd.entropy.as_ref().unwrap()[0];
+        let kernels: [&dyn Kernel; 2] = [&Fused, &Chunked::new(256)];
+        for k in kernels {
+            let o = k.forward(&problem, out).unwrap();
+            let declared = Model::declared(&k.algorithm(&shape));
+            for model in [declared, Model::lanes(8)] {
+                let stat = Statistical::new(model).row_bounds(&st, &ctx);
+                let sound = model.row_bounds(&st, &ctx);
+                let det = Statistical::new(model).with_c(0.0).row_bounds(&st, &ctx);
+                let lp = o.log_probs.as_ref().unwrap()[0];
+                let h = o.entropy.as_ref().unwrap()[0];
+                for (name, exact, cand, t, sb, d) in [
+                    (
+                        "log_prob",
+                        &lp_exact,
+                        lp,
+                        stat.log_prob(out),
+                        sound.log_prob(out),
+                        det.log_prob(out),
+                    ),
+                    (
+                        "entropy",
+                        &h_exact,
+                        h,
+                        stat.entropy(out),
+                        sound.entropy(out),
+                        det.entropy(out),
+                    ),
+                ] {
+                    let (t, sb, d) = (abs(&t), abs(&sb), abs(&d));
+                    assert!(d <= t && t <= sb, "{name}: {d} <= {t} <= {sb}");
+                    let j = judge(exact, cand, out, &Bound::Abs(t));
+                    assert!(
+                        j.pass,
+                        "{} {} case {case} {name}: SUSPECT {j:?}",
+                        k.name(),
+                        model.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn clopper_pearson_upper_bounds() {
+    use super::{clopper_pearson_upper, per_dump_rate};
+    // k = 0: 1 - 0.05^(1/n) (the "rule of three": about 3/n).
+    let p = clopper_pearson_upper(0, 1000, 0.95);
+    assert!((p - (1.0 - 0.05f64.powf(1e-3))).abs() < 1e-12 && (p * 1000.0 - 3.0).abs() < 0.01);
+    // k = 1, n = 10: the 95% one-sided upper limit is 0.3942.
+    assert!((clopper_pearson_upper(1, 10, 0.95) - 0.3942).abs() < 1e-3);
+    assert_eq!(clopper_pearson_upper(5, 5, 0.95), 1.0);
+    assert!((per_dump_rate(1e-3, 100) - (1.0 - 0.999f64.powi(100))).abs() < 1e-12);
 }

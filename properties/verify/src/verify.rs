@@ -28,60 +28,7 @@ use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::tolerance;
-
-/// The summation model assumed for the foreign kernel (DESIGN: "The
-/// tolerance model"). `verify` cannot know a foreign kernel's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum SummationModel {
-    /// `K` lanes, each summed in order over `ceil(V / K)` terms, then merged
-    /// pairwise (PyTorch's CPU reductions satisfy `K = 8`).
-    Lanes(usize),
-    /// Pairwise tree with leaf 1.
-    Tree,
-    /// One accumulator in order: sound for any order.
-    Sequential,
-}
-
-impl SummationModel {
-    /// The default: 8 lanes.
-    pub const DEFAULT: SummationModel = SummationModel::Lanes(8);
-
-    /// The reference models whose tightest satisfied one is reported,
-    /// tightest first.
-    pub const REFERENCE: [SummationModel; 3] = [
-        SummationModel::Tree,
-        SummationModel::Lanes(8),
-        SummationModel::Sequential,
-    ];
-}
-
-impl std::fmt::Display for SummationModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SummationModel::Lanes(k) => write!(f, "lanes={k}"),
-            SummationModel::Tree => f.write_str("tree"),
-            SummationModel::Sequential => f.write_str("sequential"),
-        }
-    }
-}
-
-impl std::str::FromStr for SummationModel {
-    type Err = String;
-    /// Parses `tree`, `sequential`, `lanes` (= 8) or `lanes=K` (`K >= 1`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "tree" => Ok(SummationModel::Tree),
-            "sequential" => Ok(SummationModel::Sequential),
-            "lanes" => Ok(SummationModel::Lanes(8)),
-            other => match other.strip_prefix("lanes=").map(|k| k.parse::<usize>()) {
-                Some(Ok(k)) if k >= 1 => Ok(SummationModel::Lanes(k)),
-                _ => Err(format!(
-                    "unknown model `{other}`: expected tree, sequential, lanes or lanes=K (K >= 1)"
-                )),
-            },
-        }
-    }
-}
+use logprobe_kernels::{Fused, Kernel};
 
 /// Which rows of each dump to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -111,7 +58,11 @@ impl std::str::FromStr for RowSelection {
             return Ok(RowSelection::All);
         }
         if let Some(k) = s.strip_prefix("sample:") {
-            return k.parse().map(RowSelection::Sample).map_err(|_| bad());
+            return match k.parse() {
+                Ok(0) => Err(format!("--rows `{s}` selects no row: K must be at least 1")),
+                Ok(k) => Ok(RowSelection::Sample(k)),
+                Err(_) => Err(bad()),
+            };
         }
         let (a, b) = s.split_once("..").ok_or_else(bad)?;
         let start = if a.is_empty() {
@@ -127,7 +78,24 @@ impl std::str::FromStr for RowSelection {
         if end < start {
             return Err(bad());
         }
+        if end == start {
+            return Err(format!("--rows `{s}` selects no row (empty range)"));
+        }
         Ok(RowSelection::Range { start, end })
+    }
+}
+
+impl std::fmt::Display for RowSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RowSelection::All => f.write_str("all"),
+            RowSelection::Range {
+                start,
+                end: usize::MAX,
+            } => write!(f, "{start}.."),
+            RowSelection::Range { start, end } => write!(f, "{start}..{end}"),
+            RowSelection::Sample(k) => write!(f, "sample:{k}"),
+        }
     }
 }
 
@@ -149,8 +117,9 @@ impl RowSelection {
 /// Settings of a verification.
 #[derive(Clone, Debug)]
 pub struct VerifyConfig {
-    /// Summation model of the bound (default `lanes=8`).
-    pub model: SummationModel,
+    /// Summation order of the bound (default [`tolerance::Order::DEFAULT`],
+    /// `lanes=8`): a foreign-kernel preset.
+    pub model: tolerance::Order,
     /// Accumulation dtype of the foreign kernel; `None` = the logits'
     /// accumulation dtype (f32 for f32/bf16/f16 logits, f64 for f64).
     pub accumulation: Option<Dtype>,
@@ -158,21 +127,29 @@ pub struct VerifyConfig {
     pub rows: RowSelection,
     /// How many worst elements to report per output.
     pub worst: usize,
-    /// Show a progress bar on stderr (hidden anyway when not a terminal).
+    /// Show progress on stderr: a bar on a terminal, otherwise a line every
+    /// `progress_interval` ([`crate::progress`]).
     pub progress: bool,
+    /// Time between two progress lines when stderr is not a terminal.
+    pub progress_interval: std::time::Duration,
     /// The oracle's precision policy.
     pub oracle: Oracle,
+    /// The statistical threshold's `c` (`None`: no SUSPECT tier); default
+    /// [`tolerance::DEFAULT_C`]. Forward outputs only.
+    pub statistical_c: Option<f64>,
 }
 
 impl Default for VerifyConfig {
     fn default() -> Self {
         VerifyConfig {
-            model: SummationModel::DEFAULT,
+            model: tolerance::Order::DEFAULT,
             accumulation: None,
             rows: RowSelection::All,
             worst: 5,
             progress: false,
+            progress_interval: crate::progress::ProgressMode::DEFAULT_INTERVAL,
             oracle: Oracle::default(),
+            statistical_c: Some(tolerance::DEFAULT_C),
         }
     }
 }
@@ -183,6 +160,10 @@ impl Default for VerifyConfig {
 pub enum Verdict {
     /// Every element within its bound.
     Pass,
+    /// Every element within its sound bound, some beyond the statistical
+    /// threshold ([`tolerance::Statistical`]): far less accurate than a
+    /// correct implementation in any calibrated order. Exit 0, 1 with `--strict`.
+    Suspect,
     /// The model certifies nothing (`n u >= 1`) and nothing is definitely
     /// wrong: not a pass.
     NoBound,
@@ -191,10 +172,11 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// `pass`, `no bound` or `fail` (the `--expect` vocabulary).
+    /// `pass`, `suspect`, `no bound` or `fail` (the `--expect` vocabulary).
     pub fn name(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
+            Verdict::Suspect => "suspect",
             Verdict::NoBound => "no bound",
             Verdict::Fail => "fail",
         }
@@ -205,6 +187,7 @@ impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Verdict::Pass => "pass",
+            Verdict::Suspect => "SUSPECT",
             Verdict::NoBound => "no bound",
             Verdict::Fail => "FAIL",
         })
@@ -216,6 +199,8 @@ impl std::fmt::Display for Verdict {
 pub struct Judged {
     /// Row of the dump.
     pub row: usize,
+    /// `(b, t)` of the row for `[B, T, V]` logits.
+    pub position: Option<(usize, usize)>,
     /// Column: `k` for top-k, vocabulary index for `grad_logits`.
     pub col: Option<usize>,
     /// The candidate value (exact f64 of the stored value).
@@ -310,14 +295,32 @@ pub struct OutputReport {
     /// element is within bound; `None` when none is.
     pub tightest_model: Option<String>,
     /// Largest `error / bound` under each reference model, in
-    /// [`SummationModel::REFERENCE`] order.
+    /// [`tolerance::Order::REFERENCE`] order.
     pub reference_ratios: Vec<ModelRatio>,
     /// The flash-attention rule, when the tolerance module provides it.
     pub flash_rule: Option<FlashRule>,
     /// Why the chosen model certifies nothing (first element without a bound).
     pub no_bound_reason: Option<String>,
+    /// Elements within the sound bound but beyond the statistical threshold.
+    pub suspect_elements: usize,
+    /// Largest `error / statistical threshold` (`null` without a tier:
+    /// gradients, or `--statistical-c` off).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub statistical_max_ratio: Option<f64>,
+    /// Largest error our own correct f32 kernel (`Fused`) makes on the same
+    /// rows, rounded to the same dtype (`null` for gradients).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub fused_max_abs_error: Option<f64>,
+    /// `max_abs_error / fused_max_abs_error`: how many times less accurate
+    /// than a correct f32 kernel on these rows.
+    #[serde(serialize_with = "json_opt_f64")]
+    pub vs_fused: Option<f64>,
     /// The worst elements, worst first (by ratio, then by error).
     pub worst: Vec<Judged>,
+    /// Why no element was checked (no row, every row ignored, `K = 0`);
+    /// `None` when some element was. Such an output is valid but certifies
+    /// nothing: the table says "unchecked".
+    pub nothing_checked: Option<String>,
 }
 
 /// The judgement of one dump.
@@ -343,8 +346,13 @@ pub struct FileReport {
     pub model: String,
     /// Accumulation dtype of the bound.
     pub accumulation: String,
+    /// The statistical threshold's `c` (`null`: no SUSPECT tier).
+    #[serde(serialize_with = "json_opt_f64")]
+    pub statistical_c: Option<f64>,
     /// Per output.
     pub outputs: Vec<OutputReport>,
+    /// `topk_ids` judged as the kernel's top-k (`topk_ids_source=kernel`).
+    pub topk_ids: Option<crate::topk_set::TopkSetReport>,
     /// Tensors the format does not define (not read).
     pub ignored_tensors: Vec<String>,
     /// Wall time in seconds.
@@ -394,6 +402,11 @@ struct OutputAcc {
     /// Why the chosen model gave no bound (first occurrence).
     no_bound_reason: Option<String>,
     worst: Vec<Judged>,
+    /// Statistical tier: suspect elements, largest error / threshold.
+    suspect: usize,
+    stat_ratio: Option<f64>,
+    /// Largest error of our Fused f32 kernel on the same rows.
+    fused_err: Option<f64>,
 }
 
 impl OutputAcc {
@@ -409,6 +422,9 @@ impl OutputAcc {
             flash: None,
             no_bound_reason: None,
             worst: Vec::new(),
+            suspect: 0,
+            stat_ratio: None,
+            fused_err: None,
         }
     }
 
@@ -489,6 +505,27 @@ impl OutputAcc {
         };
         self.worst.extend(other.worst);
         self.trim(keep);
+        self.suspect += other.suspect;
+        self.stat_ratio = opt_max(self.stat_ratio, other.stat_ratio);
+        self.fused_err = opt_max(self.fused_err, other.fused_err);
+    }
+
+    /// Records the statistical threshold of an element judged within its
+    /// sound bound (`error`): suspect when beyond it.
+    fn observe_statistical(&mut self, error: f64, sound_pass: bool, threshold: &tolerance::Bound) {
+        if let tolerance::Bound::Abs(t) = threshold {
+            let r = if *t > 0.0 {
+                error / t
+            } else if error == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            self.stat_ratio = opt_max(self.stat_ratio, Some(r));
+            if sound_pass && !(error <= *t) {
+                self.suspect += 1;
+            }
+        }
     }
 
     fn verdict(&self) -> Verdict {
@@ -496,6 +533,8 @@ impl OutputAcc {
             Verdict::Fail
         } else if self.any_no_bound {
             Verdict::NoBound
+        } else if self.suspect > 0 {
+            Verdict::Suspect
         } else {
             Verdict::Pass
         }
@@ -516,6 +555,13 @@ fn worse(j: &Judged) -> (f64, f64) {
         j.error
     };
     (r, e)
+}
+
+fn opt_max(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(max_nan(x, y)),
+        (x, y) => x.or(y),
+    }
 }
 
 fn max_nan(a: f64, b: f64) -> f64 {
@@ -554,6 +600,13 @@ pub fn verify_dump(
             .effective_temperature(logits_dtype.accumulation())?;
     }
     let rows = config.rows.rows(n);
+    if rows.is_empty() && config.rows != RowSelection::All {
+        return Err(DumpError::EmptySelection {
+            selection: config.rows.to_string(),
+            rows: n,
+        });
+    }
+    let rows = crate::shapes::unmasked_rows(rows, dump.row_mask.as_deref());
 
     // Validate every selected row first (cheap, O(V) each), so bad input is
     // reported deterministically (first bad row) before any oracle work.
@@ -566,21 +619,28 @@ pub fn verify_dump(
                 .map(|e| (r, e))
         })
         .min_by_key(|(r, _)| *r);
-    if let Some((_, e)) = first_bad {
-        return Err(e);
+    if let Some((r, e)) = first_bad {
+        return Err(crate::shapes::at_position(e, dump.row_shape.position(r)));
     }
 
-    let progress = progress_bar(config.progress, rows.len(), path);
+    let mode = if config.progress {
+        crate::progress::ProgressMode::Auto {
+            interval: config.progress_interval,
+        }
+    } else {
+        crate::progress::ProgressMode::Off
+    };
+    let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
     let keep = config.worst;
     let results: Vec<Result<RowAcc, DumpError>> = rows
         .par_iter()
         .map(|&r| {
             let out = verify_row(dump, r, acc_dtype, config, keep);
-            progress.inc(1);
+            progress.inc();
             out
         })
         .collect();
-    progress.finish_and_clear();
+    progress.finish();
 
     let mut totals: RowAcc = Default::default();
     for res in results {
@@ -608,11 +668,24 @@ pub fn verify_dump(
     for (i, name) in OUTPUTS.iter().enumerate() {
         let Some(dtype) = dtypes[i] else { continue };
         let acc = totals[i].take().unwrap_or_else(OutputAcc::new);
-        outputs.push(output_report(name, dtype, acc));
+        let mut o = output_report(name, dtype, acc);
+        for j in &mut o.worst {
+            j.position = dump.row_shape.position(j.row);
+        }
+        if o.count == 0 {
+            o.nothing_checked = Some(nothing_checked_reason(name, dump, &rows));
+        }
+        outputs.push(o);
     }
+    let topk_ids = dump
+        .format
+        .topk_kernel
+        .then(|| crate::topk_set::check_dump(dump, &rows, config.worst))
+        .transpose()?;
     let verdict = outputs
         .iter()
         .map(|o| o.verdict)
+        .chain(topk_ids.as_ref().map(|t| t.verdict))
         .max()
         .unwrap_or(Verdict::Pass);
     Ok(FileReport {
@@ -629,15 +702,41 @@ pub fn verify_dump(
         logits_dtype: logits_dtype.to_string(),
         model: config.model.to_string(),
         accumulation: acc_dtype.to_string(),
+        statistical_c: config.statistical_c,
         outputs,
+        topk_ids,
         ignored_tensors: dump.ignored_tensors.clone(),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
 
+/// Why no row was checked: `N = 0`, or `row_mask` excludes every selected row.
+pub fn no_rows_reason(dump: &Dump<'_>) -> String {
+    if dump.n() == 0 {
+        "no rows (N = 0)".to_string()
+    } else {
+        "row_mask excludes every selected row".to_string()
+    }
+}
+
+/// Why output `name` has no element checked over `rows`.
+fn nothing_checked_reason(name: &str, dump: &Dump<'_>, rows: &[usize]) -> String {
+    if rows.is_empty() {
+        return no_rows_reason(dump);
+    }
+    match name {
+        "log_probs" => format!(
+            "every checked row's token is ignore_index ({})",
+            dump.options.ignore_index
+        ),
+        "topk_log_probs" => "K = 0: topk_ids has no column".to_string(),
+        _ => "no element".to_string(),
+    }
+}
+
 fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputReport {
     let verdict = acc.verdict();
-    let reference_ratios: Vec<ModelRatio> = SummationModel::REFERENCE
+    let reference_ratios: Vec<ModelRatio> = tolerance::Order::REFERENCE
         .iter()
         .zip(acc.reference)
         .map(|(m, (r, no_bound))| ModelRatio {
@@ -649,7 +748,7 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
             },
         })
         .collect();
-    let tightest_model = SummationModel::REFERENCE
+    let tightest_model = tolerance::Order::REFERENCE
         .iter()
         .zip(acc.reference)
         .find(|(_, (r, no_bound))| !no_bound && r.unwrap_or(0.0) <= 1.0)
@@ -669,27 +768,21 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
             holds: f.holds(),
         }),
         no_bound_reason: acc.no_bound_reason,
+        suspect_elements: acc.suspect,
+        statistical_max_ratio: acc.stat_ratio,
+        fused_max_abs_error: acc.fused_err,
+        vs_fused: acc.fused_err.map(|f| {
+            if f > 0.0 {
+                acc.max_abs / f
+            } else if acc.max_abs == 0.0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        }),
         worst: acc.worst,
+        nothing_checked: None,
     }
-}
-
-fn progress_bar(enabled: bool, len: usize, path: &Path) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    // Draws on stderr; indicatif hides it when stderr is not a terminal.
-    let bar = indicatif::ProgressBar::new(len as u64);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} rows, eta {eta}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(
-        path.file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    );
-    bar
 }
 
 /// The candidate dtypes that need a forward call, deduplicated.
@@ -730,6 +823,7 @@ fn judge4(
     let j = &js[0];
     let judged = Judged {
         row,
+        position: None,
         col,
         candidate,
         exact: if mid.is_nan() { exact.rounded } else { mid },
@@ -758,6 +852,12 @@ fn verify_row(
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
     let rb = models.all.each_ref().map(|m| m.row_bounds(&stats, &ctx));
+    let st = config
+        .statistical_c
+        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
+        .map(|s| s.row_bounds(&stats, &ctx));
+    // Our correct f32 kernel on the same row, per forward dtype.
+    let fused = |dtype: Dtype| Fused.forward(&p, dtype).ok();
     let v = dump.vocab_size();
     let mut out: RowAcc = Default::default();
 
@@ -775,6 +875,21 @@ fn verify_row(
         let (judged, reference) = judge4(r, col, cand, exact, dtype, &bounds);
         acc.push(judged, reference, keep);
     };
+    // The statistical threshold of the element just pushed, and our kernel's error.
+    let observe = |acc: &mut OutputAcc,
+                   cand: f64,
+                   exact: &Exact,
+                   bound: &tolerance::Bound,
+                   threshold: Option<tolerance::Bound>,
+                   ours: Option<f64>| {
+        let j = tolerance::judge(exact, cand, Dtype::F64, bound);
+        if let Some(t) = threshold {
+            acc.observe_statistical(j.error_abs, j.pass, &t);
+        }
+        if let Some(v) = ours {
+            acc.fused_err = opt_max(acc.fused_err, Some(exact.error(v)));
+        }
+    };
     // Naive same-dtype log_softmax / entropy for the flash-attention rule,
     // over the real vocabulary (`-inf` where the mask disallows).
     let x = inputs.logits.view().row_f64(0);
@@ -791,6 +906,7 @@ fn verify_row(
 
     for dtype in forward_dtypes(dump) {
         let fwd = oracle.forward(&p, dtype).map_err(spec)?;
+        let ours = fused(dtype);
         let naive_lp = (dump.log_probs.is_some() || dump.topk_log_probs.is_some())
             .then(|| tolerance::naive_log_softmax(&masked, temperature, dtype));
         if let (Some(c), Some(lp)) = (
@@ -803,6 +919,16 @@ fn verify_row(
                 inputs.tokens.as_ref(),
             ) {
                 push(acc, None, c.values[r], exact, dtype, &|b| b.log_prob(dtype));
+                observe(
+                    acc,
+                    c.values[r],
+                    exact,
+                    &rb[0].log_prob(dtype),
+                    st.as_ref().map(|s| s.log_prob(dtype)),
+                    ours.as_ref()
+                        .and_then(|o| o.log_probs.as_ref())
+                        .map(|v| v[0]),
+                );
                 if let Some(n) = &naive_lp {
                     acc.flash
                         .get_or_insert_with(tolerance::FlashRule::new)
@@ -818,6 +944,14 @@ fn verify_row(
             push(acc, None, c.values[r], &ent[0], dtype, &|b| {
                 b.entropy(dtype)
             });
+            observe(
+                acc,
+                c.values[r],
+                &ent[0],
+                &rb[0].entropy(dtype),
+                st.as_ref().map(|s| s.entropy(dtype)),
+                ours.as_ref().and_then(|o| o.entropy.as_ref()).map(|v| v[0]),
+            );
             let w = match dump.options.entropy {
                 Some(EntropyLogits::Masked) => &masked[..],
                 _ => &x[..v],
@@ -838,6 +972,16 @@ fn verify_row(
                 let id = ids[[r, k]] as usize;
                 let (cand, exact) = (c.values[[r, k]], &tk[[0, k]]);
                 push(acc, Some(k), cand, exact, dtype, &|b| b.topk(id, dtype));
+                observe(
+                    acc,
+                    cand,
+                    exact,
+                    &rb[0].topk(id, dtype),
+                    st.as_ref().map(|s| s.topk(id, dtype)),
+                    ours.as_ref()
+                        .and_then(|o| o.topk_log_probs.as_ref())
+                        .map(|v| v[[0, k]]),
+                );
                 if let Some(n) = &naive_lp {
                     acc.flash
                         .get_or_insert_with(tolerance::FlashRule::new)
@@ -901,13 +1045,8 @@ struct Models {
 }
 
 impl Models {
-    fn new(chosen: SummationModel, acc: Dtype) -> Self {
-        let chosen = match chosen {
-            SummationModel::Lanes(k) => tolerance::Model::lanes(k),
-            SummationModel::Tree => tolerance::Model::tree(),
-            SummationModel::Sequential => tolerance::Model::sequential(),
-        }
-        .with_accumulation(acc);
+    fn new(chosen: tolerance::Order, acc: Dtype) -> Self {
+        let chosen = tolerance::Model::preset(chosen).with_accumulation(acc);
         let [a, b, c] = tolerance::foreign_presets(acc);
         Models {
             all: [chosen, a, b, c],
@@ -951,11 +1090,17 @@ fn fmt_v(x: f64) -> String {
 pub fn render_table(report: &FileReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
+    let all_unchecked = report.outputs.iter().all(|o| o.nothing_checked.is_some())
+        && report
+            .topk_ids
+            .as_ref()
+            .is_none_or(|t| t.nothing_checked.is_some());
     let _ = writeln!(
         s,
-        "{}: {}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
+        "{}: {}{}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
         report.path.display(),
         report.verdict,
+        if all_unchecked { " (nothing checked)" } else { "" },
         report.rows,
         report.columns,
         report.logits_dtype,
@@ -968,7 +1113,7 @@ pub fn render_table(report: &FileReport) -> String {
     );
     let _ = writeln!(
         s,
-        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
         "output",
         "dtype",
         "elements",
@@ -977,22 +1122,86 @@ pub fn render_table(report: &FileReport) -> String {
         "max ulps",
         "err/bound",
         "tightest",
-        "flash"
+        "flash",
+        "err/stat",
+        "vs f32"
     );
     for o in &report.outputs {
         let _ = writeln!(
             s,
-            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
             o.output,
             o.dtype,
             o.count,
-            o.verdict.to_string(),
+            if o.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                o.verdict.to_string()
+            },
             fmt_g(o.max_abs_error),
             fmt_g(o.max_ulps),
             o.max_ratio.map_or("-".into(), fmt_g),
             o.tightest_model.as_deref().unwrap_or("none"),
             o.flash_rule.as_ref().map_or("-".into(), |f| fmt_g(f.ratio)),
+            o.statistical_max_ratio.map_or("-".into(), fmt_g),
+            o.vs_fused.map_or("-".into(), |r| format!("{}x", fmt_g(r))),
         );
+    }
+    // "37x less accurate than a correct f32 kernel on these rows".
+    for o in &report.outputs {
+        if let (Some(r), Some(f)) = (o.vs_fused, o.fused_max_abs_error) {
+            if r > 2.0 {
+                let _ = writeln!(
+                    s,
+                    "  {}: {}x less accurate than a correct f32 kernel on these rows (its max |err| {})",
+                    o.output,
+                    fmt_g(r),
+                    fmt_g(f)
+                );
+            }
+        }
+        if o.suspect_elements > 0 {
+            let _ = writeln!(
+                s,
+                "  {}: SUSPECT: {} of {} elements within the sound bound but beyond the statistical threshold (c = {})",
+                o.output, o.suspect_elements, o.count, report.statistical_c.map_or("-".into(), fmt_g)
+            );
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>5} {:>8} {:>9}  ids as the kernel's top-{} of z'{}: {} of {} rows not a valid top-k set",
+            "topk_ids",
+            "-",
+            t.rows_checked,
+            if t.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                t.verdict.to_string()
+            },
+            t.k,
+            if t.sorted { ", descending" } else { "" },
+            t.rows_failed,
+            t.rows_checked,
+        );
+    }
+    for o in &report.outputs {
+        if let Some(why) = &o.nothing_checked {
+            let _ = writeln!(s, "  {}: nothing checked: {why}", o.output);
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        if let Some(why) = &t.nothing_checked {
+            let _ = writeln!(s, "  topk_ids: nothing checked: {why}");
+        }
+        for f in &t.failures {
+            let at = match f.position {
+                Some((b, tt)) => format!("(b, t) = ({b}, {tt})"),
+                None => format!("row {}", f.row),
+            };
+            let _ = writeln!(s, "    topk_ids {at}: {}", f.message);
+        }
     }
     for o in &report.outputs {
         if o.worst.is_empty() {
@@ -1000,9 +1209,11 @@ pub fn render_table(report: &FileReport) -> String {
         }
         let _ = writeln!(s, "  worst {}:", o.output);
         for j in &o.worst {
-            let at = match j.col {
-                Some(c) => format!("[{}, {}]", j.row, c),
-                None => format!("[{}]", j.row),
+            let at = match (j.position, j.col) {
+                (Some((b, t)), Some(c)) => format!("({b}, {t}), {c}"),
+                (Some((b, t)), None) => format!("({b}, {t})"),
+                (None, Some(c)) => format!("[{}, {}]", j.row, c),
+                (None, None) => format!("[{}]", j.row),
             };
             let _ = writeln!(
                 s,
@@ -1097,12 +1308,12 @@ impl Expectations {
                 .and_then(|e| e.as_str())
                 .ok_or_else(|| format!("entry `{name}` has no string `expect`"))?;
             match expect {
-                "pass" | "fail" | "no bound" => {
+                "pass" | "suspect" | "fail" | "no bound" => {
                     out.insert(name.clone(), expect.to_string());
                 }
                 other => {
                     return Err(format!(
-                        "entry `{name}`: expect = {other:?}, not pass, fail or no bound"
+                        "entry `{name}`: expect = {other:?}, not pass, suspect, fail or no bound"
                     ))
                 }
             }
@@ -1162,6 +1373,16 @@ pub fn render_expect(rows: &[ExpectRow]) -> String {
 /// one does not; without, 0 when every file passes and 1 when any fails
 /// or has no bound.
 pub fn exit_status(outcomes: &[FileOutcome], expect: Option<&[ExpectRow]>) -> u8 {
+    exit_status_strict(outcomes, expect, false)
+}
+
+/// [`exit_status`], where without expectations a `suspect` verdict passes
+/// (exit 0) unless `strict` (exit 1).
+pub fn exit_status_strict(
+    outcomes: &[FileOutcome],
+    expect: Option<&[ExpectRow]>,
+    strict: bool,
+) -> u8 {
     if outcomes
         .iter()
         .any(|o| matches!(o, FileOutcome::BadInput { .. }))
@@ -1170,11 +1391,10 @@ pub fn exit_status(outcomes: &[FileOutcome], expect: Option<&[ExpectRow]>) -> u8
     }
     match expect {
         Some(rows) => u8::from(!rows.iter().all(|r| r.matches)),
-        None => u8::from(
-            !outcomes
-                .iter()
-                .all(|o| matches!(o, FileOutcome::Report(r) if r.verdict == Verdict::Pass)),
-        ),
+        None => u8::from(!outcomes.iter().all(|o| {
+            matches!(o, FileOutcome::Report(r) if r.verdict == Verdict::Pass
+                    || (!strict && r.verdict == Verdict::Suspect))
+        })),
     }
 }
 

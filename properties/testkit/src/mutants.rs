@@ -37,7 +37,7 @@ use logprobe_reference::spec::{
 };
 
 use crate::strategies::{even_shards, OwnedLogits};
-use crate::tolerance::{naive_entropy, naive_log_softmax};
+use logprobe_verify::tolerance::{naive_entropy, naive_log_softmax};
 
 /// The bug kinds of the catalog (see the module table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,8 +188,8 @@ pub fn catalog(chunk_size: usize) -> Vec<Mutant> {
 // Row helpers (the buggy recomputations run in f32, as the shipped bugs did).
 
 /// The logits of row `row` divided by the temperature as the kernels take
-/// it (`x / T` rounded to the accumulation dtype, or `round_input(x / T)`
-/// for `TemperatureDtype::Input`), `[V]`, `-inf` kept. Values are exact in
+/// it (`x / T` rounded to the accumulation dtype, or
+/// `round_input(round_acc(x / T))` for `TemperatureDtype::Input`), `[V]`, `-inf` kept. Values are exact in
 /// the accumulation dtype; the buggy recomputations below round every
 /// operation to it (f64 arithmetic rounded once to f32 is f32 arithmetic).
 fn row_z(p: &Problem<'_>, shape: &Shape, row: usize) -> Vec<f64> {
@@ -200,7 +200,7 @@ fn row_z(p: &Problem<'_>, shape: &Shape, row: usize) -> Vec<f64> {
         .iter()
         .map(|&v| match p.options.temperature_dtype {
             TemperatureDtype::Accumulation => acc.round_f64(v / t),
-            TemperatureDtype::Input => shape.dtype.round_f64(v / t),
+            TemperatureDtype::Input => shape.dtype.scaled_input(v, t),
         })
         .collect()
 }

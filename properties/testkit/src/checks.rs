@@ -21,12 +21,12 @@ use proptest::test_runner::{
 use logprobe_kernels::kernel::{Capabilities, ForwardOutput, Kernel, KernelError};
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Problem, SpecError, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Problem, Shape, SpecError, TemperatureDtype,
 };
 
 use crate::cache::{oracle_vjp, OracleCase};
 use crate::strategies::{CotangentData, ProblemData};
-use crate::tolerance::{self, GradCotangents, Model};
+use logprobe_verify::tolerance::{self, GradCotangents, Model};
 
 /// Seed of every property's case stream (fixed so the gate is reproducible;
 /// `PROPTEST_RNG_SEED` overrides it).
@@ -341,6 +341,14 @@ impl Fnv {
 // ---------------------------------------------------------------------------
 // Judging one call against the oracle.
 
+/// A kernel's own error model for a call with this shape: its declared
+/// [`Algorithm`](logprobe_reference::spec::Algorithm) and, when it declares
+/// one, its entropy form (else [`EntropyForm::Any`](logprobe_reference::spec::EntropyForm::Any)).
+pub fn kernel_model(kernel: &dyn Kernel, shape: &Shape) -> Model {
+    Model::declared(&kernel.algorithm(shape))
+        .with_entropy_form(kernel.entropy_form().unwrap_or_default())
+}
+
 /// `error / bound` of `candidate` against `exact` under `bound` (the
 /// tolerance model's [`tolerance::judge`]); `Err` with the detail when out
 /// of bound or when the model certifies nothing.
@@ -422,7 +430,7 @@ fn check_forward_values(
     if fo.dtype != out {
         return Err(format!("output dtype {} instead of {out}", fo.dtype));
     }
-    let model = Model::for_kernel(kernel, &shape);
+    let model = kernel_model(kernel, &shape);
     let mut r = Ratios::default();
     let representable = |v: f64| v.is_nan() || out.round_f64(v) == v;
     let lp = match problem.tokens {
@@ -625,7 +633,7 @@ pub fn judge_backward(
         ));
     }
     let shape = a.problem.validate_shapes().map_err(|e| format!("{e}"))?;
-    let model = Model::for_kernel(kernel, &shape);
+    let model = kernel_model(kernel, &shape);
     let mut worst = 0.0f64;
     for row in 0..shape.n {
         let rb = model.row_bounds(&oracle.stats[row], &oracle.contexts[row]);

@@ -89,8 +89,8 @@ pub enum DumpError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// A `sampling_mask` byte that is neither 0 nor 1 in a `bool` tensor.
-    #[error("sampling_mask[{row}, {col}] is byte {value}, not a bool (0 or 1)")]
+    /// A `sampling_mask` byte that is neither 0 nor 1 (`bool` or `u8`).
+    #[error("sampling_mask[{row}, {col}] is byte {value}, not 0 or 1")]
     BadMaskValue {
         /// Row index.
         row: usize,
@@ -117,6 +117,74 @@ pub enum DumpError {
     NoCandidate {
         /// The tensors the file holds.
         tensors: Vec<String>,
+    },
+    /// An unknown, version-2-only or not-yet-supported tensor name or
+    /// metadata key ([`crate::names`]).
+    #[error(transparent)]
+    Name(#[from] crate::names::NameError),
+    /// A tensor name or metadata key given twice in the header.
+    #[error("{}", match .0 {
+        crate::header::Repeated::Tensor(n) => format!("duplicate tensor `{n}` in the header"),
+        crate::header::Repeated::MetaKey(k) => format!("duplicate metadata key `{k}` (repeated in __metadata__)"),
+    })]
+    Duplicate(crate::header::Repeated),
+    /// A flag tensor (`row_mask`) byte other than 0 or 1.
+    #[error("{tensor}[{index}] is byte {value}, not 0 or 1")]
+    BadFlag {
+        /// The tensor.
+        tensor: &'static str,
+        /// Flat index.
+        index: usize,
+        /// The byte.
+        value: u8,
+    },
+    /// The path is a directory.
+    #[error("{} is a directory, not a dump: give its files (e.g. {}/*.safetensors)", path.display(), path.display())]
+    IsDirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A `--rows` selection that selects no row of the dump.
+    #[error(
+        "--rows {selection} selects no row of the dump's {rows} rows (nothing would be checked)"
+    )]
+    EmptySelection {
+        /// The selection as given.
+        selection: String,
+        /// `N`.
+        rows: usize,
+    },
+    /// A temperature the computation cannot use.
+    #[error("metadata `temperature` = {value:?}: {reason}")]
+    Temperature {
+        /// The value as stored.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `z = logits / temperature` overflows the dtype it is computed in.
+    #[error("logits[{row}, {col}] / temperature = {logit:e} / {temperature:e} overflows {dtype}: z must be finite (temperature too small for these logits)")]
+    ScaledOverflow {
+        /// Row (flat).
+        row: usize,
+        /// Column.
+        col: usize,
+        /// The logit.
+        logit: f64,
+        /// The effective temperature.
+        temperature: f64,
+        /// The dtype z is materialised in.
+        dtype: Dtype,
+    },
+    /// An error at row `(b, t)` of `[B, T, V]` logits.
+    #[error("at (b, t) = ({b}, {t}): {source}")]
+    AtPosition {
+        /// Batch index.
+        b: usize,
+        /// Sequence index.
+        t: usize,
+        /// The error.
+        source: Box<DumpError>,
     },
     /// Bad input as the problem's spec defines it (NaN / `+inf` logits,
     /// token out of range, masked or `-inf`, bad temperature, ...), with the
@@ -148,6 +216,9 @@ impl DumpFile {
             path: path.clone(),
             source,
         };
+        if path.is_dir() {
+            return Err(DumpError::IsDirectory { path });
+        }
         let file = File::open(&path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         // A zero-length mapping is an error on some platforms: keep it owned.
@@ -275,21 +346,20 @@ impl RowLogits {
 /// A `sampling_mask [N, V]` left in the file (`bool` or `u8`, 1 = allowed).
 #[derive(Clone, Copy, Debug)]
 pub struct MaskMatrix<'a> {
-    strict_bool: bool,
     cols: usize,
     data: &'a [u8],
 }
 
 impl MaskMatrix<'_> {
-    /// Row `r` as `[1, V]` bools. A `u8` mask allows every nonzero byte.
+    /// Row `r` as `[1, V]` bools (`bool` or `u8`: 1 = allowed, 0 = not).
     ///
     /// # Errors
-    /// [`DumpError::BadMaskValue`] for a `bool` byte other than 0 or 1.
+    /// [`DumpError::BadMaskValue`] for a byte other than 0 or 1.
     pub fn row(&self, r: usize) -> Result<Array2<bool>, DumpError> {
         let bytes = &self.data[r * self.cols..(r + 1) * self.cols];
         let mut out = Vec::with_capacity(self.cols);
         for (col, &b) in bytes.iter().enumerate() {
-            if self.strict_bool && b > 1 {
+            if b > 1 {
                 return Err(DumpError::BadMaskValue {
                     row: r,
                     col,
@@ -339,8 +409,15 @@ pub struct Dump<'a> {
     /// Options from the metadata. `entropy` is `Some` exactly when the
     /// entropy or its cotangent is in the dump.
     pub options: Options,
-    /// Tensors in the file that the format does not define (not read).
+    /// Tensors in the file that the format does not define: always empty
+    /// (an unknown name is bad input, [`crate::names`]).
     pub ignored_tensors: Vec<String>,
+    /// Row dimensions: `[N]`, or `[B, T]` for `[B, T, V]` logits.
+    pub row_shape: crate::shapes::RowShape,
+    /// `row_mask` (`[N]` flattened): rows excluded (false) from every check.
+    pub row_mask: Option<Vec<bool>>,
+    /// Version-2 format options (`cotangent_reduction`, `topk_ids_source`, ...).
+    pub format: crate::format::FormatOptions,
 }
 
 /// The tensor names the format defines.
@@ -412,6 +489,14 @@ impl RowInputs {
         let p = self.problem();
         let shape = p.validate_shapes().map_err(|e| at_row(e, self.row))?;
         p.validate_row(&shape, 0).map_err(|e| at_row(e, self.row))?;
+        crate::temperature::check_row(
+            &p.logits.row_f64(0),
+            shape.vocab_size,
+            &self.options,
+            shape.temperature,
+            shape.dtype,
+            self.row,
+        )?;
         let c = self.cotangents();
         if c.grad_log_probs.is_some() || c.grad_entropy.is_some() || c.grad_topk_log_probs.is_some()
         {
@@ -551,32 +636,35 @@ fn decode_ids(tensor: &'static str, d: StDtype, b: &[u8]) -> Result<Vec<i64>, Du
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as i64)
             .collect(),
+        StDtype::I16 => b
+            .chunks_exact(2)
+            .map(|c| i16::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect(),
+        StDtype::U16 => b
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect(),
+        StDtype::I8 => b.iter().map(|&c| c as i8 as i64).collect(),
+        StDtype::U8 => b.iter().map(|&c| c as i64).collect(),
+        StDtype::U64 => b
+            .chunks_exact(8)
+            .enumerate()
+            .map(|(index, c)| {
+                let value = u64::from_le_bytes(c.try_into().unwrap());
+                i64::try_from(value).map_err(|_| DumpError::IdOverflow {
+                    tensor,
+                    index,
+                    value,
+                })
+            })
+            .collect::<Result<_, _>>()?,
         other => {
             return Err(DumpError::BadDtype {
                 tensor,
                 found: format!("{other:?}"),
-                expected: "I64, I32 or U32",
+                expected: "an integer dtype (I64, I32, I16, I8, U64, U32, U16, U8)",
             })
         }
-    })
-}
-
-/// Shape check helper: `dims` are the expected sizes, `names` their letters.
-fn expect_shape(
-    tensor: &'static str,
-    found: &[usize],
-    dims: &[(char, usize)],
-) -> Result<(), DumpError> {
-    if found.len() == dims.len() && found.iter().zip(dims).all(|(f, (_, d))| f == d) {
-        return Ok(());
-    }
-    let letters: Vec<String> = dims.iter().map(|(c, _)| c.to_string()).collect();
-    let values: Vec<String> = dims.iter().map(|(_, d)| d.to_string()).collect();
-    let expected = format!("[{}] = [{}]", letters.join(", "), values.join(", "));
-    Err(DumpError::BadShape {
-        tensor,
-        found: found.to_vec(),
-        expected,
     })
 }
 
@@ -622,6 +710,9 @@ impl<'a> Dump<'a> {
         // Checks offsets, sizes (with overflow checks) and that the data
         // covers the file exactly: nothing below reads out of bounds.
         let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
+            _ if crate::header::first_repeated(bytes).is_some() => {
+                DumpError::Duplicate(crate::header::first_repeated(bytes).expect("just found"))
+            }
             safetensors::SafeTensorError::MetadataIncompleteBuffer => DumpError::Malformed {
                 reason: describe_size_mismatch(bytes),
             },
@@ -636,6 +727,16 @@ impl<'a> Dump<'a> {
         })?;
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(malformed)?;
         let meta = header.metadata().clone().unwrap_or_default();
+        if let Some(r) = crate::header::first_repeated(bytes) {
+            return Err(DumpError::Duplicate(r));
+        }
+        let format = crate::format::FormatOptions::parse(&meta)?;
+        crate::names::check_names(
+            st.names(),
+            meta.keys().map(String::as_str),
+            format.version,
+            crate::names::NAMES,
+        )?;
         let get = |name: &str| st.tensor(name).ok();
 
         let logits_t = get("logits").ok_or(DumpError::MissingTensor {
@@ -647,16 +748,8 @@ impl<'a> Dump<'a> {
             found: format!("{:?}", logits_t.dtype()),
             expected: "F64, F32, BF16 or F16",
         })?;
-        let (n, v) = match *logits_t.shape() {
-            [n, v] => (n, v),
-            ref s => {
-                return Err(DumpError::BadShape {
-                    tensor: "logits",
-                    found: s.to_vec(),
-                    expected: "[N, V] (2-D)".into(),
-                })
-            }
-        };
+        let (rs, v) = crate::shapes::RowShape::of_logits(logits_t.shape())?;
+        let n = rs.n;
         let logits = FloatMatrix {
             dtype: ldtype,
             rows: n,
@@ -667,7 +760,7 @@ impl<'a> Dump<'a> {
         let tokens = match get("tokens") {
             None => None,
             Some(t) => {
-                expect_shape("tokens", t.shape(), &[('N', n)])?;
+                rs.expect("tokens", t.shape(), &[])?;
                 Some(Array1::from(decode_ids("tokens", t.dtype(), t.data())?))
             }
         };
@@ -675,9 +768,8 @@ impl<'a> Dump<'a> {
         let sampling_mask = match get("sampling_mask") {
             None => None,
             Some(t) => {
-                let strict_bool = match t.dtype() {
-                    StDtype::BOOL => true,
-                    StDtype::U8 => false,
+                match t.dtype() {
+                    StDtype::BOOL | StDtype::U8 => {}
                     other => {
                         return Err(DumpError::BadDtype {
                             tensor: "sampling_mask",
@@ -686,9 +778,8 @@ impl<'a> Dump<'a> {
                         })
                     }
                 };
-                expect_shape("sampling_mask", t.shape(), &[('N', n), ('V', v)])?;
+                rs.expect("sampling_mask", t.shape(), &[('V', v)])?;
                 Some(MaskMatrix {
-                    strict_bool,
                     cols: v,
                     data: t.data(),
                 })
@@ -698,16 +789,7 @@ impl<'a> Dump<'a> {
         let topk_ids = match get("topk_ids") {
             None => None,
             Some(t) => {
-                let k = match *t.shape() {
-                    [rows, k] if rows == n => k,
-                    ref s => {
-                        return Err(DumpError::BadShape {
-                            tensor: "topk_ids",
-                            found: s.to_vec(),
-                            expected: format!("[N, K] = [{n}, K]"),
-                        })
-                    }
-                };
+                let k = rs.trailing("topk_ids", t.shape())?;
                 let ids = decode_ids("topk_ids", t.dtype(), t.data())?;
                 Some(Array2::from_shape_vec((n, k), ids).expect("size checked by safetensors"))
             }
@@ -721,10 +803,17 @@ impl<'a> Dump<'a> {
                 found: format!("{:?}", t.dtype()),
                 expected: "F64, F32, BF16 or F16",
             })?;
-            expect_shape(name, t.shape(), &[('N', n)])?;
+            let mut values = decode_floats(dtype, t.data());
+            if name.starts_with("grad_") {
+                if rs.cotangent(name, t.shape(), &[], format.cotangent_sum)? {
+                    values = vec![values.first().copied().unwrap_or(0.0); n];
+                }
+            } else {
+                rs.expect(name, t.shape(), &[])?;
+            }
             Ok(Some(Candidate {
                 dtype,
-                values: Array1::from(decode_floats(dtype, t.data())),
+                values: Array1::from(values),
             }))
         };
         let float_2d = |name: &'static str| -> Result<Option<Candidate<Array2<f64>>>, DumpError> {
@@ -740,8 +829,14 @@ impl<'a> Dump<'a> {
                     why: " (needed by top-k tensors)",
                 });
             };
-            expect_shape(name, t.shape(), &[('N', n), ('K', k)])?;
-            let vals = decode_floats(dtype, t.data());
+            let mut vals = decode_floats(dtype, t.data());
+            if name.starts_with("grad_") {
+                if rs.cotangent(name, t.shape(), &[('K', k)], format.cotangent_sum)? {
+                    vals = vec![vals.first().copied().unwrap_or(0.0); n * k];
+                }
+            } else {
+                rs.expect(name, t.shape(), &[('K', k)])?;
+            }
             Ok(Some(Candidate {
                 dtype,
                 values: Array2::from_shape_vec((n, k), vals).expect("size checked"),
@@ -762,7 +857,7 @@ impl<'a> Dump<'a> {
                     found: format!("{:?}", t.dtype()),
                     expected: "F64, F32, BF16 or F16",
                 })?;
-                expect_shape("grad_logits", t.shape(), &[('N', n), ('V', v)])?;
+                rs.expect("grad_logits", t.shape(), &[('V', v)])?;
                 Some(FloatMatrix {
                     dtype,
                     rows: n,
@@ -775,6 +870,7 @@ impl<'a> Dump<'a> {
         let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
         names.sort();
         if require_candidate
+            && !(format.topk_kernel && topk_ids.is_some())
             && log_probs.is_none()
             && entropy.is_none()
             && topk_log_probs.is_none()
@@ -782,11 +878,24 @@ impl<'a> Dump<'a> {
         {
             return Err(DumpError::NoCandidate { tensors: names });
         }
-        let ignored_tensors: Vec<String> = names
-            .iter()
-            .filter(|s| !TENSOR_NAMES.contains(&s.as_str()))
-            .cloned()
-            .collect();
+        let ignored_tensors = Vec::new();
+        let row_mask = match get("row_mask") {
+            None => None,
+            Some(t) => {
+                rs.expect("row_mask", t.shape(), &[])?;
+                Some(crate::shapes::decode_flags(
+                    "row_mask",
+                    t.dtype(),
+                    t.data(),
+                )?)
+            }
+        };
+        if format.topk_kernel && topk_ids.is_none() {
+            return Err(DumpError::MissingTensor {
+                tensor: "topk_ids",
+                why: " (needed by topk_ids_source=kernel)",
+            });
+        }
 
         // Inputs each candidate needs.
         if (log_probs.is_some() || grad_log_probs.is_some()) && tokens.is_none() {
@@ -814,7 +923,7 @@ impl<'a> Dump<'a> {
         // are inert, but still read (and validated) so mistakes surface.
 
         let want_entropy = entropy.is_some() || grad_entropy.is_some() || !require_candidate;
-        let options = parse_options(&meta, want_entropy, v)?;
+        let options = parse_options(&meta, want_entropy, v, ldtype)?;
         Ok(Dump {
             logits,
             tokens,
@@ -829,6 +938,9 @@ impl<'a> Dump<'a> {
             grad_topk_log_probs,
             options,
             ignored_tensors,
+            row_shape: rs,
+            row_mask,
+            format,
         })
     }
 
@@ -899,6 +1011,7 @@ fn parse_options(
     meta: &HashMap<String, String>,
     entropy: bool,
     v_total: usize,
+    dtype: Dtype,
 ) -> Result<Options, DumpError> {
     let mut o = Options {
         ignore_index: DEFAULT_IGNORE_INDEX,
@@ -912,6 +1025,7 @@ fn parse_options(
                 reason: "must be finite and > 0",
             });
         }
+        crate::temperature::check_value(&meta["temperature"], t, dtype)?;
         o.temperature = t;
     }
     if let Some(vs) = parse_meta::<usize>(meta, "vocab_size", "not a non-negative integer")? {

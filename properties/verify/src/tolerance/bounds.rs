@@ -3,8 +3,8 @@
 //! `properties/TOLERANCE.md`; each step below names its equation there
 //! (`(T1)` ...).
 
-use logprobe_kernels::kernel::Shift;
 use logprobe_reference::oracle::{Interval, RowStats};
+use logprobe_reference::spec::Shift;
 use logprobe_reference::spec::{pow2, Dtype};
 
 use super::model::{EntropyForm, Model, RowContext};
@@ -142,6 +142,24 @@ fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
     Ok(Hi(nu) / (Lo(1.0) - Hi(nu)))
 }
 
+/// The `gamma_n` of an accumulation (summation) path: sound `gamma_n`, or
+/// with `stat_c = Some(c)` the statistical `min(gamma_n, c sqrt(n) u)`
+/// (`statistical.rs`, TOLERANCE.md "(S1)"). No bound when `n u >= 1` either way.
+fn acc_gamma(n: usize, u: f64, stat_c: Option<f64>) -> Result<Hi, NoBound> {
+    let g = gamma(n, u)?;
+    Ok(match stat_c {
+        Some(c) => {
+            let s = Hi(c.max(0.0)) * Hi((n as f64).sqrt()) * Hi(u);
+            if s.0 < g.0 {
+                s
+            } else {
+                g
+            }
+        }
+        None => g,
+    })
+}
+
 /// Half an ulp of `dtype` at magnitude `y` (exact; monotone in `y`).
 fn half_ulp(dtype: Dtype, y: Hi) -> Hi {
     Hi(0.5 * dtype.ulp(y.0))
@@ -170,7 +188,7 @@ fn finite(x: Hi, what: &'static str) -> Result<Hi, NoBound> {
 }
 
 impl Consts {
-    fn new(model: &Model, n_terms: usize, ctx: &RowContext) -> Consts {
+    fn new(model: &Model, n_terms: usize, ctx: &RowContext, stat_c: Option<f64>) -> Consts {
         let acc = model.accumulation;
         let u_f = acc.unit_roundoff();
         let u = Hi(u_f);
@@ -208,6 +226,8 @@ impl Consts {
         let n_b = h + l + 2 * r + 2;
         let n_p = h + l + r + 1;
         let exps = (Hi::ONE + eps_exp).powi(1 + r);
+        // Accumulation terms: sound gamma_n, or the statistical threshold's.
+        let gamma = |n: usize, u: f64| acc_gamma(n, u, stat_c);
         let k_s = gamma(n_s, u_f).map(|g| exps * (Hi::ONE + g));
         let k_b = gamma(n_b, u_f).map(|g| exps * (Hi::ONE + g));
         let k_p = gamma(n_p, u_f).and_then(|g0| {
@@ -301,7 +321,20 @@ impl<'a> RowBounds<'a> {
     /// model that certifies nothing (`n u >= 1`, `theta_S >= 1`, non-finite
     /// statistics) yields [`Bound::None`] from the queries.
     pub fn new(model: &Model, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
-        let c = Consts::new(model, stats.p.len().max(stats.q.len()), ctx);
+        Self::build(model, stats, ctx, None)
+    }
+
+    /// [`RowBounds::new`] with the accumulation terms' `gamma_n` replaced
+    /// by `min(gamma_n, c sqrt(n) u)`: the statistical threshold of
+    /// [`super::Statistical`], which exposes only the forward outputs (no
+    /// statistical tier for gradients: (T14) reads the entropy's terms).
+    pub(super) fn build(
+        model: &Model,
+        stats: &'a RowStats,
+        ctx: &RowContext,
+        stat_c: Option<f64>,
+    ) -> RowBounds<'a> {
+        let c = Consts::new(model, stats.p.len().max(stats.q.len()), ctx, stat_c);
         let p = set_bounds(&c, model, &stats.d, stats.ln_s);
         let w = set_bounds(&c, model, &stats.e, stats.ln_s_w);
         let (entropy_pre, entropy_grad) = match &w {

@@ -1,0 +1,240 @@
+//! A finding as a dump in the verify format (`../shared/cases/README.md`):
+//! the case's inputs, the failing call's outputs as candidates, and the
+//! recipe in metadata (`fuzz_recipe`, `fuzz_kernel`, `fuzz_property`,
+//! `fuzz_seed`), so that `logprobe verify FILE` judges the outputs and
+//! `logprobe fuzz --replay FILE` reruns the case.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use logprobe_kernels::kernel::Kernel;
+use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
+use logprobe_testkit::checks::asked;
+use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::verify::{verify_dump, VerifyConfig};
+
+use super::case::{Expanded, FuzzCase};
+use super::grammar::num;
+use super::judge::{Call, Finding};
+use super::target::Target;
+
+/// Metadata keys of a fuzz dump beyond the format's own.
+pub const META_RECIPE: &str = "fuzz_recipe";
+/// The `--kernel` name.
+pub const META_KERNEL: &str = "fuzz_kernel";
+/// The property failed.
+pub const META_PROPERTY: &str = "fuzz_property";
+/// The run's `--seed`.
+pub const META_SEED: &str = "fuzz_seed";
+
+/// The bytes of the dump of `finding` on `case` (see the module docs).
+///
+/// # Errors
+/// [`DumpError`] when a tensor cannot be serialised (a bug).
+pub fn dump_bytes(
+    target: &Target,
+    case: &FuzzCase,
+    finding: &Finding,
+    seed: u64,
+) -> Result<Vec<u8>, DumpError> {
+    let e: Expanded = case.expand();
+    let kernel = target.kernel(case.chunk, &e.layout.widths);
+    let k: &dyn Kernel = kernel.as_ref();
+    let data = &e.data;
+    let full = data.problem();
+    let a = asked(&full, &k.capabilities());
+    let p = a.problem;
+    let (n, vt) = data.logits.view().dim();
+    let mut t: Vec<(&str, DumpTensor)> = vec![(
+        "logits",
+        DumpTensor::floats(
+            data.logits.dtype(),
+            &[n, vt],
+            &data.logits.to_f64().into_raw_vec_and_offset().0,
+        ),
+    )];
+    if let Some(tok) = &data.tokens {
+        t.push(("tokens", DumpTensor::i64s(&[tok.len()], &tok.to_vec())));
+    }
+    if let Some(m) = &data.sampling_mask {
+        let (r, c) = m.dim();
+        t.push((
+            "sampling_mask",
+            DumpTensor::bools(&[r, c], &m.iter().copied().collect::<Vec<_>>()),
+        ));
+    }
+    if let Some(ids) = p.topk_ids {
+        let (r, c) = ids.dim();
+        t.push((
+            "topk_ids",
+            DumpTensor::i64s(&[r, c], &ids.iter().copied().collect::<Vec<_>>()),
+        ));
+    }
+    let f32s1 = |a: &ndarray::Array1<f64>| DumpTensor::floats(Dtype::F32, &[a.len()], &a.to_vec());
+    match finding.call {
+        Call::Backward(_) | Call::InPlace => {
+            let cot = &e.cot;
+            if let Some(g) = &cot.grad_log_probs {
+                t.push(("grad_log_probs", f32s1(g)));
+            }
+            if let (Some(h), Some(_)) = (&cot.grad_entropy, p.options.entropy) {
+                t.push(("grad_entropy", f32s1(h)));
+            }
+            if let (Some(g), Some(_)) = (&cot.grad_topk_log_probs, p.topk_ids) {
+                let (r, c) = g.dim();
+                t.push((
+                    "grad_topk_log_probs",
+                    DumpTensor::floats(Dtype::F32, &[r, c], &g.iter().copied().collect::<Vec<_>>()),
+                ));
+            }
+            let mut cv = cot.view();
+            if p.options.entropy.is_none() {
+                cv.grad_entropy = None;
+            }
+            if p.topk_ids.is_none() {
+                cv.grad_topk_log_probs = None;
+            }
+            let (grad, out) = if finding.call == Call::InPlace {
+                let mut copy = data.logits.clone();
+                let r = k.backward_in_place(
+                    copy.view_mut(),
+                    p.tokens,
+                    p.sampling_mask,
+                    p.topk_ids,
+                    &p.options,
+                    &cv,
+                );
+                (r.ok().map(|_| copy.to_f64()), data.logits.dtype())
+            } else {
+                let out = match finding.call {
+                    Call::Backward(d) => d,
+                    _ => Dtype::F32,
+                };
+                (k.backward(&p, &cv, out).ok(), out)
+            };
+            if let Some(g) = grad {
+                let (r, c) = g.dim();
+                t.push((
+                    "grad_logits",
+                    DumpTensor::floats(out, &[r, c], &g.iter().copied().collect::<Vec<_>>()),
+                ));
+            }
+        }
+        Call::Forward(_) | Call::Invariance | Call::Memory => {
+            let out = match finding.call {
+                Call::Forward(d) => d,
+                _ => case.out(),
+            };
+            if let Ok(fo) = k.forward(&p, out) {
+                if let Some(lp) = &fo.log_probs {
+                    t.push((
+                        "log_probs",
+                        DumpTensor::floats(out, &[lp.len()], &lp.to_vec()),
+                    ));
+                }
+                if let Some(h) = &fo.entropy {
+                    t.push(("entropy", DumpTensor::floats(out, &[h.len()], &h.to_vec())));
+                }
+                if let Some(tk) = &fo.topk_log_probs {
+                    let (r, c) = tk.dim();
+                    t.push((
+                        "topk_log_probs",
+                        DumpTensor::floats(out, &[r, c], &tk.iter().copied().collect::<Vec<_>>()),
+                    ));
+                }
+            }
+        }
+    }
+    let o = &p.options;
+    let mut meta: Vec<(&str, String)> = vec![
+        ("format_version", "2".into()),
+        ("temperature", num(o.temperature)),
+        (
+            "temperature_dtype",
+            match o.temperature_dtype {
+                TemperatureDtype::Accumulation => "accumulation".into(),
+                TemperatureDtype::Input => "input".into(),
+            },
+        ),
+        ("ignore_index", o.ignore_index.to_string()),
+        ("chunk_size", case.chunk.to_string()),
+        (META_RECIPE, case.recipe()),
+        (META_KERNEL, target.name.clone()),
+        (META_PROPERTY, finding.property.to_string()),
+        (META_SEED, seed.to_string()),
+    ];
+    if let Some(v) = o.vocab_size {
+        meta.push(("vocab_size", v.to_string()));
+    }
+    if let Some(en) = o.entropy {
+        meta.push((
+            "entropy_logits",
+            match en {
+                EntropyLogits::Unmasked => "unmasked".into(),
+                EntropyLogits::Masked => "masked".into(),
+            },
+        ));
+    }
+    let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    serialize_dump(&t, &meta)
+}
+
+/// Writes the dump into `dir` as `fuzz-<kernel>-<seed>.safetensors` and
+/// returns its path with what `logprobe verify` says of it (`pass`, `FAIL`,
+/// `no bound`, or `bad input: ...`).
+///
+/// # Errors
+/// An I/O or serialisation error, as text.
+pub fn write(
+    dir: &Path,
+    target: &Target,
+    case: &FuzzCase,
+    finding: &Finding,
+    seed: u64,
+) -> Result<(PathBuf, String), String> {
+    let bytes = dump_bytes(target, case, finding, seed).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let stem: String = target
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let path = dir.join(format!("fuzz-{stem}-seed{seed}.safetensors"));
+    std::fs::write(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let verdict = match Dump::parse(&bytes) {
+        Ok(d) => match verify_dump(&d, &path, &VerifyConfig::default()) {
+            Ok(r) => r.verdict.to_string(),
+            Err(e) => format!("bad input: {e}"),
+        },
+        Err(e) => format!("bad input: {e}"),
+    };
+    Ok((path, verdict))
+}
+
+/// The fuzz metadata of a dump: `(kernel, recipe, property, seed)`.
+///
+/// # Errors
+/// An unreadable file, a malformed header, or a dump without the fuzz keys.
+pub fn read_meta(path: &Path) -> Result<(String, String, String, String), String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| format!("{}: not a safetensors file: {e}", path.display()))?;
+    let meta: HashMap<String, String> = header.metadata().clone().unwrap_or_default();
+    let get = |k: &str| {
+        meta.get(k)
+            .cloned()
+            .ok_or_else(|| format!("{}: no `{k}` metadata (not a fuzz dump)", path.display()))
+    };
+    Ok((
+        get(META_KERNEL)?,
+        get(META_RECIPE)?,
+        get(META_PROPERTY).unwrap_or_default(),
+        get(META_SEED).unwrap_or_default(),
+    ))
+}

@@ -1,0 +1,309 @@
+//! `logprobe fuzz`: a time-budgeted search of kernels over the gate's
+//! recipe space (`docs/fuzz.md`).
+//!
+//! Case `i` of a run with `--seed S` is the value tree the case strategy
+//! ([`case::Space::strategy`]) draws from the RNG `(S, i)`; every target
+//! still clean judges it ([`judge::judge`]: the gate's checks). The first
+//! failure of a target is shrunk through the tree's `simplify` /
+//! `complicate` within `--shrink-budget` ([`shrink`]); a mutant's shrink
+//! steps are kept only where its correct twin passes. The shrunk case is
+//! written as a verify dump ([`counterexample`]) and printed as a recipe.
+//!
+//! Modules: [`grammar`] (the options grammar), [`case`] (cases, space,
+//! strategy), [`target`] (`--kernel` names), [`judge`], [`counterexample`],
+//! [`progress`].
+
+pub mod case;
+pub mod counterexample;
+pub mod grammar;
+pub mod judge;
+pub mod progress;
+pub mod target;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
+use proptest::test_runner::{Config, TestRunner};
+
+use logprobe_testkit::strategies::rng_for;
+
+use case::{FuzzCase, Space};
+use judge::{judge, Finding};
+use target::Target;
+
+/// Settings of a fuzz run.
+pub struct FuzzConfig {
+    /// The targets.
+    pub targets: Vec<Target>,
+    /// The search space.
+    pub space: Space,
+    /// Seed of the case stream.
+    pub seed: u64,
+    /// Time limit of the search (shrinking excluded).
+    pub budget: Duration,
+    /// Case limit (whichever of the two comes first).
+    pub cases: Option<u64>,
+    /// Time limit of each shrink.
+    pub shrink_budget: Duration,
+    /// Where counterexample dumps go.
+    pub out_dir: PathBuf,
+    /// Show progress on stderr.
+    pub progress: bool,
+}
+
+/// A target's shrunk finding.
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// The finding on the shrunk case.
+    pub finding: Finding,
+    /// The shrunk case.
+    pub case: FuzzCase,
+    /// Index of the case it was found on.
+    pub case_index: u64,
+    /// Seconds from the start of the run to the failing case's verdict.
+    pub time_to_find: f64,
+    /// Accepted shrink steps, and seconds spent shrinking.
+    pub shrink_steps: usize,
+    /// Seconds spent shrinking.
+    pub shrink_secs: f64,
+    /// The dump, and what `logprobe verify` says of it.
+    pub dump: Result<(PathBuf, String), String>,
+    /// For a mutant: whether its correct twin passes the shrunk case.
+    pub twin_passes: Option<bool>,
+}
+
+/// One target's outcome.
+#[derive(Clone, Debug)]
+pub struct TargetReport {
+    /// The `--kernel` name.
+    pub name: String,
+    /// Cases judged.
+    pub cases: u64,
+    /// Worst `error / bound` over the passing cases.
+    pub worst: f64,
+    /// The finding, if any.
+    pub found: Option<Found>,
+}
+
+/// A run's outcome.
+#[derive(Clone, Debug)]
+pub struct FuzzReport {
+    /// The seed.
+    pub seed: u64,
+    /// Cases drawn.
+    pub cases: u64,
+    /// Seconds of search.
+    pub seconds: f64,
+    /// Per target.
+    pub targets: Vec<TargetReport>,
+}
+
+impl FuzzReport {
+    /// 0 when no target failed, 1 otherwise.
+    pub fn exit_status(&self) -> u8 {
+        u8::from(self.targets.iter().any(|t| t.found.is_some()))
+    }
+}
+
+/// The value tree of case `index` of the run seeded `seed`.
+pub fn case_tree(
+    strategy: &BoxedStrategy<FuzzCase>,
+    seed: u64,
+    index: u64,
+) -> Box<dyn ValueTree<Value = FuzzCase>> {
+    let mut runner =
+        TestRunner::new_with_rng(Config::default(), rng_for(seed, 0xF022_0000 + index));
+    // The strategy has no filters: drawing a tree cannot be rejected.
+    strategy
+        .new_tree(&mut runner)
+        .expect("the fuzz strategy never rejects")
+}
+
+/// Whether `case` fails on `target` (and, for a mutant, passes on its twin).
+fn fails(target: &Target, case: &FuzzCase) -> Option<Finding> {
+    let f = judge(target, case).err()?;
+    match &target.twin {
+        Some(t) if judge(t, case).is_err() => None,
+        _ => Some(f),
+    }
+}
+
+/// Shrinks a failing tree within `budget`: proptest's loop (`simplify`
+/// after a failure, `complicate` after a pass). Returns the smallest
+/// failing case, its finding and the accepted steps.
+pub fn shrink(
+    target: &Target,
+    tree: &mut dyn ValueTree<Value = FuzzCase>,
+    finding: Finding,
+    budget: Duration,
+) -> (FuzzCase, Finding, usize) {
+    let deadline = Instant::now() + budget;
+    let mut best = (tree.current(), finding, 0usize);
+    if !tree.simplify() {
+        return best;
+    }
+    while Instant::now() < deadline {
+        let c = tree.current();
+        match fails(target, &c) {
+            Some(f) => {
+                best = (c, f, best.2 + 1);
+                if !tree.simplify() {
+                    break;
+                }
+            }
+            None => {
+                if !tree.complicate() {
+                    break;
+                }
+            }
+        }
+    }
+    best
+}
+
+/// Runs the search (see the module docs).
+pub fn run(config: &FuzzConfig) -> FuzzReport {
+    let start = Instant::now();
+    let strategy = config.space.strategy();
+    let mut reports: Vec<TargetReport> = config
+        .targets
+        .iter()
+        .map(|t| TargetReport {
+            name: t.name.clone(),
+            cases: 0,
+            worst: 0.0,
+            found: None,
+        })
+        .collect();
+    let mut progress = progress::Progress::new(config.progress, config.cases);
+    let mut index = 0u64;
+    while start.elapsed() < config.budget
+        && config.cases.is_none_or(|n| index < n)
+        && reports.iter().any(|r| r.found.is_none())
+    {
+        let case = case_tree(&strategy, config.seed, index).current();
+        for (t, rep) in config.targets.iter().zip(reports.iter_mut()) {
+            if rep.found.is_some() {
+                continue;
+            }
+            rep.cases += 1;
+            match judge(t, &case) {
+                Ok(w) => rep.worst = rep.worst.max(w),
+                Err(f) => {
+                    let time_to_find = start.elapsed().as_secs_f64();
+                    progress.println(&format!(
+                        "{}: {} failed on case {index} after {time_to_find:.1} s; shrinking (at most {} s)",
+                        t.name,
+                        f.property,
+                        config.shrink_budget.as_secs()
+                    ));
+                    let s0 = Instant::now();
+                    let mut tree = case_tree(&strategy, config.seed, index);
+                    let (case, finding, steps) = shrink(t, tree.as_mut(), f, config.shrink_budget);
+                    let shrink_secs = s0.elapsed().as_secs_f64();
+                    let twin_passes = t.twin.as_ref().map(|tw| judge(tw, &case).is_ok());
+                    let dump =
+                        counterexample::write(&config.out_dir, t, &case, &finding, config.seed);
+                    rep.found = Some(Found {
+                        finding,
+                        case,
+                        case_index: index,
+                        time_to_find,
+                        shrink_steps: steps,
+                        shrink_secs,
+                        dump,
+                        twin_passes,
+                    });
+                }
+            }
+        }
+        index += 1;
+        progress.update(index, &reports, start.elapsed());
+    }
+    progress.finish();
+    FuzzReport {
+        seed: config.seed,
+        cases: index,
+        seconds: start.elapsed().as_secs_f64(),
+        targets: reports,
+    }
+}
+
+/// The report of one finding: property, detail, recipe, seed and dump.
+pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
+    let mut s = format!(
+        "FOUND {name}: {} (case {} of seed {seed}, time to find {:.1} s; shrunk in {} steps, {:.1} s)\n",
+        f.finding.property, f.case_index, f.time_to_find, f.shrink_steps, f.shrink_secs
+    );
+    let detail: Vec<&str> = f.finding.detail.lines().take(4).collect();
+    s.push_str(&format!("  detail: {}\n", detail.join("\n          ")));
+    s.push_str(&format!("  recipe: {}\n", f.case.recipe()));
+    s.push_str(&format!("  seed:   {seed}\n"));
+    if let Some(tp) = f.twin_passes {
+        s.push_str(&format!(
+            "  correct twin on this case: {}\n",
+            if tp {
+                "passes"
+            } else {
+                "FAILS too (a fault of the kernel or the judge)"
+            }
+        ));
+    }
+    match &f.dump {
+        Ok((path, verdict)) => {
+            s.push_str(&format!("  dump:   {}\n", path.display()));
+            s.push_str(&format!("  logprobe verify {}: {verdict}", path.display()));
+            if matches!(
+                f.finding.call,
+                judge::Call::Invariance | judge::Call::Memory
+            ) {
+                s.push_str(
+                    " (verify judges outputs one file at a time; this property needs --replay)",
+                );
+            }
+            s.push('\n');
+            s.push_str(&format!(
+                "  rerun:  logprobe fuzz --replay {}\n",
+                path.display()
+            ));
+        }
+        Err(e) => s.push_str(&format!("  dump not written: {e}\n")),
+    }
+    s
+}
+
+/// The summary table of a run.
+pub fn render_summary(r: &FuzzReport) -> String {
+    let mut s = format!(
+        "\nfuzz: {} cases in {:.1} s (seed {})\n\n{:<34} {:>7} {:>10} {:>10}  {}\n",
+        r.cases, r.seconds, r.seed, "kernel", "cases", "worst r", "found at", "result"
+    );
+    for t in &r.targets {
+        let (at, result) = match &t.found {
+            None => ("-".to_string(), "clean".to_string()),
+            Some(f) => (
+                format!("{:.1} s", f.time_to_find),
+                format!("FOUND {}", f.finding.property),
+            ),
+        };
+        s.push_str(&format!(
+            "{:<34} {:>7} {:>10.3} {:>10}  {}\n",
+            t.name, t.cases, t.worst, at, result
+        ));
+    }
+    s
+}
+
+/// Reruns the case of a fuzz dump on the kernel it names: `Ok(None)` when
+/// it passes now, `Ok(Some(finding))` when it still fails.
+///
+/// # Errors
+/// A file that is not a fuzz dump, an unknown kernel, a bad recipe.
+pub fn replay(path: &Path) -> Result<(String, FuzzCase, Option<Finding>), String> {
+    let (kernel, recipe, _, _) = counterexample::read_meta(path)?;
+    let t = target::parse_target(&kernel).map_err(|e| e.to_string())?;
+    let case = FuzzCase::parse(&recipe).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = judge(&t, &case).err();
+    Ok((kernel, case, f))
+}

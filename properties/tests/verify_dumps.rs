@@ -1,0 +1,684 @@
+//! Dumps as users have them (issue 11): every name of the format checked,
+//! `[B, T, V]` logits, `row_mask`, summed cotangents, integer tokens of any
+//! width, the kernel's own top-k ids, nothing unchecked called a pass,
+//! temperatures that cannot be used, and the binary's output.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use ndarray::{Array1, Array2};
+
+use logprobe_reference::oracle::Oracle;
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Problem};
+use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::names::NameError;
+use logprobe_verify::verify::{verify_dump, FileReport, RowSelection, Verdict, VerifyConfig};
+
+const N: usize = 4;
+const V: usize = 24;
+
+fn logits() -> Vec<f64> {
+    (0..N * V)
+        .map(|i| ((i * 37 + 11) % 97) as f64 / 8.0 - 6.0)
+        .collect()
+}
+
+/// Exact (f64-rounded) log_probs, entropy, top-k log-probs at `ids [N, K]`,
+/// and the gradient for cotangents `g`, `h` (`[N]`).
+fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f64>; 4] {
+    let xa = Array2::from_shape_vec((N, V), x.to_vec()).unwrap();
+    let t = Array1::from(tokens.to_vec());
+    let ida = Array2::from_shape_vec((N, k), ids.to_vec()).unwrap();
+    let p = Problem {
+        logits: Logits::F64(xa.view()),
+        tokens: Some(t.view()),
+        sampling_mask: None,
+        topk_ids: Some(ida.view()),
+        options: Options::default(),
+    };
+    let o = Oracle::default();
+    let f = o.forward(&p, Dtype::F64).unwrap();
+    let lp = f
+        .log_probs
+        .unwrap()
+        .iter()
+        .map(|e| e.map_or(0.0, |e| e.rounded))
+        .collect();
+    let ent = f.entropy.unwrap().iter().map(|e| e.rounded).collect();
+    let tk = f
+        .topk_log_probs
+        .unwrap()
+        .iter()
+        .map(|e| e.rounded)
+        .collect();
+    let ga = Array1::from(g.to_vec());
+    let cot = Cotangents {
+        grad_log_probs: Some(ga.view()),
+        ..Cotangents::default()
+    };
+    let grad = o
+        .vjp(&p, &cot, Dtype::F64)
+        .unwrap()
+        .iter()
+        .map(|e| e.rounded)
+        .collect();
+    [lp, ent, tk, grad]
+}
+
+const TOKENS: [i64; N] = [5, 0, 23, 12];
+
+/// A valid dump of f64 logits `[N, V]` with exact log_probs and entropy.
+fn base() -> Vec<(&'static str, DumpTensor)> {
+    let x = logits();
+    let [lp, ent, _, _] = exact(&x, &TOKENS, &[0; N], 1, &[0.0; N]);
+    vec![
+        ("logits", DumpTensor::floats(Dtype::F64, &[N, V], &x)),
+        ("tokens", DumpTensor::i64s(&[N], &TOKENS)),
+        ("log_probs", DumpTensor::floats(Dtype::F64, &[N], &lp)),
+        ("entropy", DumpTensor::floats(Dtype::F64, &[N], &ent)),
+    ]
+}
+
+fn bytes(t: &[(&str, DumpTensor)], meta: &[(&str, &str)]) -> Vec<u8> {
+    serialize_dump(t, meta).unwrap()
+}
+
+fn report(b: &[u8], rows: RowSelection) -> Result<FileReport, DumpError> {
+    let d = Dump::parse(b)?;
+    let cfg = VerifyConfig {
+        rows,
+        ..VerifyConfig::default()
+    };
+    verify_dump(&d, Path::new("t"), &cfg)
+}
+
+fn write(name: &str, b: &[u8]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verify_dumps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{name}.safetensors"));
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// Runs `logprobe ARGS`: (exit status, stdout, stderr).
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_logprobe"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn bad_input(name: &str, b: &[u8], needles: &[&str]) -> String {
+    let p = write(name, b);
+    let (code, out, err) = run(&["verify", p.to_str().unwrap()]);
+    let text = out + &err;
+    assert_eq!(code, 2, "{name}: {text}");
+    for n in needles {
+        assert!(text.contains(n), "{name}: lacks {n:?}: {text}");
+    }
+    assert!(!text.contains("panicked"), "{text}");
+    text
+}
+
+/// Rewrites the header of a safetensors file (`f` maps the JSON text),
+/// keeping it 8-byte aligned.
+fn patch_header(b: &[u8], f: impl Fn(&str) -> String) -> Vec<u8> {
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let mut h = f(std::str::from_utf8(&b[8..8 + n]).unwrap().trim_end());
+    while h.len() % 8 != 0 {
+        h.push(' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h.as_bytes());
+    out.extend(&b[8 + n..]);
+    out
+}
+
+#[test]
+fn base_dump_passes() {
+    assert_eq!(
+        report(&bytes(&base(), &[]), RowSelection::All)
+            .unwrap()
+            .verdict,
+        Verdict::Pass
+    );
+}
+
+// ---- 1. Names ----------------------------------------------------------
+
+#[test]
+fn unknown_names_are_bad_input_with_the_closest() {
+    let b = bytes(&base(), &[("temprature_dtype", "input")]);
+    assert!(matches!(
+        Dump::parse(&b),
+        Err(DumpError::Name(NameError::Unknown {
+            suggestion: Some("temperature_dtype"),
+            ..
+        }))
+    ));
+    bad_input(
+        "unknown_key",
+        &b,
+        &["temprature_dtype", "did you mean `temperature_dtype`?"],
+    );
+    let mut t = base();
+    t.push(("logprobs", DumpTensor::floats(Dtype::F64, &[N], &[0.0; N])));
+    bad_input(
+        "unknown_tensor",
+        &bytes(&t, &[]),
+        &["tensor `logprobs`", "did you mean `log_probs`?"],
+    );
+    // Version-2 names need format_version=2; reserved ones are not built.
+    let mut t = base();
+    t.push(("row_mask", DumpTensor::bools(&[N], &[true; N])));
+    bad_input(
+        "v2_needs_version",
+        &bytes(&t, &[]),
+        &["row_mask", "format_version"],
+    );
+    let mut t = base();
+    t.push(("z_loss", DumpTensor::floats(Dtype::F64, &[N], &[0.0; N])));
+    bad_input(
+        "v2_unbuilt",
+        &bytes(&t, &[("format_version", "2")]),
+        &["z_loss", "not supported yet"],
+    );
+}
+
+#[test]
+fn repeated_keys_and_tensor_names_say_duplicate() {
+    let b = bytes(&base(), &[("temperature", "1")]);
+    let b2 = patch_header(&b, |h| {
+        h.replacen(
+            r#""temperature":"1""#,
+            r#""temperature":"1","temperature":"0.5""#,
+            1,
+        )
+    });
+    assert!(matches!(Dump::parse(&b2), Err(DumpError::Duplicate(_))));
+    bad_input(
+        "repeated_key",
+        &b2,
+        &["duplicate metadata key `temperature`"],
+    );
+    let b = bytes(&base(), &[]);
+    let b3 = patch_header(&b, |h| {
+        let i = h.find(r#""tokens":"#).unwrap();
+        let j = i + h[i..].find('}').unwrap() + 1;
+        format!("{},{}", &h[..j], &h[i..])
+    });
+    let text = bad_input("duplicate_tensor", &b3, &["duplicate tensor `tokens`"]);
+    assert!(!text.contains("offset"), "{text}");
+}
+
+#[test]
+fn u8_sampling_mask_values_other_than_0_1_are_bad_input() {
+    let mut t = base();
+    let mut m = DumpTensor::bools(&[N, V], &[true; N * V]);
+    m.dtype = safetensors::Dtype::U8;
+    m.data[V + 1] = 2;
+    t.push(("sampling_mask", m));
+    assert!(matches!(
+        report(&bytes(&t, &[]), RowSelection::All),
+        Err(DumpError::BadMaskValue {
+            row: 1,
+            col: 1,
+            value: 2
+        })
+    ));
+}
+
+// ---- 2. Shapes users have ------------------------------------------------
+
+#[test]
+fn batch_sequence_logits_name_rows_b_t() {
+    let x = logits();
+    let [mut lp, ent, _, _] = exact(&x, &TOKENS, &[0; N], 1, &[0.0; N]);
+    let t3 = |lp: &[f64]| {
+        vec![
+            ("logits", DumpTensor::floats(Dtype::F64, &[2, 2, V], &x)),
+            ("tokens", DumpTensor::i64s(&[2, 2], &TOKENS)),
+            ("log_probs", DumpTensor::floats(Dtype::F64, &[2, 2], lp)),
+            ("entropy", DumpTensor::floats(Dtype::F64, &[2, 2], &ent)),
+        ]
+    };
+    let r = report(&bytes(&t3(&lp), &[]), RowSelection::All).unwrap();
+    assert_eq!((r.verdict, r.rows), (Verdict::Pass, N));
+    lp[2] += 0.5; // (b, t) = (1, 0)
+    let r = report(&bytes(&t3(&lp), &[]), RowSelection::All).unwrap();
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(r.outputs[0].worst[0].position, Some((1, 0)));
+    let table = logprobe_verify::verify::render_table(&r);
+    assert!(table.contains("(1, 0)"), "{table}");
+    // [N] tokens with [B, T, V] logits: the shape names B and T.
+    let mut t = t3(&lp);
+    t[1] = ("tokens", DumpTensor::i64s(&[N], &TOKENS));
+    bad_input(
+        "btv_flat_tokens",
+        &bytes(&t, &[]),
+        &["tokens", "[B, T] = [2, 2]"],
+    );
+}
+
+#[test]
+fn row_mask_excludes_rows_from_every_check() {
+    let mut t = base();
+    if let Some((_, lp)) = t.iter_mut().find(|(n, _)| *n == "log_probs") {
+        lp.data[8..16].copy_from_slice(&(-50.0f64).to_le_bytes()); // row 1 wrong
+    }
+    let v2 = [("format_version", "2")];
+    assert_eq!(
+        report(&bytes(&t, &[]), RowSelection::All).unwrap().verdict,
+        Verdict::Fail
+    );
+    let mut tm = t.clone();
+    tm.push((
+        "row_mask",
+        DumpTensor::bools(&[N], &[true, false, true, true]),
+    ));
+    let r = report(&bytes(&tm, &v2), RowSelection::All).unwrap();
+    assert_eq!((r.verdict, r.outputs[0].count), (Verdict::Pass, 3));
+    // [B, T] row_mask with [B, T, V] logits is accepted too.
+    let mut t3: Vec<_> = t.clone();
+    t3[0].1.shape = vec![2, 2, V];
+    for (n, x) in t3.iter_mut().skip(1) {
+        assert!(*n != "logits");
+        x.shape = vec![2, 2];
+    }
+    t3.push((
+        "row_mask",
+        DumpTensor::bools(&[2, 2], &[true, false, true, true]),
+    ));
+    assert_eq!(
+        report(&bytes(&t3, &v2), RowSelection::All).unwrap().verdict,
+        Verdict::Pass
+    );
+    // Every row excluded: valid, nothing checked.
+    let mut t0 = t.clone();
+    t0.push(("row_mask", DumpTensor::bools(&[N], &[false; N])));
+    let r = report(&bytes(&t0, &v2), RowSelection::All).unwrap();
+    for o in &r.outputs {
+        assert!(
+            o.nothing_checked.as_deref().unwrap().contains("row_mask"),
+            "{o:?}"
+        );
+    }
+    let mut tb = t;
+    let mut m = DumpTensor::bools(&[N], &[true; N]);
+    m.data[3] = 9;
+    tb.push(("row_mask", m));
+    bad_input(
+        "row_mask_byte",
+        &bytes(&tb, &v2),
+        &["row_mask[3]", "not 0 or 1"],
+    );
+}
+
+#[test]
+fn scalar_cotangents_broadcast_only_under_sum() {
+    let x = logits();
+    let g = 0.75;
+    let [lp, _, _, grad] = exact(&x, &TOKENS, &[0; N], 1, &[g; N]);
+    let t = |shape: &[usize]| {
+        vec![
+            ("logits", DumpTensor::floats(Dtype::F64, &[N, V], &x)),
+            ("tokens", DumpTensor::i64s(&[N], &TOKENS)),
+            ("log_probs", DumpTensor::floats(Dtype::F64, &[N], &lp)),
+            (
+                "grad_log_probs",
+                DumpTensor::floats(Dtype::F32, shape, &[g]),
+            ),
+            (
+                "grad_logits",
+                DumpTensor::floats(Dtype::F64, &[N, V], &grad),
+            ),
+        ]
+    };
+    let sum = [("format_version", "2"), ("cotangent_reduction", "sum")];
+    for shape in [&[][..], &[1][..]] {
+        let r = report(&bytes(&t(shape), &sum), RowSelection::All).unwrap();
+        assert_eq!(r.verdict, Verdict::Pass, "{shape:?}");
+        assert_eq!(r.outputs[1].count, N * V);
+    }
+    bad_input(
+        "scalar_cotangent_none",
+        &bytes(&t(&[]), &[]),
+        &["grad_log_probs", "cotangent_reduction"],
+    );
+}
+
+#[test]
+fn integer_tokens_of_any_width() {
+    use safetensors::Dtype as D;
+    for (dtype, width) in [
+        (D::I8, 1),
+        (D::U8, 1),
+        (D::I16, 2),
+        (D::U16, 2),
+        (D::I32, 4),
+        (D::U32, 4),
+        (D::U64, 8),
+    ] {
+        let mut t = base();
+        t[1].1 = DumpTensor {
+            dtype,
+            shape: vec![N],
+            data: TOKENS
+                .iter()
+                .flat_map(|&v| (v as u64).to_le_bytes()[..width].to_vec())
+                .collect(),
+        };
+        assert_eq!(
+            report(&bytes(&t, &[]), RowSelection::All).unwrap().verdict,
+            Verdict::Pass,
+            "{dtype:?}"
+        );
+    }
+    let mut t = base();
+    t[1].1 = DumpTensor {
+        dtype: D::U64,
+        shape: vec![N],
+        data: [5u64, u64::MAX, 1, 2]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    };
+    assert!(matches!(
+        Dump::parse(&bytes(&t, &[])),
+        Err(DumpError::IdOverflow { index: 1, .. })
+    ));
+}
+
+// ---- 3. Top-k ids from the kernel ----------------------------------------
+
+/// The true top-2 of each row (descending), ties to the lower id.
+fn top2(x: &[f64]) -> Vec<i64> {
+    let mut out = Vec::new();
+    for r in 0..N {
+        let mut idx: Vec<usize> = (0..V).collect();
+        idx.sort_by(|&a, &b| x[r * V + b].total_cmp(&x[r * V + a]).then(a.cmp(&b)));
+        out.extend([idx[0] as i64, idx[1] as i64]);
+    }
+    out
+}
+
+fn topk_dump(x: &[f64], ids: &[i64], meta: &[(&str, &str)]) -> Vec<u8> {
+    let [_, _, tk, _] = exact(x, &TOKENS, ids, 2, &[0.0; N]);
+    let t = vec![
+        ("logits", DumpTensor::floats(Dtype::F64, &[N, V], x)),
+        ("topk_ids", DumpTensor::i64s(&[N, 2], ids)),
+        (
+            "topk_log_probs",
+            DumpTensor::floats(Dtype::F64, &[N, 2], &tk),
+        ),
+    ];
+    let mut m = vec![("format_version", "2"), ("topk_ids_source", "kernel")];
+    m.extend_from_slice(meta);
+    bytes(&t, &m)
+}
+
+#[test]
+fn kernel_topk_ids_are_checked_as_a_top_k_set() {
+    let x = logits();
+    let ids = top2(&x);
+    let r = report(
+        &topk_dump(&x, &ids, &[("topk_sorted", "true")]),
+        RowSelection::All,
+    )
+    .unwrap();
+    assert_eq!(r.verdict, Verdict::Pass);
+    assert_eq!(r.topk_ids.as_ref().unwrap().rows_checked, N);
+    // Wrong ids whose values are their exact log-probs: top-k log-probs
+    // pass, the ids fail.
+    let mut wrong = ids.clone();
+    wrong[5] = (0..V as i64).find(|j| !ids[4..6].contains(j)).unwrap();
+    let r = report(&topk_dump(&x, &wrong, &[]), RowSelection::All).unwrap();
+    assert_eq!(r.outputs[0].verdict, Verdict::Pass);
+    let tk = r.topk_ids.as_ref().unwrap();
+    assert_eq!(
+        (r.verdict, tk.rows_failed, tk.failures[0].row),
+        (Verdict::Fail, 1, 2)
+    );
+    // Order: checked only under topk_sorted=true.
+    let mut swapped = ids.clone();
+    swapped.swap(0, 1);
+    assert_eq!(
+        report(&topk_dump(&x, &swapped, &[]), RowSelection::All)
+            .unwrap()
+            .verdict,
+        Verdict::Pass
+    );
+    let r = report(
+        &topk_dump(&x, &swapped, &[("topk_sorted", "true")]),
+        RowSelection::All,
+    )
+    .unwrap();
+    assert_eq!(r.verdict, Verdict::Fail);
+    // Ties at the boundary: either tied id is a valid top-1 / top-2.
+    let mut xt = x.clone();
+    let (a, b) = (ids[0] as usize, ids[1] as usize);
+    let third = (0..V).find(|&j| j != a && j != b).unwrap();
+    xt[third] = xt[b];
+    for pick in [b, third] {
+        let ids2: Vec<i64> = [vec![a as i64, pick as i64], top2(&xt)[2..].to_vec()].concat();
+        let r = report(
+            &topk_dump(&xt, &ids2, &[("topk_sorted", "true")]),
+            RowSelection::All,
+        )
+        .unwrap();
+        assert_eq!(r.verdict, Verdict::Pass, "tie pick {pick}");
+    }
+    // Duplicates fail.
+    let mut dup = ids;
+    dup[1] = dup[0];
+    assert_eq!(
+        report(&topk_dump(&x, &dup, &[]), RowSelection::All)
+            .unwrap()
+            .verdict,
+        Verdict::Fail
+    );
+}
+
+// ---- 4. Nothing unchecked is a pass --------------------------------------
+
+#[test]
+fn empty_row_selections_are_bad_input() {
+    let p = write("rows", &bytes(&base(), &[]));
+    for sel in ["5..", "4..", "0..0", "sample:0", "2..2"] {
+        let (code, out, err) = run(&["verify", "--rows", sel, p.to_str().unwrap()]);
+        assert_eq!(code, 2, "--rows {sel}: {out}{err}");
+        assert!(err.contains("selects no row"), "--rows {sel}: {err}");
+    }
+    assert!(matches!(
+        report(
+            &bytes(&base(), &[]),
+            RowSelection::Range {
+                start: 5,
+                end: usize::MAX
+            }
+        ),
+        Err(DumpError::EmptySelection { rows: 4, .. })
+    ));
+}
+
+#[test]
+fn nothing_checked_is_said_per_output() {
+    // Every token ignored.
+    let mut t = base();
+    t[1].1 = DumpTensor::i64s(&[N], &[-100; N]);
+    let r = report(&bytes(&t, &[]), RowSelection::All).unwrap();
+    assert!(r.outputs[0]
+        .nothing_checked
+        .as_deref()
+        .unwrap()
+        .contains("ignore_index"));
+    assert!(r.outputs[1].nothing_checked.is_none(), "entropy is checked");
+    let table = logprobe_verify::verify::render_table(&r);
+    assert!(
+        table.contains("unchecked") && table.contains("log_probs: nothing checked"),
+        "{table}"
+    );
+    // K = 0.
+    let x = logits();
+    let t = vec![
+        ("logits", DumpTensor::floats(Dtype::F64, &[N, V], &x)),
+        ("topk_ids", DumpTensor::i64s(&[N, 0], &[])),
+        (
+            "topk_log_probs",
+            DumpTensor::floats(Dtype::F64, &[N, 0], &[]),
+        ),
+    ];
+    let r = report(&bytes(&t, &[]), RowSelection::All).unwrap();
+    assert!(r.outputs[0]
+        .nothing_checked
+        .as_deref()
+        .unwrap()
+        .contains("K = 0"));
+    // N = 0, through the binary's JSON (with its schema version).
+    let t = vec![
+        ("logits", DumpTensor::floats(Dtype::F32, &[0, V], &[])),
+        ("tokens", DumpTensor::i64s(&[0], &[])),
+        ("log_probs", DumpTensor::floats(Dtype::F32, &[0], &[])),
+    ];
+    let p = write("n0", &bytes(&t, &[]));
+    let (code, out, _) = run(&["verify", "--json", p.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["schema_version"], 1);
+    assert_eq!(
+        j["files"][0]["outputs"][0]["nothing_checked"],
+        "no rows (N = 0)"
+    );
+    let (_, out, _) = run(&["verify", p.to_str().unwrap()]);
+    assert!(out.contains("nothing checked"), "{out}");
+}
+
+// ---- 5. Temperature ------------------------------------------------------
+
+#[test]
+fn unusable_temperatures_are_bad_input() {
+    // f32 logits: 1e-45 rounds to the f32 1.4e-45 > 0, but z = 6 / 1.4e-45
+    // overflows f32.
+    let mut t = base();
+    let x32: Vec<f64> = logits();
+    t[0].1 = DumpTensor::floats(Dtype::F32, &[N, V], &x32);
+    let b = bytes(&t, &[("temperature", "1e-45")]);
+    assert!(matches!(
+        report(&b, RowSelection::All),
+        Err(DumpError::ScaledOverflow {
+            dtype: Dtype::F32,
+            ..
+        })
+    ));
+    bad_input("t_1e-45", &b, &["overflows f32", "temperature"]);
+    // In f64 the same temperature is usable.
+    let b = bytes(&base(), &[("temperature", "1e-45")]);
+    assert!(report(&b, RowSelection::All).is_ok());
+    let b = bytes(&t, &[("temperature", "1e-300")]);
+    let text = bad_input("t_1e-300", &b, &["rounds to 0 in f32"]);
+    assert!(!text.contains("> 0"), "{text}");
+}
+
+// ---- 6. Output -----------------------------------------------------------
+
+#[test]
+fn each_message_is_printed_once() {
+    let text = bad_input(
+        "once",
+        &bytes(&base(), &[("temprature", "1")]),
+        &["temprature"],
+    );
+    assert_eq!(text.matches("did you mean").count(), 1, "{text}");
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_with_the_verdicts_status() {
+    let good = write("pipe_good", &bytes(&base(), &[]));
+    let mut t = base();
+    t[2].1.data[..8].copy_from_slice(&(-50.0f64).to_le_bytes());
+    let bad = write("pipe_bad", &bytes(&t, &[]));
+    for (files, want) in [(vec![&good, &good, &good], 0), (vec![&good, &bad], 1)] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_logprobe"))
+            .arg("verify")
+            .args(files.iter().map(|p| p.as_os_str()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader goes away before any output
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(want), "{err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn progress_prints_lines_when_stderr_is_not_a_terminal() {
+    const NB: usize = 8;
+    const VB: usize = 60_000;
+    let x: Vec<f64> = (0..NB * VB)
+        .map(|i| ((i * 37 + 11) % 97) as f64 / 8.0 - 6.0)
+        .collect();
+    let t = vec![
+        ("logits", DumpTensor::floats(Dtype::F32, &[NB, VB], &x)),
+        ("entropy", DumpTensor::floats(Dtype::F32, &[NB], &[4.0; NB])),
+    ];
+    let p = write("progress", &bytes(&t, &[]));
+    let (_, _, err) = run(&["verify", "--progress-every", "0.001", p.to_str().unwrap()]);
+    assert!(
+        err.contains("progress.safetensors: ") && err.contains(" rows, "),
+        "{err}"
+    );
+    let (_, _, err) = run(&["verify", "--no-progress", p.to_str().unwrap()]);
+    assert!(!err.contains(" rows, "), "{err}");
+}
+
+#[test]
+fn a_directory_says_so() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verify_dumps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (code, _, err) = run(&["verify", dir.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is a directory"), "{err}");
+}
+
+#[test]
+fn help_describes_the_binary_and_verify() {
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Exact verification of log-prob"), "{out}");
+    assert!(!out.contains("cargo test gate"), "{out}");
+    let (code, out, _) = run(&["verify", "--help"]);
+    assert_eq!(code, 0);
+    for needle in [
+        "Exit status",
+        "2  bad input",
+        "grad_topk_log_probs",
+        "row_mask",
+        "temperature_dtype",
+        "tightest",
+        "flash",
+        "judged absolutely",
+    ] {
+        assert!(
+            out.contains(needle),
+            "verify --help lacks {needle:?}:\n{out}"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! The statistical threshold beside the sound bound (TOLERANCE.md,
+//! "Statistical threshold", `(S1)`-`(S3)`).
+//!
+//! The sound bound's accumulation terms `gamma_n` (the summation paths
+//! `n_S = h + L + r`, `n_B`, `n_P` of (T3)) cover the worst rounding of
+//! every addition on a path, all with the same sign. Probabilistic
+//! rounding-error analysis (Higham & Mary, "A new approach to probabilistic
+//! rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019, Thm 2.4)
+//! shows that with independent mean-zero errors they grow like
+//! `lambda sqrt(n) u` with a stated probability. Round-to-nearest summation
+//! of near-uniform rows breaks that independence (errors are correlated and
+//! biased), so the constant `c` is calibrated on emulated correct
+//! implementations (`properties/examples/calibrate_statistical.rs`), not
+//! taken from the theorem. Every other term (the `exp` / `ln` errors, the
+//! shift's `|d_t| u`, the division by `T`, the final roundings) stays as in
+//! the sound bound, so the threshold is never below the deterministic part
+//! and never above the sound bound.
+//!
+//! Gradients have no statistical tier (this round).
+
+use logprobe_reference::oracle::RowStats;
+use logprobe_reference::spec::Dtype;
+
+use super::bounds::RowBounds;
+use super::model::{Model, RowContext};
+use super::Bound;
+
+/// The calibrated constant `c` of `c sqrt(n) u` for models with merges
+/// (lanes, trees; TOLERANCE.md `(S3)`: the largest `c` a correct emulated
+/// implementation in such an order needed was 4, taken twice).
+pub const DEFAULT_C: f64 = 8.0;
+
+/// Factor on `c` for a sequential model (one accumulator, `L = 0`): its
+/// correlated rounding errors grow faster than `sqrt(n)` on near-uniform
+/// and wide rows (calibration: `c` up to 24 needed at `V >= 128256`), so
+/// its threshold uses `4 c` (32 by default).
+pub const SEQUENTIAL_FACTOR: f64 = 4.0;
+
+/// The statistical threshold of a [`Model`]: its sound bound with every
+/// accumulation `gamma_n` replaced by `min(gamma_n, c sqrt(n) u)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Statistical {
+    /// The sound model whose accumulation terms are replaced.
+    pub model: Model,
+    /// The constant `c` (dimensionless; [`DEFAULT_C`] calibrated).
+    pub c: f64,
+}
+
+impl Statistical {
+    /// `model`'s statistical threshold with the calibrated [`DEFAULT_C`].
+    pub fn new(model: Model) -> Statistical {
+        Statistical {
+            model,
+            c: DEFAULT_C,
+        }
+    }
+
+    /// The same threshold with another `c` (calibration).
+    pub fn with_c(self, c: f64) -> Statistical {
+        Statistical { c, ..self }
+    }
+
+    /// The thresholds of one row (statistics from the oracle, or any
+    /// enclosure of the exact row quantities).
+    ///
+    /// A model whose summation over this row has no merge level
+    /// (sequential) uses `c * SEQUENTIAL_FACTOR`.
+    pub fn row_bounds<'a>(&self, stats: &'a RowStats, ctx: &RowContext) -> StatisticalBounds<'a> {
+        let n = stats.p.len().max(stats.q.len());
+        let sequential = self.model.algorithm(n).summation.merges == 0 && n > 1;
+        let c = if sequential {
+            self.c * SEQUENTIAL_FACTOR
+        } else {
+            self.c
+        };
+        StatisticalBounds(RowBounds::build(&self.model, stats, ctx, Some(c)))
+    }
+}
+
+/// The statistical thresholds (nats) of one row's forward outputs: as
+/// [`RowBounds::log_prob`], [`RowBounds::entropy`], [`RowBounds::topk`],
+/// each `<=` the sound bound of the same model and `>=` its deterministic
+/// part. [`Bound::None`] exactly where the sound bound is none.
+#[derive(Clone, Debug)]
+pub struct StatisticalBounds<'a>(RowBounds<'a>);
+
+impl StatisticalBounds<'_> {
+    /// Threshold on `|log_prob^ - log_prob|` for a candidate in `out`.
+    pub fn log_prob(&self, out: Dtype) -> Bound {
+        self.0.log_prob(out)
+    }
+    /// Threshold on `|entropy^ - entropy|` for a candidate in `out`.
+    pub fn entropy(&self, out: Dtype) -> Bound {
+        self.0.entropy(out)
+    }
+    /// Threshold on the top-k log-prob of vocabulary id `id`.
+    pub fn topk(&self, id: usize, out: Dtype) -> Bound {
+        self.0.topk(id, out)
+    }
+}
+
+/// One-sided upper confidence bound (Clopper & Pearson, Biometrika 1934)
+/// of a probability from `k` events in `n` independent trials at
+/// confidence `conf` (e.g. 0.95): the `p` with `P(X <= k; n, p) = 1 - conf`,
+/// found by bisection on the binomial CDF (`1 - (1 - conf)^(1/n)` for
+/// `k = 0`). Returns 1 for `n = 0` or `k >= n`.
+pub fn clopper_pearson_upper(k: u64, n: u64, conf: f64) -> f64 {
+    if n == 0 || k >= n {
+        return 1.0;
+    }
+    let alpha = 1.0 - conf;
+    if k == 0 {
+        return 1.0 - alpha.powf(1.0 / n as f64);
+    }
+    let cdf = |p: f64| {
+        // sum_{i<=k} C(n,i) p^i (1-p)^(n-i), terms in log space.
+        let (lp, lq) = (p.ln(), (-p).ln_1p());
+        let mut log_c = 0.0f64;
+        let mut total = 0.0f64;
+        for i in 0..=k {
+            if i > 0 {
+                log_c += ((n - i + 1) as f64).ln() - (i as f64).ln();
+            }
+            total += (log_c + i as f64 * lp + (n - i) as f64 * lq).exp();
+        }
+        total
+    };
+    let (mut lo, mut hi) = (k as f64 / n as f64, 1.0f64);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if cdf(mid) > alpha {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
+}
+
+/// The rate per dump of `rows` rows implied by a per-row rate `p`:
+/// `1 - (1 - p)^rows` (rows independent; an upper bound of `p` gives an
+/// upper bound of the rate).
+pub fn per_dump_rate(p: f64, rows: u64) -> f64 {
+    -((rows as f64) * (-p).ln_1p()).exp_m1()
+}

@@ -1,0 +1,389 @@
+//! VJP enclosures of one row on the f64 tier (module docs of [`super`],
+//! step (F7)): per element
+//!
+//! `dx_j T = A_j sigma_j / S - (C - A_j) E_j / S - h E^w_j (R - a^w_j) / S_w`
+//!
+//! with the exact coefficient sums `A_j = g 1[j=t] + sum_k G_k 1[j=id_k]`,
+//! `C = g + sum_k G_k` (live ids only), `sigma_j = sum_{k != j} E_k` (`s` at
+//! the argmax, `1 + s - E_j >= max(1, s)` elsewhere: no cancellation), the
+//! same regrouping as the MPFR path (`crate::oracle` module `vjp`).
+
+use super::ival::{add_dn, add_up, mul_dn, mul_up, TINY, U};
+use super::pass::C1;
+use super::{decide, FastRow, Mutant};
+
+/// `(1 + kappa)(1 + 2u)` rounded up: `E_j`'s shift widening factor.
+const CE: f64 = 1.0 + 2.0 * super::pass::KAPPA;
+use crate::oracle::row::TopId;
+use crate::oracle::{Exact, Interval};
+use crate::spec::Dtype;
+
+/// One row's upstream cotangents for [`FastRow::vjp`]: `g` (log-prob; 0 on
+/// `ignore_index` rows or without a log-prob cotangent), `h` (entropy),
+/// `G_k` (top-k, `[K]`, in the order of the row's `topk_ids`). Units:
+/// loss per nat.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowCotangents<'c> {
+    /// `g`.
+    pub g: f64,
+    /// `h`.
+    pub h: f64,
+    /// `G_k`, `[K]` (empty without top-k cotangents).
+    pub topk: &'c [f64],
+}
+
+/// A coefficient sum as an enclosure (exact when representable: the sum
+/// is rounded in each direction exactly).
+fn sum_interval(terms: impl Iterator<Item = f64>) -> Interval {
+    let mut acc = Interval::ZERO;
+    for t in terms {
+        acc = acc.add(Interval::point(t));
+    }
+    acc
+}
+
+/// `x * e` for `e >= 0`, `x` of any sign.
+#[inline(always)]
+fn mul_nonneg_rhs(x: Interval, e: Interval) -> Interval {
+    Interval {
+        lo: if x.lo >= 0.0 {
+            mul_dn(x.lo, e.lo)
+        } else {
+            mul_dn(x.lo, e.hi)
+        },
+        hi: if x.hi >= 0.0 {
+            mul_up(x.hi, e.hi)
+        } else {
+            mul_up(x.hi, e.lo)
+        },
+    }
+}
+
+/// The VJP of one row on the f64 tier: row constants, then per-element
+/// enclosures of grad logits `dx_j` (nats per logit unit, real vocabulary
+/// `j < V`). Built by [`FastRow::vjp`].
+#[derive(Debug)]
+pub struct FastVjp<'r, 'a> {
+    row: &'r FastRow<'a>,
+    /// `(j, A_j, C - A_j)` of the target and live top-k ids with a nonzero
+    /// cotangent, sorted by `j`.
+    specials: Vec<(usize, Interval, Interval)>,
+    /// `C / (S T)`.
+    k1: Interval,
+    c_nonzero: bool,
+    /// `h / (S_w T)`.
+    k2: Interval,
+    h: f64,
+    /// `R = B / S_w`.
+    r: Interval,
+    /// `S T`.
+    st: Interval,
+    temperature: f64,
+    /// Whether any element has a term (otherwise all are exactly 0).
+    any_term: bool,
+    /// Constants of the a-priori element bound (F7'), when it applies.
+    pt: Option<PointForm>,
+}
+
+/// Midpoints and radii of the row constants, for the a-priori bound of a
+/// plain element (module docs, (F7')).
+#[derive(Clone, Copy, Debug)]
+struct PointForm {
+    k1: f64,
+    dk1: f64,
+    k2: f64,
+    dk2: f64,
+    rho: f64,
+    dr: f64,
+    /// Absolute slack for subnormal intermediates.
+    abs: f64,
+    /// Whether the exp and the shift are widened (false only for mutants).
+    exp_w: bool,
+    shift_w: bool,
+}
+
+/// `(mid, rad)` of `iv`: `|x - mid| <= rad` for every `x` in `iv`.
+fn mid_rad(iv: Interval) -> (f64, f64) {
+    let mid = iv.lo / 2.0 + iv.hi / 2.0;
+    (mid, add_up(iv.hi, -mid).max(add_up(mid, -iv.lo)))
+}
+
+impl<'r, 'a> FastVjp<'r, 'a> {
+    pub(crate) fn new(row: &'r FastRow<'a>, cot: &RowCotangents<'_>) -> Self {
+        let pr = &row.row;
+        let mut coeffs: Vec<(usize, f64)> = Vec::new();
+        if let (Some(t), true) = (pr.target, cot.g != 0.0) {
+            coeffs.push((t, cot.g));
+        }
+        for (id, &gk) in pr.topk.iter().zip(cot.topk) {
+            if let (TopId::Live(j), true) = (id, gk != 0.0) {
+                coeffs.push((*j, gk));
+            }
+        }
+        let c = sum_interval(coeffs.iter().map(|x| x.1));
+        let mut ids: Vec<usize> = coeffs.iter().map(|x| x.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let specials = ids
+            .into_iter()
+            .map(|j| {
+                let a = sum_interval(coeffs.iter().filter(|x| x.0 == j).map(|x| x.1));
+                let rest = sum_interval(coeffs.iter().filter(|x| x.0 != j).map(|x| x.1));
+                (j, a, rest)
+            })
+            .collect::<Vec<_>>();
+        let t = pr.temperature;
+        let big_s = row.p.bounds.big_s;
+        let st = Interval {
+            lo: mul_dn(big_s.lo, t),
+            hi: mul_up(big_s.hi, t),
+        };
+        let c_nonzero = !(c.lo == 0.0 && c.hi == 0.0);
+        let k1 = c.div_pos(st);
+        let (k2, r) = match row.qfam() {
+            Some(q) if cot.h != 0.0 => {
+                let sw = q.bounds.big_s;
+                let swt = Interval {
+                    lo: mul_dn(sw.lo, t),
+                    hi: mul_up(sw.hi, t),
+                };
+                (
+                    Interval::point(cot.h).div_pos(swt),
+                    q.bounds.b.div_nonneg(sw),
+                )
+            }
+            _ => (Interval::ZERO, Interval::ZERO),
+        };
+        let h = if row.qfam().is_some() { cot.h } else { 0.0 };
+        let any_term = c_nonzero || h != 0.0 || !specials.is_empty();
+        let (k1m, dk1) = mid_rad(k1);
+        let (k2m, dk2) = mid_rad(k2);
+        let (rho, dr) = mid_rad(r);
+        let kmax = 1f64.max(k1m.abs() + dk1).max(k2m.abs() + dk2);
+        let pt =
+            (kmax < 2f64.powi(500) && rho.abs() + dr < 2f64.powi(20) && (h == 0.0 || row.q_is_p))
+                .then_some(PointForm {
+                    k1: k1m,
+                    dk1,
+                    k2: k2m,
+                    dk2,
+                    rho,
+                    dr,
+                    abs: 64.0 * TINY * 2f64.powi(11) * kmax,
+                    exp_w: row.mutant != Some(Mutant::ExpNotWidened),
+                    shift_w: row.mutant != Some(Mutant::ShiftNotWidened),
+                });
+        FastVjp {
+            row,
+            specials,
+            k1,
+            c_nonzero,
+            k2,
+            h,
+            r,
+            st,
+            temperature: t,
+            any_term,
+            pt,
+        }
+    }
+
+    fn special(&self, j: usize) -> Option<&(usize, Interval, Interval)> {
+        self.specials
+            .binary_search_by_key(&j, |s| s.0)
+            .ok()
+            .map(|i| &self.specials[i])
+    }
+
+    /// Enclosure of `dx_j` (`j < V`): `None` when the element has no term
+    /// (it is exactly 0: `p_j = q_j = 0` and not a target or live top-k id,
+    /// or every cotangent is 0). Panics: none (an index past `V` gives
+    /// `None`).
+    pub fn element(&self, j: usize) -> Option<Interval> {
+        if j >= self.row.row.v.len() || !self.any_term {
+            return None;
+        }
+        self.element_at(j, self.special(j))
+    }
+
+    /// (F7') A plain element (not a target or top-k id, a member of `p`,
+    /// and of `q = p` when `h != 0`): `v = -(fl(k1 r) + fl(k2 fl(r fl(rho -
+    /// a^))))` with a first-order bound over midpoints and radii of the row
+    /// constants, inflated for its own roundings.
+    #[inline(always)]
+    fn element_point(pt: &PointForm, a: f64, r: f64, exact: bool, with_q: bool) -> Interval {
+        let dl = if exact || !pt.shift_w {
+            0.0
+        } else {
+            C1 * a + TINY
+        };
+        let e_e = if pt.exp_w {
+            r * (2.0 * U + dl * CE) + 2.0 * TINY
+        } else {
+            r * dl * CE
+        };
+        let y = pt.k1 * r;
+        let ey = U * y.abs() + TINY + pt.k1.abs() * e_e + pt.dk1 * (r + e_e);
+        let (z, ez) = if with_q {
+            let t = pt.rho - a;
+            let et = U * t.abs() + pt.dr + dl;
+            let m = r * t;
+            let em = U * m.abs() + TINY + r * et + (t.abs() + et) * e_e;
+            let z = pt.k2 * m;
+            (
+                z,
+                U * z.abs() + TINY + pt.k2.abs() * em + pt.dk2 * (m.abs() + em),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let v = -(y + z);
+        let err = (U * v.abs() + ey + ez + 4.0 * U * v.abs()) * (1.0 + 64.0 * U) + pt.abs;
+        Interval {
+            lo: v - err,
+            hi: v + err,
+        }
+    }
+
+    #[inline]
+    fn element_with(
+        &self,
+        j: usize,
+        special: Option<&(usize, Interval, Interval)>,
+    ) -> Option<Interval> {
+        let fr = self.row;
+        let pr = &fr.row;
+        let in_p = pr.in_p(j);
+        let in_q = self.h != 0.0 && pr.in_q(j);
+        let mut any = false;
+        let mut dx = Interval::ZERO;
+        if let Some(&(_, a, rest)) = special {
+            any = true;
+            if in_p {
+                let e = fr.exp_p(j);
+                let s = fr.p.bounds.s;
+                let sigma = if j == fr.p.argmax {
+                    s
+                } else {
+                    Interval {
+                        lo: add_dn(add_dn(1.0, s.lo), -e.hi),
+                        hi: add_up(add_up(1.0, s.hi), -e.lo),
+                    }
+                };
+                let y = a.mul(sigma).sub(rest.mul(e));
+                dx = y.div_pos(self.st);
+            } else {
+                dx = a.div_pos(Interval::point(self.temperature));
+            }
+        } else if in_p && self.c_nonzero {
+            any = true;
+            dx = mul_nonneg_rhs(self.k1, fr.exp_p(j)).neg();
+        }
+        if in_q {
+            any = true;
+            let (ew, aw) = fr.exp_a_q(j);
+            let c = self.r.sub(aw);
+            let m = mul_nonneg_rhs(c, ew);
+            let tq = if self.h > 0.0 {
+                mul_nonneg_rhs(m, self.k2)
+            } else {
+                mul_nonneg_rhs(m, self.k2.neg()).neg()
+            };
+            dx = dx.sub(tq);
+        }
+        any.then_some(dx)
+    }
+
+    /// Element `j` decided in `target` ([`decide`]); elements without a
+    /// term are the exact point 0 (decided). `None`: undecided (the MPFR
+    /// path must decide it).
+    pub fn decide(&self, j: usize, target: Dtype) -> Option<Exact> {
+        match self.element(j) {
+            None => Some(Exact::point(0.0)),
+            Some(iv) => decide(iv, target),
+        }
+    }
+
+    /// Every element of the row `[V]`, decided in `target` where the f64
+    /// tier can (`None` where it cannot). One walk over the row.
+    pub fn decide_row(&self, target: Dtype) -> Vec<Option<Exact>> {
+        let mut out = Vec::new();
+        let mut pending = Vec::new();
+        self.decide_into(target, &mut out, &mut pending);
+        let mut res: Vec<Option<Exact>> = out.into_iter().map(Some).collect();
+        for j in pending {
+            res[j] = None;
+        }
+        res
+    }
+
+    /// [`FastVjp::decide_row`] into `out` (`[V]`, cleared first; undecided
+    /// elements hold `Exact::point(0.0)`) and `pending` (the indices of the
+    /// undecided elements, ascending, cleared first).
+    pub fn decide_into(&self, target: Dtype, out: &mut Vec<Exact>, pending: &mut Vec<usize>) {
+        let fr = self.row;
+        let v = fr.row.v.len();
+        out.clear();
+        pending.clear();
+        out.resize(v, Exact::point(0.0));
+        if !self.any_term {
+            return;
+        }
+        let mut next = 0usize;
+        for (j, o) in out.iter_mut().enumerate() {
+            let sp = match self.specials.get(next) {
+                Some(s) if s.0 == j => {
+                    next += 1;
+                    Some(s)
+                }
+                _ => None,
+            };
+            let Some(iv) = self.element_at(j, sp) else {
+                continue;
+            };
+            match decide(iv, target) {
+                Some(e) => *o = e,
+                None => pending.push(j),
+            }
+        }
+    }
+
+    /// The enclosure of element `j`: the a-priori form (F7') for plain
+    /// elements where it applies, interval arithmetic otherwise.
+    #[inline(always)]
+    fn element_at(&self, j: usize, sp: Option<&(usize, Interval, Interval)>) -> Option<Interval> {
+        let fr = self.row;
+        match (sp, &self.pt, &fr.p.cache) {
+            (None, Some(pt), Some(c)) => {
+                // q's members are p's (or h = 0): no term outside p.
+                let with_q = self.h != 0.0;
+                if !fr.row.in_p(j) || (!self.c_nonzero && !with_q) {
+                    return None;
+                }
+                Some(Self::element_point(pt, c.a[j], c.r[j], c.exact[j], with_q))
+            }
+            _ => self.element_with(j, sp),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mul_by_a_nonnegative_interval_encloses() {
+        let e = Interval { lo: 0.5, hi: 2.0 };
+        for x in [
+            Interval { lo: -3.0, hi: -1.0 },
+            Interval { lo: -1.0, hi: 4.0 },
+            Interval { lo: 1.0, hi: 4.0 },
+        ] {
+            let m = mul_nonneg_rhs(x, e);
+            let prods = [x.lo * e.lo, x.lo * e.hi, x.hi * e.lo, x.hi * e.hi];
+            let lo = prods.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = prods.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            assert!(m.lo <= lo && m.hi >= hi && m.lo > lo - 1e-12 && m.hi < hi + 1e-12);
+        }
+    }
+}
