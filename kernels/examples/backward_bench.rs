@@ -15,8 +15,7 @@ use std::time::Instant;
 use half::bf16;
 use ndarray::{Array1, Array2};
 
-use logprobe_kernels::vjp::{backward_into, GradElement, Staging};
-use logprobe_kernels::{Fused, Kernel};
+use logprobe_kernels::{CpuKernel, GradElement, Kernel};
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 
 fn logits(n: usize, v: usize) -> Array2<f32> {
@@ -43,7 +42,9 @@ fn run<G: GradElement>(p: &Problem<'_>, cot: &Cotangents<'_>, reps: usize) -> f6
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) + 1 {
         let t = Instant::now();
-        backward_into(p, cot, Staging::Fused, &[], grad.view_mut()).expect("valid problem");
+        CpuKernel::fused()
+            .backward_into(p, cot, grad.view_mut())
+            .expect("valid problem");
         best = best.min(t.elapsed().as_secs_f64());
     }
     std::hint::black_box(&grad);
@@ -85,7 +86,11 @@ fn main() {
     let mut fwd = f64::INFINITY;
     for _ in 0..reps.max(1) + 1 {
         let t = Instant::now();
-        std::hint::black_box(Fused.forward(&p, Dtype::F32).expect("valid problem"));
+        std::hint::black_box(
+            CpuKernel::fused()
+                .forward(&p, Dtype::F32)
+                .expect("valid problem"),
+        );
         fwd = fwd.min(t.elapsed().as_secs_f64());
     }
     let per = |s: f64| s * 1e9 / (n * v) as f64;

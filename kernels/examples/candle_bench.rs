@@ -29,7 +29,7 @@ use ndarray::{Array1, Array2};
 use logprobe_kernels::candle::{
     candle_log_softmax, log_probs_and_entropy, CandleComposed, LogProbOp,
 };
-use logprobe_kernels::fused::Fused;
+use logprobe_kernels::CpuKernel;
 use logprobe_kernels::Kernel;
 use logprobe_reference::spec::{Dtype, EntropyLogits, Logits, Options, Problem};
 
@@ -119,7 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
 
         let fused = time(reps, || {
-            Fused
+            CpuKernel::fused()
                 .forward(&problem(lp_only), Dtype::F32)
                 .expect("fused forward");
         });
@@ -149,7 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (
                 "fused (+ entropy)",
                 time(reps, || {
-                    Fused
+                    CpuKernel::fused()
                         .forward(&problem(with_entropy), Dtype::F32)
                         .expect("fused");
                 }),
@@ -157,7 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (
                 "LogProbOp (fused, + entropy)",
                 time(reps, || {
-                    let op = LogProbOp::new(Arc::new(Fused), with_entropy);
+                    let op = LogProbOp::new(Arc::new(CpuKernel::fused()), with_entropy);
                     std::hint::black_box(log_probs_and_entropy(&t, &tok, &op).expect("op"));
                 }),
             ),

@@ -30,24 +30,16 @@ use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use rayon::prelude::*;
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, Shape, SpecError,
+    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, ProblemMut, Shape, SpecError,
 };
 
+use crate::cpu::Staging;
 use crate::grad_block::{grad_block, BlockConsts, BlockOut, EntropyTerm};
-use crate::row::{path, shift, Acc, Input, Path, Source, TypedRow, BLOCK};
+use crate::gradient::GradElement;
+use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
 use crate::stats::{
     ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
 };
-
-/// How the write pass is staged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Staging {
-    /// Rows read straight from the logits; no `[*, V]` buffer.
-    Fused,
-    /// Rows in chunks of `chunk_size`: a widened `[chunk, V]` buffer and an
-    /// accumulation-dtype `[chunk, V]` gradient buffer, then rounded out.
-    Chunked(usize),
-}
 
 /// The cotangents of one row, in the accumulation dtype.
 #[derive(Clone, Debug)]
@@ -161,94 +153,6 @@ fn prefetch_next<A: Acc, S: Source<A> + ?Sized>(
 ) {
     if next + k < end {
         src.prefetch(next + k, len.min(end - next - k));
-    }
-}
-
-/// A gradient element type: f64, f32, bf16 or f16.
-pub trait GradElement: Input {
-    /// An f32 value rounded once to nearest (ties to even) in this type.
-    fn from_f32(x: f32) -> Self;
-    /// [`GradElement::from_f32`] of each of `src` into `dst` (same length).
-    #[inline]
-    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
-        for (d, &x) in dst.iter_mut().zip(src) {
-            *d = Self::from_f32(x);
-        }
-    }
-}
-
-impl GradElement for f64 {
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x as f64
-    }
-}
-
-impl GradElement for f32 {
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-}
-
-impl GradElement for half::bf16 {
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        half::bf16::from_f32(x)
-    }
-    #[inline]
-    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
-        narrow_bf16(src, dst)
-    }
-}
-
-/// `half::bf16::from_f32` bit for bit, as selects (so loops over it
-/// vectorise): round to nearest, ties to even, on the top 16 bits;
-/// overflow rounds to infinity; a NaN keeps its top bits and is made quiet.
-#[inline(always)]
-fn bf16_bits(x: u32) -> u16 {
-    let nan = (x & 0x7FFF_FFFF) > 0x7F80_0000;
-    let up = (x & 0x8000) != 0 && (x & 0x17FFF) != 0;
-    let r = (x >> 16) + up as u32;
-    (if nan { (x >> 16) | 0x40 } else { r }) as u16
-}
-
-#[inline(always)]
-fn narrow_bf16_body(src: &[f32], dst: &mut [half::bf16]) {
-    for (d, &x) in dst.iter_mut().zip(src) {
-        *d = half::bf16::from_bits(bf16_bits(x.to_bits()));
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,avx")]
-unsafe fn narrow_bf16_avx512(src: &[f32], dst: &mut [half::bf16]) {
-    narrow_bf16_body(src, dst)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx")]
-unsafe fn narrow_bf16_avx2(src: &[f32], dst: &mut [half::bf16]) {
-    narrow_bf16_body(src, dst)
-}
-
-/// f32 values rounded to bf16 ([`bf16_bits`]), vectorised for this CPU.
-fn narrow_bf16(src: &[f32], dst: &mut [half::bf16]) {
-    match path() {
-        // SAFETY: the features were detected at run time by `path()`.
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { narrow_bf16_avx512(src, dst) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { narrow_bf16_avx2(src, dst) },
-        _ => narrow_bf16_body(src, dst),
-    }
-}
-
-impl GradElement for half::f16 {
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        half::f16::from_f32(x)
     }
 }
 
@@ -653,20 +557,6 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     }
 }
 
-/// Resolves the call: shapes, cotangents, chunk size.
-fn prepare(
-    problem: &Problem<'_>,
-    cot: &Cotangents<'_>,
-    staging: Staging,
-) -> Result<Shape, SpecError> {
-    if staging == Staging::Chunked(0) {
-        return Err(SpecError::ZeroChunkSize);
-    }
-    let shape = problem.validate_shapes()?;
-    problem.validate_cotangents(&shape, cot)?;
-    Ok(shape)
-}
-
 fn params<A: Acc>(
     problem: &Problem<'_>,
     shape: &Shape,
@@ -753,7 +643,7 @@ fn backward_rows<T: Input, K: GradSink<T::Acc>>(
                 .collect();
             res.into_iter().collect()
         }
-        Staging::Chunked(cs) => {
+        Staging::Chunked { chunk_size: cs } => {
             let v = p.v;
             let c = cs.min(n);
             let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];
@@ -843,42 +733,43 @@ fn chunked_grad_chunk<T: Input>(
     res.into_iter().collect()
 }
 
-/// Grad logits `[N, V_total]` rounded to `out` (the module's formula).
-/// `widths`: vocabulary shard widths whose statistics are reduced per shard
-/// and merged in shard order (empty: one row-wide reduction); callers check
-/// that they sum to `V_total`.
+/// Grad logits `[N, V_total]` rounded to `out` (the module's formula),
+/// stored as f64, for a `problem` whose shapes gave `shape` and whose
+/// cotangents the caller validated. `widths`: vocabulary shard widths
+/// whose statistics are reduced per shard and merged in shard order
+/// (empty: one row-wide reduction); callers check that they sum to
+/// `V_total`, and that a chunk size is at least 1.
 ///
 /// # Errors
-/// [`SpecError::ZeroChunkSize`], the spec's validation errors (first bad
-/// row in row order), the cotangent errors of [`Problem::validate_cotangents`].
-pub fn backward(
+/// The spec's row errors (first bad row in row order).
+pub(crate) fn backward(
     problem: &Problem<'_>,
+    shape: &Shape,
     cot: &Cotangents<'_>,
     out: Dtype,
     staging: Staging,
     widths: &[usize],
 ) -> Result<Array2<f64>, SpecError> {
-    let shape = prepare(problem, cot, staging)?;
-    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, &shape, lv, cot, out, staging, widths))
+    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, shape, lv, cot, out, staging, widths))
 }
 
 /// Grad logits `[N, V_total]` (the module's formula) written into `grad`,
 /// each value rounded once to nearest in `G` (f64, f32, bf16 or f16);
-/// padded columns get `+0`. `staging` and `widths` as in [`backward`].
-/// Every entry of `grad` is written; on error its contents are
-/// unspecified.
+/// padded columns get `+0`. `shape`, `staging` and `widths` as in
+/// [`backward`]. Every entry of `grad` is written; on error its contents
+/// are unspecified.
 ///
 /// # Errors
 /// [`SpecError::ShapeMismatch`] (tensor `grad_logits`) when `grad` is not
 /// `[N, V_total]`; otherwise as [`backward`].
-pub fn backward_into<G: GradElement>(
+pub(crate) fn backward_into<G: GradElement>(
     problem: &Problem<'_>,
+    shape: &Shape,
     cot: &Cotangents<'_>,
     staging: Staging,
     widths: &[usize],
     mut grad: ArrayViewMut2<'_, G>,
 ) -> Result<(), SpecError> {
-    let shape = prepare(problem, cot, staging)?;
     if grad.dim() != (shape.n, shape.v_total) {
         return Err(SpecError::ShapeMismatch {
             tensor: "grad_logits",
@@ -889,7 +780,7 @@ pub fn backward_into<G: GradElement>(
     let sink = Typed::<G>(std::marker::PhantomData);
     macro_rules! go {
         ($lv:expr, $gs:expr) => {
-            logprobe_reference::with_logits!(problem.logits, lv => backward_rows(problem, &shape, lv, cot, &sink, staging, widths, $gs))
+            logprobe_reference::with_logits!(problem.logits, lv => backward_rows(problem, shape, lv, cot, &sink, staging, widths, $gs))
         };
     }
     match grad.as_slice_mut() {
@@ -903,23 +794,26 @@ pub fn backward_into<G: GradElement>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-/// Grad logits written over `logits`, rounded to the logits' dtype. Every
-/// row is validated (stats pass over all rows) before anything is written:
-/// on error the logits are unchanged.
+/// Grad logits written over `problem.logits`, rounded to the logits'
+/// dtype. Shapes and cotangents are validated here, then every row (a
+/// stats pass over all rows) before anything is written: on error the
+/// logits are unchanged. `staging` and `widths` as in [`backward`].
 ///
 /// # Errors
-/// As [`backward`].
-pub fn backward_in_place(
-    logits: LogitsMut<'_>,
-    tokens: Option<ArrayView1<'_, i64>>,
-    sampling_mask: Option<ArrayView2<'_, bool>>,
-    topk_ids: Option<ArrayView2<'_, i64>>,
-    options: &Options,
+/// The spec's validation errors (shapes, cotangents, first bad row).
+pub(crate) fn backward_in_place(
+    problem: ProblemMut<'_>,
     cot: &Cotangents<'_>,
     staging: Staging,
     widths: &[usize],
 ) -> Result<(), SpecError> {
+    let ProblemMut {
+        logits,
+        tokens,
+        sampling_mask,
+        topk_ids,
+        options,
+    } = problem;
     macro_rules! go {
         ($lv:expr, $wrap:path) => {{
             let mut lv = $lv;
@@ -929,12 +823,13 @@ pub fn backward_in_place(
                     tokens,
                     sampling_mask,
                     topk_ids,
-                    options: *options,
+                    options,
                 };
-                let shape = prepare(&problem, cot, staging)?;
+                let shape = problem.validate_shapes()?;
+                problem.validate_cotangents(&shape, cot)?;
                 plan_in_place(&problem, &shape, lv.view(), cot, widths)?
             };
-            apply_in_place(&mut lv, sampling_mask, options, write, staging);
+            apply_in_place(&mut lv, sampling_mask, &options, write, staging);
             Ok(())
         }};
     }
@@ -1004,7 +899,7 @@ fn apply_in_place<T: GradElement>(
                 );
             });
         }
-        Staging::Chunked(cs) => {
+        Staging::Chunked { chunk_size: cs } => {
             let v = p.v;
             let c = cs.min(plan.shape.n);
             let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];
@@ -1052,57 +947,6 @@ fn apply_in_place<T: GradElement>(
                         }
                     });
                 r0 += rows;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The vectorised bf16 rounding is `half::bf16::from_f32` bit for bit:
-    /// a sweep over every 257th f32 bit pattern (both signs, subnormals,
-    /// infinities, NaNs, ties), on every CPU path this machine has.
-    #[test]
-    fn narrow_bf16_is_half_from_f32() {
-        let mut xs: Vec<f32> = (0..=u32::MAX / 257)
-            .map(|i| f32::from_bits(i.wrapping_mul(257)))
-            .collect();
-        xs.extend([
-            f32::MAX,
-            f32::MIN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -0.0,
-            f32::from_bits(0x3f80_8000), // a tie, rounds to even (down)
-            f32::from_bits(0x3f81_8000), // a tie, rounds to even (up)
-            f32::from_bits(0x7f7f_8000), // rounds up to infinity
-        ]);
-        let want: Vec<u16> = xs
-            .iter()
-            .map(|&x| half::bf16::from_f32(x).to_bits())
-            .collect();
-        let check = |f: &dyn Fn(&[f32], &mut [half::bf16]), what: &str| {
-            let mut got = vec![half::bf16::ZERO; xs.len()];
-            f(&xs, &mut got);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g.to_bits(), *w, "{what}: {:#010x}", xs[i].to_bits());
-            }
-        };
-        check(&narrow_bf16_body, "baseline");
-        check(&narrow_bf16, "dispatched");
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: feature detected above.
-                check(&|s, d| unsafe { narrow_bf16_avx2(s, d) }, "avx2");
-            }
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
-            {
-                // SAFETY: feature detected above.
-                check(&|s, d| unsafe { narrow_bf16_avx512(s, d) }, "avx512");
             }
         }
     }

@@ -15,7 +15,7 @@
 use half::{bf16, f16};
 use ndarray::{array, Array1, Array2};
 
-use logprobe_kernels::{Chunked, Fused, Kernel, KernelError, VocabParallel};
+use logprobe_kernels::{CpuKernel, Kernel, KernelError};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
     Cotangents, Dtype, Element, EntropyLogits, Logits, LogitsMut, Problem, SpecError,
@@ -26,10 +26,10 @@ const TOL_U: f64 = 4.0;
 
 fn kernels() -> Vec<Box<dyn Kernel>> {
     vec![
-        Box::new(Fused),
-        Box::new(Chunked::new(1)),
-        Box::new(Chunked::new(3)),
-        Box::new(Chunked::new(64)),
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(1)),
+        Box::new(CpuKernel::chunked(3)),
+        Box::new(CpuKernel::chunked(64)),
     ]
 }
 
@@ -334,10 +334,10 @@ fn chunk_size_is_bit_invariant() {
         if masked {
             p.sampling_mask = Some(mask.view());
         }
-        let reference = Fused.forward(&p, Dtype::F32).unwrap();
-        let gref = Fused.backward(&p, &cot, Dtype::F32).unwrap();
+        let reference = CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
+        let gref = CpuKernel::fused().backward(&p, &cot, Dtype::F32).unwrap();
         for cs in [1, 2, 5, 7, 13, 100] {
-            let k = Chunked::new(cs);
+            let k = CpuKernel::chunked(cs);
             assert_eq!(
                 k.forward(&p, Dtype::F32).unwrap(),
                 reference,
@@ -357,7 +357,8 @@ fn chunk_size_is_bit_invariant() {
             .build()
             .unwrap();
         assert_eq!(
-            pool.install(|| Fused.forward(&p, Dtype::F32)).unwrap(),
+            pool.install(|| CpuKernel::fused().forward(&p, Dtype::F32))
+                .unwrap(),
             reference
         );
     }
@@ -460,11 +461,13 @@ fn in_place_backward_equals_out_of_place() {
             let want = k.backward(&p, &cot, Dtype::F32).unwrap();
             let mut y = x.clone();
             k.backward_in_place(
-                LogitsMut::F32(y.view_mut()),
-                p.tokens,
-                None,
-                p.topk_ids,
-                &p.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: LogitsMut::F32(y.view_mut()),
+                    tokens: p.tokens,
+                    sampling_mask: None,
+                    topk_ids: p.topk_ids,
+                    options: p.options,
+                },
                 &cot,
             )
             .unwrap();
@@ -481,11 +484,13 @@ fn in_place_backward_equals_out_of_place() {
             let want = k.backward(&p, &cot, Dtype::Bf16).unwrap();
             let mut yb = xb.clone();
             k.backward_in_place(
-                LogitsMut::Bf16(yb.view_mut()),
-                p.tokens,
-                None,
-                p.topk_ids,
-                &p.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: LogitsMut::Bf16(yb.view_mut()),
+                    tokens: p.tokens,
+                    sampling_mask: None,
+                    topk_ids: p.topk_ids,
+                    options: p.options,
+                },
                 &cot,
             )
             .unwrap();
@@ -528,11 +533,13 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
         let mut y = x.clone();
         let err = k
             .backward_in_place(
-                LogitsMut::F32(y.view_mut()),
-                p.tokens,
-                None,
-                None,
-                &p.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: LogitsMut::F32(y.view_mut()),
+                    tokens: p.tokens,
+                    sampling_mask: None,
+                    topk_ids: None,
+                    options: p.options,
+                },
                 &cot,
             )
             .unwrap_err();
@@ -556,7 +563,7 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
     let oor = array![3i64, 6, 0, 2, 2];
     p.tokens = Some(oor.view());
     assert!(matches!(
-        Fused.forward(&p, Dtype::F32),
+        CpuKernel::fused().forward(&p, Dtype::F32),
         Err(KernelError::Spec(SpecError::TokenOutOfRange { row: 1, .. }))
     ));
     p.tokens = None;
@@ -570,12 +577,12 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
     }
     p.sampling_mask = None;
     assert_eq!(
-        Chunked::new(0).forward(&p, Dtype::F32).unwrap_err(),
+        CpuKernel::chunked(0).forward(&p, Dtype::F32).unwrap_err(),
         KernelError::Spec(SpecError::ZeroChunkSize)
     );
     p.options.temperature = -1.0;
     assert!(matches!(
-        Fused.forward(&p, Dtype::F32),
+        CpuKernel::fused().forward(&p, Dtype::F32),
         Err(KernelError::Spec(SpecError::BadTemperature { .. }))
     ));
     // Input-dtype temperature overflowing f16 is the oracle's NonFiniteLogit.
@@ -639,10 +646,10 @@ fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
         grad_topk_log_probs: Some(gk.view()),
     };
     let layouts: Vec<Box<dyn Kernel>> = vec![
-        Box::new(VocabParallel::new(vec![6])),
-        Box::new(VocabParallel::new(vec![2, 1, 0, 3])),
-        Box::new(VocabParallel::new(vec![1, 1, 1, 1, 1, 1])),
-        Box::new(VocabParallel::new(vec![0, 5, 1, 0])),
+        Box::new(CpuKernel::vocab_parallel(vec![6])),
+        Box::new(CpuKernel::vocab_parallel(vec![2, 1, 0, 3])),
+        Box::new(CpuKernel::vocab_parallel(vec![1, 1, 1, 1, 1, 1])),
+        Box::new(CpuKernel::vocab_parallel(vec![0, 5, 1, 0])),
     ];
     for masked in [false, true] {
         let mut p = Problem::new(Logits::F32(xf.view()));
@@ -671,15 +678,15 @@ fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
     p.topk_ids = Some(ids_p.view());
     p.options.vocab_size = Some(5);
     let padded: Vec<Box<dyn Kernel>> = vec![
-        Box::new(VocabParallel::new(vec![3, 3, 2])),
-        Box::new(VocabParallel::new(vec![4, 1, 3, 0])),
-        Box::new(Fused),
-        Box::new(Chunked::new(2)),
+        Box::new(CpuKernel::vocab_parallel(vec![3, 3, 2])),
+        Box::new(CpuKernel::vocab_parallel(vec![4, 1, 3, 0])),
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(2)),
     ];
     check_forward_with(&p, Dtype::F32, &padded);
     check_backward_with(&p, &cot, Dtype::F32, &padded);
     // Widths that do not cover the columns are a shape error.
-    let bad = VocabParallel::new(vec![3, 3]);
+    let bad = CpuKernel::vocab_parallel(vec![3, 3]);
     assert!(matches!(
         bad.forward(&p, Dtype::F32),
         Err(KernelError::Spec(SpecError::ShapeMismatch { .. }))
@@ -694,7 +701,9 @@ fn vocab_parallel_long_rows_match_oracle() {
     let tokens = array![8999i64, 0];
     let mut p = Problem::new(Logits::F32(x.view()));
     p.tokens = Some(tokens.view());
-    let k: Vec<Box<dyn Kernel>> = vec![Box::new(VocabParallel::new(vec![4500, 0, 2047, 2453]))];
+    let k: Vec<Box<dyn Kernel>> = vec![Box::new(CpuKernel::vocab_parallel(vec![
+        4500, 0, 2047, 2453,
+    ]))];
     check_forward_with(&p, Dtype::F32, &k);
 }
 
@@ -721,7 +730,7 @@ fn declared_algorithm_counts_the_block_tree() {
         (152064, 128, 11, 7),
         (256000, 128, 11, 7),
     ] {
-        for kernel in [&Fused as &dyn Kernel, &Chunked::new(3)] {
+        for kernel in [&CpuKernel::fused() as &dyn Kernel, &CpuKernel::chunked(3)] {
             let a = kernel.algorithm(&shape(v, Dtype::Bf16));
             assert_eq!(a.accumulation, Dtype::F32, "{} V={v}", kernel.name());
             assert_eq!(a.summation.leaf, leaf, "{} V={v}", kernel.name());
@@ -730,7 +739,9 @@ fn declared_algorithm_counts_the_block_tree() {
         }
     }
     assert_eq!(
-        Fused.algorithm(&shape(10, Dtype::F64)).accumulation,
+        CpuKernel::fused()
+            .algorithm(&shape(10, Dtype::F64))
+            .accumulation,
         Dtype::F64
     );
 }

@@ -46,8 +46,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use logprobe_kernels::candle::candle_log_softmax;
-use logprobe_kernels::vjp::{self, GradElement, Staging};
-use logprobe_kernels::{cpu_path, Chunked, Fused, Kernel, VocabParallel};
+use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 
@@ -386,8 +385,9 @@ fn backward_into<G: GradElement>(
 ) -> Result<Timing, BenchError> {
     let (n, v) = p.logits.dim();
     let mut grad = Array2::from_elem((n, v), G::from_f32(0.0));
-    let run = |g: &mut Array2<G>| vjp::backward_into(p, cot, Staging::Fused, &[], g.view_mut());
-    run(&mut grad).map_err(|e| kernel_err(&Fused, e))?;
+    let fused = CpuKernel::fused();
+    let run = |g: &mut Array2<G>| fused.backward_into(p, cot, g.view_mut());
+    run(&mut grad).map_err(|e| kernel_err(&fused, e))?;
     Ok(time(reps, || {
         std::hint::black_box(run(&mut grad).ok());
     }))
@@ -580,8 +580,8 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         entropy: None,
         ..Options::default()
     };
-    let chunked = Chunked::new(config.chunk_size);
-    let vp = VocabParallel::new(uneven_shards(v, config.shards));
+    let chunked = CpuKernel::chunked(config.chunk_size);
+    let vp = CpuKernel::vocab_parallel(uneven_shards(v, config.shards));
     let entries = (n * v) as f64;
 
     let mut paths = Vec::new();
@@ -622,8 +622,8 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
                 std::hint::black_box(k.forward(p, Dtype::F32).ok());
             }))
         };
-        let t_fused = fwd(&Fused, &p_ent)?;
-        let t_fused_lp = fwd(&Fused, &p_lp)?;
+        let t_fused = fwd(&CpuKernel::fused(), &p_ent)?;
+        let t_fused_lp = fwd(&CpuKernel::fused(), &p_lp)?;
         timed.push((
             "fused forward (log_prob + entropy)".into(),
             t_fused,
@@ -669,13 +669,13 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
             threads,
             2 * bytes,
         ));
-        Fused
+        CpuKernel::fused()
             .backward(&p_ent, &cot, Dtype::F32)
-            .map_err(|e| kernel_err(&Fused, e))?;
+            .map_err(|e| kernel_err(&CpuKernel::fused(), e))?;
         timed_rw.push((
             "fused backward (f64 [N, V] out, fresh)".into(),
             time(config.reps, || {
-                std::hint::black_box(Fused.backward(&p_ent, &cot, Dtype::F32).ok());
+                std::hint::black_box(CpuKernel::fused().backward(&p_ent, &cot, Dtype::F32).ok());
             }),
             threads,
             bytes + n * v * 8,
@@ -750,9 +750,11 @@ fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchError> {
                 threads: th,
             });
         }
-        let shape = p_ent.validate_shapes().map_err(|e| kernel_err(&Fused, e))?;
+        let shape = p_ent
+            .validate_shapes()
+            .map_err(|e| kernel_err(&CpuKernel::fused(), e))?;
         for (k, chunk) in [
-            (&Fused as &dyn Kernel, None),
+            (&CpuKernel::fused() as &dyn Kernel, None),
             (&chunked as &dyn Kernel, Some(config.chunk_size)),
         ] {
             let peak = if memory_counted {

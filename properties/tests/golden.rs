@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use ndarray::{Array1, Array2};
 
-use logprobe_kernels::{Chunked, Fused, Kernel};
+use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Problem};
 use logprobe_verify::dump::Dump;
@@ -131,7 +131,10 @@ fn snapshot(name: &str, bytes: &[u8]) -> String {
     if dtype != Dtype::F32 && dtype != Dtype::F64 {
         outs.push(dtype);
     }
-    let kernels: Vec<Box<dyn Kernel>> = vec![Box::new(Fused), Box::new(Chunked::new(3))];
+    let kernels: Vec<Box<dyn Kernel>> = vec![
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(3)),
+    ];
     for &out in &outs {
         let exf = oracle.forward(&p, out).expect("oracle");
         let exg = oracle.vjp(&p, &cot, out).expect("oracle vjp");

@@ -4,7 +4,7 @@
 //! so nothing else allocates while a call is measured.
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused};
+use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
 use logprobe_testkit::mutants::{Mutant, MutantKind};
@@ -32,12 +32,12 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         .expand(&data);
         let (p, c) = (data.problem(), cot.view());
         // Warm up rayon's pool and lazily initialised state outside the measurement.
-        Fused.forward(&p, Dtype::F32).unwrap();
+        CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
         let kernels: Vec<(Box<dyn Kernel>, Option<usize>)> = vec![
-            (Box::new(Fused), None),
-            (Box::new(Chunked::new(1)), Some(1)),
-            (Box::new(Chunked::new(4)), Some(4)),
-            (Box::new(Chunked::new(7)), Some(7)),
+            (Box::new(CpuKernel::fused()), None),
+            (Box::new(CpuKernel::chunked(1)), Some(1)),
+            (Box::new(CpuKernel::chunked(4)), Some(4)),
+            (Box::new(CpuKernel::chunked(7)), Some(7)),
         ];
         for (k, chunk) in &kernels {
             let (f, b) = check_memory(k.as_ref(), &p, Some(&c), Dtype::F32, *chunk)
@@ -63,8 +63,8 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
     }
     .expand(&data);
     for (k, chunk) in [
-        (Box::new(Fused) as Box<dyn Kernel>, None),
-        (Box::new(Chunked::new(8)), Some(8)),
+        (Box::new(CpuKernel::fused()) as Box<dyn Kernel>, None),
+        (Box::new(CpuKernel::chunked(8)), Some(8)),
     ] {
         let (f, b) = check_memory(
             k.as_ref(),

@@ -7,7 +7,7 @@
 
 use logprobe_kernels::candle::CandleComposed;
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused, VocabParallel};
+use logprobe_kernels::CpuKernel;
 use logprobe_testkit::mutants::{Mutant, MutantKind};
 use thiserror::Error;
 
@@ -112,14 +112,16 @@ pub fn parse_target(name: &str) -> Result<Target, TargetError> {
         twin: None,
     };
     Ok(match name {
-        "fused" => t(Make::Fixed(|| Box::new(Fused)), true, true),
+        "fused" => t(Make::Fixed(|| Box::new(CpuKernel::fused())), true, true),
         "chunked" => t(
-            Make::Chunked(Box::new(|c| Box::new(Chunked::new(c)))),
+            Make::Chunked(Box::new(|c| Box::new(CpuKernel::chunked(c)))),
             true,
             true,
         ),
         "vocab-parallel" => t(
-            Make::Sharded(Box::new(|w| Box::new(VocabParallel::new(w.to_vec())))),
+            Make::Sharded(Box::new(|w| {
+                Box::new(CpuKernel::vocab_parallel(w.to_vec()))
+            })),
             false,
             false,
         ),

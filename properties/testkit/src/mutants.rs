@@ -14,7 +14,7 @@
 //! | [`MutantKind::Bf16Accumulation`] | fused | bf16 / f16 logits: every sum accumulated in the input dtype |
 //! | [`MutantKind::DroppedChunkRemainder`] | chunked | rows past the last full chunk are left 0 |
 //! | [`MutantKind::IgnoredChunkSize`] | chunked | always one chunk of all `N` rows (same values, `N x V` memory) |
-//! | [`MutantKind::TpVocabOffset`] | [`VocabParallel`] (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
+//! | [`MutantKind::TpVocabOffset`] | [`CpuKernel::vocab_parallel`] (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
 //! | [`MutantKind::PaddedVocabNotTruncated`] | fused | `vocab_size < V_total`: the padding is treated as vocabulary |
 //! | [`MutantKind::TemperatureIgnored`] | fused | `T != 1` |
 //! | [`MutantKind::TemperatureTwice`] | fused | `T != 1`: logits divided by `T` twice |
@@ -30,10 +30,10 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use logprobe_kernels::kernel::{
     Algorithm, Capabilities, EntropyForm, ForwardOutput, Kernel, KernelError,
 };
-use logprobe_kernels::{Chunked, Fused, VocabParallel};
+use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, SpecError,
-    TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
+    SpecError, TemperatureDtype,
 };
 
 use crate::strategies::{even_shards, OwnedLogits};
@@ -134,12 +134,12 @@ pub struct Mutant {
 impl Mutant {
     /// The mutant of `kind` around this workspace's kernel for it (chunked
     /// ones with `chunk_size` rows per chunk; the TP one around
-    /// [`VocabParallel`] over two even shards of each call's `V_total`).
+    /// [`CpuKernel::vocab_parallel`] over two even shards of each call's `V_total`).
     pub fn new(kind: MutantKind, chunk_size: usize) -> Mutant {
         let inner: Box<dyn Kernel> = match kind {
-            k if k.is_chunked() => Box::new(Chunked::new(chunk_size)),
-            MutantKind::TpVocabOffset => Box::new(VocabParallel::new(Vec::new())),
-            _ => Box::new(Fused),
+            k if k.is_chunked() => Box::new(CpuKernel::chunked(chunk_size)),
+            MutantKind::TpVocabOffset => Box::new(CpuKernel::vocab_parallel(Vec::new())),
+            _ => Box::new(CpuKernel::fused()),
         };
         Mutant {
             kind,
@@ -149,7 +149,7 @@ impl Mutant {
         }
     }
 
-    /// The TP-vocab-offset mutant around [`VocabParallel`] over shards of
+    /// The TP-vocab-offset mutant around [`CpuKernel::vocab_parallel`] over shards of
     /// these widths (summing to `V_total`, else the kernel's
     /// [`SpecError::ShapeMismatch`]): bit for bit the correct kernel except
     /// on rows whose target lies in a shard starting past column 0.
@@ -162,8 +162,8 @@ impl Mutant {
 
     /// The correct vocab-parallel kernel the TP mutant wraps, for `v_total`
     /// columns.
-    fn tp_kernel(&self, v_total: usize) -> VocabParallel {
-        VocabParallel::new(
+    fn tp_kernel(&self, v_total: usize) -> CpuKernel {
+        CpuKernel::vocab_parallel(
             self.shards
                 .clone()
                 .unwrap_or_else(|| even_shards(v_total, 2)),
@@ -622,7 +622,7 @@ impl Kernel for Mutant {
                 let shape = problem.validate_shapes()?;
                 let vp = self.tp_kernel(shape.v_total);
                 let mut fo = vp.forward(problem, out)?;
-                let trig = tp_triggers(problem, &vp.shard_widths);
+                let trig = tp_triggers(problem, vp.shard_widths());
                 let (Some(tokens), false) = (problem.tokens, trig.is_empty()) else {
                     return Ok(fo);
                 };
@@ -661,7 +661,7 @@ impl Kernel for Mutant {
                     return Err(SpecError::ZeroChunkSize.into());
                 }
                 let n = problem.logits.dim().0;
-                Chunked::new(n.max(1)).forward(problem, out)
+                CpuKernel::chunked(n.max(1)).forward(problem, out)
             }
             MutantKind::ChunkDependentOrder => {
                 let mut fo = self.inner.forward(problem, out)?;
@@ -710,7 +710,7 @@ impl Kernel for Mutant {
                 let (Some(g), Some(tokens)) = (cotangents.grad_log_probs, problem.tokens) else {
                     return Ok(grad);
                 };
-                let trig: Vec<_> = tp_triggers(problem, &vp.shard_widths)
+                let trig: Vec<_> = tp_triggers(problem, vp.shard_widths())
                     .into_iter()
                     .filter(|&(row, _, _)| g[row] != 0.0)
                     .collect();
@@ -750,7 +750,7 @@ impl Kernel for Mutant {
                     return Err(SpecError::ZeroChunkSize.into());
                 }
                 let n = problem.logits.dim().0;
-                Chunked::new(n.max(1)).backward(problem, cotangents, out)
+                CpuKernel::chunked(n.max(1)).backward(problem, cotangents, out)
             }
             MutantKind::GradOutput0Broadcast => {
                 let (g, h, gk) = broadcast_row0(cotangents);
@@ -803,63 +803,34 @@ impl Kernel for Mutant {
 
     fn backward_in_place(
         &self,
-        logits: LogitsMut<'_>,
-        tokens: Option<ArrayView1<'_, i64>>,
-        sampling_mask: Option<ArrayView2<'_, bool>>,
-        topk_ids: Option<ArrayView2<'_, i64>>,
-        options: &Options,
+        mut problem: ProblemMut<'_>,
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
         match self.kind {
             MutantKind::TpVocabOffset => {
-                let vp = self.tp_kernel(logits.view().dim().1);
+                let vp = self.tp_kernel(problem.logits.view().dim().1);
                 let triggered = {
-                    let p = Problem {
-                        logits: logits.view(),
-                        tokens,
-                        sampling_mask,
-                        topk_ids,
-                        options: *options,
-                    };
+                    let p = problem.view();
                     p.validate_shapes().is_ok()
                         && cotangents.grad_log_probs.is_some_and(|g| {
-                            tp_triggers(&p, &vp.shard_widths)
+                            tp_triggers(&p, vp.shard_widths())
                                 .iter()
                                 .any(|&(row, _, _)| g.get(row).is_some_and(|&x| x != 0.0))
                         })
                 };
                 if !triggered {
-                    return vp.backward_in_place(
-                        logits,
-                        tokens,
-                        sampling_mask,
-                        topk_ids,
-                        options,
-                        cotangents,
-                    );
+                    return vp.backward_in_place(problem, cotangents);
                 }
                 let grad = {
-                    let p = Problem {
-                        logits: logits.view(),
-                        tokens,
-                        sampling_mask,
-                        topk_ids,
-                        options: *options,
-                    };
+                    let p = problem.view();
                     self.backward(&p, cotangents, p.logits.dtype())?
                 };
-                write_over(logits, &grad);
+                write_over(problem.logits, &grad);
                 Ok(())
             }
-            MutantKind::InPlaceCorruption => in_place_row_by_row(
-                self.inner.as_ref(),
-                logits,
-                tokens,
-                sampling_mask,
-                topk_ids,
-                options,
-                cotangents,
-            ),
+            MutantKind::InPlaceCorruption => {
+                in_place_row_by_row(self.inner.as_ref(), problem, cotangents)
+            }
             MutantKind::GradOutput0Broadcast => {
                 let (g, h, gk) = broadcast_row0(cotangents);
                 let c = Cotangents {
@@ -867,46 +838,32 @@ impl Kernel for Mutant {
                     grad_entropy: h.as_ref().map(|a| a.view()),
                     grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
                 };
-                self.inner
-                    .backward_in_place(logits, tokens, sampling_mask, topk_ids, options, &c)
+                self.inner.backward_in_place(problem, &c)
             }
             MutantKind::PaddedVocabNotTruncated
             | MutantKind::TemperatureIgnored
             | MutantKind::TemperatureTwice
             | MutantKind::EntropyWrongLogits => {
-                let p = Problem {
-                    logits: logits.view(),
-                    tokens,
-                    sampling_mask,
-                    topk_ids,
-                    options: *options,
+                let o = {
+                    let p = problem.view();
+                    p.validate_shapes()?;
+                    let o = self.wrong_options(&p);
+                    if o.temperature != p.options.temperature {
+                        o.effective_temperature(p.logits.dtype().accumulation())?;
+                    }
+                    o
                 };
-                p.validate_shapes()?;
-                let o = self.wrong_options(&p);
-                if o.temperature != options.temperature {
-                    o.effective_temperature(p.logits.dtype().accumulation())?;
-                }
-                self.inner.backward_in_place(
-                    logits,
-                    tokens,
-                    sampling_mask,
-                    topk_ids,
-                    &o,
-                    cotangents,
-                )
+                problem.options = o;
+                self.inner.backward_in_place(problem, cotangents)
             }
             _ => {
                 // The remaining kinds: the buggy backward, written over the logits.
-                let p = Problem {
-                    logits: logits.view(),
-                    tokens,
-                    sampling_mask,
-                    topk_ids,
-                    options: *options,
+                let grad = {
+                    let p = problem.view();
+                    let dtype = p.logits.dtype();
+                    self.backward(&p, cotangents, dtype)?
                 };
-                let dtype = p.logits.dtype();
-                let grad = self.backward(&p, cotangents, dtype)?;
-                write_over(logits, &grad);
+                write_over(problem.logits, &grad);
                 Ok(())
             }
         }
@@ -929,52 +886,48 @@ fn write_over(logits: LogitsMut<'_>, grad: &Array2<f64>) {
 /// trait promises unchanged logits on error).
 fn in_place_row_by_row(
     inner: &dyn Kernel,
-    mut logits: LogitsMut<'_>,
-    tokens: Option<ArrayView1<'_, i64>>,
-    sampling_mask: Option<ArrayView2<'_, bool>>,
-    topk_ids: Option<ArrayView2<'_, i64>>,
-    options: &Options,
+    mut problem: ProblemMut<'_>,
     cotangents: &Cotangents<'_>,
 ) -> Result<(), KernelError> {
     let shape = {
-        let p = Problem {
-            logits: logits.view(),
-            tokens,
-            sampling_mask,
-            topk_ids,
-            options: *options,
-        };
+        let p = problem.view();
         let shape = p.validate_shapes()?;
         p.validate_cotangents(&shape, cotangents)?;
         shape
     };
+    let (tokens, sampling_mask, topk_ids, options) = (
+        problem.tokens,
+        problem.sampling_mask,
+        problem.topk_ids,
+        problem.options,
+    );
     for row in 0..shape.n {
         let r = row..row + 1;
-        let sub = |l: LogitsMut<'_>| -> Result<(), KernelError> {
-            let c = Cotangents {
-                grad_log_probs: cotangents
-                    .grad_log_probs
-                    .map(|g| g.slice_move(s![r.clone()])),
-                grad_entropy: cotangents.grad_entropy.map(|g| g.slice_move(s![r.clone()])),
-                grad_topk_log_probs: cotangents
-                    .grad_topk_log_probs
-                    .map(|g| g.slice_move(s![r.clone(), ..])),
-            };
-            inner.backward_in_place(
-                l,
-                tokens.map(|t| t.slice_move(s![r.clone()])),
-                sampling_mask.map(|m| m.slice_move(s![r.clone(), ..])),
-                topk_ids.map(|k| k.slice_move(s![r.clone(), ..])),
-                options,
-                &c,
-            )
+        let c = Cotangents {
+            grad_log_probs: cotangents
+                .grad_log_probs
+                .map(|g| g.slice_move(s![r.clone()])),
+            grad_entropy: cotangents.grad_entropy.map(|g| g.slice_move(s![r.clone()])),
+            grad_topk_log_probs: cotangents
+                .grad_topk_log_probs
+                .map(|g| g.slice_move(s![r.clone(), ..])),
         };
-        match &mut logits {
-            LogitsMut::F64(a) => sub(LogitsMut::F64(a.slice_mut(s![r.clone(), ..])))?,
-            LogitsMut::F32(a) => sub(LogitsMut::F32(a.slice_mut(s![r.clone(), ..])))?,
-            LogitsMut::Bf16(a) => sub(LogitsMut::Bf16(a.slice_mut(s![r.clone(), ..])))?,
-            LogitsMut::F16(a) => sub(LogitsMut::F16(a.slice_mut(s![r.clone(), ..])))?,
-        }
+        let logits = match &mut problem.logits {
+            LogitsMut::F64(a) => LogitsMut::F64(a.slice_mut(s![r.clone(), ..])),
+            LogitsMut::F32(a) => LogitsMut::F32(a.slice_mut(s![r.clone(), ..])),
+            LogitsMut::Bf16(a) => LogitsMut::Bf16(a.slice_mut(s![r.clone(), ..])),
+            LogitsMut::F16(a) => LogitsMut::F16(a.slice_mut(s![r.clone(), ..])),
+        };
+        inner.backward_in_place(
+            ProblemMut {
+                logits,
+                tokens: tokens.map(|t| t.slice_move(s![r.clone()])),
+                sampling_mask: sampling_mask.map(|m| m.slice_move(s![r.clone(), ..])),
+                topk_ids: topk_ids.map(|k| k.slice_move(s![r.clone(), ..])),
+                options,
+            },
+            &c,
+        )?;
     }
     Ok(())
 }
@@ -984,7 +937,7 @@ mod tests {
     use super::*;
     use crate::strategies::{CotangentRecipe, ProblemRecipe};
 
-    /// The TP mutant is the real [`VocabParallel`] bit for bit on rows whose
+    /// The TP mutant is the real [`CpuKernel::vocab_parallel`] bit for bit on rows whose
     /// target lies in the first shard, and differs on the others, forward
     /// and backward (new buffer and in place).
     #[test]
@@ -1006,7 +959,7 @@ mod tests {
         let widths = vec![13, 0, 20, 7];
         let (m, vp) = (
             Mutant::tp_vocab_offset(widths.clone()),
-            VocabParallel::new(widths),
+            CpuKernel::vocab_parallel(widths),
         );
         let p = data.problem();
         let (fm, fv) = (
@@ -1043,11 +996,13 @@ mod tests {
         // In place: the mutant's grads, written over the logits.
         let mut x = data.logits.clone();
         m.backward_in_place(
-            x.view_mut(),
-            p.tokens,
-            p.sampling_mask,
-            p.topk_ids,
-            &p.options,
+            ProblemMut {
+                logits: x.view_mut(),
+                tokens: p.tokens,
+                sampling_mask: p.sampling_mask,
+                topk_ids: p.topk_ids,
+                options: p.options,
+            },
             &cot.view(),
         )
         .unwrap();

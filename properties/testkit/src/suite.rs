@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use proptest::prelude::*;
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused, VocabParallel};
+use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::Dtype;
 
 use crate::cache::oracle_case;
@@ -43,10 +43,10 @@ pub struct KernelFamily {
 /// chunked at chunk sizes 1, 3 and 64; plus [`cuda_kernels`].
 pub fn cpu_kernels() -> Vec<Box<dyn Kernel>> {
     let mut k: Vec<Box<dyn Kernel>> = vec![
-        Box::new(Fused),
-        Box::new(Chunked::new(1)),
-        Box::new(Chunked::new(3)),
-        Box::new(Chunked::new(64)),
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(1)),
+        Box::new(CpuKernel::chunked(3)),
+        Box::new(CpuKernel::chunked(64)),
     ];
     k.extend(cuda_kernels());
     k
@@ -85,11 +85,11 @@ pub fn cpu_families() -> Vec<KernelFamily> {
     let mut f = vec![
         KernelFamily {
             name: "fused".into(),
-            make: Box::new(|_| Box::new(Fused)),
+            make: Box::new(|_| Box::new(CpuKernel::fused())),
         },
         KernelFamily {
             name: "chunked".into(),
-            make: Box::new(|c| Box::new(Chunked::new(c))),
+            make: Box::new(|c| Box::new(CpuKernel::chunked(c))),
         },
     ];
     #[cfg(feature = "cuda")]
@@ -461,13 +461,13 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
 }
 
 /// The vocab-parallel CPU kernels as families over shard layouts: the
-/// workspace's [`VocabParallel`] (each shard reduced on its own, partials
+/// workspace's [`CpuKernel::vocab_parallel`] (each shard reduced on its own, partials
 /// merged in shard order).
 pub fn sharded_families() -> Vec<ShardedFamily> {
     #[allow(unused_mut)]
     let mut f = vec![ShardedFamily {
         name: "vocab_parallel".into(),
-        make: Box::new(|w| Box::new(VocabParallel::new(w.to_vec()))),
+        make: Box::new(|w| Box::new(CpuKernel::vocab_parallel(w.to_vec()))),
     }];
     #[cfg(feature = "cuda")]
     if !cuda_kernels().is_empty() {

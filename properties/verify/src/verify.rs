@@ -28,7 +28,7 @@ use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::tolerance;
-use logprobe_kernels::{Fused, Kernel};
+use logprobe_kernels::{CpuKernel, Kernel};
 
 /// Which rows of each dump to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -857,7 +857,7 @@ fn verify_row(
         .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
         .map(|s| s.row_bounds(&stats, &ctx));
     // Our correct f32 kernel on the same row, per forward dtype.
-    let fused = |dtype: Dtype| Fused.forward(&p, dtype).ok();
+    let fused = |dtype: Dtype| CpuKernel::fused().forward(&p, dtype).ok();
     let v = dump.vocab_size();
     let mut out: RowAcc = Default::default();
 

@@ -12,6 +12,6 @@ pub use algorithm::{ceil_log2, Algorithm, EntropyForm, Shift, Summation};
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use problem::{
-    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, TemperatureDtype,
-    DEFAULT_IGNORE_INDEX,
+    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
+    TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
