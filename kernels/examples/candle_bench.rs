@@ -32,6 +32,7 @@ use logprobe_kernels::candle::{
 use logprobe_kernels::CpuKernel;
 use logprobe_kernels::Kernel;
 use logprobe_reference::spec::{Dtype, EntropyLogits, Logits, Options, Problem};
+use logprobe_reference::splitmix::SplitMix64;
 
 /// Median seconds per call of `f` over `reps` calls, after one warm-up.
 fn time<F: FnMut()>(reps: usize, mut f: F) -> f64 {
@@ -49,20 +50,8 @@ fn time<F: FnMut()>(reps: usize, mut f: F) -> f64 {
 
 /// Gaussian logits (sd 2) from a splitmix64 stream, `[n, v]`.
 fn logits(n: usize, v: usize) -> Vec<f32> {
-    let mut state = 0x5eed_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 + 1e-300
-    };
-    (0..n * v)
-        .map(|_| {
-            let (a, b) = (next(), next());
-            (2.0 * (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
-        })
-        .collect()
+    let mut rng = SplitMix64::new(0x5eed);
+    (0..n * v).map(|_| (2.0 * rng.normal()) as f32).collect()
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,9 +1,11 @@
 //! The one kernel trait every algorithm implements (ours, candle's baseline,
 //! planted mutants, CUDA), its declared numerical algorithm and capabilities.
 
-use ndarray::{Array1, Array2};
+use ndarray::Array2;
 
-use logprobe_reference::spec::{Cotangents, Dtype, Problem, ProblemMut, Shape, SpecError};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, PerOutput, Problem, ProblemMut, Shape, SpecError,
+};
 
 use crate::gradient::Gradient;
 
@@ -65,12 +67,23 @@ pub struct Capabilities {
 pub struct ForwardOutput {
     /// Dtype the outputs were rounded to.
     pub dtype: Dtype,
-    /// Log-probs `[N]` (nats) when tokens were given; `ignore_index` rows hold 0.
-    pub log_probs: Option<Array1<f64>>,
-    /// Entropy `[N]` (nats) when requested.
-    pub entropy: Option<Array1<f64>>,
-    /// Top-k log-probs `[N, K]` (nats; `-inf` for masked ids) when ids were given.
-    pub topk_log_probs: Option<Array2<f64>>,
+    /// Every forward output the problem requests
+    /// ([`Output::requested`](logprobe_reference::spec::Output::requested)),
+    /// `[N, width]`: log-probs `[N, 1]` (nats; `ignore_index` rows hold 0),
+    /// entropy `[N, 1]` (nats), top-k log-probs `[N, K]` (nats; `-inf` for
+    /// masked ids).
+    pub values: PerOutput<Array2<f64>>,
+}
+
+impl ForwardOutput {
+    /// Zero-filled outputs `[N, width]` for every output `problem`
+    /// requests, to be filled row by row.
+    pub fn zeros(problem: &Problem<'_>, shape: &Shape, dtype: Dtype) -> Self {
+        ForwardOutput {
+            dtype,
+            values: PerOutput::for_requested(problem, |o| Array2::zeros((shape.n, o.width(shape)))),
+        }
+    }
 }
 
 /// One log-prob / entropy / top-k algorithm with its VJP.

@@ -13,7 +13,9 @@
 
 use ndarray::{ArrayView1, ArrayView2, Axis};
 
-use logprobe_reference::spec::{Dtype, EntropyLogits, Problem, Shape, SpecError, TemperatureDtype};
+use logprobe_reference::spec::{
+    Dtype, EntropyLogits, Output, Problem, Shape, SpecError, TemperatureDtype,
+};
 
 use crate::kernel::{Algorithm, Shift};
 use crate::row::{
@@ -188,16 +190,13 @@ pub fn log_prob<A: Acc>(z: A, st: &RowStats<A>, scale: Option<A>) -> A {
 }
 
 /// The first error of row `row` in [`Problem::validate_row`]'s order; then,
-/// with `TemperatureDtype::Input` (as the oracle orders them): a
-/// `z = round_input(x / T)` that overflows to `+inf` is
-/// [`SpecError::NonFiniteLogit`] (tensor `logits / temperature`), no allowed
-/// finite `z` is [`SpecError::NoFiniteLogit`], a target with `z = -inf` is
-/// [`SpecError::TokenNegInf`].
+/// with `TemperatureDtype::Input`, those of the materialised
+/// `z = round_input(x / T)` ([`Problem::validate_input_row`], as the oracle
+/// reports them).
 pub fn row_error(problem: &Problem<'_>, shape: &Shape, row: usize) -> SpecError {
     if let Err(e) = problem.validate_row(shape, row) {
         return e;
     }
-    const TENSOR: &str = "logits / temperature";
     let which = if problem.sampling_mask.is_some() {
         "allowed by sampling_mask"
     } else {
@@ -209,28 +208,8 @@ pub fn row_error(problem: &Problem<'_>, shape: &Shape, row: usize) -> SpecError 
             let r = lv.row(row);
             (0..shape.vocab_size).map(|j| round_input(r[j], t).to_f64()).collect()
         });
-        if let Some(col) = z.iter().position(|&x| x == f64::INFINITY) {
-            return SpecError::NonFiniteLogit {
-                tensor: TENSOR,
-                row,
-                col,
-                value: f64::INFINITY,
-            };
-        }
-        if !(0..z.len()).any(|j| z[j] > f64::NEG_INFINITY && problem.allowed(row, j)) {
-            return SpecError::NoFiniteLogit {
-                tensor: TENSOR,
-                row,
-                which,
-            };
-        }
-        if let (Some(tokens), true) = (problem.tokens, problem.has_target(row)) {
-            if z[tokens[row] as usize] == f64::NEG_INFINITY {
-                return SpecError::TokenNegInf {
-                    row,
-                    token: tokens[row],
-                };
-            }
+        if let Err(e) = problem.validate_input_row(row, &z) {
+            return e;
         }
     }
     // Unreachable for rows the fast path flagged; name the row all the same.
@@ -336,34 +315,22 @@ pub fn assemble(
     rows: Vec<Result<RowForward, SpecError>>,
     out: Dtype,
 ) -> Result<crate::ForwardOutput, SpecError> {
-    let mut lp = problem.tokens.map(|_| ndarray::Array1::zeros(shape.n));
-    let mut ent = problem
-        .options
-        .entropy
-        .map(|_| ndarray::Array1::zeros(shape.n));
-    let mut topk = problem
-        .topk_ids
-        .map(|_| ndarray::Array2::zeros((shape.n, shape.k)));
+    let mut fo = crate::ForwardOutput::zeros(problem, shape, out);
     for (r, res) in rows.into_iter().enumerate() {
         let f = res?;
-        if let Some(lp) = lp.as_mut() {
-            lp[r] = f.log_prob;
+        if let Some(lp) = fo.values.get_mut(Output::LogProbs) {
+            lp[[r, 0]] = f.log_prob;
         }
-        if let Some(e) = ent.as_mut() {
-            e[r] = f.entropy;
+        if let Some(e) = fo.values.get_mut(Output::Entropy) {
+            e[[r, 0]] = f.entropy;
         }
-        if let Some(tk) = topk.as_mut() {
+        if let Some(tk) = fo.values.get_mut(Output::TopkLogProbs) {
             for (k, v) in f.topk.into_iter().enumerate() {
                 tk[[r, k]] = v;
             }
         }
     }
-    Ok(crate::ForwardOutput {
-        dtype: out,
-        log_probs: lp,
-        entropy: ent,
-        topk_log_probs: topk,
-    })
+    Ok(fo)
 }
 
 /// Row `row` of an optional mask.

@@ -20,36 +20,12 @@ use logprobe_kernels::candle::{
 };
 use logprobe_kernels::{CpuKernel, Kernel, KernelError};
 use logprobe_reference::oracle::Oracle;
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Problem, SpecError};
-
-/// splitmix64: a fixed, dependency-free stream for reproducible rows.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1).
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    /// Standard normal (Box-Muller).
-    fn normal(&mut self) -> f64 {
-        let (a, b) = (self.uniform(), self.uniform());
-        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Output, Problem, SpecError};
+use logprobe_reference::splitmix::SplitMix64;
 
 /// `[n, v]` Gaussian logits (sd `sd`), f32.
 fn gaussian(seed: u64, n: usize, v: usize, sd: f64) -> Vec<f32> {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     (0..n * v).map(|_| (sd * rng.normal()) as f32).collect()
 }
 
@@ -57,7 +33,7 @@ fn gaussian(seed: u64, n: usize, v: usize, sd: f64) -> Vec<f32> {
 /// then `lifts.len()` large logits at `max + lift` (`max` the Gaussian
 /// maximum) at seeded positions.
 fn lifted_gaussian_row(seed: u64, v: usize, sd: f64, lifts: &[f32]) -> Vec<f32> {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut row: Vec<f32> = (0..v).map(|_| (sd * rng.normal()) as f32).collect();
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for &lift in lifts {
@@ -147,7 +123,7 @@ fn assert_op_matches_kernel(kernel: Arc<dyn Kernel>, options: Options, seed: u64
     for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
         for (layout, logits) in layouts(seed, n, v, dtype) {
             let owned = Owned::of(&logits);
-            let mut rng = Rng(seed ^ 0xabc);
+            let mut rng = SplitMix64::new(seed ^ 0xabc);
             let mut tok: Vec<i64> = (0..n).map(|_| (rng.below(v - 5) + 5) as i64).collect();
             let tok_u32 = Tensor::from_vec(
                 tok.iter().map(|&t| t as u32).collect::<Vec<_>>(),
@@ -193,13 +169,13 @@ fn assert_op_matches_kernel(kernel: Arc<dyn Kernel>, options: Options, seed: u64
                         .collect::<Vec<_>>()
                 };
                 let want_bits =
-                    |a: &Array1<f64>| a.iter().map(|&x| (x as f32).to_bits()).collect::<Vec<_>>();
+                    |a: &Array2<f64>| a.iter().map(|&x| (x as f32).to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&lp),
-                    want_bits(want.log_probs.as_ref().unwrap()),
+                    want_bits(&want.values[Output::LogProbs]),
                     "log_probs: {ctx}"
                 );
-                match (ent, want.entropy.as_ref()) {
+                match (ent, want.values.get(Output::Entropy)) {
                     (Some(e), Some(w)) => assert_eq!(bits(&e), want_bits(w), "entropy: {ctx}"),
                     (None, None) => {}
                     (e, w) => panic!(
@@ -559,7 +535,7 @@ fn composed_f32_log_probs_agree_with_the_oracle() {
         *e += 1.0e4; // a large common offset
     }
     let x = Array2::from_shape_vec((n, v), x).unwrap();
-    let mut rng = Rng(9);
+    let mut rng = SplitMix64::new(9);
     let tokens = Array1::from_iter((0..n).map(|_| rng.below(v) as i64));
     let problem = Problem {
         tokens: Some(tokens.view()),
@@ -572,15 +548,17 @@ fn composed_f32_log_probs_agree_with_the_oracle() {
     let got = CandleComposed
         .forward(&problem, Dtype::F32)
         .unwrap()
-        .log_probs
-        .unwrap();
+        .values
+        .per_row(Output::LogProbs)
+        .unwrap()
+        .to_owned();
     let exact = Oracle::default().forward(&problem, Dtype::F32).unwrap();
     let depth = CandleComposed
         .algorithm(&problem.validate_shapes().unwrap())
         .summation
         .depth();
-    for (row, e) in exact.log_probs.unwrap().iter().enumerate() {
-        let e = e.expect("every row has a target");
+    assert!((0..n).all(|row| Output::LogProbs.judged(&problem, row)));
+    for (row, e) in exact.values[Output::LogProbs].iter().enumerate() {
         let err = e.error(got[row]);
         let bound = composed_f32_bound(depth, v, e.rounded);
         eprintln!(

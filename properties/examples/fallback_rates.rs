@@ -7,6 +7,7 @@
 //! -- fixtures/torch/*.safetensors`
 
 use logprobe_reference::oracle::{Fallback, Oracle, Tier};
+use logprobe_reference::spec::Output;
 use logprobe_verify::dump::DumpFile;
 
 fn main() {
@@ -23,14 +24,12 @@ fn main() {
     for path in std::env::args().skip(1) {
         let file = DumpFile::open(&path).expect("open");
         let dump = file.parse().expect("parse");
-        let mut dtypes: Vec<_> = [
-            dump.log_probs.as_ref().map(|c| c.dtype),
-            dump.entropy.as_ref().map(|c| c.dtype),
-            dump.topk_log_probs.as_ref().map(|c| c.dtype),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let mut dtypes: Vec<_> = dump
+            .candidates
+            .iter()
+            .filter(|(o, _)| o.is_forward())
+            .map(|(_, c)| c.dtype)
+            .collect();
         dtypes.sort();
         dtypes.dedup();
         let mut fb = [Fallback::default(); 3];
@@ -40,7 +39,7 @@ fn main() {
             for &d in &dtypes {
                 fb[0] += oracle.forward(&p, d).expect("forward").fallback;
             }
-            if let Some(g) = dump.grad_logits.as_ref() {
+            if let Some(g) = dump.candidates.get(Output::GradLogits) {
                 fb[1] += oracle
                     .vjp_counted(&p, &inputs.cotangents(), g.dtype)
                     .expect("vjp")

@@ -49,6 +49,7 @@ use logprobe_kernels::candle::candle_log_softmax;
 use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
+use logprobe_reference::splitmix::SplitMix64;
 
 use logprobe_testkit::memory::{allocator_installed, budget, peak_extra};
 
@@ -450,36 +451,18 @@ fn load_average() -> Option<f64> {
         .ok()
 }
 
-/// splitmix64 (Steele, Lea, Flood 2014), uniform in `(0, 1]`.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 + f64::MIN_POSITIVE
-    }
-    /// Standard normal (Box-Muller).
-    fn normal(&mut self) -> f64 {
-        let (a, b) = (self.unit(), self.unit());
-        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-    }
-}
-
 /// LLM-like logits `[n, v]`: a Gaussian bulk (sd 2.5, mean -2), a head of
 /// 64 likely tokens (Zipf-shaped logits 18 - 3 ln r) and one dominant token
 /// (22) per row.
 fn llm_logits(n: usize, v: usize, seed: u64) -> Array2<f32> {
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut x = Array2::from_shape_simple_fn((n, v), || (2.5 * rng.normal() - 2.0) as f32);
     for mut row in x.rows_mut() {
         for r in 1..=64usize.min(v) {
-            let j = (rng.unit() * v as f64) as usize % v;
+            let j = rng.below(v);
             row[j] = (18.0 - 3.0 * (r as f64).ln()) as f32;
         }
-        let j = (rng.unit() * v as f64) as usize % v;
+        let j = rng.below(v);
         row[j] = 22.0;
     }
     x

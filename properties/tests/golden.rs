@@ -17,7 +17,7 @@ use ndarray::{Array1, Array2};
 
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::Oracle;
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Problem};
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem};
 use logprobe_verify::dump::Dump;
 
 fn golden_dir() -> PathBuf {
@@ -110,12 +110,11 @@ fn snapshot(name: &str, bytes: &[u8]) -> String {
     let ex = oracle.forward(&p, Dtype::F32).expect("oracle");
     let _ = writeln!(s, "oracle (f32, correctly rounded):");
     for r in 0..n {
-        let lp = ex.log_probs.as_ref().unwrap()[r].map(|e| e.rounded as f32);
-        let ent = ex.entropy.as_ref().unwrap()[r].rounded as f32;
-        let tk: Vec<f32> = ex
-            .topk_log_probs
-            .as_ref()
-            .unwrap()
+        let lp = Output::LogProbs
+            .judged(&p, r)
+            .then(|| ex.values[Output::LogProbs][[r, 0]].rounded as f32);
+        let ent = ex.values[Output::Entropy][[r, 0]].rounded as f32;
+        let tk: Vec<f32> = ex.values[Output::TopkLogProbs]
             .row(r)
             .iter()
             .map(|e| e.rounded as f32)
@@ -147,24 +146,15 @@ fn snapshot(name: &str, bytes: &[u8]) -> String {
                 Ok(f) => {
                     let mut h = Fnv::new();
                     let mut ulps = [0.0f64; 3];
-                    if let (Some(lp), Some(e)) = (&f.log_probs, &exf.log_probs) {
-                        for (v, e) in lp.iter().zip(e) {
+                    for (i, o) in Output::FORWARD.into_iter().enumerate() {
+                        let (Some(got), Some(e)) = (f.values.get(o), exf.values.get(o)) else {
+                            continue;
+                        };
+                        for ((r, c), v) in got.indexed_iter() {
                             h.value(*v, out);
-                            if let Some(e) = e {
-                                ulps[0] = ulps[0].max(e.error_ulps(*v, out));
+                            if o.judged(&p, r) {
+                                ulps[i] = ulps[i].max(e[[r, c]].error_ulps(*v, out));
                             }
-                        }
-                    }
-                    if let (Some(en), Some(e)) = (&f.entropy, &exf.entropy) {
-                        for (v, e) in en.iter().zip(e) {
-                            h.value(*v, out);
-                            ulps[1] = ulps[1].max(e.error_ulps(*v, out));
-                        }
-                    }
-                    if let (Some(tk), Some(e)) = (&f.topk_log_probs, &exf.topk_log_probs) {
-                        for (v, e) in tk.iter().zip(e) {
-                            h.value(*v, out);
-                            ulps[2] = ulps[2].max(e.error_ulps(*v, out));
                         }
                     }
                     let _ = write!(

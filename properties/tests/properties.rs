@@ -3,6 +3,7 @@
 //! minimal recipe and persist in `proptest-regressions/properties.txt`.
 //! `PROPTEST_CASES` replaces every default case count.
 
+use logprobe_reference::spec::Output;
 use logprobe_testkit::checks::gate;
 use logprobe_testkit::suite::{self, cpu_families, cpu_kernels};
 
@@ -68,9 +69,13 @@ fn f32_bounds_are_tight_on_the_generators() {
         let r = s.ratios;
         eprintln!(
             "{}: worst f32 error/bound: log_probs {:.4}, entropy {:.4}, top-k {:.4}",
-            s.kernel, r.log_probs, r.entropy, r.topk
+            s.kernel,
+            r.get(Output::LogProbs),
+            r.get(Output::Entropy),
+            r.get(Output::TopkLogProbs)
         );
-        for (what, q) in [("log_probs", r.log_probs), ("entropy", r.entropy)] {
+        for what in [Output::LogProbs, Output::Entropy] {
+            let q = r.get(what);
             assert!(
                 (1.0 / 64.0..=1.0).contains(&q),
                 "{}: worst {what} error/bound {q} outside [1/64, 1]",
@@ -107,9 +112,8 @@ fn candle_baseline_bf16_f16_logsumexp_out_of_bound_at_real_vocab() {
         let lp = CandleComposed
             .forward(&data.problem(), Dtype::F32)
             .unwrap()
-            .log_probs
-            .unwrap()[0];
-        let exact = oc.forward.as_ref().unwrap().log_probs.as_ref().unwrap()[0].unwrap();
+            .values[Output::LogProbs][[0, 0]];
+        let exact = oc.forward.as_ref().unwrap().values[Output::LogProbs][[0, 0]];
         // log_prob = x_t - lse: the log-prob's error is the log-sum-exp's.
         let err = exact.error(lp);
         eprintln!(
@@ -186,7 +190,7 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
         topk: true,
     };
     let kernels = cpu_kernels();
-    let all_ok = |name: &str, verdicts: Vec<logprobe_testkit::checks::Verdict>| {
+    let all_ok = |name: &str, verdicts: Vec<logprobe_testkit::checks::KernelOutcome>| {
         for v in verdicts {
             assert!(v.outcome.is_ok(), "{name}: {:?}", v.outcome.err());
         }

@@ -423,7 +423,7 @@ fn zero_rows_with_a_huge_vocabulary_verify_trivially() {
     assert_eq!((dump.n(), dump.v_total()), (0, huge));
     let report = verify_dump(&dump, Path::new("empty"), &VerifyConfig::default()).unwrap();
     assert_eq!(report.rows_checked, 0);
-    assert_eq!(report.verdict, logprobe_verify::verify::Verdict::Pass);
+    assert_eq!(report.verdict, logprobe_verify::verify::ReportVerdict::Pass);
 }
 
 #[test]

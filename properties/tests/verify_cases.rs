@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use logprobe_verify::verify::{
-    exit_status, verify_files, Expectations, FileOutcome, FileReport, OutputReport, Verdict,
+    exit_status, verify_files, Expectations, FileOutcome, FileReport, OutputReport, ReportVerdict,
     VerifyConfig,
 };
 
@@ -59,8 +59,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
 
     // Each failing dump fails on the output its bug is in, and only there.
     let r = by("neg_inf_logits_naive_entropy");
-    assert_eq!(output(r, "entropy").verdict, Verdict::Fail);
-    assert_eq!(output(r, "log_probs").verdict, Verdict::Pass);
+    assert_eq!(output(r, "entropy").verdict, ReportVerdict::Fail);
+    assert_eq!(output(r, "log_probs").verdict, ReportVerdict::Pass);
     let r = by("bf16_accumulated_logsumexp");
     assert!(
         output(r, "log_probs").max_ratio.unwrap() > 10.0,
@@ -70,19 +70,19 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     // than 3x (a loose bound would pass it), and under 1 ulp of f16.
     let r = by("f16_truncated_outputs");
     let lp = output(r, "log_probs");
-    assert_eq!(lp.verdict, Verdict::Fail);
+    assert_eq!(lp.verdict, ReportVerdict::Fail);
     assert!(
         lp.max_ratio.unwrap() > 1.0 && lp.max_ratio.unwrap() < 3.0,
         "{:?}",
         lp.max_ratio
     );
     assert!(lp.max_ulps <= 1.0, "{}", lp.max_ulps);
-    assert_eq!(output(r, "entropy").verdict, Verdict::Fail);
+    assert_eq!(output(r, "entropy").verdict, ReportVerdict::Fail);
 
     // Correct dumps: every output within bound, gradients included.
     let r = by("fp32_autograd_gradients");
     let g = output(r, "grad_logits");
-    assert_eq!((g.verdict, g.count), (Verdict::Pass, 8 * 32000));
+    assert_eq!((g.verdict, g.count), (ReportVerdict::Pass, 8 * 32000));
     assert!(output(r, "log_probs").tightest_model.is_some());
     let r = by("qwen_vocab_bf16_fp32_math");
     assert_eq!((r.rows_checked, r.columns), (16, 151936));

@@ -10,10 +10,10 @@ use std::process::{Command, Stdio};
 use ndarray::{Array1, Array2};
 
 use logprobe_reference::oracle::Oracle;
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Problem};
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Output, Problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
 use logprobe_verify::names::NameError;
-use logprobe_verify::verify::{verify_dump, FileReport, RowSelection, Verdict, VerifyConfig};
+use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict, RowSelection, VerifyConfig};
 
 const N: usize = 4;
 const V: usize = 24;
@@ -39,19 +39,13 @@ fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f6
     };
     let o = Oracle::default();
     let f = o.forward(&p, Dtype::F64).unwrap();
-    let lp = f
-        .log_probs
-        .unwrap()
-        .iter()
-        .map(|e| e.map_or(0.0, |e| e.rounded))
-        .collect();
-    let ent = f.entropy.unwrap().iter().map(|e| e.rounded).collect();
-    let tk = f
-        .topk_log_probs
-        .unwrap()
-        .iter()
-        .map(|e| e.rounded)
-        .collect();
+    // `ignore_index` rows hold the defined 0.
+    let rounded = |o: Output| -> Vec<f64> { f.values[o].iter().map(|e| e.rounded).collect() };
+    let (lp, ent, tk) = (
+        rounded(Output::LogProbs),
+        rounded(Output::Entropy),
+        rounded(Output::TopkLogProbs),
+    );
     let ga = Array1::from(g.to_vec());
     let cot = Cotangents {
         grad_log_probs: Some(ga.view()),
@@ -146,7 +140,7 @@ fn base_dump_passes() {
         report(&bytes(&base(), &[]), RowSelection::All)
             .unwrap()
             .verdict,
-        Verdict::Pass
+        ReportVerdict::Pass
     );
 }
 
@@ -249,10 +243,10 @@ fn batch_sequence_logits_name_rows_b_t() {
         ]
     };
     let r = report(&bytes(&t3(&lp), &[]), RowSelection::All).unwrap();
-    assert_eq!((r.verdict, r.rows), (Verdict::Pass, N));
+    assert_eq!((r.verdict, r.rows), (ReportVerdict::Pass, N));
     lp[2] += 0.5; // (b, t) = (1, 0)
     let r = report(&bytes(&t3(&lp), &[]), RowSelection::All).unwrap();
-    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(r.verdict, ReportVerdict::Fail);
     assert_eq!(r.outputs[0].worst[0].position, Some((1, 0)));
     let table = logprobe_verify::verify::render_table(&r);
     assert!(table.contains("(1, 0)"), "{table}");
@@ -275,7 +269,7 @@ fn row_mask_excludes_rows_from_every_check() {
     let v2 = [("format_version", "2")];
     assert_eq!(
         report(&bytes(&t, &[]), RowSelection::All).unwrap().verdict,
-        Verdict::Fail
+        ReportVerdict::Fail
     );
     let mut tm = t.clone();
     tm.push((
@@ -283,7 +277,7 @@ fn row_mask_excludes_rows_from_every_check() {
         DumpTensor::bools(&[N], &[true, false, true, true]),
     ));
     let r = report(&bytes(&tm, &v2), RowSelection::All).unwrap();
-    assert_eq!((r.verdict, r.outputs[0].count), (Verdict::Pass, 3));
+    assert_eq!((r.verdict, r.outputs[0].count), (ReportVerdict::Pass, 3));
     // [B, T] row_mask with [B, T, V] logits is accepted too.
     let mut t3: Vec<_> = t.clone();
     t3[0].1.shape = vec![2, 2, V];
@@ -297,7 +291,7 @@ fn row_mask_excludes_rows_from_every_check() {
     ));
     assert_eq!(
         report(&bytes(&t3, &v2), RowSelection::All).unwrap().verdict,
-        Verdict::Pass
+        ReportVerdict::Pass
     );
     // Every row excluded: valid, nothing checked.
     let mut t0 = t.clone();
@@ -343,7 +337,7 @@ fn scalar_cotangents_broadcast_only_under_sum() {
     let sum = [("format_version", "2"), ("cotangent_reduction", "sum")];
     for shape in [&[][..], &[1][..]] {
         let r = report(&bytes(&t(shape), &sum), RowSelection::All).unwrap();
-        assert_eq!(r.verdict, Verdict::Pass, "{shape:?}");
+        assert_eq!(r.verdict, ReportVerdict::Pass, "{shape:?}");
         assert_eq!(r.outputs[1].count, N * V);
     }
     bad_input(
@@ -376,7 +370,7 @@ fn integer_tokens_of_any_width() {
         };
         assert_eq!(
             report(&bytes(&t, &[]), RowSelection::All).unwrap().verdict,
-            Verdict::Pass,
+            ReportVerdict::Pass,
             "{dtype:?}"
         );
     }
@@ -432,18 +426,18 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
         RowSelection::All,
     )
     .unwrap();
-    assert_eq!(r.verdict, Verdict::Pass);
+    assert_eq!(r.verdict, ReportVerdict::Pass);
     assert_eq!(r.topk_ids.as_ref().unwrap().rows_checked, N);
     // Wrong ids whose values are their exact log-probs: top-k log-probs
     // pass, the ids fail.
     let mut wrong = ids.clone();
     wrong[5] = (0..V as i64).find(|j| !ids[4..6].contains(j)).unwrap();
     let r = report(&topk_dump(&x, &wrong, &[]), RowSelection::All).unwrap();
-    assert_eq!(r.outputs[0].verdict, Verdict::Pass);
+    assert_eq!(r.outputs[0].verdict, ReportVerdict::Pass);
     let tk = r.topk_ids.as_ref().unwrap();
     assert_eq!(
         (r.verdict, tk.rows_failed, tk.failures[0].row),
-        (Verdict::Fail, 1, 2)
+        (ReportVerdict::Fail, 1, 2)
     );
     // Order: checked only under topk_sorted=true.
     let mut swapped = ids.clone();
@@ -452,14 +446,14 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
         report(&topk_dump(&x, &swapped, &[]), RowSelection::All)
             .unwrap()
             .verdict,
-        Verdict::Pass
+        ReportVerdict::Pass
     );
     let r = report(
         &topk_dump(&x, &swapped, &[("topk_sorted", "true")]),
         RowSelection::All,
     )
     .unwrap();
-    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(r.verdict, ReportVerdict::Fail);
     // Ties at the boundary: either tied id is a valid top-1 / top-2.
     let mut xt = x.clone();
     let (a, b) = (ids[0] as usize, ids[1] as usize);
@@ -472,7 +466,7 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
             RowSelection::All,
         )
         .unwrap();
-        assert_eq!(r.verdict, Verdict::Pass, "tie pick {pick}");
+        assert_eq!(r.verdict, ReportVerdict::Pass, "tie pick {pick}");
     }
     // Duplicates fail.
     let mut dup = ids;
@@ -481,7 +475,7 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
         report(&topk_dump(&x, &dup, &[]), RowSelection::All)
             .unwrap()
             .verdict,
-        Verdict::Fail
+        ReportVerdict::Fail
     );
 }
 

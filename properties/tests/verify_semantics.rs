@@ -10,11 +10,11 @@ use ndarray::{Array1, Array2};
 
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Logits, Options, Problem, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Logits, Options, Output, Problem, TemperatureDtype,
     DEFAULT_IGNORE_INDEX,
 };
 use logprobe_verify::dump::{serialize_dump, Dump, DumpTensor};
-use logprobe_verify::verify::{verify_dump, FileReport, RowSelection, Verdict, VerifyConfig};
+use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict, RowSelection, VerifyConfig};
 
 const N: usize = 4;
 const VT: usize = 40;
@@ -87,19 +87,13 @@ impl Case {
         };
         let oracle = Oracle::default();
         let fwd = oracle.forward(&p, self.out).unwrap();
-        let lp: Vec<f64> = fwd
-            .log_probs
-            .unwrap()
-            .iter()
-            .map(|e| e.map_or(0.0, |e| e.rounded))
-            .collect();
-        let ent: Vec<f64> = fwd.entropy.unwrap().iter().map(|e| e.rounded).collect();
-        let tk: Vec<f64> = fwd
-            .topk_log_probs
-            .unwrap()
-            .iter()
-            .map(|e| e.rounded)
-            .collect();
+        // `ignore_index` rows hold the defined 0.
+        let rounded = |o: Output| -> Vec<f64> { fwd.values[o].iter().map(|e| e.rounded).collect() };
+        let (lp, ent, tk) = (
+            rounded(Output::LogProbs),
+            rounded(Output::Entropy),
+            rounded(Output::TopkLogProbs),
+        );
         let g = Array1::from(vec![1.0, -0.5, 0.25, 2.0]);
         let h = Array1::from(vec![0.5, 1.0, -1.0, 0.125]);
         let gk = Array2::from_shape_vec((N, 2), gk.to_vec()).unwrap();
@@ -170,7 +164,7 @@ fn verify(bytes: &[u8]) -> FileReport {
     verify_dump(&dump, Path::new("case"), &VerifyConfig::default()).unwrap()
 }
 
-fn verdicts(r: &FileReport) -> Vec<(&'static str, Verdict)> {
+fn verdicts(r: &FileReport) -> Vec<(&'static str, ReportVerdict)> {
     r.outputs.iter().map(|o| (o.output, o.verdict)).collect()
 }
 
@@ -199,7 +193,7 @@ fn assert_all_pass(case: &Case) {
     let r = verify(&case.dump(|_| {}));
     assert_eq!(
         r.verdict,
-        Verdict::Pass,
+        ReportVerdict::Pass,
         "{:?}\n{}",
         verdicts(&r),
         logprobe_verify::verify::render_table(&r)
@@ -228,9 +222,9 @@ fn assert_fails_on(case: &Case, name: &'static str, i: usize, delta: f64) {
     let r = verify(&bytes);
     for o in &r.outputs {
         let want = if o.output == name {
-            Verdict::Fail
+            ReportVerdict::Fail
         } else {
-            Verdict::Pass
+            ReportVerdict::Pass
         };
         assert_eq!(o.verdict, want, "{}: {:?}", o.output, verdicts(&r));
     }
@@ -286,7 +280,7 @@ fn metadata_is_honoured() {
         })
         .collect();
     let r = verify(&serialize_dump(&t, &[]).unwrap());
-    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(r.verdict, ReportVerdict::Fail);
 
     // temperature_dtype = input.
     let mut c = Case::new(Dtype::F32, Dtype::F32);
@@ -307,7 +301,7 @@ fn metadata_is_honoured() {
     c.options.ignore_index = -1;
     c.tokens = vec![5, -1, 39, 12];
     let r = verify(&c.dump(|t| set(t, "log_probs", Dtype::F32, 1, 123.0)));
-    assert_eq!(r.verdict, Verdict::Pass, "{:?}", verdicts(&r));
+    assert_eq!(r.verdict, ReportVerdict::Pass, "{:?}", verdicts(&r));
     assert_eq!(r.outputs[0].count, N - 1);
     let _ = DEFAULT_IGNORE_INDEX;
 }
@@ -322,7 +316,7 @@ fn live_topk_id_at_neg_inf_logit_gets_its_gradient_bound() {
     let r = verify(&c.dump_with(&[0.5, -0.25, 1.0, 0.0, -1.0, 0.5, 0.25, 0.25], |_| {}));
     assert_eq!(
         r.verdict,
-        Verdict::Pass,
+        ReportVerdict::Pass,
         "{}",
         logprobe_verify::verify::render_table(&r)
     );
@@ -362,14 +356,14 @@ fn rows_subset_and_sample_check_only_those_rows() {
         &cfg(RowSelection::Range { start: 0, end: 3 }),
     )
     .unwrap();
-    assert_eq!((r.rows_checked, r.verdict), (3, Verdict::Pass));
+    assert_eq!((r.rows_checked, r.verdict), (3, ReportVerdict::Pass));
     let r = verify_dump(
         &dump,
         Path::new("x"),
         &cfg(RowSelection::Range { start: 3, end: 100 }),
     )
     .unwrap();
-    assert_eq!((r.rows_checked, r.verdict), (1, Verdict::Fail));
+    assert_eq!((r.rows_checked, r.verdict), (1, ReportVerdict::Fail));
     let r = verify_dump(&dump, Path::new("x"), &cfg(RowSelection::Sample(2))).unwrap();
     assert_eq!(r.rows_checked, 2);
     assert_eq!(RowSelection::Sample(3).rows(10), vec![0, 3, 6]);
@@ -398,7 +392,7 @@ fn bf16_accumulation_over_a_real_vocabulary_has_no_bound() {
         ..VerifyConfig::default()
     };
     let r = verify_dump(&dump, Path::new("x"), &cfg).unwrap();
-    assert_ne!(r.verdict, Verdict::Fail);
+    assert_ne!(r.verdict, ReportVerdict::Fail);
 
     let n = 1;
     let v = 300;
@@ -410,6 +404,6 @@ fn bf16_accumulation_over_a_real_vocabulary_has_no_bound() {
     let b = serialize_dump(&t, &[]).unwrap();
     let dump = Dump::parse(&b).unwrap();
     let r = verify_dump(&dump, Path::new("x"), &cfg).unwrap();
-    assert_eq!(r.verdict, Verdict::NoBound, "{:?}", verdicts(&r));
+    assert_eq!(r.verdict, ReportVerdict::NoBound, "{:?}", verdicts(&r));
     assert!(r.outputs[0].no_bound_reason.is_some());
 }

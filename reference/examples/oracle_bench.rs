@@ -13,7 +13,7 @@ use std::time::Instant;
 use half::bf16;
 use logprobe_reference::oracle::fast::{FastOptions, FastRow, RowCotangents};
 use logprobe_reference::oracle::{Oracle, Tier};
-use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Problem};
+use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Output, Problem};
 use ndarray::{Array1, Array2};
 
 /// xorshift64*: deterministic, dependency-free.
@@ -124,10 +124,7 @@ fn main() {
                 let (f, fwd_wall, fwd) = timed(|| oracle.forward(&p, target).unwrap());
                 let ((grad, fb_g), bwd_wall, bwd) =
                     timed(|| oracle.vjp_counted(&p, &cot, target).unwrap());
-                let undecided = f
-                    .entropy
-                    .as_ref()
-                    .unwrap()
+                let undecided = f.values[Output::Entropy]
                     .iter()
                     .filter(|e| !e.decided)
                     .count()

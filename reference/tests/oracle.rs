@@ -8,7 +8,7 @@ use logprobe_reference::oracle::{
     round_to_dtype, Exact, Oracle, OracleForward, Tier, FAST_PRECISION,
 };
 use logprobe_reference::spec::{
-    pow2, Cotangents, Dtype, EntropyLogits, Logits, Problem, SpecError, TemperatureDtype,
+    pow2, Cotangents, Dtype, EntropyLogits, Logits, Output, Problem, SpecError, TemperatureDtype,
 };
 use ndarray::{array, Array1, Array2};
 use rug::float::Round;
@@ -47,8 +47,8 @@ fn uniform_rows_give_ln_v() {
             p.tokens = Some(t.view());
             for target in [Dtype::F64, Dtype::F32, Dtype::Bf16] {
                 let f = Oracle::default().forward(&p, target).unwrap();
-                let lp = f.log_probs.as_ref().unwrap()[0].unwrap();
-                let h = f.entropy.as_ref().unwrap()[0];
+                let lp = f.values[Output::LogProbs][[0, 0]];
+                let h = f.values[Output::Entropy][[0, 0]];
                 assert!(lp.decided && h.decided);
                 assert_eq!(lp.rounded, -ln_rounded(v as u32, target), "V={v} {target}");
                 assert_eq!(h.rounded, ln_rounded(v as u32, target), "V={v} {target}");
@@ -82,22 +82,27 @@ fn one_hot_limits_are_exact_and_end_the_loop_at_once() {
     // The f64 tier decides these exact results without MPFR.
     let fast = o.forward_row_of(&p, 0, Dtype::F64).unwrap();
     assert_eq!(fast.precision, FAST_PRECISION);
-    assert_eq!(
-        (fast.log_prob, fast.entropy, fast.lse),
-        (r.log_prob, r.entropy, r.lse)
-    );
-    for e in [r.log_prob.unwrap(), r.entropy.unwrap(), r.topk[0]] {
+    for o in [Output::LogProbs, Output::Entropy] {
+        assert_eq!(fast.values[o], r.values[o], "{o}");
+    }
+    assert_eq!(fast.lse, r.lse);
+    let v = &r.values;
+    for e in [
+        v[Output::LogProbs][0],
+        v[Output::Entropy][0],
+        v[Output::TopkLogProbs][0],
+    ] {
         assert_eq!(e, Exact::point(0.0));
     }
-    assert_eq!(r.topk[1].rounded, ninf);
+    assert_eq!(v[Output::TopkLogProbs][1].rounded, ninf);
     assert_eq!(r.lse, Exact::point(2.5));
     // Finite but far-away others: log-prob and entropy are tiny, round to 0.
     let x = array![[-1e4f32, 2.5, -3e4, -1e4]];
     p.logits = Logits::F32(x.view());
     let f = o.forward(&p, Dtype::F32).unwrap();
-    let lp = f.log_probs.unwrap()[0].unwrap();
+    let lp = f.values[Output::LogProbs][[0, 0]];
     assert!(lp.decided && lp.rounded == 0.0 && lp.enclosure.lo < 0.0 && lp.enclosure.hi <= 0.0);
-    let h = f.entropy.unwrap()[0];
+    let h = f.values[Output::Entropy][[0, 0]];
     assert!(h.decided && h.rounded == 0.0 && h.enclosure.hi > 0.0);
     // The VJP of a one-hot row: the hot entry's (1 - p) and the others' p
     // are below every subnormal; -inf entries are exactly 0.
@@ -148,33 +153,10 @@ fn assert_same_but_lse(
     what: &str,
 ) {
     let r = |e: &Exact| (e.rounded, e.decided);
-    let lp = |f: &OracleForward| {
-        f.log_probs
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(|e| r(e.as_ref().unwrap()))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(lp(&a.0), lp(&b.0), "{what}: log_probs");
-    let ent = |f: &OracleForward| {
-        f.entropy
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(r)
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(ent(&a.0), ent(&b.0), "{what}: entropy");
-    let tk = |f: &OracleForward| {
-        f.topk_log_probs
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(r)
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(tk(&a.0), tk(&b.0), "{what}: topk");
+    for o in Output::FORWARD {
+        let vals = |f: &OracleForward| f.values[o].iter().map(r).collect::<Vec<_>>();
+        assert_eq!(vals(&a.0), vals(&b.0), "{what}: {o}");
+    }
     let gr = |g: &Array2<Exact>| g.iter().map(r).collect::<Vec<_>>();
     assert_eq!(gr(&a.1), gr(&b.1), "{what}: grad");
 }
@@ -439,24 +421,22 @@ fn two_working_precisions_agree() {
             high.forward(&p, target).unwrap(),
         );
         let pairs = a.lse.iter().zip(&b.lse).chain(
-            a.entropy
-                .as_ref()
-                .unwrap()
+            a.values[Output::Entropy]
                 .iter()
-                .zip(b.entropy.as_ref().unwrap()),
+                .zip(&b.values[Output::Entropy]),
         );
         for (x, y) in pairs.chain(
-            a.topk_log_probs
-                .as_ref()
-                .unwrap()
+            a.values[Output::TopkLogProbs]
                 .iter()
-                .zip(b.topk_log_probs.as_ref().unwrap()),
+                .zip(&b.values[Output::TopkLogProbs]),
         ) {
             assert!(x.decided && y.decided);
             assert_eq!(x.rounded, y.rounded);
             assert!(x.enclosure.lo <= y.enclosure.hi && y.enclosure.lo <= x.enclosure.hi);
         }
-        assert!(a.log_probs.as_ref().unwrap()[2].is_none());
+        // An ignore_index row: log-prob defined as 0, not judged.
+        assert!(!Output::LogProbs.judged(&p, 2));
+        assert_eq!(a.values[Output::LogProbs][[2, 0]], Exact::point(0.0));
         let (ga, gb) = (
             low.vjp(&p, &c, target).unwrap(),
             high.vjp(&p, &c, target).unwrap(),
@@ -557,7 +537,7 @@ fn temperature_in_the_input_dtype_rounds_z_twice_as_pytorch_does() {
         .collect();
     assert_eq!(pytorch[0], 2.15625);
     let lp = lp_of(pytorch);
-    assert_eq!(f.log_probs.unwrap()[0].unwrap().rounded, lp);
+    assert_eq!(f.values[Output::LogProbs][[0, 0]].rounded, lp);
     // One rounding of the exact quotient is a different input.
     let once: Vec<f64> = xs
         .iter()
@@ -568,7 +548,7 @@ fn temperature_in_the_input_dtype_rounds_z_twice_as_pytorch_does() {
     // Accumulation mode differs (z unrounded).
     p.options.temperature_dtype = TemperatureDtype::Accumulation;
     let g = Oracle::default().forward(&p, Dtype::F64).unwrap();
-    assert_ne!(g.log_probs.unwrap()[0].unwrap().rounded, lp);
+    assert_ne!(g.values[Output::LogProbs][[0, 0]].rounded, lp);
 }
 
 #[test]
@@ -592,7 +572,7 @@ fn padded_columns_get_exactly_zero_and_n_zero_is_empty() {
         + Float::with_val(300, 2).exp()
         + Float::with_val(300, 3).exp();
     assert_eq!(
-        f.log_probs.unwrap()[0].unwrap().rounded,
+        f.values[Output::LogProbs][[0, 0]].rounded,
         round_to_dtype(&(1 - three.ln()), Dtype::F32)
     );
     // N = 0.
@@ -601,7 +581,11 @@ fn padded_columns_get_exactly_zero_and_n_zero_is_empty() {
     let mut p = Problem::new(Logits::F32(x.view()));
     p.tokens = Some(t.view());
     let f = Oracle::default().forward(&p, Dtype::F32).unwrap();
-    assert!(f.lse.is_empty() && f.log_probs.unwrap().is_empty() && f.entropy.unwrap().is_empty());
+    assert!(
+        f.lse.is_empty()
+            && f.values[Output::LogProbs].is_empty()
+            && f.values[Output::Entropy].is_empty()
+    );
     let g = Array1::<f64>::zeros(0);
     let c = Cotangents {
         grad_log_probs: Some(g.view()),

@@ -2,9 +2,9 @@
 //! the input dtype, then a gather.
 
 use candle_core::{Device, Tensor, WithDType};
-use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
+use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
 
-use logprobe_reference::spec::{Cotangents, Dtype, Element, Logits, Problem, Shape};
+use logprobe_reference::spec::{Cotangents, Dtype, Element, Logits, Output, Problem, Shape};
 
 use crate::kernel::{
     Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation,
@@ -189,11 +189,16 @@ impl Kernel for CandleComposed {
             Logits::Bf16(x) => composed_forward(x, problem, &shape, out)?,
             Logits::F16(x) => composed_forward(x, problem, &shape, out)?,
         };
+        let values = [
+            (Output::LogProbs, log_probs.map(|a| a.insert_axis(Axis(1)))),
+            (Output::TopkLogProbs, topk_log_probs),
+        ];
         Ok(ForwardOutput {
             dtype: out,
-            log_probs,
-            entropy: None,
-            topk_log_probs,
+            values: values
+                .into_iter()
+                .filter_map(|(o, v)| Some((o, v?)))
+                .collect(),
         })
     }
 
@@ -308,11 +313,8 @@ mod tests {
             options: lp_options(),
             ..Problem::new(Logits::F32(x.view()))
         };
-        let lp = CandleComposed
-            .forward(&p, Dtype::F32)
-            .unwrap()
-            .log_probs
-            .unwrap();
+        let f = CandleComposed.forward(&p, Dtype::F32).unwrap();
+        let lp = f.values.per_row(Output::LogProbs).unwrap();
         assert_eq!(lp[0], Dtype::F32.round_f64(-(8f64).ln()));
         assert_eq!(lp[1], lp[0]);
     }
@@ -410,9 +412,12 @@ mod tests {
         };
         let f = CandleComposed.forward(&p, Dtype::F32).unwrap();
         let ln_half = Dtype::F32.round_f64(-(2f64).ln());
-        assert_eq!(f.log_probs.unwrap(), array![0.0, ln_half]);
         assert_eq!(
-            f.topk_log_probs.unwrap(),
+            f.values.per_row(Output::LogProbs).unwrap(),
+            array![0.0, ln_half]
+        );
+        assert_eq!(
+            f.values[Output::TopkLogProbs],
             Array2::from_elem((2, 2), ln_half)
         );
     }
@@ -426,15 +431,8 @@ mod tests {
             options: lp_options(),
             ..Problem::new(Logits::F32(x.view()))
         };
-        assert_eq!(
-            CandleComposed
-                .forward(&p, Dtype::Bf16)
-                .unwrap()
-                .log_probs
-                .unwrap()
-                .len(),
-            0
-        );
+        let f = CandleComposed.forward(&p, Dtype::Bf16).unwrap();
+        assert_eq!(f.values[Output::LogProbs].dim(), (0, 1));
     }
 
     #[test]

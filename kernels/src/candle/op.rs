@@ -8,7 +8,7 @@ use candle_core::{
 };
 use ndarray::{Array1, ArrayView1, ArrayView2, ShapeBuilder};
 
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Problem, SpecError};
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Output, Problem, SpecError};
 
 use crate::cpu::CpuKernel;
 use crate::gradient::Gradient;
@@ -134,12 +134,14 @@ impl LogProbOp {
         let n = problem.logits.dim().0;
         let out = self.kernel.forward(problem, Dtype::F32).map_err(wrap)?;
         let lp = out
-            .log_probs
+            .values
+            .per_row(Output::LogProbs)
             .ok_or_else(|| wrap(missing_output(self, "log_probs")))?;
         // Outputs are exact f32 values stored as f64: the casts are exact.
         if self.options.entropy.is_some() {
             let ent = out
-                .entropy
+                .values
+                .per_row(Output::Entropy)
                 .ok_or_else(|| wrap(missing_output(self, "entropy")))?;
             let data = lp
                 .iter()

@@ -3,9 +3,9 @@
 //! (`cuda/row_stats.cu`); outputs are rounded on the host to the requested
 //! dtype from the device's f32 values.
 
-use ndarray::{Array1, Array2};
+use ndarray::{Array1, Array2, Axis};
 
-use logprobe_reference::spec::{Dtype, Problem, Shape};
+use logprobe_reference::spec::{Dtype, Output, Problem, Shape};
 
 use super::backend::{Arg, DeviceBuffer, LaunchConfig, Launcher};
 use super::error::CudaError;
@@ -153,12 +153,7 @@ pub(crate) fn forward(
     let want_ent = problem.options.entropy.is_some();
     let want_topk = problem.topk_ids.is_some();
     if n == 0 {
-        return Ok(ForwardOutput {
-            dtype: out,
-            log_probs: want_lp.then(|| Array1::zeros(0)),
-            entropy: want_ent.then(|| Array1::zeros(0)),
-            topk_log_probs: want_topk.then(|| Array2::zeros((0, k))),
-        });
+        return Ok(ForwardOutput::zeros(problem, shape, out));
     }
     check_sizes(shape)?;
     let _guard = rt.exclusive();
@@ -345,11 +340,18 @@ pub(crate) fn forward(
     } else {
         None
     };
+    let per_row = |a: Option<Array1<f64>>| a.map(|a| a.insert_axis(Axis(1)));
+    let values = [
+        (Output::LogProbs, per_row(lp_v)),
+        (Output::Entropy, per_row(ent_v)),
+        (Output::TopkLogProbs, topk_v),
+    ];
     Ok(ForwardOutput {
         dtype: out,
-        log_probs: lp_v,
-        entropy: ent_v,
-        topk_log_probs: topk_v,
+        values: values
+            .into_iter()
+            .filter_map(|(o, v)| Some((o, v?)))
+            .collect(),
     })
 }
 

@@ -20,7 +20,8 @@ use logprobe_kernels::cuda::{CudaChunked, CudaFused, CudaVocabParallel, Launcher
 use logprobe_kernels::{Algorithm, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Output, Problem, Shape,
+    TemperatureDtype,
 };
 
 /// Result of one check: `Err` names the kernel, the case and the value.
@@ -68,23 +69,8 @@ pub fn on_every_backend(check: impl Fn(&Arc<dyn Launcher>) -> Check) {
     }
 }
 
-/// splitmix64: reproducible test data without a rand dependency.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+/// Reproducible test data without a rand dependency (the one splitmix64).
+pub use logprobe_reference::splitmix::SplitMix64;
 
 /// One test case: logits in f64 (exact in every dtype after rounding),
 /// tokens, mask, top-k ids, options.
@@ -97,9 +83,9 @@ pub struct Case {
 }
 
 pub fn case(seed: u64, n: usize, v_total: usize, vocab: usize, masked: bool, dtype: Dtype) -> Case {
-    let mut r = Rng(seed);
+    let mut r = SplitMix64::new(seed);
     let mut x = Array2::from_shape_fn((n, v_total), |_| {
-        dtype.round_f64(6.0 * (r.unit() - 0.5) + 4.0 * r.unit().powi(8))
+        dtype.round_f64(6.0 * (r.uniform() - 0.5) + 4.0 * r.uniform().powi(8))
     });
     for row in 0..n {
         if vocab > 2 && r.below(3) == 0 {
@@ -223,14 +209,13 @@ pub fn check_forward(kernel: &dyn Kernel, c: &Case, dtype: Dtype, out: Dtype) ->
         .forward(&p, out)
         .map_err(|e| e.to_string())?;
     let scale = 2.0 + (shape.vocab_size as f64).ln() + 40.0 / shape.temperature;
-    let lp = got.log_probs.ok_or("no log-probs")?;
-    for (r, e) in exact
-        .log_probs
-        .ok_or("no exact log-probs")?
-        .iter()
-        .enumerate()
-    {
-        if let Some(e) = e {
+    let lp = got.values.per_row(Output::LogProbs).ok_or("no log-probs")?;
+    let exact_lp = exact
+        .values
+        .per_row(Output::LogProbs)
+        .ok_or("no exact log-probs")?;
+    for (r, e) in exact_lp.iter().enumerate() {
+        if Output::LogProbs.judged(&p, r) {
             ensure!(
                 e.error(lp[r]) <= forward_bound(&alg, e.rounded, scale, out),
                 "{name} {dtype}->{out} log_prob row {r}: {} vs {}",
@@ -239,8 +224,12 @@ pub fn check_forward(kernel: &dyn Kernel, c: &Case, dtype: Dtype, out: Dtype) ->
             );
         }
     }
-    let ent = got.entropy.ok_or("no entropy")?;
-    for (r, e) in exact.entropy.ok_or("no exact entropy")?.iter().enumerate() {
+    let ent = got.values.per_row(Output::Entropy).ok_or("no entropy")?;
+    let exact_ent = exact
+        .values
+        .per_row(Output::Entropy)
+        .ok_or("no exact entropy")?;
+    for (r, e) in exact_ent.iter().enumerate() {
         ensure!(ent[r].is_finite(), "{name} entropy row {r} is {}", ent[r]);
         ensure!(
             e.error(ent[r]) <= forward_bound(&alg, e.rounded, scale, out),
@@ -249,9 +238,10 @@ pub fn check_forward(kernel: &dyn Kernel, c: &Case, dtype: Dtype, out: Dtype) ->
             e.rounded
         );
     }
-    let topk = got.topk_log_probs.ok_or("no top-k")?;
+    let topk = got.values.get(Output::TopkLogProbs).ok_or("no top-k")?;
     for ((idx, e), &g) in exact
-        .topk_log_probs
+        .values
+        .get(Output::TopkLogProbs)
         .ok_or("no exact top-k")?
         .indexed_iter()
         .zip(topk.iter())
@@ -327,9 +317,6 @@ pub fn cotangents(n: usize, k: usize) -> (Array1<f64>, Array1<f64>, Array2<f64>)
     (g, h, gk)
 }
 
-pub fn bits1(a: &Array1<f64>) -> Vec<u64> {
-    a.iter().map(|v| v.to_bits()).collect()
-}
 pub fn bits2(a: &Array2<f64>) -> Vec<u64> {
     a.iter().map(|v| v.to_bits()).collect()
 }
@@ -355,18 +342,12 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         let f = k.forward(&p, Dtype::F32).map_err(err)?;
         let b = k.backward(&p, &cot, Dtype::F32).map_err(err)?;
         // Same reduction order as fused, on exactly widened values.
-        ensure!(
-            f.log_probs.as_ref().map(bits1) == f_ref.log_probs.as_ref().map(bits1),
-            "chunk {chunk}: log-probs differ from fused"
-        );
-        ensure!(
-            f.entropy.as_ref().map(bits1) == f_ref.entropy.as_ref().map(bits1),
-            "chunk {chunk}: entropy differs from fused"
-        );
-        ensure!(
-            f.topk_log_probs.as_ref().map(bits2) == f_ref.topk_log_probs.as_ref().map(bits2),
-            "chunk {chunk}: top-k differs from fused"
-        );
+        for o in Output::FORWARD {
+            ensure!(
+                f.values.get(o).map(bits2) == f_ref.values.get(o).map(bits2),
+                "chunk {chunk}: {o} differs from fused"
+            );
+        }
         ensure!(
             bits2(&b) == bits2(&b_ref),
             "chunk {chunk}: grads differ from fused"
@@ -381,9 +362,10 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         options: c.options,
     };
     let f_sub = fused.forward(&sub, Dtype::F32).map_err(err)?;
-    let ent = f_ref.entropy.ok_or("no entropy")?;
+    let ent = f_ref.values.get(Output::Entropy).ok_or("no entropy")?;
     ensure!(
-        f_sub.entropy.as_ref().map(bits1) == Some(bits1(&ent.slice(ndarray::s![4..9]).to_owned())),
+        f_sub.values.get(Output::Entropy).map(bits2)
+            == Some(bits2(&ent.slice(ndarray::s![4..9, ..]).to_owned())),
         "rows 4..9 alone differ from the same rows in the whole call"
     );
     Ok(())
@@ -488,7 +470,7 @@ pub fn neg_inf_rows_and_empty_problems(l: &Arc<dyn Launcher>) -> Check {
     let p = Problem::new(Logits::F32(x.view()));
     let fused = CudaFused::on(l.clone());
     let out = fused.forward(&p, Dtype::F32).map_err(|e| e.to_string())?;
-    let ent = out.entropy.ok_or("no entropy")?;
+    let ent = out.values.per_row(Output::Entropy).ok_or("no entropy")?;
     ensure!(ent[0] == 0.0, "entropy of a one-hot row: {}", ent[0]);
     ensure!(
         (ent[1] - std::f64::consts::LN_2).abs() < 1e-6,
@@ -501,7 +483,10 @@ pub fn neg_inf_rows_and_empty_problems(l: &Arc<dyn Launcher>) -> Check {
     let out = fused
         .forward(&Problem::new(Logits::F32(empty.view())), Dtype::F32)
         .map_err(|e| e.to_string())?;
-    ensure!(out.entropy.map(|e| e.len()) == Some(0), "N = 0 entropy");
+    ensure!(
+        out.values.get(Output::Entropy).map(|e| e.len()) == Some(0),
+        "N = 0 entropy"
+    );
     ensure!(fused.memory().allocations == 0, "N = 0 allocated");
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
+use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, TemperatureDtype};
 use logprobe_testkit::checks::asked;
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
@@ -128,21 +128,13 @@ pub fn dump_bytes(
                 _ => case.out(),
             };
             if let Ok(fo) = k.forward(&p, out) {
-                if let Some(lp) = &fo.log_probs {
-                    t.push((
-                        "log_probs",
-                        DumpTensor::floats(out, &[lp.len()], &lp.to_vec()),
-                    ));
-                }
-                if let Some(h) = &fo.entropy {
-                    t.push(("entropy", DumpTensor::floats(out, &[h.len()], &h.to_vec())));
-                }
-                if let Some(tk) = &fo.topk_log_probs {
-                    let (r, c) = tk.dim();
-                    t.push((
-                        "topk_log_probs",
-                        DumpTensor::floats(out, &[r, c], &tk.iter().copied().collect::<Vec<_>>()),
-                    ));
+                for (o, a) in fo.values.iter() {
+                    let values: Vec<f64> = a.iter().copied().collect();
+                    let shape = match o.columns() {
+                        Columns::One => vec![a.nrows()],
+                        Columns::TopK | Columns::Vocabulary => vec![a.nrows(), a.ncols()],
+                    };
+                    t.push((o.name(), DumpTensor::floats(out, &shape, &values)));
                 }
             }
         }

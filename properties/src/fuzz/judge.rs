@@ -6,7 +6,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Output};
 use logprobe_testkit::cache::oracle_case;
 use logprobe_testkit::checks::{
     check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Ratios,
@@ -46,7 +46,10 @@ pub struct Finding {
 
 /// The worst `error / bound` over every judged output of `r`.
 pub fn worst(r: &Ratios) -> f64 {
-    r.log_probs.max(r.entropy).max(r.topk).max(r.grad)
+    Output::ALL
+        .into_iter()
+        .map(|o| r.get(o))
+        .fold(0.0, f64::max)
 }
 
 /// Runs `f`, turning a panic into an error (a panicking kernel is a finding).

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use ndarray::Array2;
 
 use logprobe_reference::oracle::{Exact, Oracle, OracleForward, RowStats};
-use logprobe_reference::spec::{Dtype, SpecError};
+use logprobe_reference::spec::{Dtype, Problem, SpecError};
 
 use crate::strategies::{CotangentData, ProblemData};
 use logprobe_verify::tolerance::RowContext;
@@ -41,14 +41,19 @@ impl OracleCase {
     /// Runs the oracle on `data`: forward in f64, then the statistics and
     /// context of every row.
     pub fn compute(data: &ProblemData) -> OracleCase {
-        let problem = data.problem();
+        OracleCase::of(&data.problem())
+    }
+
+    /// As [`OracleCase::compute`] for a borrowed problem.
+    pub fn of(problem: &Problem<'_>) -> OracleCase {
+        let (n, _) = problem.logits.dim();
         let oracle = Oracle::default();
-        let forward = oracle.forward(&problem, Dtype::F64);
+        let forward = oracle.forward(problem, Dtype::F64);
         let (mut stats, mut contexts) = (Vec::new(), Vec::new());
         let forward = forward.and_then(|f| {
-            for row in 0..data.n() {
-                stats.push(oracle.row_stats(&problem, row)?);
-                contexts.push(RowContext::from_problem(&problem, row)?);
+            for row in 0..n {
+                stats.push(oracle.row_stats(problem, row)?);
+                contexts.push(RowContext::from_problem(problem, row)?);
             }
             Ok(f)
         });

@@ -111,10 +111,7 @@ pub fn peak_extra(
     let (n, vt) = (shape.n, shape.v_total);
     let (fo, f_peak) = measure(|| kernel.forward(problem, out));
     let fo = fo.map_err(|e: KernelError| e.to_string())?;
-    let outputs = 8
-        * (fo.log_probs.as_ref().map_or(0, |a| a.len())
-            + fo.entropy.as_ref().map_or(0, |a| a.len())
-            + fo.topk_log_probs.as_ref().map_or(0, |a| a.len()));
+    let outputs = 8 * fo.values.iter().map(|(_, a)| a.len()).sum::<usize>();
     drop(fo);
     let f_extra = f_peak.saturating_sub(outputs);
     let b_extra = match cot {

@@ -32,8 +32,8 @@ use logprobe_kernels::kernel::{
 };
 use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
-    SpecError, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Output, Problem, ProblemMut,
+    Shape, SpecError, TemperatureDtype,
 };
 
 use crate::strategies::{even_shards, OwnedLogits};
@@ -233,14 +233,14 @@ impl Mutant {
         let n = shape.n;
         match self.kind {
             MutantKind::NanOnNegInf => {
-                if let Some(h) = fo.entropy.as_mut() {
+                if let Some(h) = fo.values.get_mut(Output::Entropy) {
                     for row in 0..n {
                         let x = p.logits.row_f64(row);
                         // w_j = -inf: a -inf logit, or a masked entry under masked entropy.
                         if (0..shape.vocab_size)
                             .any(|j| x[j] == f64::NEG_INFINITY || !entropy_set(p, row, j))
                         {
-                            h[row] = f64::NAN;
+                            h[[row, 0]] = f64::NAN;
                         }
                     }
                 }
@@ -252,29 +252,23 @@ impl Mutant {
                 for row in 0..n {
                     let x = p.logits.row_f64(row);
                     let v = shape.vocab_size;
-                    let allowed: Vec<f64> = (0..v)
-                        .map(|j| {
-                            if p.allowed(row, j) {
-                                x[j]
-                            } else {
-                                f64::NEG_INFINITY
-                            }
-                        })
-                        .collect();
+                    let allowed = p.allowed_row_f64(row);
                     let t = match p.options.temperature_dtype {
                         TemperatureDtype::Accumulation => shape.temperature,
                         TemperatureDtype::Input => 1.0,
                     };
                     let lp_row = naive_log_softmax(&allowed, t, shape.dtype);
-                    if let (Some(lp), true) = (fo.log_probs.as_mut(), p.has_target(row)) {
-                        lp[row] = out.round_f64(lp_row[p.tokens.unwrap()[row] as usize]);
+                    if let (Some(lp), true) =
+                        (fo.values.get_mut(Output::LogProbs), p.has_target(row))
+                    {
+                        lp[[row, 0]] = out.round_f64(lp_row[p.tokens.unwrap()[row] as usize]);
                     }
-                    if let Some(tk) = fo.topk_log_probs.as_mut() {
+                    if let Some(tk) = fo.values.get_mut(Output::TopkLogProbs) {
                         for (k, &id) in p.topk_ids.unwrap().row(row).iter().enumerate() {
                             tk[[row, k]] = out.round_f64(lp_row[id as usize]);
                         }
                     }
-                    if let Some(h) = fo.entropy.as_mut() {
+                    if let Some(h) = fo.values.get_mut(Output::Entropy) {
                         let w: Vec<f64> = (0..v)
                             .map(|j| {
                                 if entropy_set(p, row, j) {
@@ -284,21 +278,15 @@ impl Mutant {
                                 }
                             })
                             .collect();
-                        h[row] = out.round_f64(naive_entropy(&w, t, shape.dtype));
+                        h[[row, 0]] = out.round_f64(naive_entropy(&w, t, shape.dtype));
                     }
                 }
             }
             MutantKind::DroppedChunkRemainder => {
                 let full = n / self.chunk_size.max(1) * self.chunk_size.max(1);
                 for row in full..n {
-                    if let Some(a) = fo.log_probs.as_mut() {
-                        a[row] = 0.0;
-                    }
-                    if let Some(a) = fo.entropy.as_mut() {
-                        a[row] = 0.0;
-                    }
-                    if let Some(tk) = fo.topk_log_probs.as_mut() {
-                        tk.row_mut(row).fill(0.0);
+                    for (_, a) in fo.values.iter_mut() {
+                        a.row_mut(row).fill(0.0);
                     }
                 }
             }
@@ -309,10 +297,13 @@ impl Mutant {
                     let z = row_z(p, shape, row);
                     let (lse, hit) = unshifted_lse(acc, &z, |j| p.allowed(row, j));
                     if hit {
-                        if let (Some(lp), true) = (fo.log_probs.as_mut(), p.has_target(row)) {
-                            lp[row] = out.round_f64(r(z[p.tokens.unwrap()[row] as usize] - lse));
+                        if let (Some(lp), true) =
+                            (fo.values.get_mut(Output::LogProbs), p.has_target(row))
+                        {
+                            lp[[row, 0]] =
+                                out.round_f64(r(z[p.tokens.unwrap()[row] as usize] - lse));
                         }
-                        if let Some(tk) = fo.topk_log_probs.as_mut() {
+                        if let Some(tk) = fo.values.get_mut(Output::TopkLogProbs) {
                             for (k, &id) in p.topk_ids.unwrap().row(row).iter().enumerate() {
                                 let zi = if p.allowed(row, id as usize) {
                                     z[id as usize]
@@ -324,7 +315,7 @@ impl Mutant {
                         }
                     }
                     let (lse_w, hit_w) = unshifted_lse(acc, &z, |j| entropy_set(p, row, j));
-                    if let (Some(h), true) = (fo.entropy.as_mut(), hit_w) {
+                    if let (Some(h), true) = (fo.values.get_mut(Output::Entropy), hit_w) {
                         let s = r(lse_w.exp());
                         let mut spz = 0.0f64;
                         for (j, &v) in z.iter().enumerate() {
@@ -332,12 +323,14 @@ impl Mutant {
                                 spz = r(spz + r(r(v.exp()) * v));
                             }
                         }
-                        h[row] = out.round_f64(r(lse_w - r(spz / s)));
+                        h[[row, 0]] = out.round_f64(r(lse_w - r(spz / s)));
                     }
                 }
             }
             MutantKind::RawEntropyFormula => {
-                let Some(h) = fo.entropy.as_mut() else { return };
+                let Some(h) = fo.values.get_mut(Output::Entropy) else {
+                    return;
+                };
                 let acc = shape.dtype.accumulation();
                 let r = |x: f64| acc.round_f64(x);
                 for row in 0..n {
@@ -354,7 +347,7 @@ impl Mutant {
                     let spz = (0..z.len())
                         .filter(|&j| set(j))
                         .fold(0.0, |a, j| r(a + r(r(r(r(z[j] - m).exp()) / s) * z[j])));
-                    h[row] = out.round_f64(r(lse - spz));
+                    h[[row, 0]] = out.round_f64(r(lse - spz));
                 }
             }
             _ => {}
@@ -629,11 +622,14 @@ impl Kernel for Mutant {
                 // The real kernel, run with the wrong column as the target.
                 let wrong = wrong_targets(problem, tokens, &trig);
                 let fw = vp.forward(&with_tokens(problem, &wrong), out)?;
-                if let (Some(lp), Some(lw)) = (fo.log_probs.as_mut(), fw.log_probs.as_ref()) {
+                if let (Some(lp), Some(lw)) = (
+                    fo.values.get_mut(Output::LogProbs),
+                    fw.values.get(Output::LogProbs),
+                ) {
                     for &(row, _, w) in &trig {
                         // A masked or -inf column gathers -inf.
-                        lp[row] = if gatherable(problem, row, w) {
-                            lw[row]
+                        lp[[row, 0]] = if gatherable(problem, row, w) {
+                            lw[[row, 0]]
                         } else {
                             f64::NEG_INFINITY
                         };
@@ -673,16 +669,10 @@ impl Kernel for Mutant {
                 let rv = Reversed::new(problem, &shape, &rows);
                 let ro = self.inner.forward(&rv.problem(problem.options), out)?;
                 for (i, &r) in rows.iter().enumerate() {
-                    if let (Some(a), Some(b)) = (fo.log_probs.as_mut(), ro.log_probs.as_ref()) {
-                        a[r] = b[i];
-                    }
-                    if let (Some(a), Some(b)) = (fo.entropy.as_mut(), ro.entropy.as_ref()) {
-                        a[r] = b[i];
-                    }
-                    if let (Some(a), Some(b)) =
-                        (fo.topk_log_probs.as_mut(), ro.topk_log_probs.as_ref())
-                    {
-                        a.row_mut(r).assign(&b.row(i));
+                    for (o, a) in fo.values.iter_mut() {
+                        if let Some(b) = ro.values.get(o) {
+                            a.row_mut(r).assign(&b.row(i));
+                        }
                     }
                 }
                 Ok(fo)
@@ -975,8 +965,8 @@ mod tests {
         for row in 0..16 {
             let hit = row != 3 && tokens[row] >= 13;
             let lp = (
-                fm.log_probs.as_ref().unwrap()[row],
-                fv.log_probs.as_ref().unwrap()[row],
+                fm.values[Output::LogProbs][[row, 0]],
+                fv.values[Output::LogProbs][[row, 0]],
             );
             assert_eq!(
                 lp.0.to_bits() != lp.1.to_bits(),
@@ -1016,9 +1006,10 @@ mod tests {
 
     /// Entropy and top-k outputs equal bit for bit (the bug is in the target gather).
     fn forward_bits_eq_except_lp(a: &ForwardOutput, b: &ForwardOutput) -> bool {
-        let bits = |x: &Array1<f64>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let bits2 = |x: &Array2<f64>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        a.entropy.as_ref().map(bits) == b.entropy.as_ref().map(bits)
-            && a.topk_log_probs.as_ref().map(bits2) == b.topk_log_probs.as_ref().map(bits2)
+        let bits = |x: &Array2<f64>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        Output::ALL
+            .into_iter()
+            .filter(|&o| o != Output::LogProbs)
+            .all(|o| a.values.get(o).map(bits) == b.values.get(o).map(bits))
     }
 }

@@ -25,6 +25,7 @@ use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Logits, LogitsMut, Options, Problem, TemperatureDtype,
     DEFAULT_IGNORE_INDEX,
 };
+use logprobe_reference::splitmix::SplitMix64;
 
 /// Vocabulary sizes of real models: LLaMA-2 (32000), GPT-2 (50257), LLaMA-3
 /// (128256), Qwen2 (151936), Qwen2.5 padded (152064), Gemma (256000).
@@ -401,15 +402,10 @@ impl CotangentRecipe {
 
 /// A deterministic RNG for `(seed, stream)`: ChaCha seeded by SplitMix64.
 pub fn rng_for(seed: u64, stream: u64) -> TestRng {
-    let mut s = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut s = SplitMix64::new(seed ^ stream.wrapping_mul(SplitMix64::GAMMA));
     let mut bytes = [0u8; 32];
     for chunk in bytes.chunks_mut(8) {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes());
+        chunk.copy_from_slice(&s.next_u64().to_le_bytes());
     }
     TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }

@@ -21,8 +21,8 @@ use logprobe_reference::spec::Dtype;
 
 use crate::cache::oracle_case;
 use crate::checks::{
-    check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Failure, Property, Ratios,
-    Verdict,
+    check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Failure, KernelOutcome,
+    Property, Ratios,
 };
 use crate::strategies::{
     bad_input, chunk_sizes, cotangent_recipe, edge_recipe, problem_recipe, BadInput, CotangentData,
@@ -126,8 +126,8 @@ fn verdict(
     kernel: &dyn Kernel,
     case: &dyn std::fmt::Debug,
     r: Result<Ratios, String>,
-) -> Verdict {
-    Verdict {
+) -> KernelOutcome {
+    KernelOutcome {
         kernel: kernel.name(),
         outcome: r.map_err(|detail| Failure {
             property,
@@ -166,7 +166,7 @@ fn agreement_cases() -> BoxedStrategy<ProblemRecipe> {
     })
 }
 
-fn check_agreement(r: &ProblemRecipe, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+fn check_agreement(r: &ProblemRecipe, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
     let data = r.expand();
     let oc = oracle_case(&format!("{r:?}"), &data);
     let out = acc_out(r.dtype);
@@ -210,7 +210,7 @@ fn chunk_cases() -> BoxedStrategy<(ProblemRecipe, CotangentRecipe, u64)> {
 fn check_chunks(
     c: &(ProblemRecipe, CotangentRecipe, u64),
     families: &[KernelFamily],
-) -> Vec<Verdict> {
+) -> Vec<KernelOutcome> {
     let (r, cr, seed) = c;
     let data = r.expand();
     let cot = cr.expand(&data);
@@ -254,7 +254,7 @@ fn gradient_cases() -> BoxedStrategy<(ProblemRecipe, CotangentRecipe)> {
 fn check_gradients(
     c: &(ProblemRecipe, CotangentRecipe),
     kernels: &[Box<dyn Kernel>],
-) -> Vec<Verdict> {
+) -> Vec<KernelOutcome> {
     let (r, cr) = c;
     let data = r.expand();
     let cot = cr.expand(&data);
@@ -306,7 +306,10 @@ fn half_cases() -> BoxedStrategy<(ProblemRecipe, CotangentRecipe)> {
     (problem_recipe(space), cotangent_recipe()).boxed()
 }
 
-fn check_half(c: &(ProblemRecipe, CotangentRecipe), kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+fn check_half(
+    c: &(ProblemRecipe, CotangentRecipe),
+    kernels: &[Box<dyn Kernel>],
+) -> Vec<KernelOutcome> {
     let (r, cr) = c;
     let data = r.expand();
     let cot = cr.expand(&data);
@@ -372,7 +375,7 @@ fn edge_cases() -> BoxedStrategy<EdgeCase> {
         .boxed()
 }
 
-fn check_edges(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+fn check_edges(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
     let (r, cr, bad, row, col) = c;
     let mut data = r.expand();
     let mut cot = cr.expand(&data);
@@ -420,7 +423,7 @@ pub fn inputs_unchanged() -> Property<EdgeCase, [Box<dyn Kernel>]> {
     }
 }
 
-fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<Verdict> {
+fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
     let (r, cr, bad, row, col) = c;
     let mut data = r.expand();
     let mut cot = cr.expand(&data);
@@ -541,7 +544,7 @@ fn shard_cases() -> BoxedStrategy<ShardCase> {
         .boxed()
 }
 
-fn check_shards(c: &ShardCase, families: &[ShardedFamily]) -> Vec<Verdict> {
+fn check_shards(c: &ShardCase, families: &[ShardedFamily]) -> Vec<KernelOutcome> {
     let (r, cr, count, seed, bad) = c;
     let v_total = r.vocab_size.max(1) + r.padding;
     let layout =

@@ -23,12 +23,12 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
+use ndarray::{Array1, Array2};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Logits, Options, Problem, SpecError, TemperatureDtype,
-    DEFAULT_IGNORE_INDEX,
+    Columns, Cotangents, Dtype, EntropyLogits, Logits, Options, Output, PerOutput, Problem,
+    SpecError, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
 
 /// Bad input: a dump that cannot be verified. Every variant names the file's
@@ -282,6 +282,12 @@ pub struct FloatMatrix<'a> {
 }
 
 impl<'a> FloatMatrix<'a> {
+    /// The whole tensor `[rows, cols]` as exact f64 values.
+    pub fn to_array(&self) -> Array2<f64> {
+        Array2::from_shape_vec((self.rows, self.cols), decode_floats(self.dtype, self.data))
+            .expect("size checked by safetensors")
+    }
+
     /// Row `r` as exact f64 values (`[cols]`). Panics if `r >= rows`.
     pub fn row_f64(&self, r: usize) -> Vec<f64> {
         let w = self.dtype.size_bytes();
@@ -372,16 +378,6 @@ impl MaskMatrix<'_> {
     }
 }
 
-/// A candidate output `[N]` or `[N, K]`: values stored as exact f64, with
-/// the dtype they were dumped in (ulps are counted in it).
-#[derive(Clone, Debug)]
-pub struct Candidate<D> {
-    /// The dtype of the tensor in the file.
-    pub dtype: Dtype,
-    /// The values, exactly.
-    pub values: D,
-}
-
 /// A parsed, shape-checked dump. `N` rows, `V_total` columns of logits.
 pub struct Dump<'a> {
     /// `logits [N, V_total]`.
@@ -392,20 +388,15 @@ pub struct Dump<'a> {
     pub sampling_mask: Option<MaskMatrix<'a>>,
     /// `topk_ids [N, K]` as i64.
     pub topk_ids: Option<Array2<i64>>,
-    /// Candidate `log_probs [N]`.
-    pub log_probs: Option<Candidate<Array1<f64>>>,
-    /// Candidate `entropy [N]`.
-    pub entropy: Option<Candidate<Array1<f64>>>,
-    /// Candidate `topk_log_probs [N, K]`.
-    pub topk_log_probs: Option<Candidate<Array2<f64>>>,
-    /// Candidate `grad_logits [N, V_total]`.
-    pub grad_logits: Option<FloatMatrix<'a>>,
-    /// Cotangent `grad_log_probs [N]` (exact f64).
-    pub grad_log_probs: Option<Array1<f64>>,
-    /// Cotangent `grad_entropy [N]`.
-    pub grad_entropy: Option<Array1<f64>>,
-    /// Cotangent `grad_topk_log_probs [N, K]`.
-    pub grad_topk_log_probs: Option<Array2<f64>>,
+    /// The candidate outputs, `[N, width]` each (`log_probs [N]` and
+    /// `entropy [N]` as width 1, `topk_log_probs [N, K]`, `grad_logits
+    /// [N, V_total]`), left in the file and decoded row by row, each with
+    /// the dtype it was dumped in (ulps are counted in it).
+    pub candidates: PerOutput<FloatMatrix<'a>>,
+    /// The upstream cotangents (`grad_log_probs [N]`, `grad_entropy [N]`,
+    /// `grad_topk_log_probs [N, K]`) as exact f64 `[N, width]`, keyed by the
+    /// output they are the cotangent of.
+    pub cotangents: PerOutput<Array2<f64>>,
     /// Options from the metadata. `entropy` is `Some` exactly when the
     /// entropy or its cotangent is in the dump.
     pub options: Options,
@@ -451,12 +442,8 @@ pub struct RowInputs {
     pub topk_ids: Option<Array2<i64>>,
     /// Options of the dump.
     pub options: Options,
-    /// Cotangents `[1]`, `[1]`, `[1, K]`.
-    pub grad_log_probs: Option<Array1<f64>>,
-    /// See `grad_log_probs`.
-    pub grad_entropy: Option<Array1<f64>>,
-    /// See `grad_log_probs`.
-    pub grad_topk_log_probs: Option<Array2<f64>>,
+    /// The row's cotangents `[1, width]`, keyed by their output.
+    pub cotangents: PerOutput<Array2<f64>>,
 }
 
 impl RowInputs {
@@ -473,11 +460,7 @@ impl RowInputs {
 
     /// The one-row cotangents.
     pub fn cotangents(&self) -> Cotangents<'_> {
-        Cotangents {
-            grad_log_probs: self.grad_log_probs.as_ref().map(|a| a.view()),
-            grad_entropy: self.grad_entropy.as_ref().map(|a| a.view()),
-            grad_topk_log_probs: self.grad_topk_log_probs.as_ref().map(|a| a.view()),
-        }
+        Cotangents::from_outputs(&self.cotangents)
     }
 
     /// Validates the row's values with the spec (NaN / `+inf` logits,
@@ -497,9 +480,8 @@ impl RowInputs {
             shape.dtype,
             self.row,
         )?;
-        let c = self.cotangents();
-        if c.grad_log_probs.is_some() || c.grad_entropy.is_some() || c.grad_topk_log_probs.is_some()
-        {
+        if !self.cotangents.is_empty() {
+            let c = self.cotangents();
             p.validate_cotangents(&shape, &c)
                 .map_err(|e| at_row(e, self.row))?;
         }
@@ -796,85 +778,88 @@ impl<'a> Dump<'a> {
         };
         let k = topk_ids.as_ref().map(|a| a.ncols());
 
-        let float_1d = |name: &'static str| -> Result<Option<Candidate<Array1<f64>>>, DumpError> {
+        // A float tensor `[N, width]` (a per-row one stored `[N]`).
+        // `(matrix, Some(width))` for a `[]` / `[1]` cotangent broadcast
+        // under `cotangent_reduction=sum` (stored as one element).
+        type Read<'a> = Option<(FloatMatrix<'a>, Option<usize>)>;
+        let float = |name: &'static str,
+                     columns: Columns,
+                     cotangent: bool|
+         -> Result<Read<'a>, DumpError> {
             let Some(t) = get(name) else { return Ok(None) };
             let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
                 tensor: name,
                 found: format!("{:?}", t.dtype()),
                 expected: "F64, F32, BF16 or F16",
             })?;
-            let mut values = decode_floats(dtype, t.data());
-            if name.starts_with("grad_") {
-                if rs.cotangent(name, t.shape(), &[], format.cotangent_sum)? {
-                    values = vec![values.first().copied().unwrap_or(0.0); n];
+            let summed = match columns {
+                Columns::One if cotangent => {
+                    rs.cotangent(name, t.shape(), &[], format.cotangent_sum)?
                 }
-            } else {
-                rs.expect(name, t.shape(), &[])?;
-            }
-            Ok(Some(Candidate {
-                dtype,
-                values: Array1::from(values),
-            }))
-        };
-        let float_2d = |name: &'static str| -> Result<Option<Candidate<Array2<f64>>>, DumpError> {
-            let Some(t) = get(name) else { return Ok(None) };
-            let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
-                tensor: name,
-                found: format!("{:?}", t.dtype()),
-                expected: "F64, F32, BF16 or F16",
-            })?;
-            let Some(k) = k else {
-                return Err(DumpError::MissingTensor {
-                    tensor: "topk_ids",
-                    why: " (needed by top-k tensors)",
-                });
+                Columns::One => {
+                    rs.expect(name, t.shape(), &[])?;
+                    false
+                }
+                Columns::TopK => {
+                    let Some(k) = k else {
+                        return Err(DumpError::MissingTensor {
+                            tensor: "topk_ids",
+                            why: " (needed by top-k tensors)",
+                        });
+                    };
+                    if cotangent {
+                        rs.cotangent(name, t.shape(), &[('K', k)], format.cotangent_sum)?
+                    } else {
+                        rs.expect(name, t.shape(), &[('K', k)])?;
+                        false
+                    }
+                }
+                Columns::Vocabulary => {
+                    rs.expect(name, t.shape(), &[('V', v)])?;
+                    false
+                }
             };
-            let mut vals = decode_floats(dtype, t.data());
-            if name.starts_with("grad_") {
-                if rs.cotangent(name, t.shape(), &[('K', k)], format.cotangent_sum)? {
-                    vals = vec![vals.first().copied().unwrap_or(0.0); n * k];
-                }
-            } else {
-                rs.expect(name, t.shape(), &[('K', k)])?;
-            }
-            Ok(Some(Candidate {
-                dtype,
-                values: Array2::from_shape_vec((n, k), vals).expect("size checked"),
-            }))
-        };
-
-        let log_probs = float_1d("log_probs")?;
-        let entropy = float_1d("entropy")?;
-        let topk_log_probs = float_2d("topk_log_probs")?;
-        let grad_log_probs = float_1d("grad_log_probs")?.map(|c| c.values);
-        let grad_entropy = float_1d("grad_entropy")?.map(|c| c.values);
-        let grad_topk_log_probs = float_2d("grad_topk_log_probs")?.map(|c| c.values);
-        let grad_logits = match get("grad_logits") {
-            None => None,
-            Some(t) => {
-                let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
-                    tensor: "grad_logits",
-                    found: format!("{:?}", t.dtype()),
-                    expected: "F64, F32, BF16 or F16",
-                })?;
-                rs.expect("grad_logits", t.shape(), &[('V', v)])?;
-                Some(FloatMatrix {
+            let cols = match columns {
+                Columns::One => 1,
+                Columns::TopK => k.expect("checked above"),
+                Columns::Vocabulary => v,
+            };
+            Ok(Some((
+                FloatMatrix {
                     dtype,
-                    rows: n,
-                    cols: v,
+                    rows: if summed { 1 } else { n },
+                    cols: if summed { 1 } else { cols },
                     data: t.data(),
-                })
-            }
+                },
+                summed.then_some(cols),
+            )))
         };
+        let mut candidates = PerOutput::new();
+        for o in Output::ALL {
+            if let Some((m, _)) = float(o.name(), o.columns(), false)? {
+                candidates.insert(o, m);
+            }
+        }
+        let mut cotangents = PerOutput::new();
+        for o in Output::ALL {
+            if let Some(name) = o.cotangent_name() {
+                if let Some((m, summed)) = float(name, o.columns(), true)? {
+                    let a = match summed {
+                        // One value, broadcast to every element.
+                        Some(cols) => Array2::from_elem(
+                            (n, cols),
+                            m.to_array().first().copied().unwrap_or(0.0),
+                        ),
+                        None => m.to_array(),
+                    };
+                    cotangents.insert(o, a);
+                }
+            }
+        }
 
         let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
         names.sort();
-        if require_candidate
-            && !(format.topk_kernel && topk_ids.is_some())
-            && log_probs.is_none()
-            && entropy.is_none()
-            && topk_log_probs.is_none()
-            && grad_logits.is_none()
+        if require_candidate && !(format.topk_kernel && topk_ids.is_some()) && candidates.is_empty()
         {
             return Err(DumpError::NoCandidate { tensors: names });
         }
@@ -898,8 +883,10 @@ impl<'a> Dump<'a> {
         }
 
         // Inputs each candidate needs.
-        if (log_probs.is_some() || grad_log_probs.is_some()) && tokens.is_none() {
-            let why = if log_probs.is_some() {
+        let needs_tokens = |per: &PerOutput<_>| per.contains(Output::LogProbs);
+        if (needs_tokens(&candidates) || cotangents.contains(Output::LogProbs)) && tokens.is_none()
+        {
+            let why = if needs_tokens(&candidates) {
                 " (needed by log_probs)"
             } else {
                 " (needed by grad_log_probs)"
@@ -909,11 +896,7 @@ impl<'a> Dump<'a> {
                 why,
             });
         }
-        if grad_logits.is_some()
-            && grad_log_probs.is_none()
-            && grad_entropy.is_none()
-            && grad_topk_log_probs.is_none()
-        {
+        if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
             return Err(DumpError::Spec(SpecError::NoCotangent {
                 what:
                     "grad_logits given without grad_log_probs, grad_entropy or grad_topk_log_probs",
@@ -922,20 +905,17 @@ impl<'a> Dump<'a> {
         // Cotangents are judged only through grad_logits: without it they
         // are inert, but still read (and validated) so mistakes surface.
 
-        let want_entropy = entropy.is_some() || grad_entropy.is_some() || !require_candidate;
+        let want_entropy = candidates.contains(Output::Entropy)
+            || cotangents.contains(Output::Entropy)
+            || !require_candidate;
         let options = parse_options(&meta, want_entropy, v, ldtype)?;
         Ok(Dump {
             logits,
             tokens,
             sampling_mask,
             topk_ids,
-            log_probs,
-            entropy,
-            topk_log_probs,
-            grad_logits,
-            grad_log_probs,
-            grad_entropy,
-            grad_topk_log_probs,
+            candidates,
+            cotangents,
             options,
             ignored_tensors,
             row_shape: rs,
@@ -964,13 +944,10 @@ impl<'a> Dump<'a> {
     /// # Errors
     /// [`DumpError::BadMaskValue`].
     pub fn row(&self, row: usize) -> Result<RowInputs, DumpError> {
-        let one = |a: &Array1<i64>| Array1::from(vec![a[row]]);
-        let one_f = |a: &Array1<f64>| Array1::from(vec![a[row]]);
-        let k_row = |a: &Array2<f64>| a.row(row).to_owned().insert_axis(ndarray::Axis(0));
         Ok(RowInputs {
             row,
             logits: self.logits.row_logits(row),
-            tokens: self.tokens.as_ref().map(one),
+            tokens: self.tokens.as_ref().map(|a| Array1::from(vec![a[row]])),
             sampling_mask: self
                 .sampling_mask
                 .as_ref()
@@ -981,9 +958,10 @@ impl<'a> Dump<'a> {
                 .as_ref()
                 .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
             options: self.options,
-            grad_log_probs: self.grad_log_probs.as_ref().map(one_f),
-            grad_entropy: self.grad_entropy.as_ref().map(one_f),
-            grad_topk_log_probs: self.grad_topk_log_probs.as_ref().map(k_row),
+            cotangents: self
+                .cotangents
+                .as_ref()
+                .map(|_, a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
         })
     }
 
@@ -993,16 +971,6 @@ impl<'a> Dump<'a> {
         self.tokens
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
-    }
-
-    /// Candidate `log_probs` as a view.
-    pub fn log_probs_view(&self) -> Option<ArrayView1<'_, f64>> {
-        self.log_probs.as_ref().map(|c| c.values.view())
-    }
-
-    /// Candidate `topk_log_probs` as a view.
-    pub fn topk_view(&self) -> Option<ArrayView2<'_, f64>> {
-        self.topk_log_probs.as_ref().map(|c| c.values.view())
     }
 }
 

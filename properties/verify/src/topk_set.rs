@@ -232,7 +232,7 @@ pub struct TopkSetRow {
 #[derive(Clone, Debug, Serialize)]
 pub struct TopkSetReport {
     /// `pass` when every checked row's ids are a valid top-k set, else `fail`.
-    pub verdict: crate::verify::Verdict,
+    pub verdict: crate::verify::ReportVerdict,
     /// Whether order was checked too (`topk_sorted=true`).
     pub sorted: bool,
     /// Rows checked.
@@ -294,9 +294,9 @@ pub fn check_dump(
     };
     Ok(TopkSetReport {
         verdict: if failures.is_empty() {
-            crate::verify::Verdict::Pass
+            crate::verify::ReportVerdict::Pass
         } else {
-            crate::verify::Verdict::Fail
+            crate::verify::ReportVerdict::Fail
         },
         sorted,
         rows_checked: rows.len(),

@@ -23,8 +23,10 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use ndarray::ArrayView1;
+
 use logprobe_reference::oracle::{Exact, Oracle};
-use logprobe_reference::spec::{Dtype, EntropyLogits, SpecError};
+use logprobe_reference::spec::{Columns, Dtype, Output, PerOutput, SpecError};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::tolerance;
@@ -157,7 +159,7 @@ impl Default for VerifyConfig {
 /// A verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub enum ReportVerdict {
     /// Every element within its bound.
     Pass,
     /// Every element within its sound bound, some beyond the statistical
@@ -171,25 +173,25 @@ pub enum Verdict {
     Fail,
 }
 
-impl Verdict {
+impl ReportVerdict {
     /// `pass`, `suspect`, `no bound` or `fail` (the `--expect` vocabulary).
     pub fn name(self) -> &'static str {
         match self {
-            Verdict::Pass => "pass",
-            Verdict::Suspect => "suspect",
-            Verdict::NoBound => "no bound",
-            Verdict::Fail => "fail",
+            ReportVerdict::Pass => "pass",
+            ReportVerdict::Suspect => "suspect",
+            ReportVerdict::NoBound => "no bound",
+            ReportVerdict::Fail => "fail",
         }
     }
 }
 
-impl std::fmt::Display for Verdict {
+impl std::fmt::Display for ReportVerdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Verdict::Pass => "pass",
-            Verdict::Suspect => "SUSPECT",
-            Verdict::NoBound => "no bound",
-            Verdict::Fail => "FAIL",
+            ReportVerdict::Pass => "pass",
+            ReportVerdict::Suspect => "SUSPECT",
+            ReportVerdict::NoBound => "no bound",
+            ReportVerdict::Fail => "FAIL",
         })
     }
 }
@@ -280,8 +282,8 @@ pub struct OutputReport {
     pub dtype: String,
     /// Elements judged.
     pub count: usize,
-    /// Verdict under the chosen model.
-    pub verdict: Verdict,
+    /// ReportVerdict under the chosen model.
+    pub verdict: ReportVerdict,
     /// Largest error bound `|candidate - exact|`.
     #[serde(serialize_with = "json_f64")]
     pub max_abs_error: f64,
@@ -331,7 +333,7 @@ pub struct FileReport {
     /// File stem (the key in `expected.json`).
     pub name: String,
     /// Overall verdict (the worst of the outputs').
-    pub verdict: Verdict,
+    pub verdict: ReportVerdict,
     /// `N`.
     pub rows: usize,
     /// Rows checked (`--rows`).
@@ -512,8 +514,13 @@ impl OutputAcc {
 
     /// Records the statistical threshold of an element judged within its
     /// sound bound (`error`): suspect when beyond it.
-    fn observe_statistical(&mut self, error: f64, sound_pass: bool, threshold: &tolerance::Bound) {
-        if let tolerance::Bound::Abs(t) = threshold {
+    fn observe_statistical(
+        &mut self,
+        error: f64,
+        sound_pass: bool,
+        threshold: &tolerance::ErrorBound,
+    ) {
+        if let tolerance::ErrorBound::Abs(t) = threshold {
             let r = if *t > 0.0 {
                 error / t
             } else if error == 0.0 {
@@ -528,15 +535,15 @@ impl OutputAcc {
         }
     }
 
-    fn verdict(&self) -> Verdict {
+    fn verdict(&self) -> ReportVerdict {
         if self.any_fail {
-            Verdict::Fail
+            ReportVerdict::Fail
         } else if self.any_no_bound {
-            Verdict::NoBound
+            ReportVerdict::NoBound
         } else if self.suspect > 0 {
-            Verdict::Suspect
+            ReportVerdict::Suspect
         } else {
-            Verdict::Pass
+            ReportVerdict::Pass
         }
     }
 }
@@ -572,10 +579,8 @@ fn max_nan(a: f64, b: f64) -> f64 {
     }
 }
 
-const OUTPUTS: [&str; 4] = ["log_probs", "entropy", "topk_log_probs", "grad_logits"];
-
-/// Per-row accumulators, one per output in [`OUTPUTS`] order.
-type RowAcc = [Option<OutputAcc>; 4];
+/// Per-row accumulators, one per judged output.
+type RowAcc = PerOutput<OutputAcc>;
 
 /// Verifies a parsed dump (see the module docs).
 ///
@@ -642,40 +647,30 @@ pub fn verify_dump(
         .collect();
     progress.finish();
 
-    let mut totals: RowAcc = Default::default();
+    let mut totals: RowAcc = PerOutput::new();
     for res in results {
-        for (total, part) in totals.iter_mut().zip(res?) {
-            if let Some(part) = part {
-                match total {
-                    Some(t) => t.merge(part, keep),
-                    None => {
-                        let mut p = part;
-                        p.trim(keep);
-                        *total = Some(p);
-                    }
+        for (o, mut part) in res? {
+            match totals.get_mut(o) {
+                Some(t) => t.merge(part, keep),
+                None => {
+                    part.trim(keep);
+                    totals.insert(o, part);
                 }
             }
         }
     }
 
-    let dtypes = [
-        dump.log_probs.as_ref().map(|c| c.dtype),
-        dump.entropy.as_ref().map(|c| c.dtype),
-        dump.topk_log_probs.as_ref().map(|c| c.dtype),
-        dump.grad_logits.as_ref().map(|m| m.dtype),
-    ];
     let mut outputs = Vec::new();
-    for (i, name) in OUTPUTS.iter().enumerate() {
-        let Some(dtype) = dtypes[i] else { continue };
-        let acc = totals[i].take().unwrap_or_else(OutputAcc::new);
-        let mut o = output_report(name, dtype, acc);
-        for j in &mut o.worst {
+    for (o, candidate) in dump.candidates.iter() {
+        let acc = totals.take(o).unwrap_or_else(OutputAcc::new);
+        let mut report = output_report(o.name(), candidate.dtype, acc);
+        for j in &mut report.worst {
             j.position = dump.row_shape.position(j.row);
         }
-        if o.count == 0 {
-            o.nothing_checked = Some(nothing_checked_reason(name, dump, &rows));
+        if report.count == 0 {
+            report.nothing_checked = Some(nothing_checked_reason(o, dump, &rows));
         }
-        outputs.push(o);
+        outputs.push(report);
     }
     let topk_ids = dump
         .format
@@ -687,7 +682,7 @@ pub fn verify_dump(
         .map(|o| o.verdict)
         .chain(topk_ids.as_ref().map(|t| t.verdict))
         .max()
-        .unwrap_or(Verdict::Pass);
+        .unwrap_or(ReportVerdict::Pass);
     Ok(FileReport {
         path: path.to_path_buf(),
         name: path
@@ -720,16 +715,16 @@ pub fn no_rows_reason(dump: &Dump<'_>) -> String {
 }
 
 /// Why output `name` has no element checked over `rows`.
-fn nothing_checked_reason(name: &str, dump: &Dump<'_>, rows: &[usize]) -> String {
+fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> String {
     if rows.is_empty() {
         return no_rows_reason(dump);
     }
-    match name {
-        "log_probs" => format!(
+    match output {
+        Output::LogProbs => format!(
             "every checked row's token is ignore_index ({})",
             dump.options.ignore_index
         ),
-        "topk_log_probs" => "K = 0: topk_ids has no column".to_string(),
+        Output::TopkLogProbs => "K = 0: topk_ids has no column".to_string(),
         _ => "no element".to_string(),
     }
 }
@@ -787,14 +782,12 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
 
 /// The candidate dtypes that need a forward call, deduplicated.
 fn forward_dtypes(dump: &Dump<'_>) -> Vec<Dtype> {
-    let mut v: Vec<Dtype> = [
-        dump.log_probs.as_ref().map(|c| c.dtype),
-        dump.entropy.as_ref().map(|c| c.dtype),
-        dump.topk_log_probs.as_ref().map(|c| c.dtype),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let mut v: Vec<Dtype> = dump
+        .candidates
+        .iter()
+        .filter(|(o, _)| o.is_forward())
+        .map(|(_, c)| c.dtype)
+        .collect();
     v.sort();
     v.dedup();
     v
@@ -809,7 +802,7 @@ fn judge4(
     candidate: f64,
     exact: &Exact,
     dtype: Dtype,
-    bounds: &[tolerance::Bound; 4],
+    bounds: &[tolerance::ErrorBound; 4],
 ) -> (Judged, [Option<f64>; 3]) {
     let js = bounds
         .each_ref()
@@ -836,7 +829,10 @@ fn judge4(
     (judged, [js[1].ratio, js[2].ratio, js[3].ratio])
 }
 
-/// Oracle, bounds and judgement for one row.
+/// Oracle, bounds and judgement for one row: the exact values of every
+/// candidate output (forward once per candidate dtype, the VJP in the
+/// gradient's dtype), then the row-judging walk ([`tolerance::walk_row`]),
+/// each element under `[chosen, tree, lanes=8, sequential]`.
 fn verify_row(
     dump: &Dump<'_>,
     r: usize,
@@ -846,6 +842,7 @@ fn verify_row(
 ) -> Result<RowAcc, DumpError> {
     let inputs: RowInputs = dump.row(r)?;
     let p = inputs.problem();
+    let cot = inputs.cotangents();
     let oracle = &config.oracle;
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
     let stats = oracle.row_stats(&p, 0).map_err(spec)?;
@@ -856,185 +853,96 @@ fn verify_row(
         .statistical_c
         .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c))
         .map(|s| s.row_bounds(&stats, &ctx));
-    // Our correct f32 kernel on the same row, per forward dtype.
-    let fused = |dtype: Dtype| CpuKernel::fused().forward(&p, dtype).ok();
-    let v = dump.vocab_size();
-    let mut out: RowAcc = Default::default();
+    let targets = tolerance::RowTargets::new(&p, 0, &cot);
 
-    // Judges one element under [chosen, tree, lanes=8, sequential].
-    let push = |acc: &mut OutputAcc,
-                col: Option<usize>,
-                cand: f64,
-                exact: &Exact,
-                dtype: Dtype,
-                f: &dyn Fn(&tolerance::RowBounds<'_>) -> tolerance::Bound| {
-        let bounds = rb.each_ref().map(f);
-        if let (tolerance::Bound::None { reason }, None) = (&bounds[0], &acc.no_bound_reason) {
-            acc.no_bound_reason = Some(reason.to_string());
-        }
-        let (judged, reference) = judge4(r, col, cand, exact, dtype, &bounds);
-        acc.push(judged, reference, keep);
-    };
-    // The statistical threshold of the element just pushed, and our kernel's error.
-    let observe = |acc: &mut OutputAcc,
-                   cand: f64,
-                   exact: &Exact,
-                   bound: &tolerance::Bound,
-                   threshold: Option<tolerance::Bound>,
-                   ours: Option<f64>| {
-        let j = tolerance::judge(exact, cand, Dtype::F64, bound);
-        if let Some(t) = threshold {
-            acc.observe_statistical(j.error_abs, j.pass, &t);
-        }
-        if let Some(v) = ours {
-            acc.fused_err = opt_max(acc.fused_err, Some(exact.error(v)));
-        }
-    };
-    // Naive same-dtype log_softmax / entropy for the flash-attention rule,
-    // over the real vocabulary (`-inf` where the mask disallows).
-    let x = inputs.logits.view().row_f64(0);
-    let masked: Vec<f64> = (0..v)
-        .map(|j| {
-            if p.allowed(0, j) {
-                x[j]
-            } else {
-                f64::NEG_INFINITY
-            }
+    let forwards = forward_dtypes(dump)
+        .into_iter()
+        .map(|dtype| oracle.forward(&p, dtype))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(spec)?;
+    // Our correct f32 kernel on the same row, per forward dtype.
+    let ours: Vec<_> = forward_dtypes(dump)
+        .into_iter()
+        .filter_map(|dtype| {
+            CpuKernel::fused()
+                .forward(&p, dtype)
+                .ok()
+                .map(|f| (dtype, f))
         })
         .collect();
-    let temperature = dump.options.temperature;
-
-    for dtype in forward_dtypes(dump) {
-        let fwd = oracle.forward(&p, dtype).map_err(spec)?;
-        let ours = fused(dtype);
-        let naive_lp = (dump.log_probs.is_some() || dump.topk_log_probs.is_some())
-            .then(|| tolerance::naive_log_softmax(&masked, temperature, dtype));
-        if let (Some(c), Some(lp)) = (
-            dump.log_probs.as_ref().filter(|c| c.dtype == dtype),
-            fwd.log_probs.as_ref(),
-        ) {
-            let acc = out[0].get_or_insert_with(OutputAcc::new);
-            if let (Some(exact), Some(t)) = (
-                lp[0].as_ref().filter(|_| dump.has_target(r)),
-                inputs.tokens.as_ref(),
-            ) {
-                push(acc, None, c.values[r], exact, dtype, &|b| b.log_prob(dtype));
-                observe(
-                    acc,
-                    c.values[r],
-                    exact,
-                    &rb[0].log_prob(dtype),
-                    st.as_ref().map(|s| s.log_prob(dtype)),
-                    ours.as_ref()
-                        .and_then(|o| o.log_probs.as_ref())
-                        .map(|v| v[0]),
-                );
-                if let Some(n) = &naive_lp {
-                    acc.flash
-                        .get_or_insert_with(tolerance::FlashRule::new)
-                        .observe(exact, c.values[r], n[t[0] as usize], dtype);
-                }
-            }
-        }
-        if let (Some(c), Some(ent)) = (
-            dump.entropy.as_ref().filter(|c| c.dtype == dtype),
-            fwd.entropy.as_ref(),
-        ) {
-            let acc = out[1].get_or_insert_with(OutputAcc::new);
-            push(acc, None, c.values[r], &ent[0], dtype, &|b| {
-                b.entropy(dtype)
-            });
-            observe(
-                acc,
-                c.values[r],
-                &ent[0],
-                &rb[0].entropy(dtype),
-                st.as_ref().map(|s| s.entropy(dtype)),
-                ours.as_ref().and_then(|o| o.entropy.as_ref()).map(|v| v[0]),
-            );
-            let w = match dump.options.entropy {
-                Some(EntropyLogits::Masked) => &masked[..],
-                _ => &x[..v],
+    let grad = dump
+        .candidates
+        .get(Output::GradLogits)
+        .map(|g| oracle.vjp(&p, &cot, g.dtype))
+        .transpose()
+        .map_err(spec)?;
+    let exact: PerOutput<ArrayView1<'_, Exact>> = dump
+        .candidates
+        .iter()
+        .filter_map(|(o, c)| {
+            let values = match &grad {
+                Some(g) if o == Output::GradLogits => g,
+                _ => forwards
+                    .iter()
+                    .find(|f| f.dtype == c.dtype)?
+                    .values
+                    .get(o)?,
             };
-            let naive = tolerance::naive_entropy(w, temperature, dtype);
-            acc.flash
-                .get_or_insert_with(tolerance::FlashRule::new)
-                .observe(&ent[0], c.values[r], naive, dtype);
-        }
-        if let (Some(c), Some(tk)) = (
-            dump.topk_log_probs.as_ref().filter(|c| c.dtype == dtype),
-            fwd.topk_log_probs.as_ref(),
-        ) {
-            let acc = out[2].get_or_insert_with(OutputAcc::new);
-            let ids = dump.topk_ids.as_ref().expect("checked by the reader");
-            for k in 0..c.values.ncols() {
-                // In range: validated by the spec before the oracle ran.
-                let id = ids[[r, k]] as usize;
-                let (cand, exact) = (c.values[[r, k]], &tk[[0, k]]);
-                push(acc, Some(k), cand, exact, dtype, &|b| b.topk(id, dtype));
-                observe(
-                    acc,
-                    cand,
-                    exact,
-                    &rb[0].topk(id, dtype),
-                    st.as_ref().map(|s| s.topk(id, dtype)),
-                    ours.as_ref()
-                        .and_then(|o| o.topk_log_probs.as_ref())
-                        .map(|v| v[[0, k]]),
-                );
-                if let Some(n) = &naive_lp {
-                    acc.flash
-                        .get_or_insert_with(tolerance::FlashRule::new)
-                        .observe(exact, cand, n[id], dtype);
+            Some((o, values.row(0)))
+        })
+        .collect();
+    let rows = dump.candidates.as_ref().map(|_, c| (c.dtype, c.row_f64(r)));
+    let candidates = rows
+        .as_ref()
+        .map(|_, (dtype, v)| (*dtype, ArrayView1::from(&v[..])));
+
+    let mut naive = tolerance::NaiveRow::new(&p, 0);
+    let mut out: RowAcc = PerOutput::new();
+    let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
+        &exact,
+        &candidates,
+        |o| o.judged(&p, 0),
+        |e| {
+            let acc = out.get_or_insert_with(e.output, OutputAcc::new);
+            let bounds = rb
+                .each_ref()
+                .map(|b| b.bound(e.output, e.col, &targets, e.dtype));
+            if let (tolerance::ErrorBound::None { reason }, None) =
+                (&bounds[0], &acc.no_bound_reason)
+            {
+                acc.no_bound_reason = Some(reason.to_string());
+            }
+            let col = (e.output.columns() != Columns::One).then_some(e.col);
+            let (judged, reference) = judge4(r, col, e.candidate, e.exact, e.dtype, &bounds);
+            acc.push(judged, reference, keep);
+            // The statistical threshold (forward outputs only) and our
+            // kernel's error on the same element.
+            if let Some(t) = st
+                .as_ref()
+                .and_then(|s| s.bound(e.output, e.col, &targets, e.dtype))
+            {
+                let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
+                acc.observe_statistical(j.error_abs, j.pass, &t);
+            }
+            if e.output.is_forward() {
+                let v = ours
+                    .iter()
+                    .find(|(d, _)| *d == e.dtype)
+                    .and_then(|(_, f)| f.values.get(e.output))
+                    .map(|a| a[[0, e.col]]);
+                if let Some(v) = v {
+                    acc.fused_err = opt_max(acc.fused_err, Some(e.exact.error(v)));
                 }
             }
-        }
-    }
-
-    if let Some(g) = dump.grad_logits.as_ref() {
-        let cot = inputs.cotangents();
-        let exact = oracle.vjp(&p, &cot, g.dtype).map_err(spec)?;
-        let cand = g.row_f64(r);
-        let has_target = dump.has_target(r);
-        let topk: Vec<(usize, f64)> = match (
-            inputs.topk_ids.as_ref(),
-            inputs.grad_topk_log_probs.as_ref(),
-        ) {
-            // Ids masked by sampling_mask are constants (no gradient).
-            (Some(ids), Some(gk)) => tolerance::GradCotangents::live_topk(
-                ids.iter().copied(),
-                gk.iter().copied(),
-                |id| id < v && p.allowed(0, id),
-            ),
-            _ => Vec::new(),
-        };
-        let gc = tolerance::GradCotangents {
-            g: if has_target {
-                inputs.grad_log_probs.as_ref().map_or(0.0, |a| a[0])
-            } else {
-                0.0
-            },
-            h: inputs.grad_entropy.as_ref().map_or(0.0, |a| a[0]),
-            token: if has_target {
-                inputs.tokens.as_ref().map(|t| t[0] as usize)
-            } else {
-                None
-            },
-            topk: &topk,
-        };
-        let acc = out[3].get_or_insert_with(OutputAcc::new);
-        let zero = [0; 4].map(|_| tolerance::Bound::Abs(0.0));
-        for (j, &c) in cand.iter().enumerate() {
-            let ex = &exact[[0, j]];
-            if j >= v {
-                // Padded columns: exactly 0 under every model.
-                let (judged, reference) = judge4(r, Some(j), c, ex, g.dtype, &zero);
-                acc.push(judged, reference, keep);
-            } else {
-                push(acc, Some(j), c, ex, g.dtype, &|b| b.grad(j, &gc, g.dtype));
+            if let Some(n) = naive.value(e.output, e.col, &targets, e.dtype) {
+                acc.flash
+                    .get_or_insert_with(tolerance::FlashRule::new)
+                    .observe(e.exact, e.candidate, n, e.dtype);
             }
-        }
-    }
+            Ok(())
+        },
+    );
+    let Ok(()) = walked;
     Ok(out)
 }
 
@@ -1392,8 +1300,8 @@ pub fn exit_status_strict(
     match expect {
         Some(rows) => u8::from(!rows.iter().all(|r| r.matches)),
         None => u8::from(!outcomes.iter().all(|o| {
-            matches!(o, FileOutcome::Report(r) if r.verdict == Verdict::Pass
-                    || (!strict && r.verdict == Verdict::Suspect))
+            matches!(o, FileOutcome::Report(r) if r.verdict == ReportVerdict::Pass
+                    || (!strict && r.verdict == ReportVerdict::Suspect))
         })),
     }
 }

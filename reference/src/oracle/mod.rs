@@ -89,7 +89,7 @@ use ndarray::Array2;
 
 use rayon::prelude::*;
 
-use crate::spec::{Cotangents, Dtype, EntropyLogits, Problem, Shape, SpecError};
+use crate::spec::{Cotangents, Dtype, EntropyLogits, Output, PerOutput, Problem, Shape, SpecError};
 
 /// An outward f64 enclosure `[lo, hi]` of an exact real (`lo <= x <= hi`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -152,12 +152,11 @@ pub struct OracleForward {
     pub dtype: Dtype,
     /// `lse(z')` per row `[N]` (nats).
     pub lse: Vec<Exact>,
-    /// Log-probs `[N]` (nats; `None` rows are `ignore_index`); `None` without tokens.
-    pub log_probs: Option<Vec<Option<Exact>>>,
-    /// Entropy `[N]` (nats); `None` when not requested.
-    pub entropy: Option<Vec<Exact>>,
-    /// Top-k log-probs `[N, K]` (nats; `-inf` for masked ids); `None` without ids.
-    pub topk_log_probs: Option<Array2<Exact>>,
+    /// Every forward output the problem requests ([`Output::requested`]),
+    /// `[N, width]` (nats): `log_probs [N, 1]` (an `ignore_index` row holds
+    /// an exact 0 and is not judged, [`Output::judged`]), `entropy [N, 1]`,
+    /// `topk_log_probs [N, K]` (`-inf` for masked ids).
+    pub values: PerOutput<Array2<Exact>>,
     /// How many of these outputs (and rows) MPFR decided.
     pub fallback: Fallback,
 }
@@ -167,7 +166,7 @@ pub struct OracleForward {
 ///
 /// ```
 /// use logprobe_reference::oracle::{Oracle, Tier};
-/// use logprobe_reference::spec::{Dtype, Logits, Problem};
+/// use logprobe_reference::spec::{Dtype, Logits, Output, Problem};
 /// use ndarray::array;
 /// let x = array![[1.0f32, 2.0, 3.0]];
 /// let t = array![2i64];
@@ -175,7 +174,7 @@ pub struct OracleForward {
 /// p.tokens = Some(t.view());
 /// let fast = Oracle::default().forward(&p, Dtype::F32).unwrap();
 /// let mpfr = Oracle { tier: Tier::Mpfr, ..Oracle::default() }.forward(&p, Dtype::F32).unwrap();
-/// let lp = |f: &logprobe_reference::oracle::OracleForward| f.log_probs.as_ref().unwrap()[0].unwrap().rounded;
+/// let lp = |f: &logprobe_reference::oracle::OracleForward| f.values[Output::LogProbs][[0, 0]].rounded;
 /// assert_eq!(lp(&fast), lp(&mpfr));
 /// assert_eq!(fast.fallback.rows_mpfr, 0);
 /// assert_eq!(mpfr.fallback.output_rate(), 1.0);
@@ -203,12 +202,11 @@ impl Default for Oracle {
 /// `RowForward::precision` of rows decided on the f64 tier.
 pub const FAST_PRECISION: u32 = 53;
 
-/// Which outputs of a row the MPFR path must decide.
+/// Which results of a row the MPFR path must decide: `lse`, and per
+/// requested forward output its columns `[width]`.
 struct Want {
     lse: bool,
-    log_prob: bool,
-    entropy: bool,
-    topk: Vec<bool>,
+    values: PerOutput<Vec<bool>>,
 }
 
 impl Oracle {
@@ -249,34 +247,24 @@ impl Oracle {
             .collect();
         let rows = first_error(rows)?;
         let mut fallback = Fallback::default();
-        let k = shape.k;
-        let mut topk = Vec::with_capacity(if problem.topk_ids.is_some() {
-            shape.n * k
-        } else {
-            0
-        });
-        let (mut lse, mut lp, mut ent) = (
-            Vec::with_capacity(shape.n),
-            Vec::with_capacity(shape.n),
-            Vec::with_capacity(shape.n),
-        );
+        let mut lse = Vec::with_capacity(shape.n);
+        let mut flat =
+            PerOutput::for_requested(problem, |o| Vec::with_capacity(shape.n * o.width(&shape)));
         for (r, fb) in rows {
             fallback += fb;
             lse.push(r.lse);
-            lp.push(r.log_prob);
-            if let Some(e) = r.entropy {
-                ent.push(e);
+            for (o, v) in r.values {
+                if let Some(f) = flat.get_mut(o) {
+                    f.extend(v);
+                }
             }
-            topk.extend(r.topk);
         }
         Ok(OracleForward {
             dtype: target,
             lse,
-            log_probs: problem.tokens.map(|_| lp),
-            entropy: problem.options.entropy.map(|_| ent),
-            topk_log_probs: problem
-                .topk_ids
-                .map(|_| Array2::from_shape_vec((shape.n, k), topk).expect("N*K results")),
+            values: flat.map(|o, v| {
+                Array2::from_shape_vec((shape.n, o.width(&shape)), v).expect("N * width results")
+            }),
             fallback,
         })
     }
@@ -309,8 +297,8 @@ impl Oracle {
     ) -> Result<(RowForward, Fallback), SpecError> {
         let row = row::prepare(problem, shape, r, problem.options.entropy)?;
         let Some(mutant) = self.tier.fast() else {
-            let rf = self.forward_mpfr(&row, target, None);
-            let n = rf.outputs();
+            let rf = self.forward_mpfr(problem, &row, target, None);
+            let n = rf.outputs(problem, r);
             return Ok((
                 rf,
                 Fallback {
@@ -336,38 +324,32 @@ impl Oracle {
             rows: 1,
             rows_mpfr: 0,
         };
+        let lse = ff.lse;
+        let values = fast_values(problem, ff);
         if undecided == 0 {
             let rf = RowForward {
-                lse: ff.lse.expect("decided"),
-                log_prob: ff.log_prob.map(|e| e.expect("decided")),
-                entropy: ff.entropy.map(|e| e.expect("decided")),
-                topk: ff.topk.into_iter().map(|e| e.expect("decided")).collect(),
+                lse: lse.expect("decided"),
+                values: values.map(|_, v| v.into_iter().map(|e| e.expect("decided")).collect()),
                 precision: FAST_PRECISION,
             };
             return Ok((rf, fb));
         }
         fb.rows_mpfr = 1;
         let want = Want {
-            lse: ff.lse.is_none(),
-            log_prob: ff.log_prob.as_ref().is_some_and(|e| e.is_none()),
-            entropy: ff.entropy.as_ref().is_some_and(|e| e.is_none()),
-            topk: ff.topk.iter().map(|e| e.is_none()).collect(),
+            lse: lse.is_none(),
+            values: values
+                .as_ref()
+                .map(|_, v| v.iter().map(Option::is_none).collect()),
         };
-        let m = self.forward_mpfr(fast.prepared(), target, Some(&want));
+        let m = self.forward_mpfr(problem, fast.prepared(), target, Some(&want));
         let rf = RowForward {
-            lse: ff.lse.unwrap_or(m.lse),
-            log_prob: ff
-                .log_prob
-                .map(|e| e.or(m.log_prob).expect("both paths agree")),
-            entropy: ff
-                .entropy
-                .map(|e| e.or(m.entropy).expect("both paths agree")),
-            topk: ff
-                .topk
-                .into_iter()
-                .zip(m.topk)
-                .map(|(f, m)| f.unwrap_or(m))
-                .collect(),
+            lse: lse.unwrap_or(m.lse),
+            values: values.map(|o, v| {
+                v.into_iter()
+                    .zip(&m.values[o])
+                    .map(|(f, m)| f.unwrap_or(*m))
+                    .collect()
+            }),
             precision: m.precision,
         };
         Ok((rf, fb))
@@ -375,27 +357,50 @@ impl Oracle {
 
     /// The MPFR path of one row: Ziv's loop until every output (or every
     /// output in `want`) is decided.
-    fn forward_mpfr(&self, row: &row::Row<'_>, target: Dtype, want: Option<&Want>) -> RowForward {
+    fn forward_mpfr(
+        &self,
+        problem: &Problem<'_>,
+        row: &row::Row<'_>,
+        target: Dtype,
+        want: Option<&Want>,
+    ) -> RowForward {
         let mut rounder = Rounder::new();
         let precs = self.precisions(target);
         let mut out = None;
         for &prec in &precs {
             let sums = row::pass(row, prec, false, None);
             let vals = row::values(row, &sums, prec);
+            let lse = rounder.exact(&vals.lse, target);
+            let values = PerOutput::for_requested(problem, |o| match o {
+                // No log-prob bounds on an `ignore_index` row: defined as 0.
+                Output::LogProbs => vec![vals
+                    .log_prob
+                    .as_ref()
+                    .map_or(Exact::point(0.0), |b| rounder.exact(b, target))],
+                Output::Entropy => vals
+                    .entropy
+                    .iter()
+                    .map(|b| rounder.exact(b, target))
+                    .collect(),
+                Output::TopkLogProbs => {
+                    vals.topk.iter().map(|b| rounder.exact(b, target)).collect()
+                }
+                Output::GradLogits => Vec::new(),
+            });
             let rf = RowForward {
-                lse: rounder.exact(&vals.lse, target),
-                log_prob: vals.log_prob.map(|b| rounder.exact(&b, target)),
-                entropy: vals.entropy.map(|b| rounder.exact(&b, target)),
-                topk: vals.topk.iter().map(|b| rounder.exact(b, target)).collect(),
+                lse,
+                values,
                 precision: prec,
             };
             let done = match want {
                 None => rf.decided(),
                 Some(w) => {
                     (!w.lse || rf.lse.decided)
-                        && (!w.log_prob || rf.log_prob.is_none_or(|e| e.decided))
-                        && (!w.entropy || rf.entropy.is_none_or(|e| e.decided))
-                        && rf.topk.iter().zip(&w.topk).all(|(e, &w)| !w || e.decided)
+                        && w.values.iter().all(|(o, w)| {
+                            rf.values
+                                .get(o)
+                                .is_none_or(|v| v.iter().zip(w).all(|(e, &w)| !w || e.decided))
+                        })
                 }
             };
             out = Some(rf);
@@ -601,30 +606,45 @@ impl Oracle {
 pub struct RowForward {
     /// `lse(z')` (nats).
     pub lse: Exact,
-    /// Log-prob of the target (None without tokens or on `ignore_index` rows).
-    pub log_prob: Option<Exact>,
-    /// Entropy (None when not requested).
-    pub entropy: Option<Exact>,
-    /// Top-k log-probs `[K]` (`-inf` for masked ids).
-    pub topk: Vec<Exact>,
+    /// The row's values `[width]` of every requested forward output (as
+    /// in [`OracleForward::values`]; an `ignore_index` row's log-prob is an
+    /// exact 0).
+    pub values: PerOutput<Vec<Exact>>,
     /// The working precision (bits) of the last Ziv step
     /// ([`FAST_PRECISION`] when the f64 tier decided every output).
     pub precision: u32,
 }
 
 impl RowForward {
-    /// Number of outputs (lse, log-prob, entropy, top-k).
-    fn outputs(&self) -> u64 {
-        1 + self.log_prob.is_some() as u64 + self.entropy.is_some() as u64 + self.topk.len() as u64
+    /// Number of outputs of row `row` (lse and every judged value: an
+    /// `ignore_index` row's log-prob is not counted, as on the f64 tier).
+    fn outputs(&self, problem: &Problem<'_>, row: usize) -> u64 {
+        1 + self
+            .values
+            .iter()
+            .filter(|(o, _)| o.judged(problem, row))
+            .map(|(_, v)| v.len() as u64)
+            .sum::<u64>()
     }
 
     /// Whether every result is decided.
     pub fn decided(&self) -> bool {
-        self.lse.decided
-            && self.log_prob.is_none_or(|e| e.decided)
-            && self.entropy.is_none_or(|e| e.decided)
-            && self.topk.iter().all(|e| e.decided)
+        self.lse.decided && self.values.iter().all(|(_, v)| v.iter().all(|e| e.decided))
     }
+}
+
+/// The f64 tier's results of one row per requested forward output
+/// (`None`: left undecided for MPFR); an `ignore_index` row's log-prob is
+/// the exact 0 of [`RowForward::values`].
+fn fast_values(problem: &Problem<'_>, ff: fast::FastForward) -> PerOutput<Vec<Option<Exact>>> {
+    let (mut log_prob, mut entropy, mut topk) =
+        (Some(ff.log_prob), Some(ff.entropy), Some(ff.topk));
+    PerOutput::for_requested(problem, |o| match o {
+        Output::LogProbs => vec![log_prob.take().flatten().unwrap_or(Some(Exact::point(0.0)))],
+        Output::Entropy => entropy.take().flatten().into_iter().collect(),
+        Output::TopkLogProbs => topk.take().unwrap_or_default(),
+        Output::GradLogits => Vec::new(),
+    })
 }
 
 /// Smallest working precision: every f64 input must be exact.

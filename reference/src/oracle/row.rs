@@ -121,18 +121,10 @@ pub(crate) fn prepare<'a>(
     let ts = match problem.options.temperature_dtype {
         TemperatureDtype::Accumulation => temperature,
         TemperatureDtype::Input => {
-            for (col, x) in v.iter_mut().enumerate() {
-                let z = shape.dtype.scaled_input(*x, temperature);
-                if z == f64::INFINITY {
-                    return Err(SpecError::NonFiniteLogit {
-                        tensor: "logits / temperature",
-                        row,
-                        col,
-                        value: z,
-                    });
-                }
-                *x = z;
+            for x in v.iter_mut() {
+                *x = shape.dtype.scaled_input(*x, temperature);
             }
+            problem.validate_input_row(row, &v)?;
             1.0
         }
     };
@@ -146,14 +138,10 @@ pub(crate) fn prepare<'a>(
             "any"
         },
     })?;
+    // A target with v = -inf was rejected by `validate_row` (raw logits)
+    // or `validate_input_row` (materialised z).
     let target = match problem.tokens {
-        Some(t) if problem.has_target(row) => {
-            let tu = t[row] as usize;
-            if v[tu] == f64::NEG_INFINITY {
-                return Err(SpecError::TokenNegInf { row, token: t[row] });
-            }
-            Some(tu)
-        }
+        Some(t) if problem.has_target(row) => Some(t[row] as usize),
         _ => None,
     };
     let (q, q_masked) = match entropy {

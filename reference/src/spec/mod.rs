@@ -1,16 +1,18 @@
 //! The problem's vocabulary, shared by the oracle, every kernel and the
 //! verifier: dtypes, input views, options, cotangents, typed errors, input
-//! validation, and the algorithm vocabulary kernels declare and the
-//! tolerance model reads. Plain Rust: no MPFR here.
+//! validation, the algorithm vocabulary kernels declare and the tolerance
+//! model reads, and the [`Output`] seam every layer keys its results by. Plain Rust: no MPFR here.
 
 mod algorithm;
 mod dtype;
 mod error;
+mod output;
 mod problem;
 
 pub use algorithm::{ceil_log2, Algorithm, EntropyForm, Shift, Summation};
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
+pub use output::{Columns, Output, PerOutput};
 pub use problem::{
     Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
     TemperatureDtype, DEFAULT_IGNORE_INDEX,

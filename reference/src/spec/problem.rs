@@ -420,7 +420,7 @@ impl<'a> Problem<'a> {
     /// top-k ids. O(V). Call after [`Problem::validate_shapes`].
     ///
     /// Note: with `TemperatureDtype::Input`, `round_input(x / T)` may
-    /// overflow; the oracle reports that as [`SpecError::NonFiniteLogit`].
+    /// overflow or underflow: [`Problem::validate_input_row`] checks that.
     ///
     /// # Errors
     /// [`SpecError::NonFiniteLogit`], [`SpecError::NoFiniteLogit`],
@@ -489,6 +489,57 @@ impl<'a> Problem<'a> {
         Ok(())
     }
 
+    /// The errors of row `row` that only the materialised input reveals
+    /// when `options.temperature_dtype` is [`TemperatureDtype::Input`]
+    /// (`z = round_input(round_acc(x / T))`, [`Dtype::scaled_input`],
+    /// PyTorch's `logits / T`), in the order
+    /// the spec defines them: a `z` that overflows to `+inf`
+    /// ([`SpecError::NonFiniteLogit`] on tensor `logits / temperature`, the
+    /// first such column), no allowed finite `z`
+    /// ([`SpecError::NoFiniteLogit`]), a target whose `z` is `-inf`
+    /// ([`SpecError::TokenNegInf`]). The one definition the oracle and every
+    /// kernel share; each computes `z` (the oracle and the CPU kernels with
+    /// [`Dtype::scaled_input`], the CUDA kernel in its arithmetic) and
+    /// passes the row's real vocabulary `z [V]` here. Call after [`Problem::validate_row`].
+    ///
+    /// # Errors
+    /// The three above.
+    ///
+    /// # Panics
+    /// Never for `z.len() = V` and a row that passed [`Problem::validate_row`].
+    pub fn validate_input_row(&self, row: usize, z: &[f64]) -> Result<(), SpecError> {
+        const TENSOR: &str = "logits / temperature";
+        if let Some(col) = z.iter().position(|&x| x == f64::INFINITY) {
+            return Err(SpecError::NonFiniteLogit {
+                tensor: TENSOR,
+                row,
+                col,
+                value: f64::INFINITY,
+            });
+        }
+        if !(0..z.len()).any(|j| z[j] > f64::NEG_INFINITY && self.allowed(row, j)) {
+            let which = if self.sampling_mask.is_some() {
+                "allowed by sampling_mask"
+            } else {
+                "any"
+            };
+            return Err(SpecError::NoFiniteLogit {
+                tensor: TENSOR,
+                row,
+                which,
+            });
+        }
+        if let (Some(tokens), true) = (self.tokens, self.has_target(row)) {
+            if z[tokens[row] as usize] == f64::NEG_INFINITY {
+                return Err(SpecError::TokenNegInf {
+                    row,
+                    token: tokens[row],
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// [`Problem::validate_shapes`] then [`Problem::validate_row`] on every
     /// row, in row order (the first bad row is reported).
     ///
@@ -507,6 +558,22 @@ impl<'a> Problem<'a> {
     pub fn has_target(&self, row: usize) -> bool {
         self.tokens
             .is_some_and(|t| t[row] != self.options.ignore_index)
+    }
+
+    /// Row `row` over the real vocabulary (`[V]`, `V = options.vocab_size`
+    /// or every column) as exact f64 values, `-inf` where the sampling mask
+    /// disallows an entry: the logits `x'` the masked outputs are over.
+    pub fn allowed_row_f64(&self, row: usize) -> Vec<f64> {
+        let (_, v_total) = self.logits.dim();
+        let v = self.options.vocab_size.unwrap_or(v_total).min(v_total);
+        let mut x = self.logits.row_f64(row);
+        x.truncate(v);
+        for (j, xj) in x.iter_mut().enumerate() {
+            if !self.allowed(row, j) {
+                *xj = f64::NEG_INFINITY;
+            }
+        }
+        x
     }
 
     /// Whether column `col` of row `row` is allowed by the sampling mask.

@@ -4,12 +4,12 @@
 //! (`(T1)` ...).
 
 use logprobe_reference::oracle::{Interval, RowStats};
-use logprobe_reference::spec::Shift;
-use logprobe_reference::spec::{pow2, Dtype};
+use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
 
 use super::model::{EntropyForm, Model, RowContext};
 use super::upward::{Hi, Lo};
-use super::{Bound, NoBound};
+use super::walk::RowTargets;
+use super::{ErrorBound, NoBound};
 
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
@@ -282,10 +282,10 @@ impl Consts {
     /// The final roundings (T8): `A + 1/2 ulp_acc(|v| + A)`, then
     /// `+ 1/2 ulp_out(|v| + A + 1/2 ulp_acc)` when `out` is narrower than
     /// the accumulation dtype.
-    fn finish(&self, pre: Hi, v_abs: Hi, out: Dtype, what: &'static str) -> Bound {
+    fn finish(&self, pre: Hi, v_abs: Hi, out: Dtype, what: &'static str) -> ErrorBound {
         let y1 = v_abs + pre;
         if !y1.0.is_finite() {
-            return Bound::None {
+            return ErrorBound::None {
                 reason: NoBound::NonFinite { what },
             };
         }
@@ -295,8 +295,8 @@ impl Consts {
             total = total + half_ulp(out, y1 + r1);
         }
         match finite(total, what) {
-            Ok(t) => Bound::Abs(t.0),
-            Err(reason) => Bound::None { reason },
+            Ok(t) => ErrorBound::Abs(t.0),
+            Err(reason) => ErrorBound::None { reason },
         }
     }
 
@@ -319,7 +319,7 @@ impl<'a> RowBounds<'a> {
     ///
     /// `V` for the summation presets is `stats.p.len()`. Never panics: a
     /// model that certifies nothing (`n u >= 1`, `theta_S >= 1`, non-finite
-    /// statistics) yields [`Bound::None`] from the queries.
+    /// statistics) yields [`ErrorBound::None`] from the queries.
     pub fn new(model: &Model, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
         Self::build(model, stats, ctx, None)
     }
@@ -360,13 +360,42 @@ impl<'a> RowBounds<'a> {
         self.p.as_ref().map(|s| s.theta_s.0).map_err(Clone::clone)
     }
 
+    /// The bound of column `col` of `output` in this row, for a candidate
+    /// in `out`: the one place a bound is chosen per output. Log-probs
+    /// [`RowBounds::log_prob`], entropy [`RowBounds::entropy`], top-k
+    /// log-probs [`RowBounds::topk`] of the id `targets.topk_ids[col]`, grad
+    /// logits [`RowBounds::grad`] with the row's cotangents (exactly 0 on
+    /// padded columns `col >= V`).
+    pub fn bound(
+        &self,
+        output: Output,
+        col: usize,
+        targets: &RowTargets,
+        out: Dtype,
+    ) -> ErrorBound {
+        match output {
+            Output::LogProbs => self.log_prob(out),
+            Output::Entropy => self.entropy(out),
+            Output::TopkLogProbs => match targets.topk_ids.get(col) {
+                Some(&id) => self.topk(id, out),
+                None => ErrorBound::None {
+                    reason: NoBound::MissingStatistic {
+                        what: "top-k id of this column",
+                    },
+                },
+            },
+            Output::GradLogits if col >= targets.vocab_size => ErrorBound::Abs(0.0),
+            Output::GradLogits => self.grad(col, &targets.grad_cotangents(), out),
+        }
+    }
+
     /// Bound (nats) on `|log_prob^ - log_prob|` for a candidate in `out`
     /// (T7-T8): `A = a |d_t| + b + delta_ell` (raw kernels:
     /// `t_T (Z + |d_t|) + err(lse)`), then the final roundings.
-    pub fn log_prob(&self, out: Dtype) -> Bound {
+    pub fn log_prob(&self, out: Dtype) -> ErrorBound {
         match self.stats.d_t {
             Some(d_t) => self.shifted_log_prob(&d_t, out, "log_prob"),
-            None => Bound::None {
+            None => ErrorBound::None {
                 reason: NoBound::MissingStatistic {
                     what: "d_t (no target)",
                 },
@@ -377,11 +406,11 @@ impl<'a> RowBounds<'a> {
     /// Bound (nats) on the top-k log-prob of vocabulary id `id`: as
     /// [`RowBounds::log_prob`] with `d_id`; exactly 0 for an id with
     /// `d_id = -inf` (masked, or an allowed `-inf` logit: the value is `-inf`).
-    pub fn topk(&self, id: usize, out: Dtype) -> Bound {
+    pub fn topk(&self, id: usize, out: Dtype) -> ErrorBound {
         match self.stats.d.get(id) {
-            Some(d) if d.hi == f64::NEG_INFINITY => Bound::Abs(0.0),
+            Some(d) if d.hi == f64::NEG_INFINITY => ErrorBound::Abs(0.0),
             Some(d) => self.shifted_log_prob(d, out, "topk_log_prob"),
-            None => Bound::None {
+            None => ErrorBound::None {
                 reason: NoBound::MissingStatistic {
                     what: "d of a top-k id (out of range)",
                 },
@@ -389,10 +418,10 @@ impl<'a> RowBounds<'a> {
         }
     }
 
-    fn shifted_log_prob(&self, d: &Interval, out: Dtype, what: &'static str) -> Bound {
+    fn shifted_log_prob(&self, d: &Interval, out: Dtype, what: &'static str) -> ErrorBound {
         let set = match &self.p {
             Ok(s) => s,
-            Err(e) => return Bound::None { reason: e.clone() },
+            Err(e) => return ErrorBound::None { reason: e.clone() },
         };
         let d_abs = mag(d);
         let pre = self.c.lp_err_pre(set, d_abs);
@@ -401,27 +430,32 @@ impl<'a> RowBounds<'a> {
 
     /// Bound (nats) on `|entropy^ - entropy|` for a candidate in `out`
     /// (T11-T13 per the model's [`EntropyForm`], then the final roundings).
-    pub fn entropy(&self, out: Dtype) -> Bound {
+    pub fn entropy(&self, out: Dtype) -> ErrorBound {
         match (&self.w, &self.entropy_pre) {
             (Ok(ws), Ok(pre)) => {
                 self.c
                     .finish(*pre, Hi(ws.ln_s.hi) + Hi(self.stats.r.hi), out, "entropy")
             }
-            (Err(e), _) | (_, Err(e)) => Bound::None { reason: e.clone() },
+            (Err(e), _) | (_, Err(e)) => ErrorBound::None { reason: e.clone() },
         }
     }
 
     /// Bound on `|dx^_j - dx_j|` for element `j < V` of grad logits (T14),
     /// in the gradient's units, for the cotangents `cot`, rounded to `out`.
     /// Padded columns (`j >= V`) are exactly 0 and are not covered here.
-    pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> Bound {
+    pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> ErrorBound {
         match self.grad_inner(j, cot, out) {
             Ok(b) => b,
-            Err(reason) => Bound::None { reason },
+            Err(reason) => ErrorBound::None { reason },
         }
     }
 
-    fn grad_inner(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> Result<Bound, NoBound> {
+    fn grad_inner(
+        &self,
+        j: usize,
+        cot: &GradCotangents<'_>,
+        out: Dtype,
+    ) -> Result<ErrorBound, NoBound> {
         let c = &self.c;
         let st = self.stats;
         let (Some(dj), Some(ej)) = (st.d.get(j), st.e.get(j)) else {
@@ -496,7 +530,7 @@ impl<'a> RowBounds<'a> {
             let v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
             total = total + half_ulp(out, v_abs + pre);
         }
-        Ok(Bound::Abs(finite(total, "grad_logits")?.0))
+        Ok(ErrorBound::Abs(finite(total, "grad_logits")?.0))
     }
 
     /// `(ln p_j upper, arg_j)`: the exponent of the relative error of a

@@ -10,7 +10,9 @@
 //! so the rounded result is within a hair of correctly rounded).
 
 use logprobe_reference::oracle::Exact;
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, EntropyLogits, Output, Problem};
+
+use super::walk::RowTargets;
 
 /// The naive log_softmax of one row in `dtype`, `[V]` (nats).
 ///
@@ -48,6 +50,80 @@ pub fn naive_entropy(row: &[f64], temperature: f64, dtype: Dtype) -> f64 {
         }
     }
     acc
+}
+
+/// The naive same-dtype results of one row, computed per dtype when first
+/// asked: the flash rule's reference values.
+#[derive(Clone, Debug)]
+pub struct NaiveRow {
+    /// Logits over the real vocabulary, `-inf` where the mask disallows.
+    masked: Vec<f64>,
+    /// The entropy's logits over the real vocabulary (masked or not).
+    entropy_logits: Vec<f64>,
+    /// The temperature as the options give it.
+    temperature: f64,
+    log_softmax: Vec<(Dtype, Vec<f64>)>,
+    entropy: Vec<(Dtype, f64)>,
+}
+
+impl NaiveRow {
+    /// Row `row` of a validated `problem`.
+    pub fn new(problem: &Problem<'_>, row: usize) -> NaiveRow {
+        let (_, v_total) = problem.logits.dim();
+        let v = problem.options.vocab_size.unwrap_or(v_total);
+        let masked = problem.allowed_row_f64(row);
+        let entropy_logits = match problem.options.entropy {
+            Some(EntropyLogits::Masked) => masked.clone(),
+            _ => problem.logits.row_f64(row)[..v].to_vec(),
+        };
+        NaiveRow {
+            masked,
+            entropy_logits,
+            temperature: problem.options.temperature,
+            log_softmax: Vec::new(),
+            entropy: Vec::new(),
+        }
+    }
+
+    /// The naive value of column `col` of `output` in `dtype`: the naive
+    /// log-softmax at the target or top-k id, the naive entropy; `None` for
+    /// grad logits (the rule is about forward outputs) or a missing target.
+    pub fn value(
+        &mut self,
+        output: Output,
+        col: usize,
+        targets: &RowTargets,
+        dtype: Dtype,
+    ) -> Option<f64> {
+        let id = match output {
+            Output::LogProbs => targets.token?,
+            Output::TopkLogProbs => *targets.topk_ids.get(col)?,
+            Output::Entropy => return Some(self.entropy(dtype)),
+            Output::GradLogits => return None,
+        };
+        self.log_softmax(dtype).get(id).copied()
+    }
+
+    fn log_softmax(&mut self, dtype: Dtype) -> &[f64] {
+        let i = match self.log_softmax.iter().position(|(d, _)| *d == dtype) {
+            Some(i) => i,
+            None => {
+                let lp = naive_log_softmax(&self.masked, self.temperature, dtype);
+                self.log_softmax.push((dtype, lp));
+                self.log_softmax.len() - 1
+            }
+        };
+        &self.log_softmax[i].1
+    }
+
+    fn entropy(&mut self, dtype: Dtype) -> f64 {
+        if let Some(&(_, h)) = self.entropy.iter().find(|(d, _)| *d == dtype) {
+            return h;
+        }
+        let h = naive_entropy(&self.entropy_logits, self.temperature, dtype);
+        self.entropy.push((dtype, h));
+        h
+    }
 }
 
 /// Accumulates the flash-attention rule over a tensor of one output.

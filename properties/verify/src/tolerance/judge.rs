@@ -1,29 +1,30 @@
 //! Judging a candidate value against the oracle's exact result and a bound.
 
 use logprobe_reference::oracle::{Exact, RowStats};
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Output};
 
 use super::model::{foreign_presets, tightest, Model, RowContext};
-use super::Bound;
+use super::walk::RowTargets;
+use super::ErrorBound;
 
 /// The verdict on one value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Verdict {
+pub enum ValueVerdict {
     /// Error within the bound.
     Pass,
     /// Error beyond the bound.
     Fail,
-    /// The model certifies nothing here ([`Bound::None`]): reported as
+    /// The model certifies nothing here ([`ErrorBound::None`]): reported as
     /// "no bound", never as a pass.
     NoBound,
 }
 
-impl std::fmt::Display for Verdict {
+impl std::fmt::Display for ValueVerdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Verdict::Pass => "pass",
-            Verdict::Fail => "FAIL",
-            Verdict::NoBound => "no bound",
+            ValueVerdict::Pass => "pass",
+            ValueVerdict::Fail => "FAIL",
+            ValueVerdict::NoBound => "no bound",
         })
     }
 }
@@ -40,7 +41,7 @@ pub struct Judgement {
     /// ([`Exact::error_ulps`]).
     pub error_ulps: f64,
     /// The bound it was judged against.
-    pub bound: Bound,
+    pub bound: ErrorBound,
     /// `error_abs / bound` (`None` without a bound; `inf` for a nonzero
     /// error against a zero bound).
     pub ratio: Option<f64>,
@@ -50,11 +51,11 @@ pub struct Judgement {
 
 impl Judgement {
     /// Pass, fail, or no bound.
-    pub fn verdict(&self) -> Verdict {
+    pub fn verdict(&self) -> ValueVerdict {
         match (&self.bound, self.pass) {
-            (Bound::None { .. }, _) => Verdict::NoBound,
-            (_, true) => Verdict::Pass,
-            (_, false) => Verdict::Fail,
+            (ErrorBound::None { .. }, _) => ValueVerdict::NoBound,
+            (_, true) => ValueVerdict::Pass,
+            (_, false) => ValueVerdict::Fail,
         }
     }
 }
@@ -62,7 +63,7 @@ impl Judgement {
 /// Judges `candidate` (a value of dtype `dtype`, as an exact f64) against
 /// `exact` and `bound`: pass iff `error_abs <= bound`, the error measured
 /// at the far end of the enclosure.
-pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &Bound) -> Judgement {
+pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) -> Judgement {
     let same_infinity = candidate.is_infinite() && candidate == exact.rounded;
     let (error_abs, error_ulps) = if same_infinity {
         (0.0, 0.0)
@@ -70,7 +71,7 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &Bound) -> Judg
         (exact.error(candidate), exact.error_ulps(candidate, dtype))
     };
     let (ratio, pass) = match bound {
-        Bound::Abs(b) => {
+        ErrorBound::Abs(b) => {
             let ratio = if *b > 0.0 {
                 error_abs / b
             } else if error_abs == 0.0 {
@@ -80,7 +81,7 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &Bound) -> Judg
             };
             (Some(ratio), error_abs <= *b)
         }
-        Bound::None { .. } => (None, false),
+        ErrorBound::None { .. } => (None, false),
     };
     Judgement {
         error_abs,
@@ -91,38 +92,25 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &Bound) -> Judg
     }
 }
 
-/// Which scalar output of a row a bound is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Output {
-    /// The target's log-prob.
-    LogProb,
-    /// The entropy.
-    Entropy,
-    /// The top-k log-prob of this vocabulary id.
-    TopK(usize),
-}
-
 /// The tightest of `verify`'s presets (`tree`, `lanes=8`, `sequential`,
 /// accumulating in `accumulation`) within whose bound `candidate` lies for
-/// output `output` of the row `stats` / `ctx`; `None` when it lies within
-/// none (or none certifies anything).
+/// column `col` of `output` in the row `stats` / `ctx` / `targets`; `None`
+/// when it lies within none (or none certifies anything).
+#[allow(clippy::too_many_arguments)]
 pub fn tightest_model(
     stats: &RowStats,
     ctx: &RowContext,
+    targets: &RowTargets,
     accumulation: Dtype,
     output: Output,
+    col: usize,
     exact: &Exact,
     candidate: f64,
     dtype: Dtype,
 ) -> Option<Model> {
     let models = foreign_presets(accumulation);
     tightest(&models, |m| {
-        let rb = m.row_bounds(stats, ctx);
-        let bound = match output {
-            Output::LogProb => rb.log_prob(dtype),
-            Output::Entropy => rb.entropy(dtype),
-            Output::TopK(id) => rb.topk(id, dtype),
-        };
+        let bound = m.row_bounds(stats, ctx).bound(output, col, targets, dtype);
         judge(exact, candidate, dtype, &bound).pass
     })
     .copied()

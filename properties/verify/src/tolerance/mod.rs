@@ -26,7 +26,7 @@
 //! - final: `A + 1/2 ulp_acc(|v| + A) [+ 1/2 ulp_out(|v| + A + 1/2 ulp_acc)]`.
 //!
 //! A model with `n u >= 1` or `theta_S >= 1` certifies nothing:
-//! [`Bound::None`], reported as "no bound".
+//! [`ErrorBound::None`], reported as "no bound".
 //!
 //! # Example
 //! ```no_run
@@ -45,18 +45,20 @@ mod judge;
 mod model;
 mod statistical;
 mod upward;
+mod walk;
 
 #[cfg(test)]
 mod tests;
 
 pub use bounds::{GradCotangents, RowBounds};
-pub use flash::{naive_entropy, naive_log_softmax, FlashRule};
-pub use judge::{judge, tightest_model, Judgement, Output, Verdict};
+pub use flash::{naive_entropy, naive_log_softmax, FlashRule, NaiveRow};
+pub use judge::{judge, tightest_model, Judgement, ValueVerdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,
 };
+pub use walk::{walk_row, Element, RowTargets};
 
 /// Why a model certifies nothing for a value.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -90,9 +92,11 @@ pub enum NoBound {
     },
 }
 
-/// An error bound for one value, or the reason there is none.
+/// An error bound for one value (how far a correct kernel's result may
+/// be from the exact one), or the reason there is none. Not to be confused
+/// with the oracle's `Bounds` (an MPFR interval around an exact real).
 #[derive(Clone, Debug, PartialEq)]
-pub enum Bound {
+pub enum ErrorBound {
     /// Absolute bound on `|candidate - exact|`, in the output's units
     /// (nats for log-probs and entropy), rounded up.
     Abs(f64),
@@ -103,21 +107,21 @@ pub enum Bound {
     },
 }
 
-impl Bound {
+impl ErrorBound {
     /// The bound's value, if there is one.
     pub fn value(&self) -> Option<f64> {
         match self {
-            Bound::Abs(b) => Some(*b),
-            Bound::None { .. } => None,
+            ErrorBound::Abs(b) => Some(*b),
+            ErrorBound::None { .. } => None,
         }
     }
 }
 
-impl std::fmt::Display for Bound {
+impl std::fmt::Display for ErrorBound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Bound::Abs(b) => write!(f, "{b:.3e}"),
-            Bound::None { reason } => write!(f, "{reason}"),
+            ErrorBound::Abs(b) => write!(f, "{b:.3e}"),
+            ErrorBound::None { reason } => write!(f, "{reason}"),
         }
     }
 }

@@ -19,11 +19,12 @@
 //! Gradients have no statistical tier (this round).
 
 use logprobe_reference::oracle::RowStats;
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Output};
 
 use super::bounds::RowBounds;
 use super::model::{Model, RowContext};
-use super::Bound;
+use super::walk::RowTargets;
+use super::ErrorBound;
 
 /// The calibrated constant `c` of `c sqrt(n) u` for models with merges
 /// (lanes, trees; TOLERANCE.md `(S3)`: the largest `c` a correct emulated
@@ -80,21 +81,36 @@ impl Statistical {
 /// The statistical thresholds (nats) of one row's forward outputs: as
 /// [`RowBounds::log_prob`], [`RowBounds::entropy`], [`RowBounds::topk`],
 /// each `<=` the sound bound of the same model and `>=` its deterministic
-/// part. [`Bound::None`] exactly where the sound bound is none.
+/// part. [`ErrorBound::None`] exactly where the sound bound is none.
 #[derive(Clone, Debug)]
 pub struct StatisticalBounds<'a>(RowBounds<'a>);
 
 impl StatisticalBounds<'_> {
+    /// The threshold of column `col` of `output` (as [`RowBounds::bound`]),
+    /// `None` for an output without a statistical tier (not
+    /// [`Output::is_forward`]: gradients).
+    pub fn bound(
+        &self,
+        output: Output,
+        col: usize,
+        targets: &RowTargets,
+        out: Dtype,
+    ) -> Option<ErrorBound> {
+        output
+            .is_forward()
+            .then(|| self.0.bound(output, col, targets, out))
+    }
+
     /// Threshold on `|log_prob^ - log_prob|` for a candidate in `out`.
-    pub fn log_prob(&self, out: Dtype) -> Bound {
+    pub fn log_prob(&self, out: Dtype) -> ErrorBound {
         self.0.log_prob(out)
     }
     /// Threshold on `|entropy^ - entropy|` for a candidate in `out`.
-    pub fn entropy(&self, out: Dtype) -> Bound {
+    pub fn entropy(&self, out: Dtype) -> ErrorBound {
         self.0.entropy(out)
     }
     /// Threshold on the top-k log-prob of vocabulary id `id`.
-    pub fn topk(&self, id: usize, out: Dtype) -> Bound {
+    pub fn topk(&self, id: usize, out: Dtype) -> ErrorBound {
         self.0.topk(id, out)
     }
 }

@@ -4,31 +4,13 @@
 //! reference with explicit margins.
 
 use logprobe_reference::oracle::{Exact, Interval, RowStats};
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Output};
 use logprobe_reference::spec::{Shift, Summation};
+use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
 
 // ---------------------------------------------------------------- helpers
-
-/// splitmix64: deterministic test rows without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (a, b) = (self.uniform().max(1e-300), self.uniform());
-        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-    }
-}
 
 /// f64 statistics of one logit set, with margins wide enough to enclose
 /// the exact reals (f64 `exp`/`ln` within 1 ulp, sums of `V` terms).
@@ -161,15 +143,15 @@ fn ctx1() -> RowContext {
     }
 }
 
-fn abs(b: &Bound) -> f64 {
+fn abs(b: &ErrorBound) -> f64 {
     match b {
-        Bound::Abs(x) => *x,
-        Bound::None { reason } => panic!("expected a bound, got {reason}"),
+        ErrorBound::Abs(x) => *x,
+        ErrorBound::None { reason } => panic!("expected a bound, got {reason}"),
     }
 }
 
 /// A row recipe: `kind` picks the distribution.
-fn row(rng: &mut Rng, v: usize, kind: usize) -> Vec<f64> {
+fn row(rng: &mut SplitMix64, v: usize, kind: usize) -> Vec<f64> {
     let f = |x: f64| x as f32 as f64; // exactly representable in f32
     (0..v)
         .map(|j| {
@@ -259,7 +241,7 @@ fn model_for(how: Sum32) -> Model {
 
 #[test]
 fn bounds_are_finite_and_positive_on_ordinary_rows() {
-    let mut rng = Rng(1);
+    let mut rng = SplitMix64::new(1);
     for kind in 0..6 {
         let x = row(&mut rng, 1000, kind);
         let st = stats_f64(&x, 1.0, None, Some(3));
@@ -287,7 +269,7 @@ fn bounds_are_finite_and_positive_on_ordinary_rows() {
 
 #[test]
 fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
-    let mut rng = Rng(2);
+    let mut rng = SplitMix64::new(2);
     let x = row(&mut rng, 32000, 0);
     let st = stats_f64(&x, 1.0, None, Some(0));
     let rb = Model::sequential()
@@ -295,18 +277,21 @@ fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
         .row_bounds(&st, &ctx1());
     assert!(matches!(
         rb.log_prob(Dtype::Bf16),
-        Bound::None {
+        ErrorBound::None {
             reason: NoBound::GammaUndefined { n: 32000, .. }
         }
     ));
-    assert!(matches!(rb.entropy(Dtype::Bf16), Bound::None { .. }));
+    assert!(matches!(rb.entropy(Dtype::Bf16), ErrorBound::None { .. }));
     let cot = GradCotangents {
         g: 1.0,
         h: 1.0,
         token: Some(0),
         topk: &[],
     };
-    assert!(matches!(rb.grad(1, &cot, Dtype::Bf16), Bound::None { .. }));
+    assert!(matches!(
+        rb.grad(1, &cot, Dtype::Bf16),
+        ErrorBound::None { .. }
+    ));
     // lanes=8 is 4000 deep: still nothing. A tree (depth 1 + 15) is certified, loosely.
     let lanes = Model::lanes(8)
         .with_accumulation(Dtype::Bf16)
@@ -320,7 +305,7 @@ fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
 
 #[test]
 fn bounds_grow_with_leaf_depth() {
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64::new(3);
     let x = row(&mut rng, 4096, 2);
     let st = stats_f64(&x, 1.0, None, Some(10));
     let mut last = [0.0f64; 3];
@@ -361,7 +346,7 @@ fn bounds_grow_with_leaf_depth() {
 
 #[test]
 fn subtract_then_scale_bound_is_offset_invariant_and_raw_grows() {
-    let mut rng = Rng(4);
+    let mut rng = SplitMix64::new(4);
     let x = row(&mut rng, 512, 0);
     for t in [1.0, 0.7] {
         let st = stats_f64(&x, t, None, Some(1));
@@ -474,7 +459,7 @@ fn uniform_one_hot_and_single_entry_rows_have_finite_bounds() {
     let st = stats_f64(&x, 1.0, Some(&mask), Some(0));
     assert_eq!(
         Model::lanes(8).row_bounds(&st, &ctx1()).topk(4, Dtype::F32),
-        Bound::Abs(0.0)
+        ErrorBound::Abs(0.0)
     );
 }
 
@@ -484,7 +469,7 @@ fn uniform_one_hot_and_single_entry_rows_have_finite_bounds() {
 /// reference, within the matching model; also reports tightness.
 #[test]
 fn f32_two_pass_kernels_are_within_their_summation_models() {
-    let mut rng = Rng(5);
+    let mut rng = SplitMix64::new(5);
     for how in [Sum32::Sequential, Sum32::Lanes8, Sum32::Tree] {
         let (mut worst_lp, mut worst_h) = (0.0f64, 0.0f64);
         for case in 0..24 {
@@ -534,7 +519,7 @@ fn f32_two_pass_kernels_are_within_their_summation_models() {
 /// of V = 30522 passes lanes=8, and the tree bound is 1-2 orders tighter.
 #[test]
 fn eight_lane_order_on_near_uniform_rows_passes_lanes_8() {
-    let mut rng = Rng(6);
+    let mut rng = SplitMix64::new(6);
     let x = row(&mut rng, 30522, 1);
     let st = stats_f64(&x, 1.0, None, Some(100));
     let out = kernel32(&x, 1.0, Sum32::Lanes8);
@@ -560,7 +545,7 @@ fn eight_lane_order_on_near_uniform_rows_passes_lanes_8() {
 /// correctly rounded ones pass everywhere (the `f16_truncated_outputs` dump).
 #[test]
 fn f16_truncated_outputs_fail_and_rounded_ones_pass() {
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64::new(7);
     let (mut worst_trunc, mut worst_round) = (0.0f64, 0.0f64);
     for case in 0..32 {
         let x = row(&mut rng, 8192, case % 4);
@@ -600,7 +585,7 @@ fn f16_truncated_outputs_fail_and_rounded_ones_pass() {
 /// `-p (lp + H)`) within the per-element bound.
 #[test]
 fn f32_autograd_gradients_are_within_the_element_bound() {
-    let mut rng = Rng(8);
+    let mut rng = SplitMix64::new(8);
     for case in 0..12 {
         let v = [3, 100, 2000][case % 3];
         let t = [1.0f32, 0.7][case % 2];
@@ -654,21 +639,21 @@ fn exact_of(v: Interval, dtype: Dtype) -> Exact {
 #[test]
 fn judge_passes_iff_error_is_within_the_bound() {
     let ex = exact_of(Interval { lo: -2.0, hi: -2.0 }, Dtype::F32);
-    let j = judge(&ex, -2.0 + 1e-6, Dtype::F32, &Bound::Abs(2e-6));
-    assert!(j.pass && j.verdict() == Verdict::Pass);
+    let j = judge(&ex, -2.0 + 1e-6, Dtype::F32, &ErrorBound::Abs(2e-6));
+    assert!(j.pass && j.verdict() == ValueVerdict::Pass);
     assert!((j.ratio.unwrap() - 0.5).abs() < 1e-3);
-    let j = judge(&ex, -2.0 + 3e-6, Dtype::F32, &Bound::Abs(2e-6));
-    assert!(!j.pass && j.verdict() == Verdict::Fail);
-    let none = Bound::None {
+    let j = judge(&ex, -2.0 + 3e-6, Dtype::F32, &ErrorBound::Abs(2e-6));
+    assert!(!j.pass && j.verdict() == ValueVerdict::Fail);
+    let none = ErrorBound::None {
         reason: NoBound::GammaUndefined {
             n: 300,
             u: 1.0 / 256.0,
         },
     };
     let j = judge(&ex, -2.0, Dtype::F32, &none);
-    assert!(!j.pass && j.ratio.is_none() && j.verdict() == Verdict::NoBound);
+    assert!(!j.pass && j.ratio.is_none() && j.verdict() == ValueVerdict::NoBound);
     assert_eq!(j.verdict().to_string(), "no bound");
-    let j = judge(&ex, f64::NAN, Dtype::F32, &Bound::Abs(1.0));
+    let j = judge(&ex, f64::NAN, Dtype::F32, &ErrorBound::Abs(1.0));
     assert!(!j.pass);
     // An exact value below f16's range is judged against its rounding, -inf.
     let ex = exact_of(
@@ -678,12 +663,12 @@ fn judge_passes_iff_error_is_within_the_bound() {
         },
         Dtype::F16,
     );
-    assert!(judge(&ex, f64::NEG_INFINITY, Dtype::F16, &Bound::Abs(0.0)).pass);
+    assert!(judge(&ex, f64::NEG_INFINITY, Dtype::F16, &ErrorBound::Abs(0.0)).pass);
 }
 
 #[test]
 fn tightest_model_names_the_tightest_satisfied_preset() {
-    let mut rng = Rng(9);
+    let mut rng = SplitMix64::new(9);
     let x = row(&mut rng, 30522, 1);
     let st = stats_f64(&x, 1.0, None, Some(5));
     let v = exact_log_prob(&st);
@@ -693,8 +678,10 @@ fn tightest_model_names_the_tightest_satisfied_preset() {
         tightest_model(
             &st,
             &ctx1(),
+            &RowTargets::default(),
             Dtype::F32,
-            Output::LogProb,
+            Output::LogProbs,
+            0,
             &ex,
             c,
             Dtype::F32,
@@ -742,7 +729,7 @@ fn f32_kernels_are_within_their_models_against_the_oracle() {
     use logprobe_reference::oracle::Oracle;
     use logprobe_reference::spec::{Logits, Problem};
     use ndarray::{Array1, Array2};
-    let mut rng = Rng(10);
+    let mut rng = SplitMix64::new(10);
     let oracle = Oracle::default();
     for case in 0..6 {
         let v = [5, 300, 3000][case % 3];
@@ -756,8 +743,8 @@ fn f32_kernels_are_within_their_models_against_the_oracle() {
         let ctx = RowContext::from_problem(&problem, 0).unwrap();
         for out in [Dtype::F32, Dtype::Bf16] {
             let fwd = oracle.forward(&problem, out).unwrap();
-            let lp_exact = fwd.log_probs.as_ref().unwrap()[0].unwrap();
-            let h_exact = fwd.entropy.as_ref().unwrap()[0];
+            let lp_exact = fwd.values[Output::LogProbs][[0, 0]];
+            let h_exact = fwd.values[Output::Entropy][[0, 0]];
             for how in [Sum32::Sequential, Sum32::Lanes8, Sum32::Tree] {
                 let k = kernel32(&x, 1.0, how);
                 let rb = model_for(how).row_bounds(&st, &ctx);
@@ -871,7 +858,7 @@ fn our_kernels_are_never_suspect() {
     use logprobe_reference::oracle::Oracle;
     use logprobe_reference::spec::{Logits, Problem};
     use ndarray::{Array1, Array2};
-    let mut rng = Rng(13);
+    let mut rng = SplitMix64::new(13);
     let oracle = Oracle::default();
     for case in 0..4 {
         let v = [3000, 8192][case % 2];
@@ -886,8 +873,8 @@ fn our_kernels_are_never_suspect() {
         let shape = problem.validate_shapes().unwrap();
         let out = Dtype::F32;
         let fwd = oracle.forward(&problem, out).unwrap();
-        let lp_exact = fwd.log_probs.as_ref().unwrap()[0].unwrap();
-        let h_exact = fwd.entropy.as_ref().unwrap()[0];
+        let lp_exact = fwd.values[Output::LogProbs][[0, 0]];
+        let h_exact = fwd.values[Output::Entropy][[0, 0]];
         let kernels: [&dyn Kernel; 2] = [&CpuKernel::fused(), &CpuKernel::chunked(256)];
         for k in kernels {
             let o = k.forward(&problem, out).unwrap();
@@ -896,8 +883,8 @@ fn our_kernels_are_never_suspect() {
                 let stat = Statistical::new(model).row_bounds(&st, &ctx);
                 let sound = model.row_bounds(&st, &ctx);
                 let det = Statistical::new(model).with_c(0.0).row_bounds(&st, &ctx);
-                let lp = o.log_probs.as_ref().unwrap()[0];
-                let h = o.entropy.as_ref().unwrap()[0];
+                let lp = o.values[Output::LogProbs][[0, 0]];
+                let h = o.values[Output::Entropy][[0, 0]];
                 for (name, exact, cand, t, sb, d) in [
                     (
                         "log_prob",
@@ -918,7 +905,7 @@ fn our_kernels_are_never_suspect() {
                 ] {
                     let (t, sb, d) = (abs(&t), abs(&sb), abs(&d));
                     assert!(d <= t && t <= sb, "{name}: {d} <= {t} <= {sb}");
-                    let j = judge(exact, cand, out, &Bound::Abs(t));
+                    let j = judge(exact, cand, out, &ErrorBound::Abs(t));
                     assert!(
                         j.pass,
                         "{} {} case {case} {name}: SUSPECT {j:?}",

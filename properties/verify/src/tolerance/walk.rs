@@ -1,0 +1,135 @@
+//! The row-judging walk shared by `verify`, the property checks and fuzz:
+//! every judged element of one row, output by output ([`Output::ALL`]
+//! order), with what its bound needs ([`RowTargets`]). Each caller judges
+//! the elements its own way (`verify` under four models, the properties
+//! under a kernel's declared one), but which elements exist, which rows
+//! are skipped and which bound applies ([`super::RowBounds::bound`]) are
+//! decided here once.
+
+use ndarray::ArrayView1;
+
+use logprobe_reference::oracle::Exact;
+use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem};
+
+use super::bounds::GradCotangents;
+
+/// What the bounds of one row need besides its statistics: the vocabulary
+/// entries its outputs are at, and the gradient's upstream cotangents.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowTargets {
+    /// Real vocabulary size `V`: grad columns `>= V` are padding (exactly 0).
+    pub vocab_size: usize,
+    /// The target token, when the row has a log-prob (tokens given, token
+    /// not `ignore_index`).
+    pub token: Option<usize>,
+    /// The top-k ids `[K]` of the row (validated in range by the spec).
+    pub topk_ids: Vec<usize>,
+    /// Cotangent `g` of the log-prob (0 without one or on an `ignore_index` row).
+    pub g: f64,
+    /// Cotangent `h` of the entropy (0 without one).
+    pub h: f64,
+    /// `(id_k, G_k)` of the live top-k ids ([`GradCotangents::live_topk`]).
+    pub live_topk: Vec<(usize, f64)>,
+}
+
+impl RowTargets {
+    /// Row `row` of a validated `problem` with `cotangents` (absent = 0).
+    ///
+    /// # Panics
+    /// Never for a validated problem and `row < N` (ids are in range).
+    pub fn new(problem: &Problem<'_>, row: usize, cotangents: &Cotangents<'_>) -> RowTargets {
+        let (_, v_total) = problem.logits.dim();
+        let vocab_size = problem.options.vocab_size.unwrap_or(v_total);
+        let has_target = problem.has_target(row);
+        let live_topk = match (problem.topk_ids, cotangents.grad_topk_log_probs) {
+            // Ids masked by sampling_mask are constants (no gradient); one
+            // with a -inf logit is still differentiated (oracle, PyTorch).
+            (Some(ids), Some(gk)) => GradCotangents::live_topk(
+                ids.row(row).iter().copied(),
+                gk.row(row).iter().copied(),
+                |id| id < vocab_size && problem.allowed(row, id),
+            ),
+            _ => Vec::new(),
+        };
+        RowTargets {
+            vocab_size,
+            token: problem
+                .tokens
+                .filter(|_| has_target)
+                .map(|t| t[row] as usize),
+            topk_ids: problem.topk_ids.map_or(Vec::new(), |ids| {
+                ids.row(row).iter().map(|&id| id as usize).collect()
+            }),
+            g: match cotangents.grad_log_probs {
+                Some(g) if has_target => g[row],
+                _ => 0.0,
+            },
+            h: cotangents.grad_entropy.map_or(0.0, |h| h[row]),
+            live_topk,
+        }
+    }
+
+    /// The cotangents as the gradient bound takes them.
+    pub fn grad_cotangents(&self) -> GradCotangents<'_> {
+        GradCotangents {
+            g: self.g,
+            h: self.h,
+            token: self.token,
+            topk: &self.live_topk,
+        }
+    }
+}
+
+/// One element of a row to judge: column `col` of `output`.
+#[derive(Clone, Copy, Debug)]
+pub struct Element<'a> {
+    /// The output.
+    pub output: Output,
+    /// The column (0 for per-row outputs, `k` for top-k, the vocabulary
+    /// index for grad logits).
+    pub col: usize,
+    /// The oracle's exact value.
+    pub exact: &'a Exact,
+    /// The candidate value (exact f64 of a value of `dtype`).
+    pub candidate: f64,
+    /// The candidate's dtype (its ulps and final rounding).
+    pub dtype: Dtype,
+}
+
+/// Walks the judged elements of one row: for every output present in both
+/// `exact` and `candidates` (each the row's values `[width]`; a candidate
+/// with its dtype), in [`Output::ALL`] order, every column, skipping the
+/// outputs `judged` rejects for this row ([`Output::judged`]). `visit` sees
+/// each element; its first error stops the walk and is returned.
+///
+/// # Errors
+/// The first error of `visit`.
+///
+/// # Panics
+/// When a candidate row is longer than its exact row (callers check
+/// shapes first).
+pub fn walk_row<E>(
+    exact: &PerOutput<ArrayView1<'_, Exact>>,
+    candidates: &PerOutput<(Dtype, ArrayView1<'_, f64>)>,
+    judged: impl Fn(Output) -> bool,
+    mut visit: impl FnMut(Element<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    for (output, (dtype, values)) in candidates.iter() {
+        let Some(exact) = exact.get(output) else {
+            continue;
+        };
+        if !judged(output) {
+            continue;
+        }
+        for (col, &candidate) in values.iter().enumerate() {
+            visit(Element {
+                output,
+                col,
+                exact: &exact[col],
+                candidate,
+                dtype: *dtype,
+            })?;
+        }
+    }
+    Ok(())
+}
