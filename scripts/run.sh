@@ -2,6 +2,11 @@
 # The two set-up commands of README.md, runnable on a fresh machine:
 #   scripts/run.sh verify   verify the shipped PyTorch dumps (the main job)
 #   scripts/run.sh test     the test gate (cargo test over the workspace)
+# and, for CI (not a set-up command: the wheel's release build costs minutes):
+#   scripts/run.sh python   build and install the Python package (`pip install
+#                           ./properties/python`, maturin) into a fresh venv
+#                           and run its pytest suite (numpy, ml_dtypes; torch
+#                           tests skip unless torch is installed there)
 # Each first installs what a fresh machine lacks: m4 (GMP's build needs it)
 # and a C++17 compiler (the tests build the CUDA kernels for the host,
 # feature `cuda-host` of logprobe-kernels).
@@ -23,6 +28,33 @@ ensure_build_deps() {
     fi
 }
 
+# python3 with venv + pip (Debian splits venv out as python3-venv).
+ensure_python() {
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        echo "installing python3-venv (the Python package's tests run in a venv)..." >&2
+        if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+        $SUDO apt-get update -qq >/dev/null
+        $SUDO apt-get install -y -qq python3 python3-venv >/dev/null
+    fi
+}
+
+python_suite() {
+    ensure_build_deps
+    ensure_python
+    local venv="${LOGPROBE_VENV:-target/python-venv}"
+    case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ml_dtypes
+    local t0 t1
+    t0=$(date +%s)
+    # The README's install line: maturin (from PyPI) builds the abi3 wheel.
+    "$venv/bin/pip" install -q --disable-pip-version-check ./properties/python
+    t1=$(date +%s)
+    echo "python: pip install ./properties/python took $((t1 - t0)) s" >&2
+    (cd properties/python && "$venv/bin/python" -m pytest -q tests "$@")
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
@@ -35,11 +67,14 @@ case "$cmd" in
         ensure_build_deps
         exec cargo test --workspace "$@"
         ;;
+    python)
+        python_suite "$@"
+        ;;
     deps)
         ensure_build_deps
         ;;
     *)
-        echo "usage: scripts/run.sh verify|test|deps [extra args]" >&2
+        echo "usage: scripts/run.sh verify|test|python|deps [extra args]" >&2
         exit 2
         ;;
 esac

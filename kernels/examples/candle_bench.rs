@@ -13,7 +13,7 @@
 //!   0.11.1 without MKL.
 //! - `CandleComposed kernel`: the same through the `Kernel` trait (adds the
 //!   validation pass and the copy into a `Tensor`).
-//! - `fused (log_probs)`, `fused (+ entropy)`: [`Fused`] through the
+//! - `fused (log_probs)`, `fused (+ entropy)`: `CpuKernel::fused()` through the
 //!   `Kernel` trait, rows in parallel with rayon.
 //! - `LogProbOp (fused, + entropy)`: the candle `CustomOp2` on the tensor.
 //!

@@ -1,7 +1,8 @@
 //! What the `logprobe` binary prints: stdout that ends quietly when the
-//! reader goes away (`| head`), and the long help of `verify`, whose tensor
+//! reader goes away (`| head`), the long help of `verify`, whose tensor
 //! and metadata names come from the format's name table
-//! ([`logprobe_verify::names`]).
+//! ([`logprobe_verify::names`]), and the `compare` subcommand (arguments,
+//! run, help; the engine is [`logprobe_verify::compare`]).
 
 use std::io::Write;
 
@@ -75,4 +76,125 @@ is near 0 has a tiny ulp and a correct candidate many ulps away.",
         tensors.join(", "),
         keys.join(", ")
     )
+}
+
+/// The arguments of `logprobe compare A B`.
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// A: the dump every quantity is measured from (the trainer): logits,
+    /// tokens, log_probs.
+    pub a: std::path::PathBuf,
+    /// B: the same rows from the other side (the rollout engine); logits optional.
+    pub b: std::path::PathBuf,
+    /// Print the report as JSON on stdout (schema_version 1) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// PPO clip range eps: the summary counts rows whose importance ratio
+    /// exp(lp_A - lp_B) is outside [1 - eps, 1 + eps].
+    #[arg(long, default_value_t = 0.2, value_parser = parse_clip)]
+    pub clip: f64,
+    /// Rows to compare: `a..b`, `a..` or `sample:K` (before row_mask).
+    #[arg(long)]
+    pub rows: Option<logprobe_verify::verify::RowSelection>,
+    /// Summation model of each side's kernel bound: lanes=8 (default), lanes=K, tree or sequential.
+    #[arg(long, default_value = "lanes=8")]
+    pub model: logprobe_verify::tolerance::Order,
+    /// Accumulation dtype of both kernels' bounds: f32, f64, bf16 or f16
+    /// (default: f64 for f64 logits, f32 otherwise).
+    #[arg(long, value_parser = parse_accumulation)]
+    pub accumulation: Option<logprobe_reference::spec::Dtype>,
+    /// Skip the exact KL per row (certified f64 tier, MPFR where it does not
+    /// decide: about one more oracle pass per side).
+    #[arg(long)]
+    pub no_kl: bool,
+    /// Rows listed in the table, largest |observed| first.
+    #[arg(long, default_value_t = 5)]
+    pub worst: usize,
+}
+
+fn parse_clip(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x < 1.0 => Ok(x),
+        _ => Err(format!(
+            "bad --clip `{s}`: expected eps in (0, 1), e.g. 0.2"
+        )),
+    }
+}
+
+fn parse_accumulation(s: &str) -> Result<logprobe_reference::spec::Dtype, String> {
+    logprobe_reference::spec::Dtype::ALL
+        .into_iter()
+        .find(|d| d.name() == s.trim())
+        .ok_or_else(|| format!("unknown dtype `{s}`: expected f64, f32, bf16 or f16"))
+}
+
+/// Runs `logprobe compare`: the table (or `--json`) on stdout, bad input on
+/// stderr. Returns the exit status: 0 compared, every kernel within its
+/// bound; 1 a kernel beyond its bound (or "no bound"); 2 bad input.
+pub fn compare(args: CompareArgs) -> u8 {
+    use logprobe_verify::compare::{compare_files, render_table, CompareConfig};
+    let mut config = CompareConfig {
+        clip: args.clip,
+        kl: !args.no_kl,
+        worst: args.worst,
+        ..CompareConfig::default()
+    };
+    if let Some(r) = args.rows {
+        config.rows = r;
+    }
+    config.verify.model = args.model;
+    config.verify.accumulation = args.accumulation;
+    let report = match compare_files(&args.a, &args.b, &config) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "logprobe: compare {} {}: bad input: {e}",
+                args.a.display(),
+                args.b.display()
+            );
+            return 2;
+        }
+    };
+    let mut out = Out::new();
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => out.print(&format!("{s}\n")),
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "logprobe: cannot serialise the report: {e}"
+                );
+                return 2;
+            }
+        }
+    } else {
+        out.print(&render_table(&report));
+    }
+    report.exit_status
+}
+
+/// The text after `logprobe compare --help`: what is reported, exit codes.
+pub fn compare_help() -> String {
+    "\
+Per row (nats; each an enclosure [lo, hi] of the exact real, from the oracle):
+  kernel_error_a   lp_A - exact(logits_A)        what A's log-prob kernel adds
+  kernel_error_b   lp_B - exact(logits_B)        what B's kernel adds (B with logits)
+  logits_effect    exact(logits_A) - exact(logits_B)   the part due to the logits alone
+  observed         lp_A - lp_B = kernel_error_a - kernel_error_b + logits_effect (exactly)
+  kl               KL(softmax(z_A) || softmax(z_B)), exact (B with logits)
+  b_minus_exact_a  lp_B - exact(logits_A) (B without logits: its kernel and logits together)
+Summary: mean and max |.| of each, bitwise-equal rows, the importance ratio exp(observed)
+(range, rows outside [1 - clip, 1 + clip]), Pearson r of the log-probs and of exp(lp)
+(verl's rollout_actor_probs_pearson_corr), each side's kernel against its bound (as verify
+judges it), and a one-line verdict: \"the mismatch is X% kernel numerics, Y% logits\".
+
+A and B must hold the same rows: the same tokens ([N] or [B, T]), row_mask and
+ignore_index. B may hold only tokens, log_probs (and row_mask): what rollout engines return.
+
+Exit status:
+  0  compared; every kernel within its bound (SUSPECT included)
+  1  compared; some side's kernel beyond its bound (or \"no bound\")
+  2  bad input (the message names the side, tensor and row)"
+        .to_string()
 }

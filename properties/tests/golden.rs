@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 
 use ndarray::{Array1, Array2};
 
-use logprobe_kernels::{CpuKernel, Kernel};
+use logprobe_kernels::Kernel;
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem};
+use logprobe_testkit::registry;
 use logprobe_verify::dump::Dump;
 
 fn golden_dir() -> PathBuf {
@@ -130,10 +131,11 @@ fn snapshot(name: &str, bytes: &[u8]) -> String {
     if dtype != Dtype::F32 && dtype != Dtype::F64 {
         outs.push(dtype);
     }
-    let kernels: Vec<Box<dyn Kernel>> = vec![
-        Box::new(CpuKernel::fused()),
-        Box::new(CpuKernel::chunked(3)),
-    ];
+    // The registry's golden kernels (CPU fused, chunked at 3), in its order.
+    let kernels: Vec<Box<dyn Kernel>> = registry::entries()
+        .iter()
+        .filter_map(|e| e.golden_chunk_size.map(|c| e.kernel(c, &[])))
+        .collect();
     for &out in &outs {
         let exf = oracle.forward(&p, out).expect("oracle");
         let exg = oracle.vjp(&p, &cot, out).expect("oracle vjp");

@@ -19,14 +19,16 @@ use logprobe_reference::spec::{
 use logprobe_reference::splitmix::SplitMix64;
 use logprobe_testkit::cache::OracleCase;
 use logprobe_testkit::checks::judge_values;
+use logprobe_testkit::registry::{self, Backend};
 
+/// The registry's CPU kernels at their gate chunk sizes (fused, chunked
+/// at 1, 3 and 64; vocab-parallel below, over explicit layouts).
 fn kernels() -> Vec<Box<dyn Kernel>> {
-    vec![
-        Box::new(CpuKernel::fused()),
-        Box::new(CpuKernel::chunked(1)),
-        Box::new(CpuKernel::chunked(3)),
-        Box::new(CpuKernel::chunked(64)),
-    ]
+    registry::entries()
+        .iter()
+        .filter(|e| e.backend == Backend::Cpu)
+        .flat_map(|e| e.gate_kernels())
+        .collect()
 }
 
 /// Every forward output of every kernel against the oracle.

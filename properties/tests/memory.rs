@@ -8,10 +8,28 @@ use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
 use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::registry::{self, MemoryBudget};
 use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
+
+/// Every registered kernel with a memory budget: an `O(N)` one once, a
+/// chunked one at each of `chunk_sizes` (with the chunk size its budget
+/// counts).
+fn budgeted(chunk_sizes: &[usize]) -> Vec<(Box<dyn Kernel>, Option<usize>)> {
+    let mut out = Vec::new();
+    for e in registry::available() {
+        match e.memory {
+            Some(MemoryBudget::Rows) => out.push((e.kernel(1, &[]), None)),
+            Some(MemoryBudget::Chunks) => {
+                out.extend(chunk_sizes.iter().map(|&c| (e.kernel(c, &[]), Some(c))))
+            }
+            None => {}
+        }
+    }
+    out
+}
 
 #[test]
 fn peak_extra_memory_within_chunk_and_row_budgets() {
@@ -33,12 +51,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         let (p, c) = (data.problem(), cot.view());
         // Warm up rayon's pool and lazily initialised state outside the measurement.
         CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
-        let kernels: Vec<(Box<dyn Kernel>, Option<usize>)> = vec![
-            (Box::new(CpuKernel::fused()), None),
-            (Box::new(CpuKernel::chunked(1)), Some(1)),
-            (Box::new(CpuKernel::chunked(4)), Some(4)),
-            (Box::new(CpuKernel::chunked(7)), Some(7)),
-        ];
+        let kernels = budgeted(&[1, 4, 7]);
         for (k, chunk) in &kernels {
             let (f, b) = check_memory(k.as_ref(), &p, Some(&c), Dtype::F32, *chunk)
                 .unwrap_or_else(|e| panic!("{dtype}: {e}"));
@@ -62,10 +75,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         topk: false,
     }
     .expand(&data);
-    for (k, chunk) in [
-        (Box::new(CpuKernel::fused()) as Box<dyn Kernel>, None),
-        (Box::new(CpuKernel::chunked(8)), Some(8)),
-    ] {
+    for (k, chunk) in budgeted(&[8]) {
         let (f, b) = check_memory(
             k.as_ref(),
             &data.problem(),

@@ -110,33 +110,31 @@ pub fn check_dtype(shape: &Shape, kernel: &str) -> Result<(), KernelError> {
 }
 
 /// With `temperature_dtype = input`, `round_input(x / T)` of a finite real
-/// logit may overflow (T < 1): bad input, as the oracle reports it. The same
+/// logit may overflow (T < 1): bad input, as the oracle reports it
+/// ([`Problem::validate_input_row`], the one definition). The same
 /// arithmetic as the device's `lp_z` ([`Dtype::scaled_input`]: the f32
 /// quotient, rounded again for 16-bit logits).
 ///
 /// # Errors
-/// [`SpecError::NonFiniteLogit`] with the overflowed value.
+/// [`Problem::validate_input_row`]'s: [`SpecError::NonFiniteLogit`] on
+/// `logits / temperature`, [`SpecError::NoFiniteLogit`],
+/// [`SpecError::TokenNegInf`].
 pub fn check_scaled_logits(problem: &Problem<'_>, shape: &Shape) -> Result<(), SpecError> {
     if problem.options.temperature_dtype != TemperatureDtype::Input || shape.temperature >= 1.0 {
         return Ok(());
     }
     let t = shape.temperature;
+    let mut z = vec![0.0; shape.vocab_size];
     for row in 0..shape.n {
-        for col in 0..shape.vocab_size {
+        for (col, zj) in z.iter_mut().enumerate() {
             let x = problem.logits.get_f64(row, col);
-            if !x.is_finite() {
-                continue;
-            }
-            let z = shape.dtype.scaled_input(x, t);
-            if !z.is_finite() {
-                return Err(SpecError::NonFiniteLogit {
-                    tensor: "logits",
-                    row,
-                    col,
-                    value: z,
-                });
-            }
+            *zj = if x.is_finite() {
+                shape.dtype.scaled_input(x, t)
+            } else {
+                x
+            };
         }
+        problem.validate_input_row(row, &z)?;
     }
     Ok(())
 }
@@ -347,7 +345,7 @@ mod tests {
         assert_eq!(
             check_scaled_logits(&p, &shape),
             Err(SpecError::NonFiniteLogit {
-                tensor: "logits",
+                tensor: "logits / temperature",
                 row: 0,
                 col: 0,
                 value: f64::INFINITY

@@ -13,6 +13,9 @@
 //!   over the gate's recipe space, shrinking each finding to a minimal
 //!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
 //!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
+//! - `compare A B`: where a trainer-vs-rollout log-prob mismatch comes
+//!   from ([`logprobe_verify::compare`], `docs/compare.md`). Exit 0 both
+//!   kernels within their bounds, 1 a kernel beyond, 2 bad input.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -61,13 +64,34 @@ enum Command {
     /// Search kernels for inputs they get wrong, within a time budget; shrink
     /// each finding and write it as a dump (docs/fuzz.md).
     Fuzz(FuzzArgs),
+    /// Where a log-prob mismatch between two dumps of the same rows (trainer
+    /// vs rollout engine) comes from: each kernel's error against the exact
+    /// oracle, the logits' effect, the exact KL (docs/compare.md).
+    #[command(after_long_help = logprobe_properties::cli::compare_help())]
+    Compare(logprobe_properties::cli::CompareArgs),
 }
 
 #[derive(Args, Debug)]
 struct FuzzArgs {
-    /// Targets: fused, chunked, vocab-parallel, candle, cuda, mutant:NAME (comma-separated).
-    #[arg(long, default_value = logprobe_properties::fuzz::target::DEFAULT_KERNELS)]
-    kernel: String,
+    /// Targets: fused, chunked, vocab-parallel, candle, cuda, mutant:NAME (comma-separated;
+    /// default fused,chunked,vocab-parallel).
+    #[arg(long, conflicts_with_all = ["exec", "exec_persistent"])]
+    kernel: Option<String>,
+    /// An external kernel, one process per call: CMD with {in} and {out} (fuzz protocol v1,
+    /// docs/fuzz-protocol.md), run through `sh -c`.
+    #[arg(long, value_name = "CMD", conflicts_with = "exec_persistent")]
+    exec: Option<String>,
+    /// An external kernel, one process for the run: CMD exchanges frames (u64 LE length +
+    /// safetensors bytes) on stdin/stdout (fuzz protocol v1).
+    #[arg(long, value_name = "CMD")]
+    exec_persistent: Option<String>,
+    /// Time limit of one call of the external kernel (a hang past it is a finding).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+    /// Invariances of the external kernel whose lack is a failure: padding-invariant,
+    /// chunk-invariant, batch-invariant (comma-separated, or none).
+    #[arg(long, default_value = logprobe_properties::fuzz::exec::DEFAULT_REQUIRE)]
+    require: String,
     /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     budget: std::time::Duration,
@@ -122,7 +146,19 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 fn fuzz(args: FuzzArgs) -> u8 {
     use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    if args.exec.is_some() || args.exec_persistent.is_some() {
+        return fuzz_exec(args);
+    }
     if let Some(path) = &args.replay {
+        if let Ok((kernel, _, _, _)) = fuzz::counterexample::read_meta(path) {
+            if kernel.starts_with("exec") {
+                eprintln!(
+                    "logprobe: {} is a finding of an external kernel: rerun it with --{kernel} CMD (logprobe never runs a command stored in a file)",
+                    path.display()
+                );
+                return 2;
+            }
+        }
         return match fuzz::replay(path) {
             Err(e) => {
                 eprintln!("logprobe: {e}");
@@ -143,21 +179,18 @@ fn fuzz(args: FuzzArgs) -> u8 {
             }
         };
     }
-    let targets = match parse_targets(&args.kernel) {
+    let kernels = args
+        .kernel
+        .clone()
+        .unwrap_or_else(|| fuzz::target::DEFAULT_KERNELS.to_string());
+    let targets = match parse_targets(&kernels) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("logprobe: {e}");
             return 2;
         }
     };
-    // --dtype and --vocab are the keys `dtype=` and `vocab=` of the grammar
-    // (there a comma separates alternatives too).
-    let mut options = args.options.clone();
-    for (key, v) in [("dtype", &args.dtype), ("vocab", &args.vocab)] {
-        if let Some(v) = v {
-            options.push_str(&format!(",{key}={}", v.replace(',', "|")));
-        }
-    }
+    let options = fuzz_options(&args);
     let space = match Space::parse(&options) {
         Ok(s) => s,
         Err(e) => {
@@ -172,7 +205,7 @@ fn fuzz(args: FuzzArgs) -> u8 {
     });
     eprintln!(
         "fuzz: kernels {}, seed {seed}, budget {:.0} s{}",
-        args.kernel,
+        kernels,
         args.budget.as_secs_f64(),
         args.cases
             .map_or(String::new(), |n| format!(", at most {n} cases"))
@@ -265,6 +298,128 @@ fn bench(args: BenchArgs) -> u8 {
         logprobe_properties::cli::Out::new().print(&render_bench(&report));
     }
     0
+}
+
+/// The search space of `args` (`--options`, `--dtype`, `--vocab`).
+fn fuzz_options(args: &FuzzArgs) -> String {
+    // --dtype and --vocab are the keys `dtype=` and `vocab=` of the grammar
+    // (there a comma separates alternatives too).
+    let mut options = args.options.clone();
+    for (key, v) in [("dtype", &args.dtype), ("vocab", &args.vocab)] {
+        if let Some(v) = v {
+            options.push_str(&format!(",{key}={}", v.replace(',', "|")));
+        }
+    }
+    options
+}
+
+/// `fuzz --exec CMD` / `--exec-persistent CMD` (docs/fuzz-protocol.md).
+fn fuzz_exec(args: FuzzArgs) -> u8 {
+    use logprobe_properties::fuzz::case::Space;
+    use logprobe_properties::fuzz::exec::{
+        self, ExecRun, ExecTarget, Invariance, Runner, Transport,
+    };
+    let transport = match (&args.exec, &args.exec_persistent) {
+        (Some(c), _) => Transport::OneShot(c.clone()),
+        (_, Some(c)) => Transport::Persistent(c.clone()),
+        _ => unreachable!("checked by the caller"),
+    };
+    if let Transport::OneShot(c) = &transport {
+        if !(c.contains("{in}") && c.contains("{out}")) {
+            eprintln!("logprobe: --exec: the command must contain {{in}} and {{out}} (the input and output dump paths); for stdin/stdout frames use --exec-persistent");
+            return 2;
+        }
+    }
+    let require = match Invariance::parse_list(&args.require) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("logprobe: {e}");
+            return 2;
+        }
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    let mut target = ExecTarget {
+        runner: Runner::new(transport, args.timeout),
+        require,
+        seed,
+    };
+    if let Some(path) = &args.replay {
+        return match exec::replay(path, &mut target) {
+            Err(e) => {
+                eprintln!("logprobe: {e}");
+                2
+            }
+            Ok((case, None)) => {
+                println!(
+                    "{}: passes now\n  recipe: {}",
+                    target.runner.transport.kind(),
+                    case.recipe()
+                );
+                0
+            }
+            Ok((case, Some(f))) => {
+                println!(
+                    "{}: still fails {}: {}\n  recipe: {}",
+                    target.runner.transport.kind(),
+                    f.property,
+                    f.detail.lines().collect::<Vec<_>>().join("\n    "),
+                    case.recipe()
+                );
+                1
+            }
+        };
+    }
+    let options = fuzz_options(&args);
+    if logprobe_properties::fuzz::grammar::Pairs::parse(
+        &options,
+        &logprobe_properties::fuzz::case::KEYS,
+    )
+    .is_ok_and(|p| p.get("bad").is_some())
+    {
+        eprintln!("logprobe: --options bad=...: protocol v1 sends valid inputs only (an external kernel has no typed-error channel); drop the bad= pin");
+        return 2;
+    }
+    let space = match Space::parse(&format!("{options},bad=none")) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("logprobe: --options: {e}");
+            return 2;
+        }
+    };
+    eprintln!(
+        "fuzz: {}, seed {seed}, budget {:.0} s{}, timeout {:.0} s per call, required: {}",
+        target.runner.transport.flag(),
+        args.budget.as_secs_f64(),
+        args.cases
+            .map_or(String::new(), |n| format!(", at most {n} cases")),
+        args.timeout.as_secs_f64(),
+        if target.require.is_empty() {
+            "none".to_string()
+        } else {
+            target
+                .require
+                .iter()
+                .map(|i| i.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+    );
+    let run = ExecRun {
+        target,
+        space,
+        budget: args.budget,
+        cases: args.cases,
+        shrink_budget: args.shrink_budget,
+        out_dir: args.out,
+        progress: !args.no_progress,
+    };
+    let report = exec::run(&run);
+    print!("{}", exec::render(&report, &run.target));
+    report.exit_status()
 }
 
 #[derive(Args, Debug)]
@@ -447,6 +602,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify(args),
         Command::Bench(args) => bench(args),
         Command::Fuzz(args) => fuzz(args),
+        Command::Compare(args) => logprobe_properties::cli::compare(args),
     };
     ExitCode::from(status)
 }

@@ -122,7 +122,7 @@ pub fn dump_bytes(
                 ));
             }
         }
-        Call::Forward(_) | Call::Invariance | Call::Memory => {
+        Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec => {
             let out = match finding.call {
                 Call::Forward(d) => d,
                 _ => case.out(),

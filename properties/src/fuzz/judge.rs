@@ -30,6 +30,8 @@ pub enum Call {
     Invariance,
     /// Peak extra memory of a forward and a backward.
     Memory,
+    /// One call of an external kernel (`fuzz --exec`): every output at once.
+    Exec,
 }
 
 /// A property a kernel failed on one case.

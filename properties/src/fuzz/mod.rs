@@ -11,10 +11,12 @@
 //!
 //! Modules: [`grammar`] (the options grammar), [`case`] (cases, space,
 //! strategy), [`target`] (`--kernel` names), [`judge`], [`counterexample`],
-//! [`progress`].
+//! [`progress`], and [`exec`] (`--exec`: an external kernel through the fuzz
+//! protocol).
 
 pub mod case;
 pub mod counterexample;
+pub mod exec;
 pub mod grammar;
 pub mod judge;
 pub mod progress;

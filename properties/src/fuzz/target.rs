@@ -1,23 +1,23 @@
-//! What `--kernel` names: the fuzz targets. This is the one place kernel
-//! names are parsed (it moves to the test kit's kernel registry when that
-//! lands). A target builds a [`Kernel`] per case (chunked ones with the
-//! case's `chunk_size`, vocab-parallel ones over the case's shard layout);
-//! the judging loop only sees [`Target`], so a kernel running elsewhere (an
-//! external process, `fuzz --exec`) plugs in as another `Kernel`.
+//! What `--kernel` names: the fuzz targets, read from the test kit's
+//! kernel registry ([`logprobe_testkit::registry`]) plus the planted
+//! mutants (`mutant:NAME`). A target builds a [`Kernel`] per case (chunked
+//! ones with the case's `chunk_size`, vocab-parallel ones over the case's
+//! shard layout); the judging loop only sees [`Target`], so a kernel
+//! running elsewhere (an external process, `fuzz --exec`) plugs in as
+//! another `Kernel`.
 
-use logprobe_kernels::candle::CandleComposed;
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::CpuKernel;
 use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::registry::{self, Build, MemoryBudget};
 use thiserror::Error;
 
 /// A `--kernel` list that names nothing runnable.
 #[derive(Debug, Error, PartialEq)]
 pub enum TargetError {
-    /// A name not in the list.
-    #[error("unknown kernel `{0}` (kernels: fused, chunked, vocab-parallel, candle, cuda, mutant:NAME; mutants: {1})")]
+    /// A name not in the list (the registry's names, then the mutants').
+    #[error("unknown kernel `{0}` (kernels: {names}, mutant:NAME; mutants: {1})", names = registry::names())]
     Unknown(String, String),
-    /// `cuda` where no device is usable (or the binary lacks the feature).
+    /// A CUDA kernel where no device is usable (or the binary lacks the feature).
     #[error("kernel `cuda` is not available here: {0}")]
     CudaUnavailable(String),
     /// An empty list.
@@ -27,12 +27,12 @@ pub enum TargetError {
 
 /// How a target's kernel is built for a case.
 enum Make {
-    /// One kernel, whatever the case.
-    Fixed(fn() -> Box<dyn Kernel>),
-    /// By `chunk_size`.
+    /// A registered kernel.
+    Registered(Build),
+    /// By `chunk_size` (the mutants).
     Chunked(Box<dyn Fn(usize) -> Box<dyn Kernel> + Send + Sync>),
-    /// By shard widths.
-    Sharded(Box<dyn Fn(&[usize]) -> Box<dyn Kernel> + Send + Sync>),
+    /// By shard widths (the TP mutant).
+    Sharded(logprobe_testkit::suite::ShardedMaker),
 }
 
 /// One fuzz target (see the module docs).
@@ -57,7 +57,9 @@ impl Target {
     /// The kernel for a case with this `chunk_size` and these shard widths.
     pub fn kernel(&self, chunk_size: usize, shard_widths: &[usize]) -> Box<dyn Kernel> {
         match &self.make {
-            Make::Fixed(f) => f(),
+            Make::Registered(Build::Fixed(f)) => f(),
+            Make::Registered(Build::ByChunk(f)) => f(chunk_size),
+            Make::Registered(Build::ByShards(f)) => f(shard_widths),
             Make::Chunked(f) => f(chunk_size),
             Make::Sharded(f) => f(shard_widths),
         }
@@ -65,13 +67,18 @@ impl Target {
 
     /// Whether the kernel is built over shard widths.
     pub fn is_sharded(&self) -> bool {
-        matches!(self.make, Make::Sharded(_))
+        matches!(
+            self.make,
+            Make::Sharded(_) | Make::Registered(Build::ByShards(_))
+        )
     }
 }
 
-/// The default `--kernel` list: our CPU kernels. `candle` (candle's composed
-/// path, which declares input-dtype accumulation) is opt-in: the model gives
-/// its bf16 / f16 rows at large `V` no bound, by design.
+/// The default `--kernel` list: our CPU kernels (the registry's
+/// [`registry::Entry::fuzz_default`] ones; a test checks they agree).
+/// `candle` (candle's composed path, which declares input-dtype
+/// accumulation) is opt-in: the model gives its bf16 / f16 rows at large
+/// `V` no bound, by design.
 pub const DEFAULT_KERNELS: &str = "fused,chunked,vocab-parallel";
 
 fn mutant_names() -> String {
@@ -103,41 +110,39 @@ pub fn parse_targets(list: &str) -> Result<Vec<Target>, TargetError> {
 /// # Errors
 /// As [`parse_targets`].
 pub fn parse_target(name: &str) -> Result<Target, TargetError> {
-    let t = |make, invariance, memory| Target {
-        name: name.to_string(),
-        chunk_budget: matches!(make, Make::Chunked(_)),
-        make,
-        invariance,
-        memory,
-        twin: None,
-    };
-    Ok(match name {
-        "fused" => t(Make::Fixed(|| Box::new(CpuKernel::fused())), true, true),
-        "chunked" => t(
-            Make::Chunked(Box::new(|c| Box::new(CpuKernel::chunked(c)))),
-            true,
-            true,
-        ),
-        "vocab-parallel" => t(
-            Make::Sharded(Box::new(|w| {
-                Box::new(CpuKernel::vocab_parallel(w.to_vec()))
-            })),
-            false,
-            false,
-        ),
-        "candle" => t(Make::Fixed(|| Box::new(CandleComposed)), false, false),
-        "cuda" => cuda_target(name)?,
-        _ => {
-            let Some(m) = name.strip_prefix("mutant:") else {
-                return Err(TargetError::Unknown(name.into(), mutant_names()));
-            };
-            let kind = MutantKind::ALL
-                .into_iter()
-                .find(|k| k.name() == m)
-                .ok_or_else(|| TargetError::Unknown(name.into(), mutant_names()))?;
-            mutant_target(name, kind)
+    if let Some(e) = registry::find(name) {
+        if let Some(why) = e.backend.unavailable() {
+            return Err(TargetError::CudaUnavailable(why));
         }
-    })
+        #[cfg(feature = "cuda")]
+        if e.backend == registry::Backend::Cuda {
+            // A device that answers but cannot run a kernel.
+            logprobe_kernels::cuda::CudaChunked::new(1)
+                .map_err(|err| TargetError::CudaUnavailable(err.to_string()))?;
+        }
+        return Ok(Target {
+            name: name.to_string(),
+            // Bit-for-bit chunk-size and row-slicing invariance; a sharded
+            // kernel's layout is the case's, so only by chunk.
+            invariance: e.invariance && !e.is_sharded(),
+            memory: e.memory.is_some(),
+            chunk_budget: e.memory == Some(MemoryBudget::Chunks)
+                || (e.memory.is_none() && e.is_chunked()),
+            make: Make::Registered(e.build),
+            twin: None,
+        });
+    }
+    if let Some(why) = registry::not_compiled_in(name) {
+        return Err(TargetError::CudaUnavailable(why));
+    }
+    let Some(m) = name.strip_prefix("mutant:") else {
+        return Err(TargetError::Unknown(name.into(), mutant_names()));
+    };
+    let kind = MutantKind::ALL
+        .into_iter()
+        .find(|k| k.name() == m)
+        .ok_or_else(|| TargetError::Unknown(name.into(), mutant_names()))?;
+    Ok(mutant_target(name, kind))
 }
 
 fn mutant_target(name: &str, kind: MutantKind) -> Target {
@@ -177,32 +182,4 @@ fn mutant_target(name: &str, kind: MutantKind) -> Target {
         chunk_budget: kind.is_chunked(),
         twin: Some(Box::new(twin)),
     }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_target(name: &str) -> Result<Target, TargetError> {
-    use logprobe_kernels::cuda::{unavailable_reason, CudaChunked};
-    if let Some(why) = unavailable_reason() {
-        return Err(TargetError::CudaUnavailable(why));
-    }
-    CudaChunked::new(1).map_err(|e| TargetError::CudaUnavailable(e.to_string()))?;
-    Ok(Target {
-        name: name.into(),
-        // The device was usable a moment ago: a failure to build is a
-        // broken device, reported as a finding by the judge's panic guard.
-        make: Make::Chunked(Box::new(|c| {
-            Box::new(CudaChunked::new(c).expect("CUDA chunked kernel"))
-        })),
-        invariance: true,
-        memory: false,
-        twin: None,
-        chunk_budget: true,
-    })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_target(_name: &str) -> Result<Target, TargetError> {
-    Err(TargetError::CudaUnavailable(
-        "this logprobe was built without the `cuda` feature (cargo build --features cuda)".into(),
-    ))
 }

@@ -9,5 +9,6 @@ pub mod cache;
 pub mod checks;
 pub mod memory;
 pub mod mutants;
+pub mod registry;
 pub mod strategies;
 pub mod suite;

@@ -3,9 +3,9 @@
 //! list, run by [`crate::checks::gate`] in `tests/` and by
 //! [`crate::checks::survey`] for the mutant kill table and the tightness
 //! figures. The kernel lists: [`cpu_kernels`], [`cpu_families`] and
-//! [`sharded_families`]; with the `cuda` feature and a usable device they
-//! also hold the CUDA twins ([`cuda_kernels`]), so every property runs on
-//! them unchanged.
+//! [`sharded_families`], all read from the [`crate::registry`]; with the
+//! `cuda` feature and a usable device they also hold the CUDA twins
+//! ([`cuda_kernels`]), so every property runs on them unchanged.
 //!
 //! Default case counts keep the whole suite within its budget (the oracle
 //! costs about 1 us per vocabulary entry; real vocabulary sizes come at low
@@ -16,7 +16,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use proptest::prelude::*;
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::Dtype;
 
 use crate::cache::oracle_case;
@@ -24,6 +23,7 @@ use crate::checks::{
     check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Failure, KernelOutcome,
     Property, Ratios,
 };
+use crate::registry::{self, Backend, Entry};
 use crate::strategies::{
     bad_input, chunk_sizes, cotangent_recipe, edge_recipe, problem_recipe, BadInput, CotangentData,
     CotangentRecipe, ProblemRecipe, RecipeSpace,
@@ -39,70 +39,54 @@ pub struct KernelFamily {
     pub make: Box<dyn Fn(usize) -> Box<dyn Kernel> + Send + Sync>,
 }
 
-/// Every CPU kernel of the workspace, as the properties run them: fused,
-/// chunked at chunk sizes 1, 3 and 64; plus [`cuda_kernels`].
+/// The gate's kernel list, from the [`crate::registry`]: every available
+/// entry at its [`Entry::gate_chunk_sizes`] (CPU fused, chunked at chunk
+/// sizes 1, 3 and 64; plus [`cuda_kernels`]).
 pub fn cpu_kernels() -> Vec<Box<dyn Kernel>> {
-    let mut k: Vec<Box<dyn Kernel>> = vec![
-        Box::new(CpuKernel::fused()),
-        Box::new(CpuKernel::chunked(1)),
-        Box::new(CpuKernel::chunked(3)),
-        Box::new(CpuKernel::chunked(64)),
-    ];
+    let mut k: Vec<Box<dyn Kernel>> = gate_entries()
+        .iter()
+        .filter(|e| e.backend != Backend::Cuda)
+        .flat_map(Entry::gate_kernels)
+        .collect();
     k.extend(cuda_kernels());
     k
 }
 
-/// The CUDA kernels (fused, chunked at 1 and 64), when the `cuda` feature is
-/// on and a device is usable; otherwise none, after one line on stderr
-/// saying why (the CPU properties still run).
+/// The CUDA kernels of the gate's list (fused, chunked at 1 and 64), when
+/// the `cuda` feature is on and a device is usable; otherwise none, after
+/// one line on stderr saying why (the CPU properties still run).
 pub fn cuda_kernels() -> Vec<Box<dyn Kernel>> {
-    #[cfg(feature = "cuda")]
-    {
-        use logprobe_kernels::cuda::{unavailable_reason, CudaChunked, CudaFused};
-        if let Some(why) = unavailable_reason() {
-            eprintln!("skipping CUDA kernels in the properties: {why}");
-            return Vec::new();
-        }
-        let mut k: Vec<Box<dyn Kernel>> = Vec::new();
-        if let Ok(f) = CudaFused::new() {
-            k.push(Box::new(f));
-        }
-        for c in [1, 64] {
-            if let Ok(ch) = CudaChunked::new(c) {
-                k.push(Box::new(ch));
-            }
-        }
-        k
+    let cuda: Vec<Entry> = registry::entries()
+        .into_iter()
+        .filter(|e| e.backend == Backend::Cuda)
+        .collect();
+    if cuda.is_empty() {
+        return Vec::new();
     }
-    #[cfg(not(feature = "cuda"))]
-    Vec::new()
+    if let Some(why) = Backend::Cuda.unavailable() {
+        eprintln!("skipping CUDA kernels in the properties: {why}");
+        return Vec::new();
+    }
+    cuda.iter().flat_map(Entry::gate_kernels).collect()
 }
 
-/// The kernels as families over chunk sizes: CPU fused and chunked, and
-/// their CUDA twins where [`cuda_kernels`] has them.
+/// The available registry entries, in registry order.
+fn gate_entries() -> Vec<Entry> {
+    registry::available()
+}
+
+/// The kernels as families over chunk sizes: every available registry
+/// entry with [`Entry::invariance`] that is not sharded (CPU fused and
+/// chunked, and their CUDA twins where a device is usable).
 pub fn cpu_families() -> Vec<KernelFamily> {
-    #[allow(unused_mut)]
-    let mut f = vec![
-        KernelFamily {
-            name: "fused".into(),
-            make: Box::new(|_| Box::new(CpuKernel::fused())),
-        },
-        KernelFamily {
-            name: "chunked".into(),
-            make: Box::new(|c| Box::new(CpuKernel::chunked(c))),
-        },
-    ];
-    #[cfg(feature = "cuda")]
-    if !cuda_kernels().is_empty() {
-        use logprobe_kernels::cuda::CudaChunked;
-        f.push(KernelFamily {
-            name: "cuda_chunked".into(),
-            // The device was usable a moment ago and chunk sizes are >= 1:
-            // a failure here is a broken device, reported as a failed case.
-            make: Box::new(|c| Box::new(CudaChunked::new(c).expect("CUDA chunked kernel"))),
-        });
-    }
-    f
+    gate_entries()
+        .into_iter()
+        .filter(|e| e.invariance && !e.is_sharded())
+        .map(|e| KernelFamily {
+            name: e.family.into(),
+            make: Box::new(move |c| e.kernel(c, &[])),
+        })
+        .collect()
 }
 
 /// Runs `f`, turning a panic into an error (bad input never panics; a
@@ -463,29 +447,20 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutco
         .collect()
 }
 
-/// The vocab-parallel CPU kernels as families over shard layouts: the
-/// workspace's [`CpuKernel::vocab_parallel`] (each shard reduced on its own, partials
-/// merged in shard order).
+/// The vocab-parallel kernels as families over shard layouts: every
+/// available sharded registry entry with [`Entry::invariance`] (the
+/// workspace's [`logprobe_kernels::CpuKernel::vocab_parallel`]: each shard reduced on
+/// its own, partials merged in shard order; its CUDA twin where a device is
+/// usable).
 pub fn sharded_families() -> Vec<ShardedFamily> {
-    #[allow(unused_mut)]
-    let mut f = vec![ShardedFamily {
-        name: "vocab_parallel".into(),
-        make: Box::new(|w| Box::new(CpuKernel::vocab_parallel(w.to_vec()))),
-    }];
-    #[cfg(feature = "cuda")]
-    if !cuda_kernels().is_empty() {
-        use logprobe_kernels::cuda::{CudaVocabParallel, Shards};
-        f.push(ShardedFamily {
-            name: "cuda_vocab_parallel".into(),
-            make: Box::new(|w| {
-                Box::new(
-                    CudaVocabParallel::new(Shards::Widths(w.to_vec()))
-                        .expect("CUDA vocab-parallel kernel"),
-                )
-            }),
-        });
-    }
-    f
+    gate_entries()
+        .into_iter()
+        .filter(|e| e.invariance && e.is_sharded())
+        .map(|e| ShardedFamily {
+            name: e.family.into(),
+            make: Box::new(move |w| e.kernel(0, w)),
+        })
+        .collect()
 }
 
 /// Builds a kernel over shards of the given widths.

@@ -91,8 +91,12 @@ pub const NAMES: &[Name] = &[
     m("fuzz_kernel", 2, true),
     m("fuzz_property", 2, true),
     m("fuzz_seed", 2, true),
+    // Version 2, the fuzz protocol (docs/fuzz-protocol.md): a request's
+    // outputs wanted and protocol version; the command of an `--exec` finding.
+    m("outputs", 2, true),
+    m("fuzz_protocol", 2, true),
+    m("fuzz_exec", 2, true),
     // Version 2: reserved, not built yet.
-    m("outputs", 2, false),
     t("lse", 2, false),
     t("z_loss", 2, false),
     m("z_loss_coef", 2, false),

@@ -57,7 +57,7 @@ impl Progress {
         if std::io::stderr().is_terminal() {
             let bar = indicatif::ProgressBar::new(len as u64);
             if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:30}] {pos}/{len} rows, eta {eta}",
+                "{msg} [{bar:30}] {pos}/{len} rows, {per_sec}, eta {eta}",
             ) {
                 bar.set_style(style.progress_chars("=> "));
             }
@@ -71,11 +71,16 @@ impl Progress {
                 // Sends nothing: the sender's drop (or `finish`) ends it.
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(interval) {
                     // A closed stderr is not an error of the verification.
+                    let (n, t) = (done.load(Ordering::Relaxed), start.elapsed().as_secs_f64());
+                    let rate = n as f64 / t.max(1e-9);
+                    let eta = if n > 0 {
+                        format!(", eta {:.0} s", len.saturating_sub(n) as f64 / rate)
+                    } else {
+                        String::new()
+                    };
                     let _ = writeln!(
                         std::io::stderr(),
-                        "{name}: {}/{len} rows, {:.0} s",
-                        done.load(Ordering::Relaxed),
-                        start.elapsed().as_secs_f64()
+                        "{name}: {n}/{len} rows, {t:.0} s, {rate:.1} rows/s{eta}"
                     );
                 }
             }));

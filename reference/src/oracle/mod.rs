@@ -75,14 +75,15 @@
 //! correctly rounded values either way; [`Tier::Mpfr`] forces the MPFR
 //! path, and [`Fallback`] counts how many outputs and rows MPFR decided.
 
-mod bounds;
 pub mod fast;
+mod kl;
+mod mpfr_interval;
 mod round;
 mod row;
 mod vjp;
 
-pub use bounds::Bounds;
 pub use fast::{Fallback, Tier};
+pub use mpfr_interval::MpfrInterval;
 pub use round::{round_to_dtype, Rounder};
 
 use ndarray::Array2;
@@ -316,7 +317,24 @@ impl Oracle {
                 ..Default::default()
             },
         );
-        let ff = fast.forward(target);
+        Ok(self.complete_forward(problem, &fast, target, fast.forward(target)))
+    }
+
+    /// The forward values of a row prepared on the f64 tier: those `ff`
+    /// ([`fast::FastRow::forward`] of `fast` in `target`) decided, and the
+    /// MPFR path (Ziv's loop, reusing `fast`'s prepared row) for the
+    /// others, with their [`Fallback`] counts. An output absent from `ff`
+    /// (outer `None`: e.g. an entropy the caller does not need) is absent
+    /// from the result; `problem` (whose row `fast` holds) says which
+    /// outputs are requested. Units: nats. One row: `verify` calls it once
+    /// per row and target dtype after one [`fast::FastRow::new`].
+    pub fn complete_forward(
+        &self,
+        problem: &Problem<'_>,
+        fast: &fast::FastRow<'_>,
+        target: Dtype,
+        ff: fast::FastForward,
+    ) -> (RowForward, Fallback) {
         let (n, undecided) = ff.counts();
         let mut fb = Fallback {
             outputs: n,
@@ -332,7 +350,7 @@ impl Oracle {
                 values: values.map(|_, v| v.into_iter().map(|e| e.expect("decided")).collect()),
                 precision: FAST_PRECISION,
             };
-            return Ok((rf, fb));
+            return (rf, fb);
         }
         fb.rows_mpfr = 1;
         let want = Want {
@@ -352,7 +370,7 @@ impl Oracle {
             }),
             precision: m.precision,
         };
-        Ok((rf, fb))
+        (rf, fb)
     }
 
     /// The MPFR path of one row: Ziv's loop until every output (or every
@@ -538,6 +556,40 @@ impl Oracle {
             }
         }
         (out, fb)
+    }
+
+    /// The MPFR VJP elements `pending` (indices `< V`) of the row prepared
+    /// in `fast`, for `cotangents`, correctly rounded to `target` (Ziv's
+    /// loop): `[V]`, only the `pending` entries filled (the others 0).
+    /// For the elements [`fast::FastVjp::decide_into`] left undecided; the
+    /// row's entropy family must be prepared when `h != 0`. Units: nats
+    /// per logit unit.
+    pub fn vjp_pending(
+        &self,
+        fast: &fast::FastRow<'_>,
+        cotangents: &fast::RowCotangents<'_>,
+        target: Dtype,
+        pending: Vec<usize>,
+    ) -> Vec<Exact> {
+        let cot = vjp::RowCot {
+            g: cotangents.g,
+            h: cotangents.h,
+            gk: cotangents.topk.to_vec(),
+        };
+        vjp::vjp_row(
+            fast.prepared(),
+            &cot,
+            target,
+            &self.precisions(target),
+            Some(pending),
+        )
+    }
+
+    /// The MPFR row statistics of the row prepared in `fast` at
+    /// `start_precision` (for rows whose f64 statistics are not
+    /// [`fast::FastRow::stats_decided`]; see [`Oracle::row_stats`]).
+    pub fn row_stats_mpfr(&self, fast: &fast::FastRow<'_>) -> RowStats {
+        row::stats(fast.prepared(), self.start_precision.max(MIN_PREC))
     }
 
     /// Statistics of row `row` for the tolerance model, at

@@ -19,7 +19,7 @@ use rug::float::Round;
 use rug::ops::AssignRound;
 use rug::Float;
 
-use super::bounds::Bounds;
+use super::mpfr_interval::MpfrInterval;
 use super::{Exact, Interval};
 use crate::spec::Dtype;
 
@@ -81,7 +81,7 @@ impl Rounder {
     /// The decision of Ziv's loop for one enclosure: both ends rounded to
     /// `dtype`; decided when they round to the same value (as numbers:
     /// `-0 == +0`). Undecided results carry the rounding of the midpoint.
-    pub fn exact(&mut self, b: &Bounds, dtype: Dtype) -> Exact {
+    pub fn exact(&mut self, b: &MpfrInterval, dtype: Dtype) -> Exact {
         let rl = self.round(&b.lo, dtype);
         let rh = self.round(&b.hi, dtype);
         let enclosure = b.interval();

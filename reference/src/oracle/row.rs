@@ -13,7 +13,7 @@ use rug::float::Round;
 use rug::ops::{AddAssignRound, AssignRound, MulAssignRound, NegAssign};
 use rug::{Assign, Float};
 
-use super::bounds::Bounds;
+use super::mpfr_interval::MpfrInterval;
 use super::{Interval, RowStats};
 use crate::spec::{Element, EntropyLogits, Problem, Shape, SpecError, TemperatureDtype};
 use crate::with_logits;
@@ -29,8 +29,8 @@ pub(crate) const ACC_EXTRA: u32 = 64;
 /// A chunk of a row with its slices of the `p` and `q` caches.
 type WorkItem<'c> = (
     Range<usize>,
-    Option<&'c mut [Bounds]>,
-    Option<&'c mut [Bounds]>,
+    Option<&'c mut [MpfrInterval]>,
+    Option<&'c mut [MpfrInterval]>,
 );
 
 /// A softmax family: the entries it runs over and its maximum.
@@ -194,9 +194,9 @@ fn family(v: &[f64], member: impl Fn(usize) -> bool) -> Option<Family> {
 #[derive(Debug)]
 pub(crate) struct Entry {
     /// Enclosure of `a_j = -d_j >= 0`.
-    pub a: Bounds,
+    pub a: MpfrInterval,
     /// Enclosure of `exp(d_j)`.
-    pub ex: Bounds,
+    pub ex: MpfrInterval,
     num: Float,
     t: Float,
 }
@@ -204,8 +204,8 @@ pub(crate) struct Entry {
 impl Entry {
     pub fn new(prec: u32) -> Self {
         Entry {
-            a: Bounds::new(prec),
-            ex: Bounds::new(prec),
+            a: MpfrInterval::new(prec),
+            ex: MpfrInterval::new(prec),
             num: Float::new(prec),
             t: Float::new(prec),
         }
@@ -270,8 +270,8 @@ impl Entry {
 /// when it differs.
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
-    pub p: Vec<Bounds>,
-    pub q: Vec<Bounds>,
+    pub p: Vec<MpfrInterval>,
+    pub q: Vec<MpfrInterval>,
     prec: u32,
 }
 
@@ -289,14 +289,14 @@ impl Cache {
             }
             vec.truncate(v);
             while vec.len() < v {
-                vec.push(Bounds::new(prec));
+                vec.push(MpfrInterval::new(prec));
             }
         }
         self.prec = prec;
     }
 
     /// The cached `exp(e_j)` of `q`'s family.
-    pub fn q_slot(&self, row: &Row<'_>, j: usize) -> &Bounds {
+    pub fn q_slot(&self, row: &Row<'_>, j: usize) -> &MpfrInterval {
         if row.shared {
             &self.p[j]
         } else {
@@ -309,13 +309,13 @@ impl Cache {
 #[derive(Debug)]
 pub(crate) struct Sums {
     /// `s = S - 1 = sum_{j != argmax} exp(d'_j)`.
-    pub s_p: Bounds,
+    pub s_p: MpfrInterval,
     /// `s_w = S_w - 1` (when `q` exists).
-    pub s_q: Bounds,
+    pub s_q: MpfrInterval,
     /// `B = sum_j exp(e_j) |e_j|`, so `R = B / S_w`.
-    pub b: Bounds,
+    pub b: MpfrInterval,
     /// `sum_j exp(e_j) e_j^2`, so `M2 = this / S_w` (only when asked).
-    pub m2: Bounds,
+    pub m2: MpfrInterval,
 }
 
 struct Partial {
@@ -327,10 +327,10 @@ struct Partial {
 impl Sums {
     fn new(prec: u32) -> Self {
         Sums {
-            s_p: Bounds::new(prec),
-            s_q: Bounds::new(prec),
-            b: Bounds::new(prec),
-            m2: Bounds::new(prec),
+            s_p: MpfrInterval::new(prec),
+            s_q: MpfrInterval::new(prec),
+            b: MpfrInterval::new(prec),
+            m2: MpfrInterval::new(prec),
         }
     }
 
@@ -421,8 +421,8 @@ fn chunk_pass(
     row: &Row<'_>,
     prec: u32,
     range: Range<usize>,
-    mut cp: Option<&mut [Bounds]>,
-    mut cq: Option<&mut [Bounds]>,
+    mut cp: Option<&mut [MpfrInterval]>,
+    mut cq: Option<&mut [MpfrInterval]>,
     want_m2: bool,
 ) -> Partial {
     let acc = prec + ACC_EXTRA;
@@ -522,10 +522,10 @@ fn chunk_pass(
 /// Forward enclosures of one row at precision `prec`.
 #[derive(Debug)]
 pub(crate) struct RowValues {
-    pub lse: Bounds,
-    pub log_prob: Option<Bounds>,
-    pub entropy: Option<Bounds>,
-    pub topk: Vec<Bounds>,
+    pub lse: MpfrInterval,
+    pub log_prob: Option<MpfrInterval>,
+    pub entropy: Option<MpfrInterval>,
+    pub topk: Vec<MpfrInterval>,
 }
 
 /// `lse = v_max/ts + ln_1p(s)`, `log_prob = d_t - ln_1p(s)`,
@@ -534,23 +534,23 @@ pub(crate) struct RowValues {
 pub(crate) fn values(row: &Row<'_>, sums: &Sums, prec: u32) -> RowValues {
     let mut en = Entry::new(prec);
     let vmax = Float::with_val(53, row.p.vmax);
-    let mut l = Bounds::new(prec);
+    let mut l = MpfrInterval::new(prec);
     l.ln_1p(&sums.s_p);
-    let mut m = Bounds::new(prec);
+    let mut m = MpfrInterval::new(prec);
     m.lo.assign_round(&vmax / row.ts, Round::Down);
     m.hi.assign_round(&vmax / row.ts, Round::Up);
-    let mut lse = Bounds::new(prec);
+    let mut lse = MpfrInterval::new(prec);
     lse.add(&m, &l);
-    let mut minus_a_minus_l = |col: Option<usize>| -> Bounds {
+    let mut minus_a_minus_l = |col: Option<usize>| -> MpfrInterval {
         match col {
             Some(c) if row.v[c] > f64::NEG_INFINITY => {
                 en.shift(&vmax, row.v[c], row.ts);
-                let mut out = Bounds::new(prec);
+                let mut out = MpfrInterval::new(prec);
                 out.add(&en.a, &l);
                 out.neg();
                 out
             }
-            _ => Bounds::point(prec, f64::NEG_INFINITY),
+            _ => MpfrInterval::point(prec, f64::NEG_INFINITY),
         }
     };
     let log_prob = row.target.map(|t| minus_a_minus_l(Some(t)));
@@ -563,13 +563,13 @@ pub(crate) fn values(row: &Row<'_>, sums: &Sums, prec: u32) -> RowValues {
         })
         .collect();
     let entropy = row.q.map(|_| {
-        let mut lw = Bounds::new(prec);
+        let mut lw = MpfrInterval::new(prec);
         lw.ln_1p(&sums.s_q);
-        let mut sw = Bounds::new(prec);
+        let mut sw = MpfrInterval::new(prec);
         one_plus(&mut sw, &sums.s_q);
-        let mut r = Bounds::new(prec);
+        let mut r = MpfrInterval::new(prec);
         r.div_pos(&sums.b, &sw);
-        let mut h = Bounds::new(prec);
+        let mut h = MpfrInterval::new(prec);
         h.add(&lw, &r);
         h
     });
@@ -582,13 +582,13 @@ pub(crate) fn values(row: &Row<'_>, sums: &Sums, prec: u32) -> RowValues {
 }
 
 /// `out = 1 + s`.
-pub(crate) fn one_plus(out: &mut Bounds, s: &Bounds) {
+pub(crate) fn one_plus(out: &mut MpfrInterval, s: &MpfrInterval) {
     out.lo.assign_round(&s.lo + 1u32, Round::Down);
     out.hi.assign_round(&s.hi + 1u32, Round::Up);
 }
 
 /// `-a` as an f64 interval (`-inf` for `-inf` entries).
-fn neg_interval(a: &Bounds) -> Interval {
+fn neg_interval(a: &MpfrInterval) -> Interval {
     Interval {
         lo: -a.hi.to_f64_round(Round::Up),
         hi: -a.lo.to_f64_round(Round::Down),
@@ -606,17 +606,17 @@ pub(crate) fn stats(row: &Row<'_>, prec: u32) -> RowStats {
     let mut cache = Cache::default();
     let sums = pass(row, prec, true, Some(&mut cache));
     let q = row.q.expect("stats rows have an entropy family");
-    let mut sp = Bounds::new(prec + ACC_EXTRA);
+    let mut sp = MpfrInterval::new(prec + ACC_EXTRA);
     one_plus(&mut sp, &sums.s_p);
-    let mut sw = Bounds::new(prec + ACC_EXTRA);
+    let mut sw = MpfrInterval::new(prec + ACC_EXTRA);
     one_plus(&mut sw, &sums.s_q);
-    let mut ln_s = Bounds::new(prec);
+    let mut ln_s = MpfrInterval::new(prec);
     ln_s.ln_1p(&sums.s_p);
-    let mut ln_s_w = Bounds::new(prec);
+    let mut ln_s_w = MpfrInterval::new(prec);
     ln_s_w.ln_1p(&sums.s_q);
-    let mut r = Bounds::new(prec);
+    let mut r = MpfrInterval::new(prec);
     r.div_pos(&sums.b, &sw);
-    let mut m2 = Bounds::new(prec);
+    let mut m2 = MpfrInterval::new(prec);
     m2.div_pos(&sums.m2, &sw);
     let vmax_p = Float::with_val(53, row.p.vmax);
     let vmax_q = Float::with_val(53, q.vmax);
@@ -632,7 +632,7 @@ pub(crate) fn stats(row: &Row<'_>, prec: u32) -> RowStats {
         Vec::with_capacity(v),
         Vec::with_capacity(v),
     );
-    let mut ratio = Bounds::new(prec);
+    let mut ratio = MpfrInterval::new(prec);
     for j in 0..v {
         if row.in_p(j) {
             en.shift(&vmax_p, row.v[j], row.ts);

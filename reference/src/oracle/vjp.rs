@@ -21,7 +21,7 @@ use rug::float::Round;
 use rug::ops::{AddAssignRound, AssignRound};
 use rug::{Assign, Float};
 
-use super::bounds::Bounds;
+use super::mpfr_interval::MpfrInterval;
 use super::round::Rounder;
 use super::row::{one_plus, pass, Cache, Entry, Row, TopId, ACC_EXTRA, CHUNK};
 use super::Exact;
@@ -45,24 +45,24 @@ pub(crate) struct RowCot {
 /// Row constants at one precision.
 struct Consts {
     /// `s = S - 1` (accumulator precision).
-    s: Bounds,
+    s: MpfrInterval,
     /// `S T`.
-    st: Bounds,
+    st: MpfrInterval,
     /// `C / (S T)`.
-    k1: Bounds,
+    k1: MpfrInterval,
     /// `h / (S_w T)`.
-    k2: Bounds,
+    k2: MpfrInterval,
     /// `C != 0`.
     c_nonzero: bool,
     /// `R = B / S_w`.
-    r: Bounds,
+    r: MpfrInterval,
     /// `q`'s maximum `max w`, exact.
     vmax_q: Float,
 }
 
 /// Coefficients of the special entries (target and live top-k ids):
 /// `(A_j, C - A_j)`, exact.
-type Specials = BTreeMap<usize, (Bounds, Bounds)>;
+type Specials = BTreeMap<usize, (MpfrInterval, MpfrInterval)>;
 
 /// Grad logits of one row, `[V]` (real vocabulary), correctly rounded to
 /// `target`, with the Ziv loop over `precisions`; with `only`, just those
@@ -98,11 +98,11 @@ pub(crate) fn vjp_row(
             (
                 j,
                 (
-                    Bounds {
+                    MpfrInterval {
                         lo: a.clone(),
                         hi: a,
                     },
-                    Bounds {
+                    MpfrInterval {
                         lo: rest.clone(),
                         hi: rest,
                     },
@@ -114,7 +114,7 @@ pub(crate) fn vjp_row(
         return out;
     }
     let c_nonzero = !c.is_zero();
-    let c = Bounds {
+    let c = MpfrInterval {
         lo: c.clone(),
         hi: c,
     };
@@ -128,22 +128,22 @@ pub(crate) fn vjp_row(
     for &prec in precisions {
         let sums = pass(row, prec, false, Some(&mut cache));
         let acc = prec + ACC_EXTRA;
-        let mut sp = Bounds::new(acc);
+        let mut sp = MpfrInterval::new(acc);
         one_plus(&mut sp, &sums.s_p);
-        let mut st = Bounds::new(prec);
+        let mut st = MpfrInterval::new(prec);
         st.lo.assign_round(&sp.lo * row.temperature, Round::Down);
         st.hi.assign_round(&sp.hi * row.temperature, Round::Up);
-        let mut k1 = Bounds::new(prec);
+        let mut k1 = MpfrInterval::new(prec);
         k1.div_pos(&c, &st);
-        let mut k2 = Bounds::new(prec);
-        let mut r = Bounds::new(prec);
+        let mut k2 = MpfrInterval::new(prec);
+        let mut r = MpfrInterval::new(prec);
         if row.q.is_some() {
-            let mut sw = Bounds::new(acc);
+            let mut sw = MpfrInterval::new(acc);
             one_plus(&mut sw, &sums.s_q);
-            let mut swt = Bounds::new(prec);
+            let mut swt = MpfrInterval::new(prec);
             swt.lo.assign_round(&sw.lo * row.temperature, Round::Down);
             swt.hi.assign_round(&sw.hi * row.temperature, Round::Up);
-            k2.div_pos(&Bounds::point(53, cot.h), &swt);
+            k2.div_pos(&MpfrInterval::point(53, cot.h), &swt);
             r.div_pos(&sums.b, &sw);
         }
         let vmax_q = Float::with_val(53, row.q.map_or(0.0, |q| q.vmax));
@@ -186,12 +186,12 @@ pub(crate) fn vjp_row(
 
 struct Scratch {
     en: Entry,
-    y: Bounds,
-    m: Bounds,
-    tq: Bounds,
-    tp: Bounds,
-    dx: Bounds,
-    sigma: Bounds,
+    y: MpfrInterval,
+    m: MpfrInterval,
+    tq: MpfrInterval,
+    tp: MpfrInterval,
+    dx: MpfrInterval,
+    sigma: MpfrInterval,
     t: Float,
     rounder: Rounder,
 }
@@ -200,12 +200,12 @@ impl Scratch {
     fn new(prec: u32) -> Self {
         Scratch {
             en: Entry::new(prec),
-            y: Bounds::new(prec),
-            m: Bounds::new(prec),
-            tq: Bounds::new(prec),
-            tp: Bounds::new(prec),
-            dx: Bounds::new(prec),
-            sigma: Bounds::new(prec + ACC_EXTRA),
+            y: MpfrInterval::new(prec),
+            m: MpfrInterval::new(prec),
+            tq: MpfrInterval::new(prec),
+            tp: MpfrInterval::new(prec),
+            dx: MpfrInterval::new(prec),
+            sigma: MpfrInterval::new(prec + ACC_EXTRA),
             t: Float::new(prec),
             rounder: Rounder::new(),
         }
@@ -267,7 +267,7 @@ fn entry(
 }
 
 /// `sum_{k != j} e^{d'_k}` for a member `j` of `p`'s family.
-fn sigma(row: &Row<'_>, k: &Consts, cache: &Cache, j: usize, out: &mut Bounds) {
+fn sigma(row: &Row<'_>, k: &Consts, cache: &Cache, j: usize, out: &mut MpfrInterval) {
     if j == row.p.argmax {
         out.assign_outward(&k.s);
         return;

@@ -122,6 +122,30 @@ impl Dtype {
         if self == Dtype::F64 || x == 0.0 || !x.is_finite() {
             return x;
         }
+        match self {
+            // IEEE conversion: round to nearest even, subnormals, overflow.
+            Dtype::F32 => return x as f32 as f64,
+            // Normal results: round the f64 significand to `p` bits in
+            // place (a carry into the exponent is the correct result).
+            Dtype::Bf16 | Dtype::F16 if x.abs() >= pow2(self.min_normal_exp()) => {
+                let drop = 53 - self.precision();
+                let bits = x.to_bits();
+                let half = (1u64 << (drop - 1)) - 1 + ((bits >> drop) & 1);
+                let r = f64::from_bits((bits + half) & !((1u64 << drop) - 1));
+                return if r.abs() > self.max_finite() {
+                    r.signum() * f64::INFINITY
+                } else {
+                    r
+                };
+            }
+            _ => {}
+        }
+        self.round_f64_scaled(x)
+    }
+
+    /// [`Dtype::round_f64`] by scaling (any finite nonzero `x`): the
+    /// general path, and the reference its fast paths are tested against.
+    fn round_f64_scaled(self, x: f64) -> f64 {
         let e = exponent(x.abs());
         let q = (e - self.precision() as i32 + 1).max(self.min_subnormal_exp());
         // x / 2^q and r * 2^q are exact: only powers of two, all within f64's range.
@@ -311,6 +335,54 @@ mod tests {
             (1.0f32 / 0.6f32) as f64
         );
         assert_eq!(Dtype::F64.scaled_input(1.0, 0.6), 1.0 / 0.6);
+    }
+
+    #[test]
+    fn round_f64_fast_paths_match_scaling() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for d in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            // Random bit patterns over the whole range, near the normal and
+            // overflow thresholds, and exact ties.
+            let edges = [
+                pow2(d.min_normal_exp()),
+                d.max_finite(),
+                d.max_finite() + 0.5 * d.ulp(d.max_finite()),
+                1.0 + d.unit_roundoff(),
+                1.0 + 3.0 * d.unit_roundoff(),
+            ];
+            for i in 0..200_000 {
+                let r = next();
+                let x = match i % 4 {
+                    0 => f64::from_bits(r),
+                    1 => f64::from_bits(
+                        (r & 0x800f_ffff_ffff_ffff) | ((1023 + (r >> 52) % 40) << 52),
+                    ),
+                    2 => edges[(r % 5) as usize] * (1.0 + (r >> 40) as f64 * 1e-16),
+                    _ => {
+                        let e = edges[(r % 5) as usize];
+                        if r & 1 == 0 {
+                            -e
+                        } else {
+                            e
+                        }
+                    }
+                };
+                if x == 0.0 || !x.is_finite() {
+                    continue;
+                }
+                let (fast, slow) = (d.round_f64(x), d.round_f64_scaled(x));
+                assert!(
+                    fast == slow || (fast.is_nan() && slow.is_nan()),
+                    "{d} {x:e}: {fast:e} vs {slow:e}"
+                );
+            }
+        }
     }
 
     #[test]

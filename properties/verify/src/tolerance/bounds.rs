@@ -7,6 +7,7 @@ use logprobe_reference::oracle::{Interval, RowStats};
 use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
 
 use super::model::{EntropyForm, Model, RowContext};
+use super::statistical::{Statistical, StatisticalBounds};
 use super::upward::{Hi, Lo};
 use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
@@ -303,21 +304,149 @@ impl Consts {
     /// Relative-error deviation of an `exp`-derived probability: upper bound
     /// of `|p^_j - p_j|` when `p^_j = p_j e^{+-arg} (1 +- eps_exp)` (T10),
     /// flush and subnormal errors included.
-    fn prob_dev(&self, lw: Hi, arg: Hi) -> Hi {
-        let mut dev =
-            w_expm1(lw, arg) * (Hi::ONE + self.eps_exp) + lw.exp() * self.eps_exp + self.eta_sub;
+    ///
+    /// `elw = e^lw` (upward) is given: one `exp` per element serves every
+    /// model of the row ([`RowBounds::grad_many`]).
+    fn prob_dev_with(&self, lw: Hi, elw: Hi, arg: Hi) -> Hi {
+        let wm = if arg.0 <= 1.0 {
+            elw * arg.exp_m1()
+        } else {
+            (lw + arg).exp()
+        };
+        let mut dev = wm * (Hi::ONE + self.eps_exp) + elw * self.eps_exp + self.eta_sub;
         if (lw + arg).0 < self.ln_min_normal {
-            dev = dev + lw.exp();
+            dev = dev + elw;
         }
         dev
     }
 }
 
+impl Consts {
+    /// Whether the per-entry terms of pass 1 and of the fused entropy
+    /// (T4, T11) are the same under `self` and `o` (same shift errors and
+    /// flush threshold: e.g. `verify`'s four presets in one dtype).
+    fn same_shift(&self, o: &Consts) -> bool {
+        self.a == o.a && self.b == o.b && self.ln_min_normal == o.ln_min_normal
+    }
+}
+
 impl<'a> RowBounds<'a> {
+    /// [`RowBounds::new`] for several models of one row at once, with the
+    /// same bounds: see [`RowBounds::new_shared`] (no statistical
+    /// threshold, no grouping).
+    pub fn new_all<const M: usize>(
+        models: &[Model; M],
+        stats: &'a RowStats,
+        ctx: &RowContext,
+    ) -> [RowBounds<'a>; M] {
+        Self::new_shared(models, None, stats, ctx, None).0
+    }
+
+    /// The bounds of several models of one row, and optionally the
+    /// statistical threshold of one more ([`Statistical::row_bounds`]),
+    /// sharing their per-entry work. The terms that do not depend on the
+    /// summation order (`e^lw`, `e^alpha - 1`, the fused entropy sums) are
+    /// evaluated once for all models, the log-softmax entropy sums (T12,
+    /// T13) of every model in one walk (per model only `e^lambda - 1`
+    /// remains per entry), and the log-prob set's sums are those of the
+    /// entropy set when the two sets are equal (no sampling mask).
+    /// `e^(lw + lambda)` is bounded as `e^lw (1 + (e^lambda - 1))`
+    /// (upward), which can differ from [`RowBounds::new`] in the last bits.
+    ///
+    /// `keys` `[V]` (optional) name each entry's logit (e.g. the raw bits
+    /// of a bf16 logit and its mask bit, `< 2^17`): entries with the same
+    /// key whose `d_j` and `e_j` are equal (checked) form one group, whose
+    /// terms are evaluated once and multiplied by the group's size
+    /// (upward); any key `>= 2^17`, mismatch or too many groups falls back
+    /// to entry by entry. Models whose shift errors differ fall back to
+    /// [`RowBounds::new`] one by one. Never panics.
+    pub fn new_shared<const M: usize>(
+        models: &[Model; M],
+        statistical: Option<&Statistical>,
+        stats: &'a RowStats,
+        ctx: &RowContext,
+        keys: Option<&[u32]>,
+    ) -> ([RowBounds<'a>; M], Option<StatisticalBounds<'a>>) {
+        let n = stats.d.len().max(stats.e.len());
+        let mut all: Vec<(Model, Option<f64>)> = models.iter().map(|m| (*m, None)).collect();
+        if let Some(s) = statistical {
+            all.push((s.model, Some(s.row_c(n))));
+        }
+        let cs: Vec<Consts> = all
+            .iter()
+            .map(|(m, c)| Consts::new(m, n, ctx, *c))
+            .collect();
+        let rbs: Vec<RowBounds<'a>> = if cs.iter().all(|c| c.same_shift(&cs[0])) && !cs.is_empty() {
+            Self::shared(&all, cs, stats, keys)
+        } else {
+            all.iter()
+                .map(|(m, c)| RowBounds::build(m, stats, ctx, *c))
+                .collect()
+        };
+        let mut rbs = rbs.into_iter();
+        let out: [RowBounds<'a>; M] = std::array::from_fn(|_| rbs.next().expect("M bounds"));
+        (out, rbs.next().map(StatisticalBounds::from_bounds))
+    }
+
+    /// The shared walk of [`RowBounds::new_shared`] (all `cs` with the
+    /// same shift errors).
+    fn shared(
+        all: &[(Model, Option<f64>)],
+        cs: Vec<Consts>,
+        stats: &'a RowStats,
+        keys: Option<&[u32]>,
+    ) -> Vec<RowBounds<'a>> {
+        let c0 = &cs[0];
+        let groups = keys.and_then(|k| group_entries(k, &stats.d, &stats.e));
+        let entries = match &groups {
+            Some(g) => Entries::Groups(g),
+            None => Entries::All(stats.e.len()),
+        };
+        let shared = entropy_shared(c0, stats, entries);
+        let same_sets = stats.ln_s == stats.ln_s_w && stats.d == stats.e;
+        let sp = if same_sets {
+            shared.set
+        } else {
+            let entries = match &groups {
+                Some(g) => Entries::Groups(g),
+                None => Entries::All(stats.d.len()),
+            };
+            set_sums(c0, &stats.d, stats.ln_s, entries)
+        };
+        let p: Vec<Result<SetBounds, NoBound>> = cs
+            .iter()
+            .zip(all)
+            .map(|(c, (m, _))| set_finish(c, m, sp, stats.ln_s))
+            .collect();
+        let w: Vec<Result<SetBounds, NoBound>> = cs
+            .iter()
+            .zip(all)
+            .map(|(c, (m, _))| set_finish(c, m, shared.set, stats.ln_s_w))
+            .collect();
+        let ls = logsoftmax_sums(&cs, &w, stats, &shared, entries);
+        let mut out = Vec::with_capacity(cs.len());
+        for (i, (c, p)) in cs.into_iter().zip(p).enumerate() {
+            let (entropy_pre, entropy_grad) = match &w[i] {
+                Ok(ws) => entropy_finish(&c, &all[i].0, stats, ws, &shared, &ls[i]),
+                Err(e) => (Err(e.clone()), Err(e.clone())),
+            };
+            out.push(RowBounds {
+                stats,
+                c,
+                p,
+                w: w[i].clone(),
+                entropy_pre,
+                entropy_grad,
+            });
+        }
+        out
+    }
+
     /// Bounds of the row described by `stats` (the oracle's
     /// [`logprobe_reference::oracle::Oracle::row_stats`]) under `model`.
     ///
-    /// `V` for the summation presets is `stats.p.len()`. Never panics: a
+    /// `V` for the summation presets is `stats.d.len()` (`p` and `q` are
+    /// not read: they may be empty). Never panics: a
     /// model that certifies nothing (`n u >= 1`, `theta_S >= 1`, non-finite
     /// statistics) yields [`ErrorBound::None`] from the queries.
     pub fn new(model: &Model, stats: &'a RowStats, ctx: &RowContext) -> RowBounds<'a> {
@@ -334,7 +463,7 @@ impl<'a> RowBounds<'a> {
         ctx: &RowContext,
         stat_c: Option<f64>,
     ) -> RowBounds<'a> {
-        let c = Consts::new(model, stats.p.len().max(stats.q.len()), ctx, stat_c);
+        let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx, stat_c);
         let p = set_bounds(&c, model, &stats.d, stats.ln_s);
         let w = set_bounds(&c, model, &stats.e, stats.ln_s_w);
         let (entropy_pre, entropy_grad) = match &w {
@@ -444,10 +573,38 @@ impl<'a> RowBounds<'a> {
     /// in the gradient's units, for the cotangents `cot`, rounded to `out`.
     /// Padded columns (`j >= V`) are exactly 0 and are not covered here.
     pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> ErrorBound {
-        match self.grad_inner(j, cot, out) {
+        match self.grad_inner(j, cot, out, &GradShared::new(self.stats, j, cot)) {
             Ok(b) => b,
             Err(reason) => ErrorBound::None { reason },
         }
+    }
+
+    /// [`RowBounds::grad`] of element `j` under every bound in `all` (one
+    /// row's bounds, e.g. [`RowBounds::new_shared`]'s), sharing the
+    /// model-independent work: the probabilities' `e^lw` and the
+    /// cotangents' rounding test are evaluated once. Equal to `grad`
+    /// bit for bit; bounds built on other statistics are computed one by one.
+    pub fn grad_many<const M: usize>(
+        all: &[RowBounds<'_>; M],
+        j: usize,
+        cot: &GradCotangents<'_>,
+        out: Dtype,
+    ) -> [ErrorBound; M] {
+        let Some(first) = all.first() else {
+            return std::array::from_fn(|_| unreachable!("M = 0"));
+        };
+        let sh = GradShared::new(first.stats, j, cot);
+        all.each_ref().map(|rb| {
+            let r = if std::ptr::eq(rb.stats, first.stats) {
+                rb.grad_inner(j, cot, out, &sh)
+            } else {
+                rb.grad_inner(j, cot, out, &GradShared::new(rb.stats, j, cot))
+            };
+            match r {
+                Ok(b) => b,
+                Err(reason) => ErrorBound::None { reason },
+            }
+        })
     }
 
     fn grad_inner(
@@ -455,6 +612,7 @@ impl<'a> RowBounds<'a> {
         j: usize,
         cot: &GradCotangents<'_>,
         out: Dtype,
+        sh: &GradShared,
     ) -> Result<ErrorBound, NoBound> {
         let c = &self.c;
         let st = self.stats;
@@ -488,8 +646,8 @@ impl<'a> RowBounds<'a> {
         if g_sum.0 > 0.0 && dj.hi > f64::NEG_INFINITY {
             let set = self.p.as_ref().map_err(Clone::clone)?;
             let (lw, arg) = self.prob_arg(set, dj);
-            p_hi = lw.exp();
-            p_dev = c.prob_dev(lw, arg);
+            p_hi = sh.ep;
+            p_dev = c.prob_dev_with(lw, sh.ep, arg);
         }
         // h-terms: |h| (q_dev (|c| + dc) + q dc) with c_j = e_j + R.
         let (mut q_hi, mut q_dev, mut c_abs, mut dc, mut lpw_abs) =
@@ -499,8 +657,8 @@ impl<'a> RowBounds<'a> {
             let set = self.w.as_ref().map_err(Clone::clone)?;
             let dh = *self.entropy_grad.as_ref().map_err(Clone::clone)?;
             let (lw, arg) = self.prob_arg(set, ej);
-            q_hi = lw.exp();
-            q_dev = c.prob_dev(lw, arg);
+            q_hi = sh.eq;
+            q_dev = c.prob_dev_with(lw, sh.eq, arg);
             let c_hi = Hi(ej.hi) + Hi(st.r.hi);
             let c_lo = Lo(ej.lo) + Lo(st.r.lo);
             c_abs = c_hi.max(c_lo.neg());
@@ -546,6 +704,140 @@ impl<'a> RowBounds<'a> {
     }
 }
 
+/// What the gradient bound of element `j` shares across the models of
+/// one row: `e^lw` of `p_j` and `q_j` (`lw = d_j - ln S` at the far ends
+/// of the enclosures: the same under every model), each evaluated only
+/// when a cotangent needs it.
+struct GradShared {
+    /// `e^(d_j.hi - ln S.lo)` (upward; 0 when unused).
+    ep: Hi,
+    /// `e^(e_j.hi - ln S_w.lo)` (upward; 0 when unused).
+    eq: Hi,
+}
+
+impl GradShared {
+    fn new(st: &RowStats, j: usize, cot: &GradCotangents<'_>) -> GradShared {
+        let e = |used: bool, x: Option<&Interval>, ln_s: Interval| match x {
+            Some(x) if used && x.hi > f64::NEG_INFINITY => (Hi(x.hi) - Lo(ln_s.lo)).exp(),
+            _ => Hi::ZERO,
+        };
+        let g_used = cot.g != 0.0 || cot.topk.iter().any(|&(_, gk)| gk != 0.0);
+        GradShared {
+            ep: e(g_used, st.d.get(j), st.ln_s),
+            eq: e(cot.h != 0.0, st.e.get(j), st.ln_s_w),
+        }
+    }
+}
+
+/// The per-entry sums of pass 1 (T4): `E1 = sum e^lw (e^alpha - 1)`, the
+/// flush term `F`, the number of finite terms. They depend on the model
+/// only through `a`, `b` and the flush threshold ([`Consts::same_shift`]).
+#[derive(Clone, Copy, Debug)]
+struct SetSums {
+    e1: Hi,
+    fl: Hi,
+    n_fin: usize,
+}
+
+fn set_sums(c: &Consts, ds: &[Interval], ln_s: Interval, entries: Entries<'_>) -> SetSums {
+    let (mut e1, mut fl, mut n_fin) = (Hi::ZERO, Hi::ZERO, 0usize);
+    for (j, k) in entries.iter() {
+        let d = &ds[j];
+        if d.hi == f64::NEG_INFINITY {
+            continue; // exp(-inf) = 0 exactly: the term adds nothing.
+        }
+        n_fin += k as usize;
+        let lw = Hi(d.hi) - Lo(ln_s.lo);
+        let alpha = c.a * mag(d) + c.b;
+        e1 = e1 + times(k, w_expm1(lw, alpha));
+        if (Hi(d.hi) + alpha).0 < c.ln_min_normal {
+            fl = fl + times(k, (lw + alpha).exp());
+        }
+    }
+    SetSums { e1, fl, n_fin }
+}
+
+/// The entries a per-entry sum visits: all of `0..V`, one by one, or
+/// groups `(representative, size)` of entries with equal statistics.
+#[derive(Clone, Copy, Debug)]
+enum Entries<'g> {
+    All(usize),
+    Groups(&'g [(u32, u32)]),
+}
+
+impl<'g> Entries<'g> {
+    /// `(j, count)`: entry `j` stands for `count` equal terms.
+    fn iter(self) -> impl Iterator<Item = (usize, u32)> + 'g {
+        let (n, g) = match self {
+            Entries::All(n) => (n, &[][..]),
+            Entries::Groups(g) => (0, g),
+        };
+        (0..n)
+            .map(|j| (j, 1))
+            .chain(g.iter().map(|&(j, k)| (j as usize, k)))
+    }
+}
+
+/// `k t` rounded up (`t` itself for `k = 1`: the entry-by-entry sums are
+/// those of [`RowBounds::new`]).
+fn times(k: u32, t: Hi) -> Hi {
+    if k == 1 {
+        t
+    } else {
+        Hi(f64::from(k)) * t
+    }
+}
+
+/// Keys below this are grouped (`2^17`: a 16-bit logit and a mask bit).
+const KEY_SPACE: usize = 1 << 17;
+
+thread_local! {
+    /// Per key, its group's index + 1 (0: none); reset after each use.
+    static GROUP_OF: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Groups of the entries `0..V` with equal `keys[j]`, each `(first j,
+/// size)`, when every member's `d_j` and `e_j` equal its first's and there
+/// are at most `V / 4` groups; `None` otherwise (sum entry by entry).
+fn group_entries(keys: &[u32], d: &[Interval], e: &[Interval]) -> Option<Vec<(u32, u32)>> {
+    let v = d.len();
+    if keys.len() != v || e.len() != v || v < 64 || u32::try_from(v).is_err() {
+        return None;
+    }
+    GROUP_OF.with(|t| {
+        let mut table = t.borrow_mut();
+        table.resize(KEY_SPACE, 0);
+        let mut groups: Vec<(u32, u32)> = Vec::new();
+        let mut ok = true;
+        for (j, &key) in keys.iter().enumerate() {
+            let Some(slot) = table.get_mut(key as usize) else {
+                ok = false;
+                break;
+            };
+            if *slot == 0 {
+                groups.push((j as u32, 1));
+                *slot = groups.len() as u32;
+                if groups.len() > v / 4 {
+                    ok = false;
+                    break;
+                }
+            } else {
+                let g = &mut groups[*slot as usize - 1];
+                let r = g.0 as usize;
+                if d[j] != d[r] || e[j] != e[r] {
+                    ok = false;
+                    break;
+                }
+                g.1 += 1;
+            }
+        }
+        for &(j, _) in &groups {
+            table[keys[j as usize] as usize] = 0;
+        }
+        ok.then_some(groups)
+    })
+}
+
 /// Pass 1 over one logit set (T4-T6): `theta_S`, `delta_ell`, `err(lse)`.
 fn set_bounds(
     c: &Consts,
@@ -553,20 +845,23 @@ fn set_bounds(
     ds: &[Interval],
     ln_s: Interval,
 ) -> Result<SetBounds, NoBound> {
+    set_finish(
+        c,
+        model,
+        set_sums(c, ds, ln_s, Entries::All(ds.len())),
+        ln_s,
+    )
+}
+
+/// [`set_bounds`] from its per-entry sums.
+fn set_finish(
+    c: &Consts,
+    model: &Model,
+    sums: SetSums,
+    ln_s: Interval,
+) -> Result<SetBounds, NoBound> {
     let k_s = c.k_s.clone()?;
-    let (mut e1, mut fl, mut n_fin) = (Hi::ZERO, Hi::ZERO, 0usize);
-    for d in ds {
-        if d.hi == f64::NEG_INFINITY {
-            continue; // exp(-inf) = 0 exactly: the term adds nothing.
-        }
-        n_fin += 1;
-        let lw = Hi(d.hi) - Lo(ln_s.lo);
-        let alpha = c.a * mag(d) + c.b;
-        e1 = e1 + w_expm1(lw, alpha);
-        if (Hi(d.hi) + alpha).0 < c.ln_min_normal {
-            fl = fl + (lw + alpha).exp();
-        }
-    }
+    let SetSums { e1, fl, n_fin } = sums;
     let n = Hi(n_fin as f64);
     // (T4) theta_S = (K_S - 1) + K_S (E1 + F) + floor_S (S >= 1: the argmax term is e^0).
     let floor_s = n * Hi((c.n_s + 2) as f64) * c.eta + n * c.eta_sub * k_s;
@@ -594,6 +889,128 @@ fn set_bounds(
     })
 }
 
+/// The model-independent per-entry sums over `w` (T4 for the entropy set,
+/// T11), and `e^lw` of every finite entry for the log-softmax walk.
+struct EntropyShared {
+    set: SetSums,
+    e2: Hi,
+    fl2: Hi,
+    sd: Hi,
+    /// `e^lw_j` (upward) of the finite entries (or groups), in order.
+    ew: Vec<Hi>,
+}
+
+fn entropy_shared(c: &Consts, st: &RowStats, entries: Entries<'_>) -> EntropyShared {
+    let ln_s = st.ln_s_w;
+    let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
+        (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
+    let mut ew = Vec::with_capacity(st.e.len());
+    let mut n_fin = 0usize;
+    for (j, k) in entries.iter() {
+        let e = &st.e[j];
+        if e.hi == f64::NEG_INFINITY {
+            continue;
+        }
+        n_fin += k as usize;
+        let d_abs = mag(e);
+        let lw = Hi(e.hi) - Lo(ln_s.lo);
+        let alpha = c.a * d_abs + c.b;
+        let elw = lw.exp();
+        ew.push(elw);
+        // w_expm1(lw, alpha), with e^lw computed once.
+        let wm = if alpha.0 <= 1.0 {
+            elw * alpha.exp_m1()
+        } else {
+            (lw + alpha).exp()
+        };
+        e1 = e1 + times(k, wm);
+        e2 = e2 + times(k, d_abs * wm);
+        sd = sd + times(k, d_abs);
+        if (Hi(e.hi) + alpha).0 < c.ln_min_normal {
+            let we = (lw + alpha).exp();
+            fl = fl + times(k, we);
+            fl2 = fl2 + times(k, d_abs * we);
+        }
+    }
+    EntropyShared {
+        set: SetSums { e1, fl, n_fin },
+        e2,
+        fl2,
+        sd,
+        ew,
+    }
+}
+
+/// The log-softmax entropy sums (T12, T13) of one model.
+#[derive(Clone, Copy, Debug)]
+struct LsSums {
+    s_dem: Hi,
+    s_em: Hi,
+    s_lam: Hi,
+    fl_d: Hi,
+    fl_1: Hi,
+    sdl: Hi,
+}
+
+impl LsSums {
+    const ZERO: LsSums = LsSums {
+        s_dem: Hi::ZERO,
+        s_em: Hi::ZERO,
+        s_lam: Hi::ZERO,
+        fl_d: Hi::ZERO,
+        fl_1: Hi::ZERO,
+        sdl: Hi::ZERO,
+    };
+}
+
+/// One walk over `w` for every model's [`LsSums`] (models without a
+/// bound for `w` get zeros, unused).
+fn logsoftmax_sums(
+    cs: &[Consts],
+    ws: &[Result<SetBounds, NoBound>],
+    st: &RowStats,
+    sh: &EntropyShared,
+    entries: Entries<'_>,
+) -> Vec<LsSums> {
+    let mut out = vec![LsSums::ZERO; cs.len()];
+    let ell = Hi(st.ln_s_w.hi);
+    let mut i = 0usize;
+    for (j, k) in entries.iter() {
+        let e = &st.e[j];
+        if e.hi == f64::NEG_INFINITY {
+            continue;
+        }
+        let elw = sh.ew[i];
+        i += 1;
+        let d_abs = mag(e);
+        let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
+        let dl = d_abs + ell;
+        for ((c, w), o) in cs.iter().zip(ws).zip(out.iter_mut()) {
+            let Ok(w) = w else { continue };
+            let lam = c.lambda(w, d_abs);
+            let (wl, wel) = if lam.0 <= 1.0 {
+                let em = lam.exp_m1();
+                (elw * em, elw * (Hi::ONE + em))
+            } else {
+                ((lw + lam).exp(), (lw + lam).exp())
+            };
+            o.s_dem = o.s_dem + times(k, dl * wl);
+            o.s_em = o.s_em + times(k, wl);
+            o.s_lam = o.s_lam + times(k, wel * lam);
+            o.sdl = if k == 1 {
+                o.sdl + dl + lam
+            } else {
+                o.sdl + times(k, dl + lam)
+            };
+            if (lw + lam).0 < c.ln_min_normal {
+                o.fl_d = o.fl_d + times(k, dl * wel);
+                o.fl_1 = o.fl_1 + times(k, wel);
+            }
+        }
+    }
+    out
+}
+
 /// Entropy errors (T11-T13): the one the model's form needs before the
 /// final rounding, and the one a gradient may see.
 fn entropy_errors(
@@ -602,9 +1019,7 @@ fn entropy_errors(
     st: &RowStats,
     ws: &SetBounds,
 ) -> (Result<Hi, NoBound>, Result<Hi, NoBound>) {
-    let r_hi = Hi(st.r.hi);
     let ell = Hi(ws.ln_s.hi);
-    let h_hi = r_hi + ell;
     // One pass over w: the fused sums (T11) and the log-softmax sums (T12).
     let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
         (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
@@ -641,6 +1056,46 @@ fn entropy_errors(
             fl_1 = fl_1 + wel;
         }
     }
+    let sh = EntropyShared {
+        set: SetSums { e1, fl, n_fin },
+        e2,
+        fl2,
+        sd,
+        ew: Vec::new(),
+    };
+    let ls = LsSums {
+        s_dem,
+        s_em,
+        s_lam,
+        fl_d,
+        fl_1,
+        sdl,
+    };
+    entropy_finish(c, model, st, ws, &sh, &ls)
+}
+
+/// [`entropy_errors`] from the shared and per-model sums.
+fn entropy_finish(
+    c: &Consts,
+    model: &Model,
+    st: &RowStats,
+    ws: &SetBounds,
+    sh: &EntropyShared,
+    ls: &LsSums,
+) -> (Result<Hi, NoBound>, Result<Hi, NoBound>) {
+    let r_hi = Hi(st.r.hi);
+    let ell = Hi(ws.ln_s.hi);
+    let h_hi = r_hi + ell;
+    let SetSums { e1, fl, n_fin } = sh.set;
+    let (e2, fl2, sd) = (sh.e2, sh.fl2, sh.sd);
+    let LsSums {
+        s_dem,
+        s_em,
+        s_lam,
+        fl_d,
+        fl_1,
+        sdl,
+    } = *ls;
     let n = Hi(n_fin as f64);
     // (T11) fused: Delta R_B, then E_R = [R (2u + u^2 + theta) + Delta R_B (1+u)^2] / (1 - theta).
     let fused = c.k_b.clone().and_then(|k_b| {

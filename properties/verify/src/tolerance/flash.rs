@@ -40,10 +40,15 @@ pub fn naive_log_softmax(row: &[f64], temperature: f64, dtype: Dtype) -> Vec<f64
 /// partial sum rounded to `dtype`, summed in index order; entries with
 /// `p_j = 0` add nothing (the defined semantics of `-inf` logits).
 pub fn naive_entropy(row: &[f64], temperature: f64, dtype: Dtype) -> f64 {
+    naive_entropy_of(&naive_log_softmax(row, temperature, dtype), dtype)
+}
+
+/// [`naive_entropy`] from the naive log-softmax `lp` `[V]` of the same
+/// logits ([`naive_log_softmax`]), so a caller that has it does not redo it.
+pub fn naive_entropy_of(lp: &[f64], dtype: Dtype) -> f64 {
     let r = |x: f64| dtype.round_f64(x);
-    let lp = naive_log_softmax(row, temperature, dtype);
     let mut acc = 0.0;
-    for &l in &lp {
+    for &l in lp {
         let p = r(l.exp());
         if p != 0.0 {
             acc = r(acc - r(p * l));
@@ -58,7 +63,8 @@ pub fn naive_entropy(row: &[f64], temperature: f64, dtype: Dtype) -> f64 {
 pub struct NaiveRow {
     /// Logits over the real vocabulary, `-inf` where the mask disallows.
     masked: Vec<f64>,
-    /// The entropy's logits over the real vocabulary (masked or not).
+    /// The entropy's logits over the real vocabulary (masked or not);
+    /// empty when they are `masked` (masked entropy, or no sampling mask).
     entropy_logits: Vec<f64>,
     /// The temperature as the options give it.
     temperature: f64,
@@ -73,7 +79,8 @@ impl NaiveRow {
         let v = problem.options.vocab_size.unwrap_or(v_total);
         let masked = problem.allowed_row_f64(row);
         let entropy_logits = match problem.options.entropy {
-            Some(EntropyLogits::Masked) => masked.clone(),
+            _ if problem.sampling_mask.is_none() => Vec::new(),
+            Some(EntropyLogits::Masked) => Vec::new(),
             _ => problem.logits.row_f64(row)[..v].to_vec(),
         };
         NaiveRow {
@@ -120,7 +127,12 @@ impl NaiveRow {
         if let Some(&(_, h)) = self.entropy.iter().find(|(d, _)| *d == dtype) {
             return h;
         }
-        let h = naive_entropy(&self.entropy_logits, self.temperature, dtype);
+        let h = if self.entropy_logits.is_empty() {
+            // The same logits as the log-softmax: reuse it.
+            naive_entropy_of(self.log_softmax(dtype), dtype)
+        } else {
+            naive_entropy(&self.entropy_logits, self.temperature, dtype)
+        };
         self.entropy.push((dtype, h));
         h
     }

@@ -51,7 +51,7 @@ mod walk;
 mod tests;
 
 pub use bounds::{GradCotangents, RowBounds};
-pub use flash::{naive_entropy, naive_log_softmax, FlashRule, NaiveRow};
+pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, tightest_model, Judgement, ValueVerdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
 pub use statistical::{
@@ -94,7 +94,7 @@ pub enum NoBound {
 
 /// An error bound for one value (how far a correct kernel's result may
 /// be from the exact one), or the reason there is none. Not to be confused
-/// with the oracle's `Bounds` (an MPFR interval around an exact real).
+/// with the oracle's `MpfrInterval` (an MPFR interval around an exact real).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ErrorBound {
     /// Absolute bound on `|candidate - exact|`, in the output's units

@@ -67,14 +67,24 @@ impl Statistical {
     /// A model whose summation over this row has no merge level
     /// (sequential) uses `c * SEQUENTIAL_FACTOR`.
     pub fn row_bounds<'a>(&self, stats: &'a RowStats, ctx: &RowContext) -> StatisticalBounds<'a> {
-        let n = stats.p.len().max(stats.q.len());
+        let n = stats.d.len().max(stats.e.len());
+        StatisticalBounds(RowBounds::build(
+            &self.model,
+            stats,
+            ctx,
+            Some(self.row_c(n)),
+        ))
+    }
+
+    /// The `c` the threshold uses on a row of `n` entries: `c`, times
+    /// [`SEQUENTIAL_FACTOR`] for a model without merge levels.
+    pub(super) fn row_c(&self, n: usize) -> f64 {
         let sequential = self.model.algorithm(n).summation.merges == 0 && n > 1;
-        let c = if sequential {
+        if sequential {
             self.c * SEQUENTIAL_FACTOR
         } else {
             self.c
-        };
-        StatisticalBounds(RowBounds::build(&self.model, stats, ctx, Some(c)))
+        }
     }
 }
 
@@ -85,7 +95,12 @@ impl Statistical {
 #[derive(Clone, Debug)]
 pub struct StatisticalBounds<'a>(RowBounds<'a>);
 
-impl StatisticalBounds<'_> {
+impl<'a> StatisticalBounds<'a> {
+    /// The thresholds from bounds built with `stat_c = Some(row_c(n))`.
+    pub(super) fn from_bounds(rb: RowBounds<'a>) -> StatisticalBounds<'a> {
+        StatisticalBounds(rb)
+    }
+
     /// The threshold of column `col` of `output` (as [`RowBounds::bound`]),
     /// `None` for an output without a statistical tier (not
     /// [`Output::is_forward`]: gradients).

@@ -846,6 +846,49 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
     }
 }
 
+/// `RowBounds::new_all` shares the order-independent per-entry work of
+/// several models: its bounds equal `RowBounds::new`'s to the last bits
+/// (only `e^(lw + lambda)` is evaluated differently, upward either way),
+/// and never fall below them by more than that.
+#[test]
+fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
+    let mut rng = SplitMix64::new(7);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+    for kind in 0..6 {
+        let x = row(&mut rng, 2000, kind);
+        let mut mask = vec![true; x.len()];
+        for j in (0..x.len()).step_by(5) {
+            mask[j] = false;
+        }
+        for m in [None, Some(&mask[..])] {
+            let st = stats_f64(&x, 1.0, m, Some(3));
+            let [a, b, c] = foreign_presets(Dtype::F32);
+            let models = [Model::lanes(8), a, b, c];
+            let all = RowBounds::new_all(&models, &st, &ctx1());
+            let cot = GradCotangents {
+                g: 0.7,
+                h: -1.3,
+                token: Some(3),
+                topk: &[(6, 0.25)],
+            };
+            for (model, shared) in models.iter().zip(&all) {
+                let one = model.row_bounds(&st, &ctx1());
+                for out in [Dtype::F32, Dtype::Bf16] {
+                    let pairs = [
+                        (one.log_prob(out), shared.log_prob(out)),
+                        (one.entropy(out), shared.entropy(out)),
+                        (one.topk(6, out), shared.topk(6, out)),
+                        (one.grad(4, &cot, out), shared.grad(4, &cot, out)),
+                    ];
+                    for (p, q) in pairs {
+                        assert!(close(abs(&p), abs(&q)), "{kind} {out}: {p} vs {q}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Gate: our own kernels (Fused, Chunked) are never SUSPECT: their errors
 /// are within the statistical threshold of their declared model and of
 /// `verify`'s default `lanes=8`, on Gaussian, near-uniform and Zipf-like
@@ -928,4 +971,83 @@ fn clopper_pearson_upper_bounds() {
     assert!((clopper_pearson_upper(1, 10, 0.95) - 0.3942).abs() < 1e-3);
     assert_eq!(clopper_pearson_upper(5, 5, 0.95), 1.0);
     assert!((per_dump_rate(1e-3, 100) - (1.0 - 0.999f64.powi(100))).abs() < 1e-12);
+}
+
+/// `RowBounds::new_shared` with grouping keys (bf16 logits: few distinct
+/// values) and the statistical threshold: the grouped bounds and the
+/// threshold agree with the entry-by-entry ones to within the upward
+/// widening of the sums (each of the `V = 3000` upward additions widens
+/// by `4 eps`; a group adds once: `V * 16 eps` relative covers it), a key
+/// that does not describe the statistics falls back to entry by entry
+/// (bit for bit), and `grad_many` equals `grad` bit for bit.
+#[test]
+fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
+    use super::Statistical;
+    let mut rng = SplitMix64::new(8);
+    let tol = 3000.0 * 16.0 * f64::EPSILON;
+    let close = |a: f64, b: f64| (a - b).abs() <= tol * a.abs().max(b.abs());
+    let bf = |x: f64| Dtype::Bf16.round_f64(x);
+    for kind in 0..4 {
+        let x: Vec<f64> = row(&mut rng, 3000, kind).into_iter().map(bf).collect();
+        let keys: Vec<u32> = x
+            .iter()
+            .map(|&v| u32::from(half::bf16::from_f32(v as f32).to_bits()))
+            .collect();
+        let mut mask = vec![true; x.len()];
+        for j in (0..x.len()).step_by(7) {
+            mask[j] = false;
+        }
+        for m in [None, Some(&mask[..])] {
+            let keys: Vec<u32> = match m {
+                None => keys.clone(),
+                Some(m) => keys
+                    .iter()
+                    .zip(m)
+                    .map(|(&k, &ok)| k | (u32::from(ok) << 16))
+                    .collect(),
+            };
+            let st = stats_f64(&x, 1.0, m, Some(3));
+            let [a, b, c] = foreign_presets(Dtype::F32);
+            let models = [Model::lanes(8), a, b, c];
+            let stat = Statistical::new(models[0]);
+            let (one, _) = RowBounds::new_shared(&models, None, &st, &ctx1(), None);
+            let (grouped, sg) =
+                RowBounds::new_shared(&models, Some(&stat), &st, &ctx1(), Some(&keys));
+            let sg = sg.expect("statistical bounds");
+            let s1 = stat.row_bounds(&st, &ctx1());
+            // A key naming two different logits alike: no grouping, same bounds.
+            let bad = vec![0u32; x.len()];
+            let (ungrouped, _) = RowBounds::new_shared(&models, None, &st, &ctx1(), Some(&bad));
+            let cot = GradCotangents {
+                g: 0.7,
+                h: -1.3,
+                token: Some(3),
+                topk: &[(6, 0.25)],
+            };
+            for out in [Dtype::F32, Dtype::Bf16] {
+                for (o, (g, u)) in one.iter().zip(grouped.iter().zip(&ungrouped)) {
+                    for (p, q, r) in [
+                        (o.log_prob(out), g.log_prob(out), u.log_prob(out)),
+                        (o.entropy(out), g.entropy(out), u.entropy(out)),
+                        (o.topk(6, out), g.topk(6, out), u.topk(6, out)),
+                    ] {
+                        assert!(close(abs(&p), abs(&q)), "{kind} {out}: {p} vs {q}");
+                        assert_eq!(p, r, "{kind} {out}");
+                    }
+                }
+                for (p, q) in [
+                    (s1.log_prob(out), sg.log_prob(out)),
+                    (s1.entropy(out), sg.entropy(out)),
+                ] {
+                    assert!(close(abs(&p), abs(&q)), "{kind} {out}: {p} vs {q}");
+                }
+                for j in [0, 3, 6, 100, 2999] {
+                    let many = RowBounds::grad_many(&one, j, &cot, out);
+                    for (rb, b) in one.iter().zip(&many) {
+                        assert_eq!(&rb.grad(j, &cot, out), b, "{kind} {out} {j}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -103,25 +103,30 @@ pub(crate) fn div_up(a: f64, b: f64) -> f64 {
 impl Interval {
     /// The point `[x, x]`.
     #[inline(always)]
-    pub(crate) const fn point(x: f64) -> Interval {
+    pub const fn point(x: f64) -> Interval {
         Interval { lo: x, hi: x }
     }
 
     /// `[0, 0]`.
     pub(crate) const ZERO: Interval = Interval::point(0.0);
 
-    /// `self + o`.
+    /// `self + o`, both ends rounded in their direction (`RD`, `RU`):
+    /// encloses `x + y` for every `x` in `self`, `y` in `o`.
+    // Named methods, not `std::ops`: each end rounds outward, which `+` does not say.
+    #[allow(clippy::should_implement_trait)]
     #[inline(always)]
-    pub(crate) fn add(self, o: Interval) -> Interval {
+    pub fn add(self, o: Interval) -> Interval {
         Interval {
             lo: add_dn(self.lo, o.lo),
             hi: add_up(self.hi, o.hi),
         }
     }
 
-    /// `self - o`.
+    /// `self - o`, both ends rounded in their direction: encloses `x - y`
+    /// for every `x` in `self`, `y` in `o`.
+    #[allow(clippy::should_implement_trait)]
     #[inline(always)]
-    pub(crate) fn sub(self, o: Interval) -> Interval {
+    pub fn sub(self, o: Interval) -> Interval {
         Interval {
             lo: add_dn(self.lo, -o.hi),
             hi: add_up(self.hi, -o.lo),

@@ -113,7 +113,7 @@
 //! costs nothing measurable.
 
 mod grad;
-mod ival;
+pub(crate) mod ival;
 mod pass;
 
 pub use grad::{FastVjp, RowCotangents};
@@ -739,6 +739,30 @@ impl<'a> FastRow<'a> {
             }),
             p: (0..v).map(|j| self.p(j)).collect(),
             q: (0..v).map(|j| self.q(j)).collect(),
+            e: (0..v).map(|j| self.e(j)).collect(),
+            d: (0..v).map(|j| self.d(j)).collect(),
+        }
+    }
+
+    /// [`FastRow::row_stats`] without the probability vectors: `p` and `q`
+    /// are left empty (`[]`), `d` and `e` are `[V]`. What the tolerance
+    /// model reads (it never reads `p` or `q`), at a third of the cost.
+    pub fn row_stats_shifts(&self) -> RowStats {
+        let v = self.row.v.len();
+        let zero = Interval::ZERO;
+        RowStats {
+            d_t: self.row.target.map(|t| self.d(t)),
+            s: self.sum(),
+            ln_s: self.ln_s(),
+            s_w: self.sum_w().unwrap_or(zero),
+            ln_s_w: self.ln_s_w().unwrap_or(zero),
+            r: self.r().unwrap_or(zero),
+            m2: self.m2().unwrap_or(Interval {
+                lo: 0.0,
+                hi: f64::INFINITY,
+            }),
+            p: Vec::new(),
+            q: Vec::new(),
             e: (0..v).map(|j| self.e(j)).collect(),
             d: (0..v).map(|j| self.d(j)).collect(),
         }

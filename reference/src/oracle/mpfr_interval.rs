@@ -15,17 +15,17 @@ use super::Interval;
 
 /// An enclosure `lo <= x <= hi` of an exact real, ends at MPFR precision.
 #[derive(Clone, Debug)]
-pub struct Bounds {
+pub struct MpfrInterval {
     /// Lower end.
     pub lo: Float,
     /// Upper end.
     pub hi: Float,
 }
 
-impl Bounds {
+impl MpfrInterval {
     /// `[0, 0]` at precision `prec` bits.
     pub fn new(prec: u32) -> Self {
-        Bounds {
+        MpfrInterval {
             lo: Float::new(prec),
             hi: Float::new(prec),
         }
@@ -34,7 +34,7 @@ impl Bounds {
     /// The point `[x, x]`; exact when `prec >= 53` (every f64 is a 53-bit
     /// binary number).
     pub fn point(prec: u32, x: f64) -> Self {
-        Bounds {
+        MpfrInterval {
             lo: Float::with_val(prec, x),
             hi: Float::with_val(prec, x),
         }
@@ -53,7 +53,7 @@ impl Bounds {
     }
 
     /// Copies `other` outward (rounds down / up if this one is narrower).
-    pub fn assign_outward(&mut self, other: &Bounds) {
+    pub fn assign_outward(&mut self, other: &MpfrInterval) {
         self.lo.assign_round(&other.lo, Round::Down);
         self.hi.assign_round(&other.hi, Round::Up);
     }
@@ -72,13 +72,13 @@ impl Bounds {
     }
 
     /// `self = a + b`.
-    pub fn add(&mut self, a: &Bounds, b: &Bounds) {
+    pub fn add(&mut self, a: &MpfrInterval, b: &MpfrInterval) {
         self.lo.assign_round(&a.lo + &b.lo, Round::Down);
         self.hi.assign_round(&a.hi + &b.hi, Round::Up);
     }
 
     /// `self = a - b`.
-    pub fn sub(&mut self, a: &Bounds, b: &Bounds) {
+    pub fn sub(&mut self, a: &MpfrInterval, b: &MpfrInterval) {
         self.lo.assign_round(&a.lo - &b.hi, Round::Down);
         self.hi.assign_round(&a.hi - &b.lo, Round::Up);
     }
@@ -92,7 +92,7 @@ impl Bounds {
 
     /// `self = a * b` for any signs (the usual case split on signs: two
     /// products, four when both straddle 0). `t` is scratch.
-    pub fn mul(&mut self, a: &Bounds, b: &Bounds, t: &mut Float) {
+    pub fn mul(&mut self, a: &MpfrInterval, b: &MpfrInterval, t: &mut Float) {
         let (a0, a1, b0, b1) = (&a.lo, &a.hi, &b.lo, &b.hi);
         let (lo, hi): ((&Float, &Float), (&Float, &Float)) = match (sign_class(a), sign_class(b)) {
             (Sign::NonNeg, Sign::NonNeg) => ((a0, b0), (a1, b1)),
@@ -122,7 +122,7 @@ impl Bounds {
     }
 
     /// `self = a / b` for `b > 0` (`b.lo > 0`), `a` of any sign.
-    pub fn div_pos(&mut self, a: &Bounds, b: &Bounds) {
+    pub fn div_pos(&mut self, a: &MpfrInterval, b: &MpfrInterval) {
         debug_assert!(b.lo.cmp0() == Some(Ordering::Greater));
         let dl = if a.lo.cmp0() != Some(Ordering::Less) {
             &b.hi
@@ -139,7 +139,7 @@ impl Bounds {
     }
 
     /// `self = ln_1p(a)` for `a > -1` (monotone).
-    pub fn ln_1p(&mut self, a: &Bounds) {
+    pub fn ln_1p(&mut self, a: &MpfrInterval) {
         self.lo.assign_round(a.lo.ln_1p_ref(), Round::Down);
         self.hi.assign_round(a.hi.ln_1p_ref(), Round::Up);
     }
@@ -152,7 +152,7 @@ enum Sign {
     Mixed,
 }
 
-fn sign_class(a: &Bounds) -> Sign {
+fn sign_class(a: &MpfrInterval) -> Sign {
     if a.lo.cmp0() != Some(Ordering::Less) {
         Sign::NonNeg
     } else if a.hi.cmp0() != Some(Ordering::Greater) {
@@ -166,8 +166,8 @@ fn sign_class(a: &Bounds) -> Sign {
 mod tests {
     use super::*;
 
-    fn b(lo: f64, hi: f64) -> Bounds {
-        Bounds {
+    fn b(lo: f64, hi: f64) -> MpfrInterval {
+        MpfrInterval {
             lo: Float::with_val(64, lo),
             hi: Float::with_val(64, hi),
         }
@@ -183,7 +183,7 @@ mod tests {
             (-1.0, 0.0),
             (0.0, 2.0),
         ];
-        let mut out = Bounds::new(64);
+        let mut out = MpfrInterval::new(64);
         let mut t = Float::new(64);
         for &(a0, a1) in &vals {
             for &(b0, b1) in &vals {
@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn div_pos_and_sub_are_outward() {
-        let mut out = Bounds::new(64);
+        let mut out = MpfrInterval::new(64);
         out.div_pos(&b(-1.0, 2.0), &b(2.0, 4.0));
         assert_eq!((out.lo.to_f64(), out.hi.to_f64()), (-0.5, 1.0));
         out.div_pos(&b(1.0, 1.0), &b(3.0, 3.0));

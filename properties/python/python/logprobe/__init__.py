@@ -1,0 +1,174 @@
+"""logprobe: exact verification of log-prob / entropy / top-k kernels and
+their gradients over LLM logits, from Python.
+
+``logprobe.verify(logits, tokens, log_probs=..., entropy=..., ...)`` judges
+a kernel's outputs against an exact (MPFR) oracle and error bounds derived
+for the summation model (``model=``), exactly as ``logprobe verify`` judges a
+dump file, without writing one: the keywords are the dump format's tensor
+and metadata names (``logprobe.TENSOR_KEYWORDS``, ``logprobe.METADATA_KEYWORDS``).
+``logprobe.testing.assert_verified`` is the pytest form.
+``logprobe.compare(a, b)`` splits a trainer-vs-rollout log-prob mismatch
+into each kernel's error and the logits' effect, as ``logprobe compare``
+does for two dumps (docs/compare.md).
+
+Inputs: torch tensors (CPU, or CUDA copied to the host), numpy arrays, and
+any object with ``__dlpack__``. bf16 and f16 are read bit-exactly: torch
+bfloat16 / float16, ml_dtypes bfloat16, or a uint16 array with
+``dtype="bfloat16"`` (or ``"float16"``). ``logits`` is ``[N, V]`` or
+``[B, T, V]``; per-row tensors follow it (``[N]`` or ``[B, T]``). The work
+runs in Rust with the GIL released.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Union
+
+from . import _native
+from ._compare import CompareReport
+from ._inputs import rows_arg, split
+from ._report import Element, Output, Report
+
+BadInputError = _native.BadInputError
+#: Tensor keywords of ``verify``, in the name table's order.
+TENSOR_KEYWORDS = tuple(_native.TENSOR_KEYWORDS)
+#: Metadata keywords of ``verify`` (values: str, int, float or bool).
+METADATA_KEYWORDS = tuple(_native.METADATA_KEYWORDS)
+#: The statistical threshold's calibrated constant ``c`` (SUSPECT tier).
+DEFAULT_STATISTICAL_C = _native.DEFAULT_STATISTICAL_C
+__version__ = _native.__version__
+
+__all__ = [
+    "verify",
+    "verify_file",
+    "compare",
+    "CompareReport",
+    "Report",
+    "Output",
+    "Element",
+    "BadInputError",
+    "TENSOR_KEYWORDS",
+    "METADATA_KEYWORDS",
+    "DEFAULT_STATISTICAL_C",
+]
+
+_DEFAULT: Any = object()
+
+
+def verify(
+    logits: Any,
+    tokens: Any = None,
+    *,
+    model: str = "lanes=8",
+    rows: Union[None, str, range] = None,
+    strict: bool = False,
+    dtype: Union[None, str, Dict[str, str]] = None,
+    accumulation: Optional[str] = None,
+    worst: int = 3,
+    statistical_c: Optional[float] = _DEFAULT,
+    name: str = "<tensors>",
+    **names: Any,
+) -> Report:
+    """Judges a kernel's outputs exactly; see the module docstring and
+    ``logprobe/__init__.pyi`` for every keyword.
+
+    Raises ``BadInputError`` (a ``ValueError``) for input that cannot be
+    verified, naming tensor, row and column; ``TypeError`` for an unknown
+    keyword (with the closest name) or a value of the wrong kind.
+
+    The tensors are copied once into an in-memory dump (nothing is written
+    to disk). The exact oracle is far slower than a kernel (its cost grows
+    with N x V): for large tensors pass ``rows="sample:K"``. Ctrl-C takes effect when the call
+    returns (the GIL is released while Rust works).
+    """
+    named: Dict[str, Any] = {"logits": logits, "tokens": tokens}
+    named.update(names)
+    tensors, metadata = split("verify", named, dtype)
+    if not isinstance(worst, int) or isinstance(worst, bool) or worst < 0:
+        raise TypeError(f"verify(): worst={worst!r}: expected an int >= 0")
+    c = DEFAULT_STATISTICAL_C if statistical_c is _DEFAULT else statistical_c
+    report_json, table = _native.verify(
+        tensors,
+        metadata,
+        name=name,
+        model=model,
+        accumulation=accumulation,
+        rows=rows_arg(rows),
+        worst=worst,
+        statistical_c=None if c is None else float(c),
+    )
+    return Report(report_json, table, strict=strict)
+
+
+def verify_file(
+    path: Any,
+    *,
+    model: str = "lanes=8",
+    rows: Union[None, str, range] = None,
+    strict: bool = False,
+    accumulation: Optional[str] = None,
+    worst: int = 3,
+    statistical_c: Optional[float] = _DEFAULT,
+) -> Report:
+    """Judges a dump file (``.safetensors``) as ``logprobe verify FILE`` does
+    (the same library call). Raises ``BadInputError`` for bad input."""
+    c = DEFAULT_STATISTICAL_C if statistical_c is _DEFAULT else statistical_c
+    report_json, table = _native.verify_file(
+        str(path),
+        model=model,
+        accumulation=accumulation,
+        rows=rows_arg(rows),
+        worst=worst,
+        statistical_c=None if c is None else float(c),
+    )
+    return Report(report_json, table, strict=strict)
+
+
+def compare(
+    a: Dict[str, Any],
+    b: Dict[str, Any],
+    *,
+    clip: float = 0.2,
+    kl: bool = True,
+    model: str = "lanes=8",
+    accumulation: Optional[str] = None,
+    rows: Union[None, str, range] = None,
+    worst: int = 5,
+    dtype_a: Union[None, str, Dict[str, str]] = None,
+    dtype_b: Union[None, str, Dict[str, str]] = None,
+    name_a: str = "<A>",
+    name_b: str = "<B>",
+) -> CompareReport:
+    """Where the log-prob mismatch between A (the trainer) and B (the
+    rollout engine) comes from, as ``logprobe compare A B`` reports it for
+    two dumps (docs/compare.md). ``a`` and ``b`` map the dump format's names
+    to tensors and metadata values, as ``verify``'s keywords do: the same
+    ``tokens`` (and ``row_mask``) on both sides, each its own ``logits`` and
+    ``log_probs`` (optionally ``entropy``); B may hold only ``tokens``,
+    ``log_probs`` and ``row_mask``. ``dtype_a`` / ``dtype_b``: as
+    ``verify``'s ``dtype=`` for each side.
+
+    Raises ``BadInputError`` naming the side, tensor and row (mismatched
+    tokens, row counts or row_mask; a B with neither logits nor log_probs;
+    every error ``verify`` gives); ``TypeError`` for an unknown name.
+    """
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        raise TypeError("compare(a, b): each side is a dict of names to tensors / metadata values")
+    if not isinstance(worst, int) or isinstance(worst, bool) or worst < 0:
+        raise TypeError(f"compare(): worst={worst!r}: expected an int >= 0")
+    ta, ma = split("compare", dict(a), dtype_a)
+    tb, mb = split("compare", dict(b), dtype_b)
+    report_json, table = _native.compare(
+        ta,
+        ma,
+        tb,
+        mb,
+        name_a=name_a,
+        name_b=name_b,
+        model=model,
+        clip=float(clip),
+        kl=bool(kl),
+        accumulation=accumulation,
+        rows=rows_arg(rows),
+        worst=worst,
+    )
+    return CompareReport(report_json, table)

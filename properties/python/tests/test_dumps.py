@@ -1,0 +1,65 @@
+"""On the shipped PyTorch dumps (fixtures/torch), the package's verdicts and
+figures equal the CLI's: tensors read from each file and passed to
+logprobe.verify give the report that the file gives to the library call of
+`logprobe verify` and, where the binary is found, to the binary itself
+(`--json`); verdicts match fixtures/torch/expected.json."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import logprobe
+from conftest import REPO, TORCH_DUMPS, figures, read_safetensors
+
+DUMPS = sorted(TORCH_DUMPS.glob("*.safetensors"))
+EXPECTED = json.loads((TORCH_DUMPS / "expected.json").read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def in_memory(path: Path) -> logprobe.Report:
+    """The dump's tensors read into numpy (BF16 as uint16 bits: the
+    `dtype=` path) and verified in memory."""
+    tensors, meta, bf16 = read_safetensors(path)
+    return logprobe.verify(**tensors, **meta, dtype={n: "bfloat16" for n in bf16}, name=str(path))
+
+
+def cli_binary():
+    """`LOGPROBE_CLI`, else target/release/logprobe of the repository."""
+    p = os.environ.get("LOGPROBE_CLI") or str(REPO / "target" / "release" / "logprobe")
+    return Path(p) if Path(p).is_file() else None
+
+
+def test_every_shipped_dump_is_listed():
+    assert len(DUMPS) >= 9 and {p.stem for p in DUMPS} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("path", DUMPS, ids=lambda p: p.stem)
+def test_in_memory_equals_the_file(path):
+    mem = in_memory(path)
+    file = logprobe.verify_file(path)
+    assert figures(mem) == figures(file)
+    # The table below its first line (which names the file and the time).
+    assert str(mem).split("\n", 1)[1] == str(file).split("\n", 1)[1]
+    assert mem.verdict == EXPECTED[path.stem]["expect"]
+
+
+def test_the_cli_binary_agrees():
+    exe = cli_binary()
+    if exe is None:
+        if os.environ.get("LOGPROBE_CLI"):
+            pytest.fail(f"LOGPROBE_CLI={os.environ['LOGPROBE_CLI']} is not a file")
+        pytest.skip("no logprobe binary (set LOGPROBE_CLI or build target/release/logprobe)")
+    out = subprocess.run([str(exe), "verify", "--json", "--no-progress", *map(str, DUMPS)],
+                         capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr
+    cli = {Path(f["path"]).stem: f for f in json.loads(out.stdout)["files"]}
+    for path in DUMPS:
+        mem = in_memory(path)
+        want = logprobe._report._floats(cli[path.stem])
+        assert figures(mem) == figures(want), path.stem

@@ -1,0 +1,125 @@
+//! Problems as a kernel sees them: what it is asked (outputs and input
+//! features it cannot take left out), the error the spec expects, case
+//! fingerprints.
+
+use logprobe_kernels::kernel::Capabilities;
+use logprobe_reference::spec::{
+    Cotangents, Dtype, EntropyLogits, Problem, SpecError, TemperatureDtype,
+};
+
+use crate::cache::OracleCase;
+use crate::strategies::{CotangentData, ProblemData};
+
+/// What a kernel is asked: the problem with the outputs it cannot compute
+/// left out (entropy, masked entropy, top-k), and the input features it
+/// cannot take (mask, temperature, padding, f64), for which it must answer
+/// [`KernelError::Unsupported`].
+pub struct Asked<'a> {
+    /// The problem given to the kernel.
+    pub problem: Problem<'a>,
+    /// The first input feature the kernel's capabilities exclude.
+    pub unsupported: Option<&'static str>,
+}
+
+/// Adapts `problem` to `caps` (see [`Asked`]).
+pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
+    let mut p = *problem;
+    match p.options.entropy {
+        Some(EntropyLogits::Masked) if !caps.masked_entropy => p.options.entropy = None,
+        Some(_) if !caps.entropy => p.options.entropy = None,
+        _ => {}
+    }
+    if !caps.topk {
+        p.topk_ids = None;
+    }
+    let (_, v_total) = p.logits.dim();
+    let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
+        Some("sampling_mask")
+    } else if (p.options.temperature != 1.0
+        || p.options.temperature_dtype == TemperatureDtype::Input)
+        && !caps.temperature
+    {
+        Some("temperature")
+    } else if p.options.vocab_size.is_some_and(|v| v < v_total) && !caps.padded_vocab {
+        Some("padded vocabulary")
+    } else if p.logits.dtype() == Dtype::F64 && !caps.f64_input {
+        Some("f64 logits")
+    } else {
+        None
+    };
+    Asked {
+        problem: p,
+        unsupported,
+    }
+}
+
+/// The cotangents a kernel is given: those of outputs its capabilities
+/// dropped from the problem ([`asked`]) are left out too.
+pub(crate) fn cot_for<'c>(
+    data: &ProblemData,
+    asked: &Problem<'_>,
+    cot: &'c CotangentData,
+) -> Cotangents<'c> {
+    let mut cv = cot.view();
+    if data.options.entropy.is_some() && asked.options.entropy.is_none() {
+        cv.grad_entropy = None;
+    }
+    if data.topk_ids.is_some() && asked.topk_ids.is_none() {
+        cv.grad_topk_log_probs = None;
+    }
+    cv
+}
+
+/// The error `problem` must give, if any: the spec's validation first, else
+/// the oracle's own (an overflow of `round_input(x / T)`).
+pub(crate) fn expected_error(problem: &Problem<'_>, oracle: &OracleCase) -> Option<SpecError> {
+    match problem.validate() {
+        Err(e) => Some(e),
+        Ok(_) => match &oracle.forward {
+            // Errors only the values reveal (`round_input(x / T)` overflowing);
+            // a top-k error of ids the kernel was not given does not count.
+            Err(SpecError::TopkIdOutOfRange { .. }) if problem.topk_ids.is_none() => None,
+            Err(e) => Some(e.clone()),
+            Ok(_) => None,
+        },
+    }
+}
+
+/// Whether two spec errors agree (same variant and fields; NaN values match).
+pub fn same_error(a: &SpecError, b: &SpecError) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+/// A fingerprint of every input bit (logits, tokens, mask, ids), to check
+/// that a call left its inputs unchanged.
+pub fn fingerprint(data: &ProblemData) -> u64 {
+    let mut h = Fnv::default();
+    for x in data.logits.to_f64().iter() {
+        h.add(x.to_bits());
+    }
+    if let Some(t) = &data.tokens {
+        t.iter().for_each(|&x| h.add(x as u64));
+    }
+    if let Some(m) = &data.sampling_mask {
+        m.iter().for_each(|&x| h.add(x as u64));
+    }
+    if let Some(k) = &data.topk_ids {
+        k.iter().for_each(|&x| h.add(x as u64));
+    }
+    h.0
+}
+
+/// FNV-1a over 64-bit words.
+pub(crate) struct Fnv(u64);
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+impl Fnv {
+    pub(crate) fn add(&mut self, w: u64) {
+        for b in w.to_le_bytes() {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}

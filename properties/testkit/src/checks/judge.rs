@@ -1,0 +1,269 @@
+//! Judging one call against the oracle: a kernel's declared error model,
+//! the shared row walk, forward and backward judgements.
+
+use ndarray::Array2;
+
+use logprobe_kernels::kernel::{Kernel, KernelError};
+use logprobe_reference::oracle::Exact;
+use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Shape};
+
+use crate::cache::{oracle_vjp, OracleCase};
+use crate::strategies::{CotangentData, ProblemData};
+use logprobe_verify::tolerance::{self, Model, RowTargets};
+
+use super::*;
+
+/// A kernel's own error model for a call with this shape: its declared
+/// [`Algorithm`](logprobe_reference::spec::Algorithm) and, when it declares
+/// one, its entropy form (else [`EntropyForm::Any`](logprobe_reference::spec::EntropyForm::Any)).
+pub fn kernel_model(kernel: &dyn Kernel, shape: &Shape) -> Model {
+    Model::declared(&kernel.algorithm(shape))
+        .with_entropy_form(kernel.entropy_form().unwrap_or_default())
+}
+
+/// Judges a kernel's values of one call against the oracle under the
+/// kernel's declared model ([`kernel_model`]), row by row through the
+/// shared walk ([`tolerance::walk_row`]): every value must be a value of
+/// its dtype and within its bound; the first one that is not is the error.
+/// Returns the worst `error / bound` per output. A row's bounds are built
+/// (O(V)) only when one of its values is inexact.
+///
+/// `exact` and `got` hold `[N, width]` per output (`got` in dtype `out`);
+/// `cotangents` are those of the call (empty for a forward call).
+///
+/// # Errors
+/// A description naming the output, row and column, the values, the
+/// error and the bound.
+#[allow(clippy::too_many_arguments)]
+pub fn judge_values(
+    kernel: &dyn Kernel,
+    problem: &Problem<'_>,
+    cotangents: &Cotangents<'_>,
+    oracle: &OracleCase,
+    exact: &PerOutput<&Array2<Exact>>,
+    got: &PerOutput<&Array2<f64>>,
+    out: Dtype,
+) -> Result<Ratios, String> {
+    let shape = problem.validate_shapes().map_err(|e| format!("{e}"))?;
+    for (o, g) in got.iter() {
+        let want = (shape.n, o.width(&shape));
+        if g.dim() != want {
+            return Err(format!("{o} has shape {:?}, expected {want:?}", g.dim()));
+        }
+        if exact.get(o).is_none_or(|x| x.dim() != want) {
+            return Err(format!("the oracle gave no {o} of shape {want:?}"));
+        }
+    }
+    let model = kernel_model(kernel, &shape);
+    let mut ratios = Ratios::default();
+    for row in 0..shape.n {
+        let targets = RowTargets::new(problem, row, cotangents);
+        // The row's bounds are built once (O(V)), only when some value is inexact.
+        let rb = std::cell::OnceCell::new();
+        let rb = || rb.get_or_init(|| model.row_bounds(&oracle.stats[row], &oracle.contexts[row]));
+        let exact_rows = exact.as_ref().map(|_, x| x.row(row));
+        let got_rows = got.as_ref().map(|_, g| (out, g.row(row)));
+        tolerance::walk_row(
+            &exact_rows,
+            &got_rows,
+            |o| o.judged(problem, row),
+            |e| {
+                let (c, x) = (e.candidate, e.exact);
+                let at = e.output.element(row, e.col);
+                if !(c.is_nan() || out.round_f64(c) == c) {
+                    return Err(format!("{at} = {c:e} is not a {out} value"));
+                }
+                if x.error(c) == 0.0 {
+                    ratios.record(e.output, 0.0);
+                    return Ok(());
+                }
+                let bound = rb().bound(e.output, e.col, &targets, out);
+                let j = tolerance::judge(x, c, out, &bound);
+                if !j.pass {
+                    return Err(format!(
+                        "{at}: candidate {c:e}, exact [{:e}, {:e}], error {:e} ({:.1} ulp {out}), bound {} ({}); targets {targets:?}",
+                        x.enclosure.lo,
+                        x.enclosure.hi,
+                        j.error_abs,
+                        j.error_ulps,
+                        j.bound,
+                        j.verdict()
+                    ));
+                }
+                ratios.record(e.output, j.ratio.unwrap_or(0.0));
+                Ok(())
+            },
+        )?;
+    }
+    Ok(ratios)
+}
+
+/// Judges one forward call of `kernel` on `data` with output dtype `out`;
+/// `record` adds the ratios (only for f32 outputs of f32 logits).
+pub fn judge_forward(
+    kernel: &dyn Kernel,
+    data: &ProblemData,
+    oracle: &OracleCase,
+    out: Dtype,
+    record: bool,
+) -> Result<Ratios, String> {
+    let full = data.problem();
+    let caps = kernel.capabilities();
+    let a = asked(&full, &caps);
+    let before = fingerprint(data);
+    let result = kernel.forward(&a.problem, out);
+    if fingerprint(data) != before {
+        return Err("forward changed its inputs".into());
+    }
+    let expected = expected_error(&a.problem, oracle);
+    let fo = match (result, expected, a.unsupported) {
+        (Err(KernelError::Unsupported { .. }), _, Some(_)) => return Ok(Ratios::default()),
+        (Err(KernelError::Spec(e)), Some(x), _) if same_error(&e, &x) => {
+            return Ok(Ratios::default())
+        }
+        (Err(e), Some(x), _) => return Err(format!("returned {e:?}, expected {x:?}")),
+        (Ok(_), Some(x), _) => {
+            return Err(format!("returned values for bad input, expected {x:?}"))
+        }
+        (Err(e), None, _) => return Err(format!("returned {e:?} on valid, supported input")),
+        (Ok(fo), None, _) => fo,
+    };
+    let Ok(of) = &oracle.forward else {
+        // The oracle refused a part the kernel was not asked (top-k ids):
+        // nothing to judge the values against.
+        return Ok(Ratios::default());
+    };
+    if fo.dtype != out {
+        return Err(format!("output dtype {} instead of {out}", fo.dtype));
+    }
+    for o in Output::FORWARD {
+        if o.requested(&a.problem) && !fo.values.contains(o) {
+            return Err(format!("{o} missing"));
+        }
+    }
+    // Only what the kernel was asked is judged.
+    let got: PerOutput<&Array2<f64>> = fo
+        .values
+        .iter()
+        .filter(|(o, _)| o.requested(&a.problem))
+        .collect();
+    let r = judge_values(
+        kernel,
+        &a.problem,
+        &Cotangents::default(),
+        oracle,
+        &of.values.as_ref(),
+        &got,
+        out,
+    )?;
+    Ok(if record { r } else { Ratios::default() })
+}
+
+/// Judges one backward call (or, with `in_place`, the in-place backward on
+/// a copy of the logits, output in the logits' dtype) against the oracle's
+/// VJP with the per-element bound.
+#[allow(clippy::too_many_arguments)]
+pub fn judge_backward(
+    kernel: &dyn Kernel,
+    data: &ProblemData,
+    cot: &CotangentData,
+    oracle: &OracleCase,
+    vjp_key: &str,
+    out: Dtype,
+    in_place: bool,
+    record: bool,
+) -> Result<Ratios, String> {
+    let caps = kernel.capabilities();
+    if !(if in_place {
+        caps.in_place_backward
+    } else {
+        caps.backward
+    }) {
+        return Ok(Ratios::default());
+    }
+    let full = data.problem();
+    let a = asked(&full, &caps);
+    let cv = cot_for(data, &a.problem, cot);
+    let out = if in_place { data.logits.dtype() } else { out };
+    let before = fingerprint(data);
+    let result = if in_place {
+        let mut copy = data.logits.clone();
+        let p = a.problem;
+        let r = kernel.backward_in_place(
+            logprobe_reference::spec::ProblemMut {
+                logits: copy.view_mut(),
+                tokens: p.tokens,
+                sampling_mask: p.sampling_mask,
+                topk_ids: p.topk_ids,
+                options: p.options,
+            },
+            &cv,
+        );
+        match r {
+            Ok(()) => Ok(copy.to_f64()),
+            Err(e) => {
+                if !copy.bits_eq(&data.logits) {
+                    return Err(format!(
+                        "in-place backward returned {e:?} and changed the logits"
+                    ));
+                }
+                Err(e)
+            }
+        }
+    } else {
+        kernel.backward(&a.problem, &cv, out)
+    };
+    if fingerprint(data) != before {
+        return Err("backward changed its inputs".into());
+    }
+    let expected = expected_error(&a.problem, oracle).or_else(|| {
+        a.problem
+            .validate_shapes()
+            .ok()
+            .and_then(|shape| a.problem.validate_cotangents(&shape, &cv).err())
+    });
+    let grad = match (result, expected, a.unsupported) {
+        (Err(KernelError::Unsupported { .. }), _, Some(_)) => return Ok(Ratios::default()),
+        (Err(KernelError::Spec(e)), Some(x), _) if same_error(&e, &x) => {
+            return Ok(Ratios::default())
+        }
+        (Err(e), Some(x), _) => return Err(format!("returned {e:?}, expected {x:?}")),
+        (Ok(_), Some(x), _) => {
+            return Err(format!("returned a gradient for bad input, expected {x:?}"))
+        }
+        (Err(e), None, _) => return Err(format!("returned {e:?} on valid, supported input")),
+        (Ok(g), None, _) => g,
+    };
+    let cot_used = CotangentData {
+        grad_log_probs: cv.grad_log_probs.map(|g| g.to_owned()),
+        grad_entropy: cv.grad_entropy.map(|g| g.to_owned()),
+        grad_topk_log_probs: cv.grad_topk_log_probs.map(|g| g.to_owned()),
+    };
+    let key = format!(
+        "{vjp_key} asked={:?}/{:?}",
+        a.problem.options.entropy,
+        a.problem.topk_ids.is_some()
+    );
+    let mut asked_data = data.clone();
+    asked_data.options = a.problem.options;
+    asked_data.topk_ids = a.problem.topk_ids.map(|k| k.to_owned());
+    let vjp = oracle_vjp(&key, &asked_data, &cot_used);
+    let exact = match vjp.as_ref() {
+        Ok(x) => x,
+        Err(e) => {
+            return Err(format!(
+                "oracle VJP refused a problem the kernel accepted: {e}"
+            ))
+        }
+    };
+    let ratios = judge_values(
+        kernel,
+        &a.problem,
+        &cv,
+        oracle,
+        &std::iter::once((Output::GradLogits, exact)).collect(),
+        &std::iter::once((Output::GradLogits, &grad)).collect(),
+        out,
+    )?;
+    Ok(if record { ratios } else { Ratios::default() })
+}

@@ -1,0 +1,234 @@
+//! Owned problem and cotangent data (what a recipe expands to), and the
+//! cotangent recipe.
+
+use half::{bf16, f16};
+use ndarray::{Array1, Array2};
+use proptest::prelude::*;
+
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, LogitsMut, Options, Problem};
+
+use super::*;
+
+/// Logits owned in their dtype, `[N, V_total]`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OwnedLogits {
+    /// binary64.
+    F64(Array2<f64>),
+    /// binary32.
+    F32(Array2<f32>),
+    /// bfloat16.
+    Bf16(Array2<bf16>),
+    /// binary16.
+    F16(Array2<f16>),
+}
+
+impl OwnedLogits {
+    /// Converts f64 values that are exactly representable in `dtype` (NaN and
+    /// infinities included) into `dtype`; exact.
+    pub fn from_f64(dtype: Dtype, x: &Array2<f64>) -> Self {
+        match dtype {
+            Dtype::F64 => OwnedLogits::F64(x.clone()),
+            Dtype::F32 => OwnedLogits::F32(x.mapv(|v| v as f32)),
+            Dtype::Bf16 => OwnedLogits::Bf16(x.mapv(|v| bf16::from_f32(v as f32))),
+            Dtype::F16 => OwnedLogits::F16(x.mapv(f16::from_f64)),
+        }
+    }
+
+    /// A borrowed view.
+    pub fn view(&self) -> Logits<'_> {
+        match self {
+            OwnedLogits::F64(a) => Logits::F64(a.view()),
+            OwnedLogits::F32(a) => Logits::F32(a.view()),
+            OwnedLogits::Bf16(a) => Logits::Bf16(a.view()),
+            OwnedLogits::F16(a) => Logits::F16(a.view()),
+        }
+    }
+
+    /// A mutable view (for the in-place backward).
+    pub fn view_mut(&mut self) -> LogitsMut<'_> {
+        match self {
+            OwnedLogits::F64(a) => LogitsMut::F64(a.view_mut()),
+            OwnedLogits::F32(a) => LogitsMut::F32(a.view_mut()),
+            OwnedLogits::Bf16(a) => LogitsMut::Bf16(a.view_mut()),
+            OwnedLogits::F16(a) => LogitsMut::F16(a.view_mut()),
+        }
+    }
+
+    /// The values as exact f64, `[N, V_total]`.
+    pub fn to_f64(&self) -> Array2<f64> {
+        match self {
+            OwnedLogits::F64(a) => a.clone(),
+            OwnedLogits::F32(a) => a.mapv(|v| v as f64),
+            OwnedLogits::Bf16(a) => a.mapv(|v| v.to_f64()),
+            OwnedLogits::F16(a) => a.mapv(|v| v.to_f64()),
+        }
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.view().dtype()
+    }
+
+    /// Whether both hold the same bits (NaN payloads included).
+    pub fn bits_eq(&self, other: &OwnedLogits) -> bool {
+        match (self, other) {
+            (OwnedLogits::F64(a), OwnedLogits::F64(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (OwnedLogits::F32(a), OwnedLogits::F32(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (OwnedLogits::Bf16(a), OwnedLogits::Bf16(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (OwnedLogits::F16(a), OwnedLogits::F16(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            _ => false,
+        }
+    }
+
+    /// Size of the buffer in bytes.
+    pub fn size_bytes(&self) -> usize {
+        let (n, v) = self.view().dim();
+        n * v * self.dtype().size_bytes()
+    }
+}
+
+/// An owned problem, built from a [`ProblemRecipe`]; [`ProblemData::problem`]
+/// borrows it as the spec's [`Problem`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProblemData {
+    /// Logits `[N, V_total]`.
+    pub logits: OwnedLogits,
+    /// Tokens `[N]`.
+    pub tokens: Option<Array1<i64>>,
+    /// Sampling mask `[N, V_total]` (`true` = allowed).
+    pub sampling_mask: Option<Array2<bool>>,
+    /// Top-k ids `[N, K]`.
+    pub topk_ids: Option<Array2<i64>>,
+    /// Options.
+    pub options: Options,
+}
+
+impl ProblemData {
+    /// The borrowed problem.
+    pub fn problem(&self) -> Problem<'_> {
+        Problem {
+            logits: self.logits.view(),
+            tokens: self.tokens.as_ref().map(|t| t.view()),
+            sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
+            topk_ids: self.topk_ids.as_ref().map(|k| k.view()),
+            options: self.options,
+        }
+    }
+
+    /// Rows `N`.
+    pub fn n(&self) -> usize {
+        self.logits.view().dim().0
+    }
+
+    /// Real vocabulary size `V`.
+    pub fn vocab_size(&self) -> usize {
+        self.options
+            .vocab_size
+            .unwrap_or(self.logits.view().dim().1)
+    }
+
+    /// Columns `V_total`.
+    pub fn v_total(&self) -> usize {
+        self.logits.view().dim().1
+    }
+}
+
+/// Owned cotangents (see the spec's [`Cotangents`]); values exactly
+/// representable in f32 (every kernel may read them in f32).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CotangentData {
+    /// Cotangent of log-probs `[N]`.
+    pub grad_log_probs: Option<Array1<f64>>,
+    /// Cotangent of entropy `[N]`.
+    pub grad_entropy: Option<Array1<f64>>,
+    /// Cotangent of top-k log-probs `[N, K]`.
+    pub grad_topk_log_probs: Option<Array2<f64>>,
+}
+
+impl CotangentData {
+    /// The borrowed cotangents.
+    pub fn view(&self) -> Cotangents<'_> {
+        Cotangents {
+            grad_log_probs: self.grad_log_probs.as_ref().map(|g| g.view()),
+            grad_entropy: self.grad_entropy.as_ref().map(|g| g.view()),
+            grad_topk_log_probs: self.grad_topk_log_probs.as_ref().map(|g| g.view()),
+        }
+    }
+
+    /// Whether no cotangent is present.
+    pub fn is_empty(&self) -> bool {
+        self.grad_log_probs.is_none()
+            && self.grad_entropy.is_none()
+            && self.grad_topk_log_probs.is_none()
+    }
+}
+
+/// Which cotangents to give; expanded against a problem by
+/// [`CotangentRecipe::expand`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CotangentRecipe {
+    /// Seed of the values.
+    pub seed: u64,
+    /// Give a log-prob cotangent (when tokens exist).
+    pub log_probs: bool,
+    /// Give an entropy cotangent (when the entropy is computed).
+    pub entropy: bool,
+    /// Give a top-k cotangent (when ids exist).
+    pub topk: bool,
+}
+
+impl CotangentRecipe {
+    /// Cotangents for `data`: values in `[-2, 2]` rounded to f32, with exact
+    /// zeros and ones mixed in, different per row. Cotangents the problem
+    /// has no output for are left out; if that leaves none, the first
+    /// available one (log-probs, entropy, top-k) is given, and none only
+    /// when the problem computes nothing.
+    pub fn expand(&self, data: &ProblemData) -> CotangentData {
+        let n = data.n();
+        let has_lp = data.tokens.is_some();
+        let has_h = data.options.entropy.is_some();
+        let has_k = data.topk_ids.is_some();
+        let (mut lp, mut h, mut k) = (
+            self.log_probs && has_lp,
+            self.entropy && has_h,
+            self.topk && has_k,
+        );
+        if !(lp || h || k) {
+            if has_lp {
+                lp = true;
+            } else if has_h {
+                h = true;
+            } else if has_k {
+                k = true;
+            }
+        }
+        let mut rng = rng_for(self.seed, 0xC07A);
+        let mut draw = move || -> f64 {
+            let u: f64 = rng.random();
+            if u < 0.1 {
+                0.0
+            } else if u < 0.2 {
+                1.0
+            } else {
+                Dtype::F32.round_f64(rng.random_range(-2.0..2.0))
+            }
+        };
+        let grad_log_probs = lp.then(|| Array1::from_shape_fn(n, |_| draw()));
+        let grad_entropy = h.then(|| Array1::from_shape_fn(n, |_| draw()));
+        let kk = data.topk_ids.as_ref().map_or(0, |ids| ids.ncols());
+        let grad_topk_log_probs = k.then(|| Array2::from_shape_fn((n, kk), |_| draw()));
+        CotangentData {
+            grad_log_probs,
+            grad_entropy,
+            grad_topk_log_probs,
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Proptest generators: small *recipes* expanded deterministically into
+//! problems (logits `[N, V_total]`, tokens `[N]`, sampling masks, top-k ids,
+//! options), cotangents, chunk sizes and vocabulary-shard layouts.
+//!
+//! A recipe holds a seed and a handful of knobs (row distribution, `V`,
+//! offset, mask rate, dtype, temperature, `ignore_index` rate); proptest
+//! shrinks the recipe, never a 152064-wide vector, so a failing real-vocabulary
+//! row shrinks in seconds. Every logit is generated in f64 and rounded once
+//! with [`Dtype::round_f64`], so it is exactly representable in the dtype
+//! under test (DESIGN: "The properties", generators).
+//!
+//! Sizes: `N` from 0, `V` from 1; small `V` at high case counts, the real
+//! vocabulary sizes [`REAL_VOCAB_SIZES`] at low ones (with `N <= 2`, since the
+//! oracle costs about 1 us per vocabulary entry).
+//!
+//! Files: `recipe` (the problem recipe and its expansion), `rows` (row
+//! values), `data` (owned data, cotangent recipe), `space` (the proptest
+//! strategies), `layouts` (chunk sizes, shard layouts), `bad_input`.
+
+mod bad_input;
+mod data;
+mod layouts;
+mod recipe;
+mod rows;
+mod space;
+#[cfg(test)]
+mod tests;
+
+pub use bad_input::*;
+pub use data::*;
+pub use layouts::*;
+pub use recipe::*;
+pub use rows::*;
+pub use space::*;

@@ -1,0 +1,37 @@
+//! The dump reader: one safetensors file holding the inputs of a log-prob /
+//! entropy / top-k computation and the outputs another implementation
+//! produced for them (format: `shared/cases/README.md`, restated in
+//! `docs/dump-from-pytorch.md`).
+//!
+//! [`DumpFile::open`] memory-maps the file; [`DumpFile::parse`] checks the
+//! header, every tensor's dtype and shape against `logits [N, V]`, the
+//! metadata, and that there is something to verify, and returns a typed
+//! [`Dump`]. Only `[N]`- and `[N, K]`-sized tensors are decoded eagerly;
+//! `[N, V]` tensors (`logits`, `sampling_mask`, `grad_logits`) stay in the
+//! mapping and are decoded one row at a time ([`Dump::row`]), so a dump of
+//! 64K x 152K logits costs one row of memory per thread, and a header that
+//! declares `N = 0` with a huge `V` allocates nothing `V`-sized.
+//!
+//! Every allocation is justified by the file: the safetensors header is
+//! checked (offsets cover the file exactly, `prod(shape) * size(dtype)` equals
+//! each tensor's byte length, with overflow checks) before anything is
+//! decoded. Malformed, truncated or inconsistent files give a [`DumpError`]
+//! naming the tensor (and row / column for value errors), never a panic.
+//!
+//! Files: `error`, `file` (the bytes), `tensors` (row-by-row
+//! decoding), `reader` (the [`Dump`] and its checks), `row` (one row's
+//! inputs), `writer`.
+
+mod error;
+mod file;
+mod reader;
+mod row;
+mod tensors;
+mod writer;
+
+pub use error::*;
+pub use file::*;
+pub use reader::*;
+pub use row::*;
+pub use tensors::*;
+pub use writer::*;

@@ -1,0 +1,504 @@
+//! [`Dump`]: the parsed, shape-checked dump, keyed per [`Output`] for its
+//! candidates and cotangents, and its reader ([`Dump::parse`]).
+
+use std::collections::HashMap;
+
+use ndarray::{Array1, Array2};
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use logprobe_reference::spec::{
+    Columns, Dtype, EntropyLogits, Options, Output, PerOutput, SpecError, TemperatureDtype,
+    DEFAULT_IGNORE_INDEX,
+};
+
+use super::*;
+
+/// A parsed, shape-checked dump. `N` rows, `V_total` columns of logits.
+pub struct Dump<'a> {
+    /// `logits [N, V_total]`.
+    pub logits: FloatMatrix<'a>,
+    /// `tokens [N]` as i64.
+    pub tokens: Option<Array1<i64>>,
+    /// `sampling_mask [N, V_total]`.
+    pub sampling_mask: Option<MaskMatrix<'a>>,
+    /// `topk_ids [N, K]` as i64.
+    pub topk_ids: Option<Array2<i64>>,
+    /// The candidate outputs, `[N, width]` each (`log_probs [N]` and
+    /// `entropy [N]` as width 1, `topk_log_probs [N, K]`, `grad_logits
+    /// [N, V_total]`), left in the file and decoded row by row, each with
+    /// the dtype it was dumped in (ulps are counted in it).
+    pub candidates: PerOutput<FloatMatrix<'a>>,
+    /// The upstream cotangents (`grad_log_probs [N]`, `grad_entropy [N]`,
+    /// `grad_topk_log_probs [N, K]`) as exact f64 `[N, width]`, keyed by the
+    /// output they are the cotangent of.
+    pub cotangents: PerOutput<Array2<f64>>,
+    /// Options from the metadata. `entropy` is `Some` exactly when the
+    /// entropy or its cotangent is in the dump.
+    pub options: Options,
+    /// Tensors in the file that the format does not define: always empty
+    /// (an unknown name is bad input, [`crate::names`]).
+    pub ignored_tensors: Vec<String>,
+    /// Row dimensions: `[N]`, or `[B, T]` for `[B, T, V]` logits.
+    pub row_shape: crate::shapes::RowShape,
+    /// `row_mask` (`[N]` flattened): rows excluded (false) from every check.
+    pub row_mask: Option<Vec<bool>>,
+    /// Version-2 format options (`cotangent_reduction`, `topk_ids_source`, ...).
+    pub format: crate::format::FormatOptions,
+}
+
+/// The tensor names the format defines.
+pub const TENSOR_NAMES: [&str; 11] = [
+    "logits",
+    "tokens",
+    "sampling_mask",
+    "log_probs",
+    "entropy",
+    "topk_ids",
+    "topk_log_probs",
+    "grad_log_probs",
+    "grad_entropy",
+    "grad_topk_log_probs",
+    "grad_logits",
+];
+
+/// Why the data section does not match the header (truncated or extended
+/// file), naming the first tensor that reaches past the end. Reads only the
+/// header (already checked to be valid JSON by safetensors).
+pub(crate) fn describe_size_mismatch(bytes: &[u8]) -> String {
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("checked by safetensors")) as usize;
+    let data_len = bytes.len() - 8 - n;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap_or_default();
+    let mut ends: Vec<(u64, &str)> = header
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, info)| {
+            Some((info.get("data_offsets")?.get(1)?.as_u64()?, name.as_str()))
+        })
+        .collect();
+    ends.sort();
+    let declared = ends.last().map_or(0, |e| e.0);
+    match ends.iter().find(|(end, _)| *end > data_len as u64) {
+        Some((end, name)) => format!(
+            "truncated file: tensor `{name}` ends at data byte {end}, the file holds {data_len} data bytes (header declares {declared})"
+        ),
+        None => format!("the file holds {data_len} data bytes, the header declares {declared} (trailing bytes)"),
+    }
+}
+
+pub(crate) fn malformed(e: safetensors::SafeTensorError) -> DumpError {
+    DumpError::Malformed {
+        reason: e.to_string(),
+    }
+}
+
+pub(crate) fn parse_meta<T: std::str::FromStr>(
+    meta: &HashMap<String, String>,
+    key: &'static str,
+    reason: &'static str,
+) -> Result<Option<T>, DumpError> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|_| DumpError::BadMetadata {
+                key,
+                value: v.clone(),
+                reason,
+            }),
+    }
+}
+
+impl<'a> Dump<'a> {
+    /// Parses `bytes` (a whole safetensors file). See [`DumpFile::parse`].
+    ///
+    /// # Errors
+    /// See [`DumpFile::parse`].
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, DumpError> {
+        Self::parse_with(bytes, true)
+    }
+
+    /// Parses a file of inputs only (a golden fixture): as [`Dump::parse`]
+    /// without requiring a candidate; the entropy option is then
+    /// `Some(entropy_logits)`.
+    ///
+    /// # Errors
+    /// As [`Dump::parse`] but never [`DumpError::NoCandidate`].
+    pub fn parse_inputs(bytes: &'a [u8]) -> Result<Self, DumpError> {
+        Self::parse_with(bytes, false)
+    }
+
+    fn parse_with(bytes: &'a [u8], require_candidate: bool) -> Result<Self, DumpError> {
+        let Header { st, meta, format } = Header::read(bytes)?;
+        let get = |name: &str| st.tensor(name).ok();
+
+        let logits_t = get("logits").ok_or(DumpError::MissingTensor {
+            tensor: "logits",
+            why: "",
+        })?;
+        let ldtype = st_float(logits_t.dtype()).ok_or_else(|| DumpError::BadDtype {
+            tensor: "logits",
+            found: format!("{:?}", logits_t.dtype()),
+            expected: "F64, F32, BF16 or F16",
+        })?;
+        let (rs, v) = crate::shapes::RowShape::of_logits(logits_t.shape())?;
+        let n = rs.n;
+        let logits = FloatMatrix {
+            dtype: ldtype,
+            rows: n,
+            cols: v,
+            data: logits_t.data(),
+        };
+
+        let tokens = match get("tokens") {
+            None => None,
+            Some(t) => {
+                rs.expect("tokens", t.shape(), &[])?;
+                Some(Array1::from(decode_ids("tokens", t.dtype(), t.data())?))
+            }
+        };
+
+        let sampling_mask = match get("sampling_mask") {
+            None => None,
+            Some(t) => {
+                match t.dtype() {
+                    StDtype::BOOL | StDtype::U8 => {}
+                    other => {
+                        return Err(DumpError::BadDtype {
+                            tensor: "sampling_mask",
+                            found: format!("{other:?}"),
+                            expected: "BOOL or U8",
+                        })
+                    }
+                };
+                rs.expect("sampling_mask", t.shape(), &[('V', v)])?;
+                Some(MaskMatrix {
+                    cols: v,
+                    data: t.data(),
+                })
+            }
+        };
+
+        let topk_ids = match get("topk_ids") {
+            None => None,
+            Some(t) => {
+                let k = rs.trailing("topk_ids", t.shape())?;
+                let ids = decode_ids("topk_ids", t.dtype(), t.data())?;
+                Some(Array2::from_shape_vec((n, k), ids).expect("size checked by safetensors"))
+            }
+        };
+        let k = topk_ids.as_ref().map(|a| a.ncols());
+
+        // A float tensor `[N, width]` (a per-row one stored `[N]`).
+        // `(matrix, Some(width))` for a `[]` / `[1]` cotangent broadcast
+        // under `cotangent_reduction=sum` (stored as one element).
+        type Read<'a> = Option<(FloatMatrix<'a>, Option<usize>)>;
+        let float = |name: &'static str,
+                     columns: Columns,
+                     cotangent: bool|
+         -> Result<Read<'a>, DumpError> {
+            let Some(t) = get(name) else { return Ok(None) };
+            let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
+                tensor: name,
+                found: format!("{:?}", t.dtype()),
+                expected: "F64, F32, BF16 or F16",
+            })?;
+            let summed = match columns {
+                Columns::One if cotangent => {
+                    rs.cotangent(name, t.shape(), &[], format.cotangent_sum)?
+                }
+                Columns::One => {
+                    rs.expect(name, t.shape(), &[])?;
+                    false
+                }
+                Columns::TopK => {
+                    let Some(k) = k else {
+                        return Err(DumpError::MissingTensor {
+                            tensor: "topk_ids",
+                            why: " (needed by top-k tensors)",
+                        });
+                    };
+                    if cotangent {
+                        rs.cotangent(name, t.shape(), &[('K', k)], format.cotangent_sum)?
+                    } else {
+                        rs.expect(name, t.shape(), &[('K', k)])?;
+                        false
+                    }
+                }
+                Columns::Vocabulary => {
+                    rs.expect(name, t.shape(), &[('V', v)])?;
+                    false
+                }
+            };
+            let cols = match columns {
+                Columns::One => 1,
+                Columns::TopK => k.expect("checked above"),
+                Columns::Vocabulary => v,
+            };
+            Ok(Some((
+                FloatMatrix {
+                    dtype,
+                    rows: if summed { 1 } else { n },
+                    cols: if summed { 1 } else { cols },
+                    data: t.data(),
+                },
+                summed.then_some(cols),
+            )))
+        };
+        let mut candidates = PerOutput::new();
+        for o in Output::ALL {
+            if let Some((m, _)) = float(o.name(), o.columns(), false)? {
+                candidates.insert(o, m);
+            }
+        }
+        let mut cotangents = PerOutput::new();
+        for o in Output::ALL {
+            if let Some(name) = o.cotangent_name() {
+                if let Some((m, summed)) = float(name, o.columns(), true)? {
+                    let a = match summed {
+                        // One value, broadcast to every element.
+                        Some(cols) => Array2::from_elem(
+                            (n, cols),
+                            m.to_array().first().copied().unwrap_or(0.0),
+                        ),
+                        None => m.to_array(),
+                    };
+                    cotangents.insert(o, a);
+                }
+            }
+        }
+
+        let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+        names.sort();
+        if require_candidate && !(format.topk_kernel && topk_ids.is_some()) && candidates.is_empty()
+        {
+            return Err(DumpError::NoCandidate { tensors: names });
+        }
+        let ignored_tensors = Vec::new();
+        let row_mask = match get("row_mask") {
+            None => None,
+            Some(t) => {
+                rs.expect("row_mask", t.shape(), &[])?;
+                Some(crate::shapes::decode_flags(
+                    "row_mask",
+                    t.dtype(),
+                    t.data(),
+                )?)
+            }
+        };
+        if format.topk_kernel && topk_ids.is_none() {
+            return Err(DumpError::MissingTensor {
+                tensor: "topk_ids",
+                why: " (needed by topk_ids_source=kernel)",
+            });
+        }
+
+        // Inputs each candidate needs.
+        let needs_tokens = |per: &PerOutput<_>| per.contains(Output::LogProbs);
+        if (needs_tokens(&candidates) || cotangents.contains(Output::LogProbs)) && tokens.is_none()
+        {
+            let why = if needs_tokens(&candidates) {
+                " (needed by log_probs)"
+            } else {
+                " (needed by grad_log_probs)"
+            };
+            return Err(DumpError::MissingTensor {
+                tensor: "tokens",
+                why,
+            });
+        }
+        if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
+            return Err(DumpError::Spec(SpecError::NoCotangent {
+                what:
+                    "grad_logits given without grad_log_probs, grad_entropy or grad_topk_log_probs",
+            }));
+        }
+        // Cotangents are judged only through grad_logits: without it they
+        // are inert, but still read (and validated) so mistakes surface.
+
+        let want_entropy = candidates.contains(Output::Entropy)
+            || cotangents.contains(Output::Entropy)
+            || !require_candidate;
+        let options = parse_options(&meta, want_entropy, v, ldtype)?;
+        Ok(Dump {
+            logits,
+            tokens,
+            sampling_mask,
+            topk_ids,
+            candidates,
+            cotangents,
+            options,
+            ignored_tensors,
+            row_shape: rs,
+            row_mask,
+            format,
+        })
+    }
+
+    /// Rows `N`.
+    pub fn n(&self) -> usize {
+        self.logits.rows
+    }
+
+    /// Columns of `logits`, padding included (`V_total`).
+    pub fn v_total(&self) -> usize {
+        self.logits.cols
+    }
+
+    /// Real vocabulary size (`vocab_size` metadata, default `V_total`).
+    pub fn vocab_size(&self) -> usize {
+        self.options.vocab_size.unwrap_or(self.logits.cols)
+    }
+
+    /// Row `row`'s inputs, decoded (O(V) memory). Panics if `row >= N`.
+    ///
+    /// # Errors
+    /// [`DumpError::BadMaskValue`].
+    pub fn row(&self, row: usize) -> Result<RowInputs, DumpError> {
+        Ok(RowInputs {
+            row,
+            logits: self.logits.row_logits(row),
+            tokens: self.tokens.as_ref().map(|a| Array1::from(vec![a[row]])),
+            sampling_mask: self
+                .sampling_mask
+                .as_ref()
+                .map(|m| m.row(row))
+                .transpose()?,
+            topk_ids: self
+                .topk_ids
+                .as_ref()
+                .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
+            options: self.options,
+            cotangents: self
+                .cotangents
+                .as_ref()
+                .map(|_, a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
+        })
+    }
+
+    /// Whether row `row` has a log-prob to check (tokens present, token not
+    /// `ignore_index`).
+    pub fn has_target(&self, row: usize) -> bool {
+        self.tokens
+            .as_ref()
+            .is_some_and(|t| t[row] != self.options.ignore_index)
+    }
+}
+
+/// Options from the `__metadata__` strings (defaults per the format).
+pub(crate) fn parse_options(
+    meta: &HashMap<String, String>,
+    entropy: bool,
+    v_total: usize,
+    dtype: Dtype,
+) -> Result<Options, DumpError> {
+    let mut o = Options {
+        ignore_index: DEFAULT_IGNORE_INDEX,
+        ..Options::default()
+    };
+    if let Some(t) = parse_meta::<f64>(meta, "temperature", "not a number")? {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(DumpError::BadMetadata {
+                key: "temperature",
+                value: meta["temperature"].clone(),
+                reason: "must be finite and > 0",
+            });
+        }
+        crate::temperature::check_value(&meta["temperature"], t, dtype)?;
+        o.temperature = t;
+    }
+    if let Some(vs) = parse_meta::<usize>(meta, "vocab_size", "not a non-negative integer")? {
+        if vs > v_total || (vs == 0 && v_total > 0) {
+            return Err(DumpError::BadMetadata {
+                key: "vocab_size",
+                value: meta["vocab_size"].clone(),
+                reason: "must be in [1, V] (V = columns of logits)",
+            });
+        }
+        o.vocab_size = Some(vs);
+    }
+    if let Some(ii) = parse_meta::<i64>(meta, "ignore_index", "not an integer")? {
+        o.ignore_index = ii;
+    }
+    let which = match meta.get("entropy_logits").map(|s| s.trim()) {
+        None | Some("unmasked") => EntropyLogits::Unmasked,
+        Some("masked") => EntropyLogits::Masked,
+        Some(other) => {
+            return Err(DumpError::BadMetadata {
+                key: "entropy_logits",
+                value: other.to_string(),
+                reason: "expected `unmasked` or `masked`",
+            })
+        }
+    };
+    o.entropy = entropy.then_some(which);
+    o.temperature_dtype = match meta.get("temperature_dtype").map(|s| s.trim()) {
+        None | Some("accumulation") => TemperatureDtype::Accumulation,
+        Some("input") => TemperatureDtype::Input,
+        Some(other) => {
+            return Err(DumpError::BadMetadata {
+                key: "temperature_dtype",
+                value: other.to_string(),
+                reason: "expected `accumulation` or `input`",
+            })
+        }
+    };
+    Ok(o)
+}
+
+/// A checked safetensors file: its tensors, its `__metadata__` and the
+/// format options, every name checked against the name table
+/// ([`crate::names`]). Shared by [`Dump::parse`] and the logits-less side of
+/// `compare` ([`crate::compare`]).
+pub(crate) struct Header<'a> {
+    /// The tensors (offsets and sizes checked).
+    pub st: SafeTensors<'a>,
+    /// `__metadata__`.
+    pub meta: HashMap<String, String>,
+    /// `format_version` and the version-2 options.
+    pub format: crate::format::FormatOptions,
+}
+
+impl<'a> Header<'a> {
+    /// Deserializes `bytes` (a whole safetensors file) and checks its header
+    /// and names.
+    ///
+    /// # Errors
+    /// [`DumpError::Malformed`], [`DumpError::Duplicate`],
+    /// [`DumpError::BadMetadata`] (format options), [`DumpError::Name`].
+    pub(crate) fn read(bytes: &'a [u8]) -> Result<Self, DumpError> {
+        // Checks offsets, sizes (with overflow checks) and that the data
+        // covers the file exactly: nothing below reads out of bounds.
+        let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
+                _ if crate::header::first_repeated(bytes).is_some() => {
+                    DumpError::Duplicate(crate::header::first_repeated(bytes).expect("just found"))
+                }
+                safetensors::SafeTensorError::MetadataIncompleteBuffer => DumpError::Malformed {
+                    reason: describe_size_mismatch(bytes),
+                },
+                safetensors::SafeTensorError::InvalidHeaderLength => DumpError::Malformed {
+                    reason: format!(
+                        "truncated header: its length field declares {} bytes, the file holds {} after it",
+                        u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read by safetensors")),
+                        bytes.len() - 8
+                    ),
+                },
+                other => malformed(other),
+            })?;
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(malformed)?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        if let Some(r) = crate::header::first_repeated(bytes) {
+            return Err(DumpError::Duplicate(r));
+        }
+        let format = crate::format::FormatOptions::parse(&meta)?;
+        crate::names::check_names(
+            st.names(),
+            meta.keys().map(String::as_str),
+            format.version,
+            crate::names::NAMES,
+        )?;
+        Ok(Header { st, meta, format })
+    }
+}

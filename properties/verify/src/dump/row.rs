@@ -1,0 +1,123 @@
+//! [`RowInputs`]: one row of a dump as owned arrays (a one-row problem),
+//! and [`at_row`], which names the dump's row in a one-row problem's errors.
+
+use ndarray::{Array1, Array2};
+
+use logprobe_reference::spec::{Cotangents, Options, PerOutput, Problem, SpecError};
+
+use super::*;
+
+/// One row of a dump as owned arrays; [`RowInputs::problem`] borrows them
+/// as a one-row [`Problem`].
+#[derive(Clone, Debug)]
+pub struct RowInputs {
+    /// The dump's row index.
+    pub row: usize,
+    /// Logits `[1, V_total]`.
+    pub logits: RowLogits,
+    /// Token `[1]`.
+    pub tokens: Option<Array1<i64>>,
+    /// Mask `[1, V_total]`.
+    pub sampling_mask: Option<Array2<bool>>,
+    /// Ids `[1, K]`.
+    pub topk_ids: Option<Array2<i64>>,
+    /// Options of the dump.
+    pub options: Options,
+    /// The row's cotangents `[1, width]`, keyed by their output.
+    pub cotangents: PerOutput<Array2<f64>>,
+}
+
+impl RowInputs {
+    /// The one-row problem.
+    pub fn problem(&self) -> Problem<'_> {
+        Problem {
+            logits: self.logits.view(),
+            tokens: self.tokens.as_ref().map(|t| t.view()),
+            sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
+            topk_ids: self.topk_ids.as_ref().map(|m| m.view()),
+            options: self.options,
+        }
+    }
+
+    /// The one-row cotangents.
+    pub fn cotangents(&self) -> Cotangents<'_> {
+        Cotangents::from_outputs(&self.cotangents)
+    }
+
+    /// Validates the row's values with the spec (NaN / `+inf` logits,
+    /// token, ids, finite cotangents), errors naming the dump's row.
+    ///
+    /// # Errors
+    /// [`DumpError::Spec`].
+    pub fn validate(&self) -> Result<(), DumpError> {
+        let p = self.problem();
+        let shape = p.validate_shapes().map_err(|e| at_row(e, self.row))?;
+        p.validate_row(&shape, 0).map_err(|e| at_row(e, self.row))?;
+        crate::temperature::check_row(
+            &p.logits.row_f64(0),
+            shape.vocab_size,
+            &self.options,
+            shape.temperature,
+            shape.dtype,
+            self.row,
+        )?;
+        if !self.cotangents.is_empty() {
+            let c = self.cotangents();
+            p.validate_cotangents(&shape, &c)
+                .map_err(|e| at_row(e, self.row))?;
+        }
+        Ok(())
+    }
+}
+
+/// Rewrites the row of an error from a one-row problem to the dump's row
+/// `row` (the flat index of a cotangent becomes the row too).
+pub fn at_row(e: SpecError, row: usize) -> SpecError {
+    use SpecError::*;
+    match e {
+        NonFiniteLogit {
+            tensor, col, value, ..
+        } => NonFiniteLogit {
+            tensor,
+            row,
+            col,
+            value,
+        },
+        TokenOutOfRange {
+            token, vocab_size, ..
+        } => TokenOutOfRange {
+            row,
+            token,
+            vocab_size,
+        },
+        TokenMasked { token, .. } => TokenMasked { row, token },
+        TokenNegInf { token, .. } => TokenNegInf { row, token },
+        TopkIdOutOfRange {
+            k, id, vocab_size, ..
+        } => TopkIdOutOfRange {
+            row,
+            k,
+            id,
+            vocab_size,
+        },
+        NoFiniteLogit { tensor, which, .. } => NoFiniteLogit { tensor, row, which },
+        NonFiniteCotangent {
+            tensor,
+            index,
+            value,
+        } => {
+            // `[1]` cotangents: index 0 is the row; `[1, K]`: index is k.
+            let index = if tensor == "grad_topk_log_probs" {
+                index
+            } else {
+                row
+            };
+            NonFiniteCotangent {
+                tensor,
+                index,
+                value,
+            }
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,182 @@
+//! One oracle pass per row for `verify`: the row statistics, the forward
+//! values and the VJP elements of a row all come from one
+//! [`FastRow`] (the certified f64 tier: one CORE-MATH `exp` per entry and
+//! family, `docs/fast-oracle.md`); MPFR runs only for the statistics,
+//! outputs and elements that tier leaves undecided, reusing the prepared
+//! row. The [`Fallback`] counts say how many it had to decide.
+//!
+//! The VJP comes from the same pass under [`Tier::Fast`] too (as under
+//! `Tier::FastVjp`): one pass per row is the point (issue 12). Its values
+//! are the same correctly rounded ones; only the enclosures are a few f64
+//! ulps wide instead of about one, so a reported gradient error, measured
+//! to the far end, can differ from the MPFR path's in its last digits.
+//! With [`Tier::Mpfr`] every value comes from the MPFR path (the public
+//! [`Oracle`] calls), for comparisons.
+//!
+//! Memory: the prepared row keeps `16` bytes per entry and family, the
+//! statistics `32` bytes per entry (`d`, `e`), the VJP `[V_total]` results:
+//! `O(V)` per worker.
+
+use ndarray::Array2;
+
+use logprobe_reference::oracle::fast::{FastOptions, FastRow, RowCotangents};
+use logprobe_reference::oracle::{Exact, Fallback, Oracle, OracleForward, RowStats, Tier};
+use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Problem, SpecError};
+
+/// The oracle values of one row of a one-row problem, from one pass.
+pub(crate) struct RowOracle<'p, 'a> {
+    oracle: Oracle,
+    problem: &'p Problem<'a>,
+    /// The prepared pass (`None` under [`Tier::Mpfr`]).
+    fast: Option<FastRow<'a>>,
+    /// Forward outputs, VJP elements and statistics rows computed, and how
+    /// many MPFR decided.
+    pub fallback: Fallback,
+    /// Whether MPFR ran for anything in this row.
+    pub mpfr_ran: bool,
+}
+
+impl<'p, 'a> RowOracle<'p, 'a> {
+    /// Prepares row 0 of `problem` (a one-row problem) and its statistics
+    /// (entropy family per `options.entropy`, unmasked when `None`, as
+    /// [`Oracle::row_stats`]), returned beside it (`p`, `q` empty on the
+    /// f64 tier: the tolerance model reads `d` and `e`).
+    ///
+    /// # Errors
+    /// The spec's validation errors for the row (those of [`FastRow::new`]).
+    pub fn new(oracle: &Oracle, problem: &'p Problem<'a>) -> Result<(Self, RowStats), SpecError> {
+        if oracle.tier == Tier::Mpfr {
+            let (stats, fallback) = oracle.row_stats_counted(problem, 0)?;
+            let ro = RowOracle {
+                oracle: *oracle,
+                problem,
+                fast: None,
+                fallback,
+                mpfr_ran: true,
+            };
+            return Ok((ro, stats));
+        }
+        let fast = FastRow::new(
+            problem,
+            0,
+            FastOptions {
+                entropy: Some(problem.options.entropy.unwrap_or(EntropyLogits::Unmasked)),
+                per_entry: true,
+                m2: true,
+                ..Default::default()
+            },
+        )?;
+        let decided = fast.stats_decided();
+        let stats = if decided {
+            fast.row_stats_shifts()
+        } else {
+            oracle.row_stats_mpfr(&fast)
+        };
+        let ro = RowOracle {
+            oracle: *oracle,
+            problem,
+            fast: Some(fast),
+            fallback: Fallback {
+                outputs: 1,
+                outputs_mpfr: u64::from(!decided),
+                rows: 0,
+                rows_mpfr: 0,
+            },
+            mpfr_ran: !decided,
+        };
+        Ok((ro, stats))
+    }
+
+    /// The forward values in `target` (one row: `[1]`, `[1, K]`), as
+    /// [`Oracle::forward`] returns them; the entropy only when the
+    /// problem's options ask for it.
+    ///
+    /// # Errors
+    /// Those of [`Oracle::forward`] (MPFR path only; the row was validated).
+    pub fn forward(&mut self, target: Dtype) -> Result<OracleForward, SpecError> {
+        let Some(fast) = &self.fast else {
+            let f = self.oracle.forward(self.problem, target)?;
+            self.fallback.outputs += f.fallback.outputs;
+            self.fallback.outputs_mpfr += f.fallback.outputs_mpfr;
+            return Ok(f);
+        };
+        let mut ff = fast.forward(target);
+        if self.problem.options.entropy.is_none() {
+            ff.entropy = None;
+        }
+        let (rf, fb) = self.oracle.complete_forward(self.problem, fast, target, ff);
+        self.fallback.outputs += fb.outputs;
+        self.fallback.outputs_mpfr += fb.outputs_mpfr;
+        self.mpfr_ran |= fb.rows_mpfr > 0;
+        Ok(OracleForward {
+            dtype: target,
+            lse: vec![rf.lse],
+            values: rf.values.map(|_, v| {
+                let w = v.len();
+                Array2::from_shape_vec((1, w), v).expect("one row of results")
+            }),
+            fallback: fb,
+        })
+    }
+
+    /// Grad logits `[1, V_total]` in `target` for `cotangents` (padded
+    /// columns exactly 0), as [`Oracle::vjp`] returns them: the f64 tier's
+    /// decided elements, MPFR for the others.
+    ///
+    /// # Errors
+    /// Those of [`Oracle::vjp`] (cotangent validation).
+    pub fn vjp(
+        &mut self,
+        cotangents: &Cotangents<'_>,
+        target: Dtype,
+    ) -> Result<Array2<Exact>, SpecError> {
+        let Some(fast) = &self.fast else {
+            let (g, fb) = self.oracle.vjp_counted(self.problem, cotangents, target)?;
+            self.fallback.outputs += fb.outputs;
+            self.fallback.outputs_mpfr += fb.outputs_mpfr;
+            return Ok(g);
+        };
+        let shape = self.problem.validate_shapes()?;
+        self.problem.validate_cotangents(&shape, cotangents)?;
+        let gk: Vec<f64> = cotangents
+            .grad_topk_log_probs
+            .map_or(Vec::new(), |a| a.row(0).to_vec());
+        let rc = RowCotangents {
+            g: match cotangents.grad_log_probs {
+                Some(g) if self.problem.has_target(0) => g[0],
+                _ => 0.0,
+            },
+            h: cotangents.grad_entropy.map_or(0.0, |h| h[0]),
+            topk: &gk,
+        };
+        let v = fast.vocab_size();
+        let (mut out, mut pending) = (Vec::with_capacity(shape.v_total), Vec::new());
+        if fast.applicable() {
+            fast.vjp(&rc).decide_into(target, &mut out, &mut pending);
+        } else {
+            out = vec![Exact::point(0.0); v];
+            pending = (0..v).collect();
+        }
+        self.fallback.outputs += v as u64;
+        self.fallback.outputs_mpfr += pending.len() as u64;
+        if !pending.is_empty() {
+            self.mpfr_ran = true;
+            let m = self.oracle.vjp_pending(fast, &rc, target, pending.clone());
+            for j in pending {
+                out[j] = m[j];
+            }
+        }
+        out.resize(shape.v_total, Exact::point(0.0));
+        Ok(Array2::from_shape_vec((1, shape.v_total), out).expect("V_total gradients"))
+    }
+
+    /// The row's counts, the row itself included (`rows = 1`,
+    /// `rows_mpfr = 1` when MPFR ran for anything).
+    pub fn finish(&self) -> Fallback {
+        Fallback {
+            rows: 1,
+            rows_mpfr: u64::from(self.mpfr_ran),
+            ..self.fallback
+        }
+    }
+}

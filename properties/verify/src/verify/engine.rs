@@ -1,0 +1,665 @@
+//! The verify engine: one dump judged row by row (rows in parallel), each
+//! row's elements walked once ([`crate::tolerance::walk_row`]) and judged
+//! under the chosen model and the three reference models, accumulated per
+//! output into the report.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use ndarray::ArrayView1;
+
+use logprobe_reference::oracle::{Exact, Fallback};
+use logprobe_reference::spec::{Columns, Dtype, Output, PerOutput, SpecError};
+
+use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
+use crate::row_oracle::RowOracle;
+use crate::tolerance;
+use logprobe_kernels::{CpuKernel, Kernel};
+
+use super::*;
+
+/// Opens, parses and verifies `path`.
+///
+/// # Errors
+/// [`DumpError`] for bad input: unreadable, malformed or truncated files,
+/// missing or misshapen tensors, bad metadata, no candidate, and the spec's
+/// value errors (NaN / `+inf` logits, tokens out of range, ...), naming
+/// tensor, row and column.
+pub fn verify_file(path: &Path, config: &VerifyConfig) -> Result<FileReport, DumpError> {
+    let file = DumpFile::open(path)?;
+    let dump = file.parse()?;
+    verify_dump(&dump, path, config)
+}
+
+/// Accumulates judged elements of one output.
+#[derive(Clone, Debug)]
+struct OutputAcc {
+    count: usize,
+    max_abs: f64,
+    max_ulps: f64,
+    /// Largest ratio under the chosen model (finite bounds only).
+    max_ratio: Option<f64>,
+    any_no_bound: bool,
+    any_fail: bool,
+    /// Per reference model: largest ratio, and whether any element had no bound.
+    reference: [(Option<f64>, bool); 3],
+    flash: Option<tolerance::FlashRule>,
+    /// Why the chosen model gave no bound (first occurrence).
+    no_bound_reason: Option<String>,
+    worst: Vec<Judged>,
+    /// Statistical tier: suspect elements, largest error / threshold.
+    suspect: usize,
+    stat_ratio: Option<f64>,
+    /// Largest error of our fused f32 kernel ([`CpuKernel::fused`]) on the same rows.
+    fused_err: Option<f64>,
+}
+
+impl OutputAcc {
+    fn new() -> Self {
+        OutputAcc {
+            count: 0,
+            max_abs: 0.0,
+            max_ulps: 0.0,
+            max_ratio: None,
+            any_no_bound: false,
+            any_fail: false,
+            reference: [(None, false); 3],
+            flash: None,
+            no_bound_reason: None,
+            worst: Vec::new(),
+            suspect: 0,
+            stat_ratio: None,
+            fused_err: None,
+        }
+    }
+
+    /// Adds one element judged under the chosen model, with its
+    /// `error / bound` under the reference models (`None` = no bound).
+    fn push(&mut self, j: Judged, reference: [Option<f64>; 3], keep: usize) {
+        self.count += 1;
+        self.max_abs = max_nan(self.max_abs, j.error);
+        self.max_ulps = max_nan(self.max_ulps, j.ulps);
+        // A NaN or infinite candidate where the exact value is finite is
+        // wrong under any model.
+        let definitely_wrong = j.error.is_nan() || j.error == f64::INFINITY;
+        match j.bound {
+            Some(b) => {
+                self.max_ratio = Some(max_nan(self.max_ratio.unwrap_or(0.0), j.ratio));
+                // NaN errors fail too.
+                if j.error.partial_cmp(&b) != Some(std::cmp::Ordering::Less) && j.error != b {
+                    self.any_fail = true;
+                }
+            }
+            None => {
+                self.any_no_bound = true;
+                if definitely_wrong {
+                    self.any_fail = true;
+                }
+            }
+        }
+        for (acc, r) in self.reference.iter_mut().zip(reference) {
+            match r {
+                Some(r) => acc.0 = Some(max_nan(acc.0.unwrap_or(0.0), r)),
+                None => acc.1 = true,
+            }
+        }
+        if keep > 0 {
+            self.worst.push(j);
+            if self.worst.len() > 4 * keep {
+                self.trim(keep);
+            }
+        }
+    }
+
+    fn trim(&mut self, keep: usize) {
+        self.worst.sort_by(|a, b| {
+            worse(b)
+                .partial_cmp(&worse(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        self.worst.truncate(keep);
+    }
+
+    fn merge(&mut self, other: OutputAcc, keep: usize) {
+        self.count += other.count;
+        self.max_abs = max_nan(self.max_abs, other.max_abs);
+        self.max_ulps = max_nan(self.max_ulps, other.max_ulps);
+        self.max_ratio = match (self.max_ratio, other.max_ratio) {
+            (Some(a), Some(b)) => Some(max_nan(a, b)),
+            (a, b) => a.or(b),
+        };
+        self.any_no_bound |= other.any_no_bound;
+        self.any_fail |= other.any_fail;
+        if self.no_bound_reason.is_none() {
+            self.no_bound_reason = other.no_bound_reason;
+        }
+        for (a, b) in self.reference.iter_mut().zip(other.reference) {
+            a.0 = match (a.0, b.0) {
+                (Some(x), Some(y)) => Some(max_nan(x, y)),
+                (x, y) => x.or(y),
+            };
+            a.1 |= b.1;
+        }
+        self.flash = match (self.flash, other.flash) {
+            (Some(a), Some(b)) => Some(tolerance::FlashRule {
+                candidate_error: max_nan(a.candidate_error, b.candidate_error),
+                naive_error: max_nan(a.naive_error, b.naive_error),
+                floor: a.floor.max(b.floor),
+            }),
+            (a, b) => a.or(b),
+        };
+        self.worst.extend(other.worst);
+        self.trim(keep);
+        self.suspect += other.suspect;
+        self.stat_ratio = opt_max(self.stat_ratio, other.stat_ratio);
+        self.fused_err = opt_max(self.fused_err, other.fused_err);
+    }
+
+    /// Records the statistical threshold of an element judged within its
+    /// sound bound (`error`): suspect when beyond it.
+    fn observe_statistical(
+        &mut self,
+        error: f64,
+        sound_pass: bool,
+        threshold: &tolerance::ErrorBound,
+    ) {
+        if let tolerance::ErrorBound::Abs(t) = threshold {
+            let r = if *t > 0.0 {
+                error / t
+            } else if error == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            self.stat_ratio = opt_max(self.stat_ratio, Some(r));
+            if sound_pass && !(error <= *t) {
+                self.suspect += 1;
+            }
+        }
+    }
+
+    fn verdict(&self) -> ReportVerdict {
+        if self.any_fail {
+            ReportVerdict::Fail
+        } else if self.any_no_bound {
+            ReportVerdict::NoBound
+        } else if self.suspect > 0 {
+            ReportVerdict::Suspect
+        } else {
+            ReportVerdict::Pass
+        }
+    }
+}
+
+/// Sort key of the worst elements: ratio under the chosen model, errors
+/// of unbounded elements after every bounded one (by error).
+fn worse(j: &Judged) -> (f64, f64) {
+    let r = if j.ratio.is_nan() {
+        f64::INFINITY
+    } else {
+        j.ratio
+    };
+    let e = if j.error.is_nan() {
+        f64::INFINITY
+    } else {
+        j.error
+    };
+    (r, e)
+}
+
+fn opt_max(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(max_nan(x, y)),
+        (x, y) => x.or(y),
+    }
+}
+
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Per-row accumulators, one per judged output.
+type RowAcc = PerOutput<OutputAcc>;
+
+/// Verifies a parsed dump (see the module docs).
+///
+/// # Errors
+/// The spec's value errors ([`DumpError::Spec`]) for the first bad selected
+/// row, and [`DumpError::BadMaskValue`].
+pub fn verify_dump(
+    dump: &Dump<'_>,
+    path: &Path,
+    config: &VerifyConfig,
+) -> Result<FileReport, DumpError> {
+    let start = std::time::Instant::now();
+    let n = dump.n();
+    let logits_dtype = dump.logits.dtype;
+    let acc_dtype = config.accumulation.unwrap_or(logits_dtype.accumulation());
+    // Shapes, vocab_size and temperature: O(1), before any row.
+    if n > 0 {
+        dump.row(0)?.problem().validate_shapes()?;
+    } else {
+        // No row to decode: check the temperature on its own.
+        dump.options
+            .effective_temperature(logits_dtype.accumulation())?;
+    }
+    let rows = config.rows.rows(n);
+    if rows.is_empty() && config.rows != RowSelection::All {
+        return Err(DumpError::EmptySelection {
+            selection: config.rows.to_string(),
+            rows: n,
+        });
+    }
+    let rows = crate::shapes::unmasked_rows(rows, dump.row_mask.as_deref());
+
+    // Validate every selected row first (cheap, O(V) each), so bad input is
+    // reported deterministically (first bad row) before any oracle work.
+    let first_bad = rows
+        .par_iter()
+        .filter_map(|&r| {
+            dump.row(r)
+                .and_then(|inputs| inputs.validate())
+                .err()
+                .map(|e| (r, e))
+        })
+        .min_by_key(|(r, _)| *r);
+    if let Some((r, e)) = first_bad {
+        return Err(crate::shapes::at_position(e, dump.row_shape.position(r)));
+    }
+
+    let mode = if config.progress {
+        crate::progress::ProgressMode::Auto {
+            interval: config.progress_interval,
+        }
+    } else {
+        crate::progress::ProgressMode::Off
+    };
+    let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
+    let keep = config.worst;
+    let results: Vec<Result<(RowAcc, Fallback), DumpError>> = rows
+        .par_iter()
+        .map(|&r| {
+            let out = verify_row(dump, r, acc_dtype, config, keep);
+            progress.inc();
+            out
+        })
+        .collect();
+    progress.finish();
+
+    let mut totals: RowAcc = PerOutput::new();
+    let mut fallback = Fallback::default();
+    for res in results {
+        let (acc, fb) = res?;
+        fallback += fb;
+        for (o, mut part) in acc {
+            match totals.get_mut(o) {
+                Some(t) => t.merge(part, keep),
+                None => {
+                    part.trim(keep);
+                    totals.insert(o, part);
+                }
+            }
+        }
+    }
+
+    let mut outputs = Vec::new();
+    for (o, candidate) in dump.candidates.iter() {
+        let acc = totals.take(o).unwrap_or_else(OutputAcc::new);
+        let mut report = output_report(o.name(), candidate.dtype, acc);
+        for j in &mut report.worst {
+            j.position = dump.row_shape.position(j.row);
+        }
+        if report.count == 0 {
+            report.nothing_checked = Some(nothing_checked_reason(o, dump, &rows));
+        }
+        outputs.push(report);
+    }
+    let topk_ids = dump
+        .format
+        .topk_kernel
+        .then(|| crate::topk_set::check_dump(dump, &rows, config.worst))
+        .transpose()?;
+    let verdict = outputs
+        .iter()
+        .map(|o| o.verdict)
+        .chain(topk_ids.as_ref().map(|t| t.verdict))
+        .max()
+        .unwrap_or(ReportVerdict::Pass);
+    Ok(FileReport {
+        path: path.to_path_buf(),
+        name: path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        verdict,
+        rows: n,
+        rows_checked: rows.len(),
+        columns: dump.v_total(),
+        vocab_size: dump.vocab_size(),
+        logits_dtype: logits_dtype.to_string(),
+        model: config.model.to_string(),
+        accumulation: acc_dtype.to_string(),
+        statistical_c: config.statistical_c,
+        outputs,
+        topk_ids,
+        ignored_tensors: dump.ignored_tensors.clone(),
+        fallback: fallback.into(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Why no row was checked: `N = 0`, or `row_mask` excludes every selected row.
+pub fn no_rows_reason(dump: &Dump<'_>) -> String {
+    if dump.n() == 0 {
+        "no rows (N = 0)".to_string()
+    } else {
+        "row_mask excludes every selected row".to_string()
+    }
+}
+
+/// Why output `name` has no element checked over `rows`.
+fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> String {
+    if rows.is_empty() {
+        return no_rows_reason(dump);
+    }
+    match output {
+        Output::LogProbs => format!(
+            "every checked row's token is ignore_index ({})",
+            dump.options.ignore_index
+        ),
+        Output::TopkLogProbs => "K = 0: topk_ids has no column".to_string(),
+        _ => "no element".to_string(),
+    }
+}
+
+fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputReport {
+    let verdict = acc.verdict();
+    let reference_ratios: Vec<ModelRatio> = tolerance::Order::REFERENCE
+        .iter()
+        .zip(acc.reference)
+        .map(|(m, (r, no_bound))| ModelRatio {
+            model: m.to_string(),
+            max_ratio: if no_bound {
+                None
+            } else {
+                Some(r.unwrap_or(0.0))
+            },
+        })
+        .collect();
+    let tightest_model = tolerance::Order::REFERENCE
+        .iter()
+        .zip(acc.reference)
+        .find(|(_, (r, no_bound))| !no_bound && r.unwrap_or(0.0) <= 1.0)
+        .map(|(m, _)| m.to_string());
+    OutputReport {
+        output: name,
+        dtype: dtype.to_string(),
+        count: acc.count,
+        verdict,
+        max_abs_error: acc.max_abs,
+        max_ulps: acc.max_ulps,
+        max_ratio: acc.max_ratio,
+        tightest_model,
+        reference_ratios,
+        flash_rule: acc.flash.map(|f| FlashRule {
+            ratio: f.ratio(),
+            holds: f.holds(),
+        }),
+        no_bound_reason: acc.no_bound_reason,
+        suspect_elements: acc.suspect,
+        statistical_max_ratio: acc.stat_ratio,
+        fused_max_abs_error: acc.fused_err,
+        vs_fused: acc.fused_err.map(|f| {
+            if f > 0.0 {
+                acc.max_abs / f
+            } else if acc.max_abs == 0.0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        }),
+        worst: acc.worst,
+        nothing_checked: None,
+    }
+}
+
+/// The candidate dtypes that need a forward call, deduplicated.
+fn forward_dtypes(dump: &Dump<'_>) -> Vec<Dtype> {
+    let mut v: Vec<Dtype> = dump
+        .candidates
+        .iter()
+        .filter(|(o, _)| o.is_forward())
+        .map(|(_, c)| c.dtype)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Judges one element under the four models `[chosen, tree, lanes=8,
+/// sequential]` ([`tolerance::judge`]): the chosen model's judgement and the
+/// reference models' `error / bound` (`None` = no bound).
+fn judge4(
+    row: usize,
+    col: Option<usize>,
+    candidate: f64,
+    exact: &Exact,
+    dtype: Dtype,
+    bounds: &[tolerance::ErrorBound; 4],
+) -> (Judged, [Option<f64>; 3]) {
+    let js = bounds
+        .each_ref()
+        .map(|b| tolerance::judge(exact, candidate, dtype, b));
+    let e = exact.enclosure;
+    let mid = if e.lo == e.hi {
+        e.lo
+    } else {
+        e.lo / 2.0 + e.hi / 2.0
+    };
+    let j = &js[0];
+    let judged = Judged {
+        row,
+        position: None,
+        col,
+        candidate,
+        exact: if mid.is_nan() { exact.rounded } else { mid },
+        exact_rounded: exact.rounded,
+        error: j.error_abs,
+        ulps: j.error_ulps,
+        bound: j.bound.value(),
+        ratio: j.ratio.unwrap_or(f64::INFINITY),
+    };
+    (judged, [js[1].ratio, js[2].ratio, js[3].ratio])
+}
+
+/// Oracle, bounds and judgement for one row: the exact values of every
+/// candidate output (forward once per candidate dtype, the VJP in the
+/// gradient's dtype), then the row-judging walk ([`tolerance::walk_row`]),
+/// each element under `[chosen, tree, lanes=8, sequential]`.
+fn verify_row(
+    dump: &Dump<'_>,
+    r: usize,
+    acc_dtype: Dtype,
+    config: &VerifyConfig,
+    keep: usize,
+) -> Result<(RowAcc, Fallback), DumpError> {
+    let inputs: RowInputs = dump.row(r)?;
+    let p = inputs.problem();
+    let cot = inputs.cotangents();
+    let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
+    let (mut oracle, stats) = RowOracle::new(&config.oracle, &p).map_err(spec)?;
+    let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
+    let models = Models::new(config.model, acc_dtype);
+    let statistical = config
+        .statistical_c
+        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c));
+    let keys = entry_keys(&p, dump.vocab_size());
+    let (rb, st) = tolerance::RowBounds::new_shared(
+        &models.all,
+        statistical.as_ref(),
+        &stats,
+        &ctx,
+        keys.as_deref(),
+    );
+    let targets = tolerance::RowTargets::new(&p, 0, &cot);
+
+    let forwards = forward_dtypes(dump)
+        .into_iter()
+        .map(|dtype| oracle.forward(dtype))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(spec)?;
+    // Our correct f32 kernel on the same row, per forward dtype.
+    let ours: Vec<_> = forward_dtypes(dump)
+        .into_iter()
+        .filter_map(|dtype| {
+            CpuKernel::fused()
+                .forward(&p, dtype)
+                .ok()
+                .map(|f| (dtype, f))
+        })
+        .collect();
+    let grad = dump
+        .candidates
+        .get(Output::GradLogits)
+        .map(|g| oracle.vjp(&cot, g.dtype))
+        .transpose()
+        .map_err(spec)?;
+    let exact: PerOutput<ArrayView1<'_, Exact>> = dump
+        .candidates
+        .iter()
+        .filter_map(|(o, c)| {
+            let values = match &grad {
+                Some(g) if o == Output::GradLogits => g,
+                _ => forwards
+                    .iter()
+                    .find(|f| f.dtype == c.dtype)?
+                    .values
+                    .get(o)?,
+            };
+            Some((o, values.row(0)))
+        })
+        .collect();
+    let rows = dump.candidates.as_ref().map(|_, c| (c.dtype, c.row_f64(r)));
+    let candidates = rows
+        .as_ref()
+        .map(|_, (dtype, v)| (*dtype, ArrayView1::from(&v[..])));
+
+    let mut naive = tolerance::NaiveRow::new(&p, 0);
+    let mut out: RowAcc = PerOutput::new();
+    let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
+        &exact,
+        &candidates,
+        |o| o.judged(&p, 0),
+        |e| {
+            let acc = out.get_or_insert_with(e.output, OutputAcc::new);
+            let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
+                tolerance::RowBounds::grad_many(&rb, e.col, &targets.grad_cotangents(), e.dtype)
+            } else {
+                rb.each_ref()
+                    .map(|b| b.bound(e.output, e.col, &targets, e.dtype))
+            };
+            if let (tolerance::ErrorBound::None { reason }, None) =
+                (&bounds[0], &acc.no_bound_reason)
+            {
+                acc.no_bound_reason = Some(reason.to_string());
+            }
+            let col = (e.output.columns() != Columns::One).then_some(e.col);
+            let (judged, reference) = judge4(r, col, e.candidate, e.exact, e.dtype, &bounds);
+            acc.push(judged, reference, keep);
+            // The statistical threshold (forward outputs only) and our
+            // kernel's error on the same element.
+            if let Some(t) = st
+                .as_ref()
+                .and_then(|s| s.bound(e.output, e.col, &targets, e.dtype))
+            {
+                let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
+                acc.observe_statistical(j.error_abs, j.pass, &t);
+            }
+            if e.output.is_forward() {
+                let v = ours
+                    .iter()
+                    .find(|(d, _)| *d == e.dtype)
+                    .and_then(|(_, f)| f.values.get(e.output))
+                    .map(|a| a[[0, e.col]]);
+                if let Some(v) = v {
+                    acc.fused_err = opt_max(acc.fused_err, Some(e.exact.error(v)));
+                }
+            }
+            if let Some(n) = naive.value(e.output, e.col, &targets, e.dtype) {
+                acc.flash
+                    .get_or_insert_with(tolerance::FlashRule::new)
+                    .observe(e.exact, e.candidate, n, e.dtype);
+            }
+            Ok(())
+        },
+    );
+    let Ok(()) = walked;
+    Ok((out, oracle.finish()))
+}
+
+/// The grouping keys of row 0 of `p` for the bounds' per-entry sums
+/// ([`tolerance::RowBounds::new_shared`]), `[V]`: a 16-bit logit's raw
+/// bits and its sampling-mask bit; `None` for f32 and f64 logits (their
+/// values are mostly distinct).
+fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) -> Option<Vec<u32>> {
+    use logprobe_reference::spec::Logits;
+    let bits: Vec<u32> = match p.logits {
+        Logits::Bf16(a) => a
+            .row(0)
+            .iter()
+            .take(v)
+            .map(|x| u32::from(x.to_bits()))
+            .collect(),
+        Logits::F16(a) => a
+            .row(0)
+            .iter()
+            .take(v)
+            .map(|x| u32::from(x.to_bits()))
+            .collect(),
+        _ => return None,
+    };
+    Some(match p.sampling_mask {
+        Some(m) => bits
+            .into_iter()
+            .zip(m.row(0))
+            .map(|(b, &ok)| b | (u32::from(ok) << 16))
+            .collect(),
+        None => bits,
+    })
+}
+
+/// The chosen model and the three reference models (tree, lanes=8,
+/// sequential), all accumulating in the same dtype.
+struct Models {
+    all: [tolerance::Model; 4],
+}
+
+impl Models {
+    fn new(chosen: tolerance::Order, acc: Dtype) -> Self {
+        let chosen = tolerance::Model::preset(chosen).with_accumulation(acc);
+        let [a, b, c] = tolerance::foreign_presets(acc);
+        Models {
+            all: [chosen, a, b, c],
+        }
+    }
+}
+
+/// Verifies each file in turn (rows in parallel within a file); bad input
+/// in one file does not stop the others.
+pub fn verify_files(paths: &[PathBuf], config: &VerifyConfig) -> Vec<FileOutcome> {
+    paths
+        .iter()
+        .map(|p| match verify_file(p, config) {
+            Ok(r) => FileOutcome::Report(r),
+            Err(error) => FileOutcome::BadInput {
+                path: p.clone(),
+                error,
+            },
+        })
+        .collect()
+}

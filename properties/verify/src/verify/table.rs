@@ -1,0 +1,195 @@
+//! The human-readable table of a file report (`verify`'s default output).
+
+use super::*;
+
+/// Formats a float for the table: 3 significant digits, `-` for none.
+fn fmt_g(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".into()
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
+    } else if x == 0.0 {
+        "0".into()
+    } else if (1e-3..1e5).contains(&x.abs()) {
+        let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+        format!("{x:.digits$}")
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// Formats a candidate / exact value with enough digits to tell them apart.
+fn fmt_v(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.9e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// The human-readable table of one file's report: a header line with the
+/// verdict, one line per output (verdict, max error absolute and in ulps,
+/// error / bound, tightest model, flash-attention rule), and the worst
+/// elements of each output with candidate and exact values.
+pub fn render_table(report: &FileReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let all_unchecked = report.outputs.iter().all(|o| o.nothing_checked.is_some())
+        && report
+            .topk_ids
+            .as_ref()
+            .is_none_or(|t| t.nothing_checked.is_some());
+    let _ = writeln!(
+        s,
+        "{}: {}{}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
+        report.path.display(),
+        report.verdict,
+        if all_unchecked { " (nothing checked)" } else { "" },
+        report.rows,
+        report.columns,
+        report.logits_dtype,
+        report.vocab_size,
+        report.rows_checked,
+        report.rows,
+        report.model,
+        report.accumulation,
+        report.seconds,
+    );
+    let _ = writeln!(
+        s,
+        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
+        "output",
+        "dtype",
+        "elements",
+        "verdict",
+        "max |err|",
+        "max ulps",
+        "err/bound",
+        "tightest",
+        "flash",
+        "err/stat",
+        "vs f32"
+    );
+    for o in &report.outputs {
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
+            o.output,
+            o.dtype,
+            o.count,
+            if o.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                o.verdict.to_string()
+            },
+            fmt_g(o.max_abs_error),
+            fmt_g(o.max_ulps),
+            o.max_ratio.map_or("-".into(), fmt_g),
+            o.tightest_model.as_deref().unwrap_or("none"),
+            o.flash_rule.as_ref().map_or("-".into(), |f| fmt_g(f.ratio)),
+            o.statistical_max_ratio.map_or("-".into(), fmt_g),
+            o.vs_fused.map_or("-".into(), |r| format!("{}x", fmt_g(r))),
+        );
+    }
+    // "37x less accurate than a correct f32 kernel on these rows".
+    for o in &report.outputs {
+        if let (Some(r), Some(f)) = (o.vs_fused, o.fused_max_abs_error) {
+            if r > 2.0 {
+                let _ = writeln!(
+                    s,
+                    "  {}: {}x less accurate than a correct f32 kernel on these rows (its max |err| {})",
+                    o.output,
+                    fmt_g(r),
+                    fmt_g(f)
+                );
+            }
+        }
+        if o.suspect_elements > 0 {
+            let _ = writeln!(
+                s,
+                "  {}: SUSPECT: {} of {} elements within the sound bound but beyond the statistical threshold (c = {})",
+                o.output, o.suspect_elements, o.count, report.statistical_c.map_or("-".into(), fmt_g)
+            );
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>5} {:>8} {:>9}  ids as the kernel's top-{} of z'{}: {} of {} rows not a valid top-k set",
+            "topk_ids",
+            "-",
+            t.rows_checked,
+            if t.nothing_checked.is_some() {
+                "unchecked".to_string()
+            } else {
+                t.verdict.to_string()
+            },
+            t.k,
+            if t.sorted { ", descending" } else { "" },
+            t.rows_failed,
+            t.rows_checked,
+        );
+    }
+    for o in &report.outputs {
+        if let Some(why) = &o.nothing_checked {
+            let _ = writeln!(s, "  {}: nothing checked: {why}", o.output);
+        }
+    }
+    if let Some(t) = &report.topk_ids {
+        if let Some(why) = &t.nothing_checked {
+            let _ = writeln!(s, "  topk_ids: nothing checked: {why}");
+        }
+        for f in &t.failures {
+            let at = match f.position {
+                Some((b, tt)) => format!("(b, t) = ({b}, {tt})"),
+                None => format!("row {}", f.row),
+            };
+            let _ = writeln!(s, "    topk_ids {at}: {}", f.message);
+        }
+    }
+    for o in &report.outputs {
+        if o.worst.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "  worst {}:", o.output);
+        for j in &o.worst {
+            let at = match (j.position, j.col) {
+                (Some((b, t)), Some(c)) => format!("({b}, {t}), {c}"),
+                (Some((b, t)), None) => format!("({b}, {t})"),
+                (None, Some(c)) => format!("[{}, {}]", j.row, c),
+                (None, None) => format!("[{}]", j.row),
+            };
+            let _ = writeln!(
+                s,
+                "    {:<14} candidate {:>16}  exact {:>16}  |err| {:>9}  ulps {:>8}  bound {:>9}  err/bound {:>8}",
+                at,
+                fmt_v(j.candidate),
+                fmt_v(j.exact),
+                fmt_g(j.error),
+                fmt_g(j.ulps),
+                j.bound.map_or("none".into(), fmt_g),
+                if j.bound.is_some() { fmt_g(j.ratio) } else { "-".into() },
+            );
+        }
+    }
+    let fb = &report.fallback;
+    if fb.rows > 0 {
+        let _ = writeln!(
+            s,
+            "  fallback to MPFR: {} of {} oracle outputs ({:.2e}), {} of {} rows ({:.2e})",
+            fb.outputs_mpfr, fb.outputs, fb.output_rate, fb.rows_mpfr, fb.rows, fb.row_rate
+        );
+    }
+    if !report.ignored_tensors.is_empty() {
+        let _ = writeln!(
+            s,
+            "  ignored tensors (not in the format): {}",
+            report.ignored_tensors.join(", ")
+        );
+    }
+    s
+}
