@@ -14,7 +14,7 @@
 //! (over issue 21's 60 s).
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused, VocabParallel};
+use logprobe_kernels::CpuKernel;
 
 /// Where a kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ pub fn entries() -> Vec<Entry> {
             name: "fused",
             family: "fused",
             backend: Backend::Cpu,
-            build: Build::Fixed(|| Box::new(Fused)),
+            build: Build::Fixed(|| Box::new(CpuKernel::fused())),
             gate_chunk_sizes: &[0],
             invariance: true,
             memory: Some(MemoryBudget::Rows),
@@ -152,7 +152,7 @@ pub fn entries() -> Vec<Entry> {
             name: "chunked",
             family: "chunked",
             backend: Backend::Cpu,
-            build: Build::ByChunk(|c| Box::new(Chunked::new(c))),
+            build: Build::ByChunk(|c| Box::new(CpuKernel::chunked(c))),
             gate_chunk_sizes: &[1, 3, 64],
             invariance: true,
             memory: Some(MemoryBudget::Chunks),
@@ -163,7 +163,7 @@ pub fn entries() -> Vec<Entry> {
             name: "vocab-parallel",
             family: "vocab_parallel",
             backend: Backend::Cpu,
-            build: Build::ByShards(|w| Box::new(VocabParallel::new(w.to_vec()))),
+            build: Build::ByShards(|w| Box::new(CpuKernel::vocab_parallel(w.to_vec()))),
             gate_chunk_sizes: &[],
             invariance: true,
             memory: None,

@@ -449,7 +449,7 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutco
 
 /// The vocab-parallel kernels as families over shard layouts: every
 /// available sharded registry entry with [`Entry::invariance`] (the
-/// workspace's [`logprobe_kernels::VocabParallel`]: each shard reduced on
+/// workspace's [`logprobe_kernels::CpuKernel::vocab_parallel`]: each shard reduced on
 /// its own, partials merged in shard order; its CUDA twin where a device is
 /// usable).
 pub fn sharded_families() -> Vec<ShardedFamily> {
