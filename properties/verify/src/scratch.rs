@@ -7,11 +7,14 @@
 
 use std::cell::RefCell;
 
+use logprobe_reference::oracle::Interval;
+
 /// Idle buffers kept per thread and element type.
 const KEEP: usize = 8;
 
 thread_local! {
     static F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+    static IV: RefCell<Vec<Vec<Interval>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An empty `Vec<f64>` with the capacity of a buffer given back earlier on
@@ -27,6 +30,25 @@ pub(crate) fn give_f64(mut v: Vec<f64>) {
     }
     v.clear();
     F64.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < KEEP {
+            p.push(v);
+        }
+    });
+}
+
+/// [`take_f64`] for enclosures (the row statistics' `d`, `e`).
+pub(crate) fn take_iv() -> Vec<Interval> {
+    IV.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+}
+
+/// [`give_f64`] for enclosures.
+pub(crate) fn give_iv(mut v: Vec<Interval>) {
+    if v.capacity() == 0 {
+        return;
+    }
+    v.clear();
+    IV.with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < KEEP {
             p.push(v);

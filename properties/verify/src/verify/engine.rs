@@ -493,7 +493,7 @@ fn verify_row(
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
     let with_grad = dump.candidates.get(Output::GradLogits).is_some();
-    let (mut oracle, stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
+    let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
     let statistical = config
@@ -545,6 +545,8 @@ fn verify_row(
         .as_ref()
         .map(|_, (dtype, v)| (*dtype, ArrayView1::from(&v[..])));
 
+    let grad_cot = targets.grad_cotangents();
+    let grad_row = tolerance::RowBounds::grad_row(&rb, &grad_cot);
     let mut naive = tolerance::NaiveRow::new(&p, 0);
     let mut out: RowAcc = PerOutput::new();
     let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
@@ -554,7 +556,7 @@ fn verify_row(
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
             let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
-                tolerance::RowBounds::grad_many(&rb, e.col, &targets.grad_cotangents(), e.dtype)
+                tolerance::RowBounds::grad_many_with(&rb, &grad_row, e.col, &grad_cot, e.dtype)
             } else {
                 rb.each_ref()
                     .map(|b| b.bound(e.output, e.col, &targets, e.dtype))
@@ -597,7 +599,12 @@ fn verify_row(
         },
     );
     let Ok(()) = walked;
-    Ok((out, oracle.finish()))
+    let fallback = oracle.finish();
+    // The row's statistics buffers go back to this worker's pool.
+    drop((rb, st));
+    crate::scratch::give_iv(std::mem::take(&mut stats.d));
+    crate::scratch::give_iv(std::mem::take(&mut stats.e));
+    Ok((out, fallback))
 }
 
 /// The grouping keys of row 0 of `p` for the bounds' per-entry sums
