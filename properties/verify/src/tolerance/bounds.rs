@@ -134,6 +134,24 @@ struct SetBounds {
     lse_err: Hi,
 }
 
+impl SetBounds {
+    /// Whether `self` and `o` are the same bounds bit for bit (then every
+    /// per-entry term computed from them is too).
+    fn same_bits(&self, o: &SetBounds) -> bool {
+        let iv = |a: &Interval, b: &Interval| bits(a.lo, b.lo) && bits(a.hi, b.hi);
+        iv(&self.ln_s, &o.ln_s)
+            && bits(self.theta_s.0, o.theta_s.0)
+            && bits(self.nl_theta.0, o.nl_theta.0)
+            && bits(self.delta_ell.0, o.delta_ell.0)
+            && bits(self.lse_err.0, o.lse_err.0)
+    }
+}
+
+/// `a` and `b` have the same bits.
+fn bits(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
+}
+
 /// `gamma_n = n u / (1 - n u)` (Higham, Lemma 3.1), or no bound when `n u >= 1`.
 fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
     let nu = n as f64 * u;
@@ -663,6 +681,7 @@ impl<'a> RowBounds<'a> {
                 .as_ref()
                 .map(|set| Hi(set.ln_s.hi) + Hi(self.stats.r.hi))
                 .unwrap_or(Hi::ZERO),
+            pw_same: matches!((&self.p, &self.w), (Ok(p), Ok(w)) if p.same_bits(w)),
         }
     }
 
@@ -693,11 +712,15 @@ impl<'a> RowBounds<'a> {
         let mut n_extra = sh.n_extra;
         // p-terms: |g^| p_j rho_j (T10).
         let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
+        // `(lambda_j, p_dev)` of the p-term, for the h-term when its set
+        // and entry are the same bits (no sampling mask): same results.
+        let mut p_terms: Option<(Hi, Hi)> = None;
         if g_sum.0 > 0.0 && dj.hi > f64::NEG_INFINITY {
             let set = self.p.as_ref().map_err(Clone::clone)?;
-            let (lw, arg, _) = self.prob_arg(set, dj);
+            let (lw, arg, lam) = self.prob_arg(set, dj);
             p_hi = sh.ep;
             p_dev = c.prob_dev_with(lw, sh.ep, arg);
+            p_terms = Some((lam, p_dev));
         }
         // h-terms: |h| (q_dev (|c| + dc) + q dc) with c_j = e_j + R.
         let (mut q_hi, mut q_dev, mut c_abs, mut dc, mut lpw_abs) =
@@ -706,9 +729,20 @@ impl<'a> RowBounds<'a> {
         if h.0 > 0.0 && ej.hi > f64::NEG_INFINITY {
             let set = self.w.as_ref().map_err(Clone::clone)?;
             let dh = *self.entropy_grad.as_ref().map_err(Clone::clone)?;
-            let (lw, arg, lam) = self.prob_arg(set, ej);
+            let same =
+                mg.pw_same && bits(dj.lo, ej.lo) && bits(dj.hi, ej.hi) && bits(sh.ep.0, sh.eq.0);
+            let lam = match p_terms {
+                Some((lam, dev)) if same => {
+                    q_dev = dev;
+                    lam
+                }
+                _ => {
+                    let (lw, arg, lam) = self.prob_arg(set, ej);
+                    q_dev = c.prob_dev_with(lw, sh.eq, arg);
+                    lam
+                }
+            };
             q_hi = sh.eq;
-            q_dev = c.prob_dev_with(lw, sh.eq, arg);
             let c_hi = Hi(ej.hi) + Hi(st.r.hi);
             let c_lo = Lo(ej.lo) + Lo(st.r.lo);
             c_abs = c_hi.max(c_lo.neg());
@@ -805,6 +839,8 @@ struct ModelGrad {
     floor: [Hi; GRAD_M],
     /// `ln S_w + R` (upper; 0 without an entropy set bound).
     h_hi: Hi,
+    /// The two sets' bounds are the same bits (no sampling mask).
+    pw_same: bool,
 }
 
 /// What the gradient bound of element `j` shares across the models of
