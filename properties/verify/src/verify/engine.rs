@@ -579,8 +579,15 @@ fn verify_row(
                 .as_ref()
                 .and_then(|s| s.bound(e.output, e.col, &targets, e.dtype))
             {
-                // The error and the sound verdict are the judgement's above
-                // (the error does not depend on the dtype).
+                // Measured as in f64: for a finite candidate that is the
+                // judgement's above (only an infinite candidate's error
+                // depends on the dtype, `judge`'s out-of-range rule).
+                let (error, pass) = if e.candidate.is_infinite() {
+                    let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
+                    (j.error_abs, j.pass)
+                } else {
+                    (error, pass)
+                };
                 acc.observe_statistical(error, pass, &t);
             }
             if e.output.is_forward() {
