@@ -15,6 +15,7 @@ pub mod names;
 pub mod progress;
 pub mod protocol;
 mod row_oracle;
+mod scratch;
 pub mod shapes;
 pub mod temperature;
 pub mod tensors;

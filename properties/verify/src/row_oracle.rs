@@ -40,11 +40,18 @@ impl<'p, 'a> RowOracle<'p, 'a> {
     /// Prepares row 0 of `problem` (a one-row problem) and its statistics
     /// (entropy family per `options.entropy`, unmasked when `None`, as
     /// [`Oracle::row_stats`]), returned beside it (`p`, `q` empty on the
-    /// f64 tier: the tolerance model reads `d` and `e`).
+    /// f64 tier: the tolerance model reads `d` and `e`). `vjp`: whether
+    /// [`RowOracle::vjp`] will be called (the pass then keeps each entry's
+    /// shift and exp for it, `17` bytes per entry and family; without, a
+    /// forward-only row writes nothing per entry).
     ///
     /// # Errors
     /// The spec's validation errors for the row (those of [`FastRow::new`]).
-    pub fn new(oracle: &Oracle, problem: &'p Problem<'a>) -> Result<(Self, RowStats), SpecError> {
+    pub fn new(
+        oracle: &Oracle,
+        problem: &'p Problem<'a>,
+        vjp: bool,
+    ) -> Result<(Self, RowStats), SpecError> {
         if oracle.tier == Tier::Mpfr {
             let (stats, fallback) = oracle.row_stats_counted(problem, 0)?;
             let ro = RowOracle {
@@ -61,14 +68,14 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             0,
             FastOptions {
                 entropy: Some(problem.options.entropy.unwrap_or(EntropyLogits::Unmasked)),
-                per_entry: true,
+                per_entry: vjp,
                 m2: true,
                 ..Default::default()
             },
         )?;
         let decided = fast.stats_decided();
         let stats = if decided {
-            fast.row_stats_shifts()
+            fast.row_stats_shifts_in(crate::scratch::take_iv(), crate::scratch::take_iv())
         } else {
             oracle.row_stats_mpfr(&fast)
         };

@@ -58,11 +58,13 @@ impl Dtype {
     }
 
     /// Unit roundoff `u = 2^-p` (round to nearest).
+    #[inline]
     pub fn unit_roundoff(self) -> f64 {
         pow2(-(self.precision() as i32))
     }
 
     /// Largest finite value, as an f64 (exact).
+    #[inline]
     pub fn max_finite(self) -> f64 {
         (2.0 - pow2(1 - self.precision() as i32)) * pow2(self.max_exp())
     }
@@ -99,6 +101,7 @@ impl Dtype {
     /// of the binade `[2^e, 2^(e+1))` holding `|x|`, never below the
     /// subnormal quantum. For `|x|` beyond the largest finite value the ulp
     /// of the top binade. Units: those of `x`. Exact (a power of two).
+    #[inline]
     pub fn ulp(self, x: f64) -> f64 {
         let a = x.abs();
         let q_min = self.min_subnormal_exp();
@@ -118,6 +121,7 @@ impl Dtype {
     /// NaN stays NaN. Computed on the f64 bits, never through an
     /// intermediate format, so there is no double rounding (`half`'s
     /// `from_f64` is not used for this reason).
+    #[inline]
     pub fn round_f64(self, x: f64) -> f64 {
         if self == Dtype::F64 || x == 0.0 || !x.is_finite() {
             return x;
@@ -192,6 +196,7 @@ impl std::fmt::Display for Dtype {
 }
 
 /// `2^e` as an f64 for `-1074 <= e <= 1023`, exact.
+#[inline]
 pub fn pow2(e: i32) -> f64 {
     if e >= -1022 {
         f64::from_bits(((e + 1023) as u64) << 52)
@@ -201,6 +206,7 @@ pub fn pow2(e: i32) -> f64 {
 }
 
 /// `floor(log2 a)` for finite `a > 0`, subnormals included.
+#[inline]
 fn exponent(a: f64) -> i32 {
     let bits = a.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i32;

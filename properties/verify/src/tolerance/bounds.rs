@@ -134,6 +134,24 @@ struct SetBounds {
     lse_err: Hi,
 }
 
+impl SetBounds {
+    /// Whether `self` and `o` are the same bounds bit for bit (then every
+    /// per-entry term computed from them is too).
+    fn same_bits(&self, o: &SetBounds) -> bool {
+        let iv = |a: &Interval, b: &Interval| bits(a.lo, b.lo) && bits(a.hi, b.hi);
+        iv(&self.ln_s, &o.ln_s)
+            && bits(self.theta_s.0, o.theta_s.0)
+            && bits(self.nl_theta.0, o.nl_theta.0)
+            && bits(self.delta_ell.0, o.delta_ell.0)
+            && bits(self.lse_err.0, o.lse_err.0)
+    }
+}
+
+/// `a` and `b` have the same bits.
+fn bits(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
+}
+
 /// `gamma_n = n u / (1 - n u)` (Higham, Lemma 3.1), or no bound when `n u >= 1`.
 fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
     let nu = n as f64 * u;
@@ -628,7 +646,9 @@ impl<'a> RowBounds<'a> {
     /// in the gradient's units, for the cotangents `cot`, rounded to `out`.
     /// Padded columns (`j >= V`) are exactly 0 and are not covered here.
     pub fn grad(&self, j: usize, cot: &GradCotangents<'_>, out: Dtype) -> ErrorBound {
-        match self.grad_inner(j, cot, out, &GradShared::new(self.stats, j, cot)) {
+        let cc = CotConsts::new(cot);
+        let mg = self.grad_consts(cot, &cc);
+        match self.grad_elem(j, cot, out, &GradShared::new(self.stats, j, cot), &mg, &cc) {
             Ok(b) => b,
             Err(reason) => ErrorBound::None { reason },
         }
@@ -637,10 +657,40 @@ impl<'a> RowBounds<'a> {
     /// [`RowBounds::grad`] of element `j` under every bound in `all` (one
     /// row's bounds, e.g. [`RowBounds::new_shared`]'s), sharing the
     /// model-independent work: the probabilities' `e^lw` and the
-    /// cotangents' rounding test are evaluated once. Equal to `grad`
-    /// bit for bit; bounds built on other statistics are computed one by one.
+    /// cotangents' sums are evaluated once. Equal to `grad` bit for bit;
+    /// bounds built on other statistics are computed one by one. For many
+    /// elements of one row, [`RowBounds::grad_row`] once and
+    /// [`RowBounds::grad_many_with`] per element do the row's part once.
     pub fn grad_many<const M: usize>(
         all: &[RowBounds<'_>; M],
+        j: usize,
+        cot: &GradCotangents<'_>,
+        out: Dtype,
+    ) -> [ErrorBound; M] {
+        Self::grad_many_with(all, &Self::grad_row(all, cot), j, cot, out)
+    }
+
+    /// The row constants of the gradient bound (T14) under every bound in
+    /// `all` for the row's cotangents `cot`: the cotangent sum `G`, the
+    /// terms' count, the cotangents' rounding test, `1/T`, `gamma_m` and
+    /// the floor, for [`RowBounds::grad_many_with`].
+    pub fn grad_row<const M: usize>(
+        all: &[RowBounds<'_>; M],
+        cot: &GradCotangents<'_>,
+    ) -> GradRow<M> {
+        let cot_consts = CotConsts::new(cot);
+        GradRow {
+            models: all.each_ref().map(|rb| rb.grad_consts(cot, &cot_consts)),
+            cot: cot_consts,
+        }
+    }
+
+    /// [`RowBounds::grad_many`] with the row constants `row` of
+    /// [`RowBounds::grad_row`] for the same `all` and `cot` (bit for bit
+    /// the same bounds).
+    pub fn grad_many_with<const M: usize>(
+        all: &[RowBounds<'_>; M],
+        row: &GradRow<M>,
         j: usize,
         cot: &GradCotangents<'_>,
         out: Dtype,
@@ -649,11 +699,13 @@ impl<'a> RowBounds<'a> {
             return std::array::from_fn(|_| unreachable!("M = 0"));
         };
         let sh = GradShared::new(first.stats, j, cot);
-        all.each_ref().map(|rb| {
+        std::array::from_fn(|i| {
+            let rb = &all[i];
             let r = if std::ptr::eq(rb.stats, first.stats) {
-                rb.grad_inner(j, cot, out, &sh)
+                rb.grad_elem(j, cot, out, &sh, &row.models[i], &row.cot)
             } else {
-                rb.grad_inner(j, cot, out, &GradShared::new(rb.stats, j, cot))
+                let sh = GradShared::new(rb.stats, j, cot);
+                rb.grad_elem(j, cot, out, &sh, &row.models[i], &row.cot)
             };
             match r {
                 Ok(b) => b,
@@ -662,12 +714,42 @@ impl<'a> RowBounds<'a> {
         })
     }
 
-    fn grad_inner(
+    /// This model's row constants of (T14) for `cot`.
+    fn grad_consts(&self, cot: &GradCotangents<'_>, cc: &CotConsts) -> ModelGrad {
+        let c = &self.c;
+        // A cotangent not representable in the accumulation dtype is rounded
+        // into it first (our kernels do): one more rounding on every path.
+        let widened = std::iter::once(cot.g)
+            .chain(std::iter::once(cot.h))
+            .chain(cot.topk.iter().map(|&(_, gk)| gk))
+            .any(|x| c.acc.round_f64(x) != x);
+        let base = cc.n0 + 2 + c.t_count + widened as usize;
+        let inv_t = Hi::ONE / Lo(c.temperature);
+        let floor_of = |m: usize| Hi((m + 2) as f64) * c.eta * Hi::ONE.max(inv_t);
+        ModelGrad {
+            base,
+            inv_t,
+            gm: std::array::from_fn(|i| gamma(base + i, c.u.0)),
+            floor: std::array::from_fn(|i| floor_of(base + i)),
+            h_hi: self
+                .w
+                .as_ref()
+                .map(|set| Hi(set.ln_s.hi) + Hi(self.stats.r.hi))
+                .unwrap_or(Hi::ZERO),
+            pw_same: matches!((&self.p, &self.w), (Ok(p), Ok(w)) if p.same_bits(w)),
+        }
+    }
+
+    /// The bound of element `j` (T14) from the row constants `mg`, `cc`
+    /// and the element's model-independent terms `sh`.
+    fn grad_elem(
         &self,
         j: usize,
         cot: &GradCotangents<'_>,
         out: Dtype,
         sh: &GradShared,
+        mg: &ModelGrad,
+        cc: &CotConsts,
     ) -> Result<ErrorBound, NoBound> {
         let c = &self.c;
         let st = self.stats;
@@ -676,33 +758,24 @@ impl<'a> RowBounds<'a> {
                 what: "d_j / e_j (column out of range)",
             });
         };
-        let g = Hi(cot.g.abs());
         let h = Hi(cot.h.abs());
-        let ind_t = cot.token == Some(j) && cot.g != 0.0;
         // Top-k terms of every id the caller passes: live ids, including
         // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
-        let mut g_sum = g;
-        let mut ind_k = Hi::ZERO;
-        let mut n_terms = if cot.g != 0.0 { 1 + ind_t as usize } else { 0 };
-        for &(id, gk) in cot.topk {
-            if gk == 0.0 {
-                continue;
-            }
-            g_sum = g_sum + Hi(gk.abs());
-            n_terms += 1;
-            if id == j {
-                ind_k = ind_k + Hi(gk.abs());
-                n_terms += 1;
-            }
-        }
-        let ind = if ind_t { g + ind_k } else { ind_k };
+        let g_sum = cc.g_sum;
+        let ind = sh.ind;
+        // Terms beyond the row's `n0`: the indicators at `j`, the h-terms.
+        let mut n_extra = sh.n_extra;
         // p-terms: |g^| p_j rho_j (T10).
         let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
+        // `(lambda_j, p_dev)` of the p-term, for the h-term when its set
+        // and entry are the same bits (no sampling mask): same results.
+        let mut p_terms: Option<(Hi, Hi)> = None;
         if g_sum.0 > 0.0 && dj.hi > f64::NEG_INFINITY {
             let set = self.p.as_ref().map_err(Clone::clone)?;
-            let (lw, arg) = self.prob_arg(set, dj);
+            let (lw, arg, lam) = self.prob_arg(set, dj);
             p_hi = sh.ep;
             p_dev = c.prob_dev_with(lw, sh.ep, arg);
+            p_terms = Some((lam, p_dev));
         }
         // h-terms: |h| (q_dev (|c| + dc) + q dc) with c_j = e_j + R.
         let (mut q_hi, mut q_dev, mut c_abs, mut dc, mut lpw_abs) =
@@ -711,31 +784,42 @@ impl<'a> RowBounds<'a> {
         if h.0 > 0.0 && ej.hi > f64::NEG_INFINITY {
             let set = self.w.as_ref().map_err(Clone::clone)?;
             let dh = *self.entropy_grad.as_ref().map_err(Clone::clone)?;
-            let (lw, arg) = self.prob_arg(set, ej);
+            let same =
+                mg.pw_same && bits(dj.lo, ej.lo) && bits(dj.hi, ej.hi) && bits(sh.ep.0, sh.eq.0);
+            let lam = match p_terms {
+                Some((lam, dev)) if same => {
+                    q_dev = dev;
+                    lam
+                }
+                _ => {
+                    let (lw, arg, lam) = self.prob_arg(set, ej);
+                    q_dev = c.prob_dev_with(lw, sh.eq, arg);
+                    lam
+                }
+            };
             q_hi = sh.eq;
-            q_dev = c.prob_dev_with(lw, sh.eq, arg);
             let c_hi = Hi(ej.hi) + Hi(st.r.hi);
             let c_lo = Lo(ej.lo) + Lo(st.r.lo);
             c_abs = c_hi.max(c_lo.neg());
-            dc = c.lambda(set, mag(ej)) + dh;
+            dc = lam + dh;
             lpw_abs = mag(ej) + Hi(set.ln_s.hi);
-            h_hi = Hi(set.ln_s.hi) + Hi(st.r.hi);
-            n_terms += 2;
+            h_hi = mg.h_hi;
+            n_extra += 2;
         }
         let main = g_sum * p_dev + h * (q_dev * (c_abs + dc) + q_hi * dc);
-        // Rounding of the combination: gamma_m over the elementary terms' magnitudes.
-        // A cotangent not representable in the accumulation dtype is rounded
-        // into it first (our kernels do): one more rounding on every path.
-        let widened = std::iter::once(cot.g)
-            .chain(std::iter::once(cot.h))
-            .chain(cot.topk.iter().map(|&(_, gk)| gk))
-            .any(|x| c.acc.round_f64(x) != x);
-        let m = n_terms + 2 + c.t_count + widened as usize;
-        let gm = gamma(m, c.u.0)?;
+        // Rounding of the combination: gamma_m over the elementary terms'
+        // magnitudes, m = n0 + n_extra + 2 + (0 or 2 for /T) + widened.
+        let (gm, floor) = match (mg.gm.get(n_extra), mg.floor.get(n_extra)) {
+            (Some(gm), Some(&floor)) => (gm.clone()?, floor),
+            _ => {
+                let m = mg.base + n_extra;
+                let gm = gamma(m, c.u.0)?;
+                (gm, Hi((m + 2) as f64) * c.eta * Hi::ONE.max(mg.inv_t))
+            }
+        };
         let mags =
             ind + g_sum * (p_hi + p_dev) + h * (q_hi + q_dev) * (lpw_abs + h_hi + Hi(2.0) + dc);
-        let inv_t = Hi::ONE / Lo(c.temperature);
-        let floor = Hi((m + 2) as f64) * c.eta * Hi::ONE.max(inv_t);
+        let inv_t = mg.inv_t;
         let pre = (main + gm * mags) * inv_t + floor;
         let pre = finite(pre, "grad_logits")?;
         let mut total = pre;
@@ -746,28 +830,87 @@ impl<'a> RowBounds<'a> {
         Ok(ErrorBound::Abs(finite(total, "grad_logits")?.0))
     }
 
-    /// `(ln p_j upper, arg_j)`: the exponent of the relative error of a
-    /// computed probability, the larger of its two evaluation forms (T10):
-    /// `exp(lp^_j)` (`lambda_j`) and `e^_j / S^` (`alpha_j - ln(1 - theta_S) + 2u`).
-    fn prob_arg(&self, set: &SetBounds, d: &Interval) -> (Hi, Hi) {
+    /// `(ln p_j upper, arg_j, lambda_j)`: the exponent of the relative
+    /// error of a computed probability, the larger of its two evaluation
+    /// forms (T10): `exp(lp^_j)` (`lambda_j`, T9) and `e^_j / S^`
+    /// (`alpha_j - ln(1 - theta_S) + 2u`).
+    fn prob_arg(&self, set: &SetBounds, d: &Interval) -> (Hi, Hi, Hi) {
         let c = &self.c;
         let d_abs = mag(d);
         let lw = Hi(d.hi) - Lo(set.ln_s.lo);
         let alpha = c.a * d_abs + c.b;
         let via_div = alpha + set.nl_theta + Hi(2.0) * c.u;
-        (lw, c.lambda(set, d_abs).max(via_div))
+        let lam = c.lambda(set, d_abs);
+        (lw, lam.max(via_div), lam)
     }
+}
+
+/// `gamma_m` and floors precomputed per model: `m = base + n_extra` for
+/// `n_extra < GRAD_M` (others computed when met).
+const GRAD_M: usize = 8;
+
+/// The row constants of the gradient bound (T14) of `M` models for one
+/// row's cotangents ([`RowBounds::grad_row`]).
+#[derive(Clone, Debug)]
+pub struct GradRow<const M: usize> {
+    cot: CotConsts,
+    models: [ModelGrad; M],
+}
+
+/// The model-independent row constants of (T14): `G = |g| + sum |G_k|`
+/// (in the cotangents' order, upward) and `n0`, the terms counted on every
+/// element (`g` when nonzero, each nonzero `G_k`).
+#[derive(Clone, Copy, Debug)]
+struct CotConsts {
+    g_sum: Hi,
+    n0: usize,
+}
+
+impl CotConsts {
+    fn new(cot: &GradCotangents<'_>) -> CotConsts {
+        let mut g_sum = Hi(cot.g.abs());
+        let mut n0 = usize::from(cot.g != 0.0);
+        for &(_, gk) in cot.topk {
+            if gk == 0.0 {
+                continue;
+            }
+            g_sum = g_sum + Hi(gk.abs());
+            n0 += 1;
+        }
+        CotConsts { g_sum, n0 }
+    }
+}
+
+/// One model's row constants of (T14).
+#[derive(Clone, Debug)]
+struct ModelGrad {
+    /// `m` of an element with no indicator term and no h-term.
+    base: usize,
+    /// `1 / T`, upward.
+    inv_t: Hi,
+    /// `gamma_{base + i}`.
+    gm: [Result<Hi, NoBound>; GRAD_M],
+    /// `(base + i + 2) eta max(1, 1/T)`.
+    floor: [Hi; GRAD_M],
+    /// `ln S_w + R` (upper; 0 without an entropy set bound).
+    h_hi: Hi,
+    /// The two sets' bounds are the same bits (no sampling mask).
+    pw_same: bool,
 }
 
 /// What the gradient bound of element `j` shares across the models of
 /// one row: `e^lw` of `p_j` and `q_j` (`lw = d_j - ln S` at the far ends
 /// of the enclosures: the same under every model), each evaluated only
-/// when a cotangent needs it.
+/// when a cotangent needs it, and the indicator terms at `j`.
 struct GradShared {
     /// `e^(d_j.hi - ln S.lo)` (upward; 0 when unused).
     ep: Hi,
     /// `e^(e_j.hi - ln S_w.lo)` (upward; 0 when unused).
     eq: Hi,
+    /// `|g| 1[j = t] + sum_k |G_k| 1[j = id_k]` (upward, in that order).
+    ind: Hi,
+    /// The indicator terms at `j` (each counted once more in `m`).
+    n_extra: usize,
 }
 
 impl GradShared {
@@ -777,9 +920,24 @@ impl GradShared {
             _ => Hi::ZERO,
         };
         let g_used = cot.g != 0.0 || cot.topk.iter().any(|&(_, gk)| gk != 0.0);
+        let ind_t = cot.token == Some(j) && cot.g != 0.0;
+        let mut ind_k = Hi::ZERO;
+        let mut n_extra = usize::from(ind_t);
+        for &(id, gk) in cot.topk {
+            if gk != 0.0 && id == j {
+                ind_k = ind_k + Hi(gk.abs());
+                n_extra += 1;
+            }
+        }
         GradShared {
             ep: e(g_used, st.d.get(j), st.ln_s),
             eq: e(cot.h != 0.0, st.e.get(j), st.ln_s_w),
+            ind: if ind_t {
+                Hi(cot.g.abs()) + ind_k
+            } else {
+                ind_k
+            },
+            n_extra,
         }
     }
 }

@@ -59,29 +59,247 @@ pub fn naive_entropy_of(lp: &[f64], dtype: Dtype) -> f64 {
 
 /// The naive same-dtype results of one row, computed per dtype when first
 /// asked: the flash rule's reference values.
-#[derive(Clone, Debug)]
+///
+/// Equal bit for bit to [`naive_log_softmax`] and [`naive_entropy`] (tested
+/// against them), computed without their `[V]` vectors: one pass for
+/// `max z`, one for `S` (in index order, as they do), the log-softmax only
+/// at the ids asked for, one pass for the entropy. In bf16 and f16 each
+/// entry's `exp` terms depend only on its rounded shift `d_j` (a 16-bit
+/// value), so they come from a per-thread cache keyed by `d_j`
+/// ([`ExpCache`]); the order-dependent roundings of the sums stay per entry.
+#[derive(Debug)]
 pub struct NaiveRow {
-    /// Logits over the real vocabulary, `-inf` where the mask disallows.
+    /// Logits over the real vocabulary, `-inf` where the mask disallows
+    /// (a per-thread reused buffer, [`crate::scratch`]).
     masked: Vec<f64>,
     /// The entropy's logits over the real vocabulary (masked or not);
     /// empty when they are `masked` (masked entropy, or no sampling mask).
     entropy_logits: Vec<f64>,
     /// The temperature as the options give it.
     temperature: f64,
-    log_softmax: Vec<(Dtype, Vec<f64>)>,
+    /// Per dtype: `(rounded temperature, max z, ln S)` of `masked`.
+    log_softmax: Vec<(Dtype, Naive)>,
     entropy: Vec<(Dtype, f64)>,
+}
+
+impl Drop for NaiveRow {
+    fn drop(&mut self) {
+        crate::scratch::give_f64(std::mem::take(&mut self.masked));
+        crate::scratch::give_f64(std::mem::take(&mut self.entropy_logits));
+    }
+}
+
+/// The row-level values of one naive log-softmax: `lp_j = r(r(z_j - m) - l)`.
+#[derive(Clone, Copy, Debug)]
+struct Naive {
+    dtype: Dtype,
+    /// The temperature rounded to `dtype`.
+    t: f64,
+    /// `max_j z_j`.
+    m: f64,
+    /// `r(ln S)`.
+    l: f64,
+}
+
+impl Naive {
+    /// `z_j` of a logit (as [`naive_log_softmax`]).
+    #[inline(always)]
+    fn z(&self, x: f64) -> f64 {
+        let r = |x: f64| self.dtype.round_f64(x);
+        if self.t == 1.0 {
+            r(x)
+        } else {
+            r(x / self.t)
+        }
+    }
+
+    /// `d_j = r(z_j - m)`.
+    #[inline(always)]
+    fn d(&self, x: f64) -> f64 {
+        self.dtype.round_f64(self.z(x) - self.m)
+    }
+
+    /// `lp_j` of a logit.
+    fn lp(&self, x: f64) -> f64 {
+        self.dtype.round_f64(self.d(x) - self.l)
+    }
+
+    /// Passes 1 and 2 of [`naive_log_softmax`] over `row`.
+    fn new(row: &[f64], temperature: f64, dtype: Dtype) -> Naive {
+        let r = |x: f64| dtype.round_f64(x);
+        let mut nv = Naive {
+            dtype,
+            t: r(temperature),
+            m: f64::NEG_INFINITY,
+            l: 0.0,
+        };
+        nv.m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(nv.z(x)));
+        let s = EXP_CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            let mut cache = c.start(dtype, nv.m, f64::NAN);
+            let mut s = 0.0;
+            for &x in row {
+                let d = nv.d(x);
+                let e = match cache {
+                    Some(ref mut k) => k.get(d, 0, |d| r(d.exp())),
+                    None => r(d.exp()),
+                };
+                s = r(s + e);
+            }
+            s
+        });
+        nv.l = r(s.ln());
+        nv
+    }
+
+    /// [`naive_entropy_of`] of the log-softmax of `row` ([`Naive::new`]'s).
+    fn entropy(&self, row: &[f64]) -> f64 {
+        let r = |x: f64| self.dtype.round_f64(x);
+        // The term of one entry: `r(p lp)` with `p = r(exp(lp))`, or `+inf`
+        // for `p = 0` (adds nothing; a real term is `<= 0` or NaN, since
+        // `p <= 1` and `lp <= 0`).
+        let term = |d: f64| {
+            let l = r(d - self.l);
+            let p = r(l.exp());
+            if p != 0.0 {
+                r(p * l)
+            } else {
+                f64::INFINITY
+            }
+        };
+        EXP_CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            let mut cache = c.start(self.dtype, self.m, self.l);
+            let mut acc = 0.0;
+            for &x in row {
+                let d = self.d(x);
+                let t = match cache {
+                    Some(ref mut k) => k.get(d, 1, term),
+                    None => term(d),
+                };
+                if t != f64::INFINITY {
+                    acc = r(acc - t);
+                }
+            }
+            acc
+        })
+    }
+}
+
+/// Slots of [`ExpCache`] (a 16-bit shift's key).
+const CACHE_SLOTS: usize = 1 << 16;
+
+thread_local! {
+    static EXP_CACHE: std::cell::RefCell<ExpCache> = std::cell::RefCell::new(ExpCache::default());
+}
+
+/// A direct-mapped cache of a per-entry term of the naive computation as a
+/// function of the entry's rounded shift `d` (bf16 / f16 values only):
+/// each slot keeps the `d` it holds, so a lookup is exact whatever the key
+/// (a different `d` is recomputed). Two terms (`kind` 0 and 1) per slot.
+#[derive(Debug, Default)]
+struct ExpCache {
+    /// `(d, term)` per slot and kind; `d = NaN` is empty.
+    slots: Vec<[(f64, f64); 2]>,
+    /// Slots filled since the last [`ExpCache::start`].
+    touched: Vec<u16>,
+}
+
+impl ExpCache {
+    /// Empties the cache for a new row or dtype; `None` when it does not
+    /// apply (f32 / f64 shifts, or a non-finite `max z` or `ln S`: every
+    /// term is computed as is).
+    fn start(&mut self, dtype: Dtype, m: f64, l: f64) -> Option<Cache<'_>> {
+        if !matches!(dtype, Dtype::Bf16 | Dtype::F16) || !m.is_finite() || l.is_infinite() {
+            return None;
+        }
+        if self.slots.is_empty() {
+            self.slots = vec![[(f64::NAN, 0.0); 2]; CACHE_SLOTS];
+        }
+        for &k in &self.touched {
+            self.slots[k as usize] = [(f64::NAN, 0.0); 2];
+        }
+        self.touched.clear();
+        Some(Cache {
+            shift: if dtype == Dtype::Bf16 { 16 } else { 13 },
+            cache: self,
+        })
+    }
+}
+
+/// An [`ExpCache`] in use for one dtype.
+struct Cache<'c> {
+    /// `f32` bits dropped for the key: 16 for bf16 (exact: its values are
+    /// `f32` values with 16 zero low bits), 13 for f16.
+    shift: u32,
+    cache: &'c mut ExpCache,
+}
+
+impl Cache<'_> {
+    /// `f(d)` of term `kind`, from the cache when `d` was seen.
+    #[inline(always)]
+    fn get(&mut self, d: f64, kind: usize, f: impl Fn(f64) -> f64) -> f64 {
+        if d.is_nan() {
+            return f(d);
+        }
+        let key = ((d as f32).to_bits() >> self.shift) as u16;
+        let slot = &mut self.cache.slots[key as usize];
+        let (kd, kv) = slot[kind];
+        if kd.to_bits() == d.to_bits() {
+            return kv;
+        }
+        let v = f(d);
+        if slot[0].0.is_nan() && slot[1].0.is_nan() {
+            self.cache.touched.push(key);
+        }
+        slot[kind] = (d, v);
+        v
+    }
+}
+
+/// `row` `[V]` of `logits` as f64 into `out`, `-inf` where `mask` (`[V]`)
+/// disallows.
+fn fill_row<T: logprobe_reference::spec::Element>(
+    row: ndarray::ArrayView1<'_, T>,
+    mask: Option<ndarray::ArrayView1<'_, bool>>,
+    v: usize,
+    out: &mut Vec<f64>,
+) {
+    out.clear();
+    out.extend(row.iter().take(v).map(|x| x.to_f64()));
+    if let Some(m) = mask {
+        for (x, &ok) in out.iter_mut().zip(m.iter()) {
+            if !ok {
+                *x = f64::NEG_INFINITY;
+            }
+        }
+    }
 }
 
 impl NaiveRow {
     /// Row `row` of a validated `problem`.
     pub fn new(problem: &Problem<'_>, row: usize) -> NaiveRow {
+        use logprobe_reference::spec::Logits;
         let (_, v_total) = problem.logits.dim();
-        let v = problem.options.vocab_size.unwrap_or(v_total);
-        let masked = problem.allowed_row_f64(row);
+        let v = problem.options.vocab_size.unwrap_or(v_total).min(v_total);
+        let mask = problem
+            .sampling_mask
+            .map(|m| m.index_axis_move(ndarray::Axis(0), row));
+        let fill = |mask: Option<ndarray::ArrayView1<'_, bool>>| {
+            let mut out = crate::scratch::take_f64();
+            match problem.logits {
+                Logits::F64(a) => fill_row(a.row(row), mask, v, &mut out),
+                Logits::F32(a) => fill_row(a.row(row), mask, v, &mut out),
+                Logits::Bf16(a) => fill_row(a.row(row), mask, v, &mut out),
+                Logits::F16(a) => fill_row(a.row(row), mask, v, &mut out),
+            }
+            out
+        };
+        let masked = fill(mask);
         let entropy_logits = match problem.options.entropy {
             _ if problem.sampling_mask.is_none() => Vec::new(),
             Some(EntropyLogits::Masked) => Vec::new(),
-            _ => problem.logits.row_f64(row)[..v].to_vec(),
+            _ => fill(None),
         };
         NaiveRow {
             masked,
@@ -109,19 +327,19 @@ impl NaiveRow {
             Output::Entropy => return Some(self.entropy(dtype)),
             Output::GradLogits | Output::Lse | Output::ZLoss => return None,
         };
-        self.log_softmax(dtype).get(id).copied()
+        let x = *self.masked.get(id)?;
+        Some(self.naive(dtype).lp(x))
     }
 
-    fn log_softmax(&mut self, dtype: Dtype) -> &[f64] {
-        let i = match self.log_softmax.iter().position(|(d, _)| *d == dtype) {
-            Some(i) => i,
+    fn naive(&mut self, dtype: Dtype) -> Naive {
+        match self.log_softmax.iter().find(|(d, _)| *d == dtype) {
+            Some(&(_, nv)) => nv,
             None => {
-                let lp = naive_log_softmax(&self.masked, self.temperature, dtype);
-                self.log_softmax.push((dtype, lp));
-                self.log_softmax.len() - 1
+                let nv = Naive::new(&self.masked, self.temperature, dtype);
+                self.log_softmax.push((dtype, nv));
+                nv
             }
-        };
-        &self.log_softmax[i].1
+        }
     }
 
     fn entropy(&mut self, dtype: Dtype) -> f64 {
@@ -129,10 +347,11 @@ impl NaiveRow {
             return h;
         }
         let h = if self.entropy_logits.is_empty() {
-            // The same logits as the log-softmax: reuse it.
-            naive_entropy_of(self.log_softmax(dtype), dtype)
+            // The same logits as the log-softmax: reuse its row values.
+            let nv = self.naive(dtype);
+            nv.entropy(&self.masked)
         } else {
-            naive_entropy(&self.entropy_logits, self.temperature, dtype)
+            Naive::new(&self.entropy_logits, self.temperature, dtype).entropy(&self.entropy_logits)
         };
         self.entropy.push((dtype, h));
         h

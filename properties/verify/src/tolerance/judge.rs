@@ -76,7 +76,21 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) ->
     } else {
         (exact.error(candidate), exact.error_ulps(candidate, dtype))
     };
-    let (ratio, pass) = match bound {
+    let (ratio, pass) = ratio_pass(error_abs, bound);
+    Judgement {
+        error_abs,
+        error_ulps,
+        bound: bound.clone(),
+        ratio,
+        pass,
+    }
+}
+
+/// `(error_abs / bound, error_abs <= bound)` of [`judge`] for an error
+/// already measured (`None`, `false` without a bound; `inf` for a nonzero
+/// error against a zero bound): one error judged against several bounds.
+pub fn ratio_pass(error_abs: f64, bound: &ErrorBound) -> (Option<f64>, bool) {
+    match bound {
         ErrorBound::Abs(b) => {
             let ratio = if *b > 0.0 {
                 error_abs / b
@@ -88,13 +102,6 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) ->
             (Some(ratio), error_abs <= *b)
         }
         ErrorBound::None { .. } => (None, false),
-    };
-    Judgement {
-        error_abs,
-        error_ulps,
-        bound: bound.clone(),
-        ratio,
-        pass,
     }
 }
 

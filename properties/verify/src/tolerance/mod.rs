@@ -50,9 +50,9 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
-pub use bounds::{GradCotangents, RowBounds};
+pub use bounds::{GradCotangents, GradRow, RowBounds};
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
-pub use judge::{judge, tightest_model, Judgement, ValueVerdict};
+pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,

@@ -764,6 +764,84 @@ fn naive_same_dtype_computation_and_flash_ratio() {
     assert!(naive_entropy(&y, 1.0, Dtype::F32).is_finite());
 }
 
+#[test]
+fn naive_row_equals_the_vector_naive_computation_bit_for_bit() {
+    use logprobe_reference::spec::{EntropyLogits, Logits, Problem};
+    use ndarray::Array2;
+    let mut rng = SplitMix64::new(12);
+    let v = 3000;
+    for case in 0..8u64 {
+        let (t, masked, entropy) = match case % 4 {
+            0 => (1.0, false, None),
+            1 => (0.7, true, Some(EntropyLogits::Unmasked)),
+            2 => (1.3, true, Some(EntropyLogits::Masked)),
+            _ => (0.5, false, Some(EntropyLogits::Unmasked)),
+        };
+        let x: Vec<f64> = (0..v)
+            .map(|j| {
+                if j % 97 == 5 {
+                    f64::NEG_INFINITY
+                } else {
+                    (rng.uniform() - 0.5) * 20.0 * (1 + case % 3) as f64
+                }
+            })
+            .collect();
+        let allow: Vec<bool> = (0..v).map(|j| !masked || j % 5 != 1).collect();
+        let xb: Vec<half::bf16> = x.iter().map(|&a| half::bf16::from_f64(a)).collect();
+        let xh: Vec<half::f16> = x.iter().map(|&a| half::f16::from_f64(a)).collect();
+        let xf: Vec<f32> = x.iter().map(|&a| a as f32).collect();
+        let ab = Array2::from_shape_vec((1, v), xb).unwrap();
+        let ah = Array2::from_shape_vec((1, v), xh).unwrap();
+        let af = Array2::from_shape_vec((1, v), xf).unwrap();
+        let am = Array2::from_shape_vec((1, v), allow.clone()).unwrap();
+        let toks = ndarray::array![7i64];
+        for logits in [
+            Logits::Bf16(ab.view()),
+            Logits::F16(ah.view()),
+            Logits::F32(af.view()),
+        ] {
+            let mut p = Problem::new(logits);
+            p.tokens = Some(toks.view());
+            p.options.temperature = t;
+            p.options.entropy = entropy;
+            if masked {
+                p.sampling_mask = Some(am.view());
+            }
+            let row = p.logits.row_f64(0);
+            let allowed: Vec<f64> = row
+                .iter()
+                .zip(&allow)
+                .map(|(&a, &ok)| if ok || !masked { a } else { f64::NEG_INFINITY })
+                .collect();
+            let ent_logits = match entropy {
+                Some(EntropyLogits::Unmasked) => row.clone(),
+                _ => allowed.clone(),
+            };
+            let targets = RowTargets {
+                vocab_size: v,
+                token: Some(7),
+                topk_ids: vec![0, 11, 7, 5],
+                ..Default::default()
+            };
+            let mut nr = NaiveRow::new(&p, 0);
+            for dtype in [Dtype::Bf16, Dtype::F16, Dtype::F32, Dtype::F64] {
+                let lp = naive_log_softmax(&allowed, t, dtype);
+                let h = naive_entropy(&ent_logits, t, dtype);
+                let same =
+                    |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                let got = nr.value(Output::LogProbs, 0, &targets, dtype).unwrap();
+                assert!(same(got, lp[7]), "case {case} {dtype}: {got} vs {}", lp[7]);
+                for (k, &id) in targets.topk_ids.iter().enumerate() {
+                    let got = nr.value(Output::TopkLogProbs, k, &targets, dtype).unwrap();
+                    assert!(same(got, lp[id]), "case {case} {dtype} id {id}");
+                }
+                let got = nr.value(Output::Entropy, 0, &targets, dtype).unwrap();
+                assert!(same(got, h), "case {case} {dtype}: entropy {got} vs {h}");
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- against the oracle
 
 /// The f32 kernels above, judged with the oracle's statistics and exact

@@ -446,7 +446,8 @@ fn forward_dtypes(dump: &Dump<'_>) -> Vec<Dtype> {
 
 /// Judges one element under the four models `[chosen, tree, lanes=8,
 /// sequential]` ([`tolerance::judge`]): the chosen model's judgement and the
-/// reference models' `error / bound` (`None` = no bound).
+/// reference models' `error / bound` (`None` = no bound), and whether it
+/// passes the chosen bound.
 fn judge4(
     row: usize,
     col: Option<usize>,
@@ -454,17 +455,16 @@ fn judge4(
     exact: &Exact,
     dtype: Dtype,
     bounds: &[tolerance::ErrorBound; 4],
-) -> (Judged, [Option<f64>; 3]) {
-    let js = bounds
-        .each_ref()
-        .map(|b| tolerance::judge(exact, candidate, dtype, b));
+) -> (Judged, bool, [Option<f64>; 3]) {
+    // The error is measured once; only the bound differs per model.
+    let j = tolerance::judge(exact, candidate, dtype, &bounds[0]);
+    let refs = [1, 2, 3].map(|i| tolerance::ratio_pass(j.error_abs, &bounds[i]).0);
     let e = exact.enclosure;
     let mid = if e.lo == e.hi {
         e.lo
     } else {
         e.lo / 2.0 + e.hi / 2.0
     };
-    let j = &js[0];
     let judged = Judged {
         row,
         position: None,
@@ -477,7 +477,7 @@ fn judge4(
         bound: j.bound.value(),
         ratio: j.ratio.unwrap_or(f64::INFINITY),
     };
-    (judged, [js[1].ratio, js[2].ratio, js[3].ratio])
+    (judged, j.pass, refs)
 }
 
 /// Oracle, bounds and judgement for one row: the exact values of every
@@ -495,7 +495,8 @@ fn verify_row(
     let p = inputs.problem();
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
-    let (mut oracle, stats) = RowOracle::new(&config.oracle, &p).map_err(spec)?;
+    let with_grad = dump.candidates.get(Output::GradLogits).is_some();
+    let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
     let models = Models::new(config.model, acc_dtype);
     let statistical = config
@@ -552,6 +553,8 @@ fn verify_row(
         .as_ref()
         .map(|_, (dtype, v)| (*dtype, ArrayView1::from(&v[..])));
 
+    let grad_cot = targets.grad_cotangents();
+    let grad_row = tolerance::RowBounds::grad_row(&rb, &grad_cot);
     let mut naive = tolerance::NaiveRow::new(&p, 0);
     let mut out: RowAcc = PerOutput::new();
     let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
@@ -561,7 +564,7 @@ fn verify_row(
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
             let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
-                tolerance::RowBounds::grad_many(&rb, e.col, &targets.grad_cotangents(), e.dtype)
+                tolerance::RowBounds::grad_many_with(&rb, &grad_row, e.col, &grad_cot, e.dtype)
             } else {
                 rb.each_ref()
                     .map(|b| b.bound(e.output, e.col, &targets, e.dtype))
@@ -572,7 +575,8 @@ fn verify_row(
                 acc.no_bound_reason = Some(reason.to_string());
             }
             let col = (e.output.columns() != Columns::One).then_some(e.col);
-            let (judged, reference) = judge4(r, col, e.candidate, e.exact, e.dtype, &bounds);
+            let (judged, pass, reference) = judge4(r, col, e.candidate, e.exact, e.dtype, &bounds);
+            let error = judged.error;
             acc.push(judged, reference, keep);
             // The statistical threshold (forward outputs only) and our
             // kernel's error on the same element.
@@ -580,8 +584,16 @@ fn verify_row(
                 .as_ref()
                 .and_then(|s| s.bound(e.output, e.col, &targets, e.dtype))
             {
-                let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
-                acc.observe_statistical(j.error_abs, j.pass, &t);
+                // Measured as in f64: for a finite candidate that is the
+                // judgement's above (only an infinite candidate's error
+                // depends on the dtype, `judge`'s out-of-range rule).
+                let (error, pass) = if e.candidate.is_infinite() {
+                    let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
+                    (j.error_abs, j.pass)
+                } else {
+                    (error, pass)
+                };
+                acc.observe_statistical(error, pass, &t);
             }
             if e.output.is_forward() {
                 let v = ours
@@ -602,7 +614,12 @@ fn verify_row(
         },
     );
     let Ok(()) = walked;
-    Ok((out, oracle.finish()))
+    let fallback = oracle.finish();
+    // The row's statistics buffers go back to this worker's pool.
+    drop((rb, st));
+    crate::scratch::give_iv(std::mem::take(&mut stats.d));
+    crate::scratch::give_iv(std::mem::take(&mut stats.e));
+    Ok((out, fallback))
 }
 
 /// The grouping keys of row 0 of `p` for the bounds' per-entry sums

@@ -740,8 +740,24 @@ impl<'a> FastRow<'a> {
     /// are left empty (`[]`), `d` and `e` are `[V]`. What the tolerance
     /// model reads (it never reads `p` or `q`), at a third of the cost.
     pub fn row_stats_shifts(&self) -> RowStats {
+        self.row_stats_shifts_in(Vec::new(), Vec::new())
+    }
+
+    /// [`FastRow::row_stats_shifts`] into the buffers `d` and `e` (cleared
+    /// first, their capacity reused: a caller judging row after row keeps
+    /// two `[V]` buffers instead of allocating them per row). When the
+    /// entropy family is `p`'s own, `e` is a copy of `d` (the same values).
+    pub fn row_stats_shifts_in(&self, mut d: Vec<Interval>, mut e: Vec<Interval>) -> RowStats {
         let v = self.row.v.len();
         let zero = Interval::ZERO;
+        d.clear();
+        d.extend((0..v).map(|j| self.d(j)));
+        e.clear();
+        if self.q_is_p {
+            e.extend_from_slice(&d);
+        } else {
+            e.extend((0..v).map(|j| self.e(j)));
+        }
         RowStats {
             d_t: self.row.target.map(|t| self.d(t)),
             s: self.sum(),
@@ -755,8 +771,8 @@ impl<'a> FastRow<'a> {
             }),
             p: Vec::new(),
             q: Vec::new(),
-            e: (0..v).map(|j| self.e(j)).collect(),
-            d: (0..v).map(|j| self.d(j)).collect(),
+            e,
+            d,
         }
     }
 
