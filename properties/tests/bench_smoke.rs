@@ -81,11 +81,23 @@ fn bench_json_report_parses_with_every_path() {
         assert!(peak <= m["budget_bytes"].as_u64().unwrap(), "{m}");
     }
     let oracle = doc["oracle"].as_array().unwrap();
-    assert_eq!(oracle.len(), 4);
+    // Both tiers side by side: the f64 tier (VJP included) and MPFR.
+    assert_eq!(oracle.len(), 8);
+    for tier in ["f64", "mpfr"] {
+        assert_eq!(oracle.iter().filter(|o| o["tier"] == tier).count(), 4);
+    }
     for o in oracle {
         for key in ["forward_ns_per_entry", "vjp_ns_per_entry"] {
             let x = o[key].as_f64().unwrap();
             assert!(x.is_finite() && x > 0.0, "{o}");
+        }
+        for key in ["forward_fallback", "vjp_fallback"] {
+            let x = o[key].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&x), "{o}");
+        }
+        // Everything on the MPFR tier is MPFR's.
+        if o["tier"] == "mpfr" {
+            assert_eq!(o["vjp_fallback"].as_f64(), Some(1.0), "{o}");
         }
     }
     let targets = doc["targets"].as_array().unwrap();
@@ -110,7 +122,8 @@ fn bench_text_report_has_its_tables() {
         "fused forward (log_prob + entropy)",
         "candle / fused",
         "peak extra B",
-        "forward ns/entry",
+        "fwd ns (wall)",
+        "VJP CPU",
         "threshold",
     ] {
         assert!(text.contains(needle), "missing `{needle}` in:\n{text}");

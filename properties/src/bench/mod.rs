@@ -175,9 +175,13 @@ pub struct MemoryResult {
     pub materialised_bytes: usize,
 }
 
-/// The oracle's cost on one row.
+/// The oracle's cost on one row, on one tier.
 #[derive(Clone, Debug, Serialize)]
 pub struct OracleResult {
+    /// The oracle tier: `f64` (the certified f64 tier for the forward
+    /// values and the VJP, `Tier::FastVjp`, MPFR only for what it leaves
+    /// undecided) or `mpfr` (`Tier::Mpfr`).
+    pub tier: &'static str,
     /// Logits dtype.
     pub logits: &'static str,
     /// Target dtype of the rounded results.
@@ -188,6 +192,17 @@ pub struct OracleResult {
     pub forward_ns_per_entry: f64,
     /// VJP (log-prob and entropy cotangents), ns per entry, best call.
     pub vjp_ns_per_entry: f64,
+    /// Forward, ns of CPU time of the timing thread per entry, best call
+    /// (`None` off Linux). On a loaded machine the wall figures above
+    /// include time the thread waited for a core; these do not.
+    pub forward_cpu_ns_per_entry: Option<f64>,
+    /// VJP, CPU ns per entry, best call (as above).
+    pub vjp_cpu_ns_per_entry: Option<f64>,
+    /// Fraction of the forward outputs MPFR had to decide (1 on `mpfr`:
+    /// every output is MPFR's there).
+    pub forward_fallback: f64,
+    /// Fraction of the VJP elements MPFR had to decide.
+    pub vjp_fallback: f64,
 }
 
 /// One DESIGN target and whether this run meets it.

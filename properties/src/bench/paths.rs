@@ -9,7 +9,7 @@ use ndarray::{Array1, Array2};
 
 use logprobe_kernels::candle::candle_log_softmax;
 use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
-use logprobe_reference::oracle::Oracle;
+use logprobe_reference::oracle::{Oracle, Tier};
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 use logprobe_testkit::registry;
 
@@ -328,8 +328,28 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
     })
 }
 
+/// CPU time of the calling thread so far, seconds (Linux:
+/// `/proc/thread-self/schedstat`, nanoseconds on the CPU; `None` elsewhere).
+fn thread_cpu_seconds() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 * 1e-9)
+}
+
+/// `(result, wall seconds, CPU seconds of this thread)` of `f`.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, Option<f64>) {
+    let (c0, t0) = (thread_cpu_seconds(), Instant::now());
+    let out = f();
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = c0.zip(thread_cpu_seconds()).map(|(a, b)| b - a);
+    (out, wall, cpu)
+}
+
 /// The oracle's ns per entry on one LLM-like row of `v` columns, on one
-/// thread, best of `reps` calls.
+/// thread, best of `reps` calls, on both tiers side by side: the certified
+/// f64 tier (`Tier::FastVjp`: forward values and VJP elements decided in
+/// f64, MPFR for the rest) and the MPFR path (`Tier::Mpfr`), with the
+/// fraction of outputs MPFR decided.
 pub(crate) fn oracle_costs(v: usize, reps: usize) -> Result<Vec<OracleResult>, BenchError> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -344,37 +364,57 @@ pub(crate) fn oracle_costs(v: usize, reps: usize) -> Result<Vec<OracleResult>, B
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: None,
     };
-    let oracle = Oracle::default();
     let err = |e: logprobe_reference::spec::SpecError| BenchError::Kernel {
         kernel: "oracle".into(),
         message: e.to_string(),
     };
+    let min = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let per = |s: f64| s * 1e9 / v as f64;
     let mut out = Vec::new();
-    for (name, logits) in [
-        ("f32", Logits::F32(x32.view())),
-        ("bf16", Logits::Bf16(xb.view())),
-    ] {
-        let p = Problem {
-            tokens: Some(tokens.view()),
-            ..Problem::new(logits)
+    for (tier_name, tier) in [("f64", Tier::FastVjp), ("mpfr", Tier::Mpfr)] {
+        let oracle = Oracle {
+            tier,
+            ..Oracle::default()
         };
-        for target in [Dtype::F32, Dtype::Bf16] {
-            let (mut f, mut b) = (f64::INFINITY, f64::INFINITY);
-            for _ in 0..reps.max(1) {
-                let t = Instant::now();
-                pool.install(|| oracle.forward(&p, target)).map_err(err)?;
-                f = f.min(t.elapsed().as_secs_f64());
-                let t = Instant::now();
-                pool.install(|| oracle.vjp(&p, &cot, target)).map_err(err)?;
-                b = b.min(t.elapsed().as_secs_f64());
+        for (name, logits) in [
+            ("f32", Logits::F32(x32.view())),
+            ("bf16", Logits::Bf16(xb.view())),
+        ] {
+            let p = Problem {
+                tokens: Some(tokens.view()),
+                ..Problem::new(logits)
+            };
+            for target in [Dtype::F32, Dtype::Bf16] {
+                let (mut f, mut b) = (f64::INFINITY, f64::INFINITY);
+                let (mut fc, mut bc) = (None, None);
+                let (mut ffb, mut bfb) = (0.0, 0.0);
+                for _ in 0..reps.max(1) {
+                    let (fo, wall, cpu) = pool.install(|| timed(|| oracle.forward(&p, target)));
+                    ffb = fo.map_err(err)?.fallback.output_rate();
+                    f = f.min(wall);
+                    fc = min(fc, cpu);
+                    let (go, wall, cpu) =
+                        pool.install(|| timed(|| oracle.vjp_counted(&p, &cot, target)));
+                    bfb = go.map_err(err)?.1.output_rate();
+                    b = b.min(wall);
+                    bc = min(bc, cpu);
+                }
+                out.push(OracleResult {
+                    tier: tier_name,
+                    logits: name,
+                    target: target.name(),
+                    v,
+                    forward_ns_per_entry: per(f),
+                    vjp_ns_per_entry: per(b),
+                    forward_cpu_ns_per_entry: fc.map(per),
+                    vjp_cpu_ns_per_entry: bc.map(per),
+                    forward_fallback: ffb,
+                    vjp_fallback: bfb,
+                });
             }
-            out.push(OracleResult {
-                logits: name,
-                target: target.name(),
-                v,
-                forward_ns_per_entry: f * 1e9 / v as f64,
-                vjp_ns_per_entry: b * 1e9 / v as f64,
-            });
         }
     }
     Ok(out)

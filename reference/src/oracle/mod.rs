@@ -480,61 +480,65 @@ impl Oracle {
         let shape = problem.validate()?;
         let (n, vt, v) = (shape.n, shape.v_total, shape.vocab_size);
         let precs = self.precisions(target);
-        let rows: Vec<Result<(Vec<Exact>, Fallback), SpecError>> = (0..n)
-            .into_par_iter()
-            .map(|r| {
-                let cot = vjp::RowCot {
-                    g: match (cotangents.grad_log_probs, problem.has_target(r)) {
-                        (Some(g), true) => g[r],
-                        _ => 0.0,
-                    },
-                    h: cotangents.grad_entropy.map_or(0.0, |h| h[r]),
-                    gk: cotangents
-                        .grad_topk_log_probs
-                        .map_or(Vec::new(), |gk| gk.row(r).to_vec()),
-                };
-                let entropy = if cot.h != 0.0 {
-                    problem.options.entropy
-                } else {
-                    None
-                };
-                let row = row::prepare(problem, &shape, r, entropy)?;
-                Ok(self.vjp_row(row, &cot, target, &precs))
-            })
-            .collect();
-        let rows = first_error(rows)?;
-        let mut flat = Vec::with_capacity(n * vt);
+        // Each row writes its `[V]` elements straight into the `[N, V_total]`
+        // result (padded columns stay 0): no per-row buffer, no copy.
+        let mut flat = vec![Exact::point(0.0); n * vt];
+        let row_vjp = |r: usize, out: &mut [Exact]| -> Result<Fallback, SpecError> {
+            let cot = vjp::RowCot {
+                g: match (cotangents.grad_log_probs, problem.has_target(r)) {
+                    (Some(g), true) => g[r],
+                    _ => 0.0,
+                },
+                h: cotangents.grad_entropy.map_or(0.0, |h| h[r]),
+                gk: cotangents
+                    .grad_topk_log_probs
+                    .map_or(Vec::new(), |gk| gk.row(r).to_vec()),
+            };
+            let entropy = if cot.h != 0.0 {
+                problem.options.entropy
+            } else {
+                None
+            };
+            let row = row::prepare(problem, &shape, r, entropy)?;
+            Ok(self.vjp_row(row, &cot, target, &precs, &mut out[..v]))
+        };
+        let rows: Vec<Result<Fallback, SpecError>> = if vt == 0 {
+            // No columns to write: still one preparation (and its errors) per row.
+            let mut none: [Exact; 0] = [];
+            (0..n).map(|r| row_vjp(r, &mut none)).collect()
+        } else {
+            flat.par_chunks_mut(vt)
+                .enumerate()
+                .map(|(r, out)| row_vjp(r, out))
+                .collect()
+        };
         let mut fallback = Fallback::default();
-        for (r, fb) in rows {
+        for fb in first_error(rows)? {
             fallback += fb;
-            flat.extend(r);
-            flat.extend(std::iter::repeat_n(Exact::point(0.0), vt - v));
         }
         let grad = Array2::from_shape_vec((n, vt), flat).expect("N*V_total gradients");
         Ok((grad, fallback))
     }
 
-    /// One row's VJP: the f64 tier first (unless [`Tier::Mpfr`]), then
-    /// MPFR for the elements it left undecided.
+    /// One row's VJP into `out` (`[V]`): the f64 tier first (unless
+    /// [`Tier::Mpfr`]), then MPFR for the elements it left undecided.
     fn vjp_row(
         &self,
         row: row::Row<'_>,
         cot: &vjp::RowCot,
         target: Dtype,
         precs: &[u32],
-    ) -> (Vec<Exact>, Fallback) {
+        out: &mut [Exact],
+    ) -> Fallback {
         let v = row.v.len() as u64;
         let Some(mutant) = self.tier.fast_vjp() else {
-            let out = vjp::vjp_row(&row, cot, target, precs, None);
-            return (
-                out,
-                Fallback {
-                    outputs: v,
-                    outputs_mpfr: v,
-                    rows: 1,
-                    rows_mpfr: 1,
-                },
-            );
+            out.copy_from_slice(&vjp::vjp_row(&row, cot, target, precs, None));
+            return Fallback {
+                outputs: v,
+                outputs_mpfr: v,
+                rows: 1,
+                rows_mpfr: 1,
+            };
         };
         let fast = fast::FastRow::from_row(
             row,
@@ -549,11 +553,11 @@ impl Oracle {
             h: cot.h,
             topk: &cot.gk,
         };
-        let (mut out, mut pending) = (Vec::new(), Vec::new());
+        let mut pending = Vec::new();
         if fast.applicable() {
-            fast.vjp(&rc).decide_into(target, &mut out, &mut pending);
+            fast.vjp(&rc).decide_slice(target, out, &mut pending);
         } else {
-            out = vec![Exact::point(0.0); v as usize];
+            out.fill(Exact::point(0.0));
             pending = (0..v as usize).collect();
         }
         let mut fb = Fallback {
@@ -569,7 +573,7 @@ impl Oracle {
                 out[j] = m[j];
             }
         }
-        (out, fb)
+        fb
     }
 
     /// The MPFR VJP elements `pending` (indices `< V`) of the row prepared

@@ -321,12 +321,21 @@ impl<'r, 'a> FastVjp<'r, 'a> {
     /// elements hold `Exact::point(0.0)`) and `pending` (the indices of the
     /// undecided elements, ascending, cleared first).
     pub fn decide_into(&self, target: Dtype, out: &mut Vec<Exact>, pending: &mut Vec<usize>) {
-        let fr = self.row;
-        let v = fr.row.v.len();
         out.clear();
+        out.resize(self.row.row.v.len(), Exact::point(0.0));
+        self.decide_slice(target, out, pending);
+    }
+
+    /// [`FastVjp::decide_into`] into a slice `out` of length `V` (every
+    /// entry written: decided elements, exact zeros, and `Exact::point(0.0)`
+    /// for the undecided ones listed in `pending`, cleared first). Panics:
+    /// none (a slice of another length is filled up to the shorter one).
+    pub fn decide_slice(&self, target: Dtype, out: &mut [Exact], pending: &mut Vec<usize>) {
         pending.clear();
-        out.resize(v, Exact::point(0.0));
+        let v = self.row.row.v.len().min(out.len());
+        let out = &mut out[..v];
         if !self.any_term {
+            out.fill(Exact::point(0.0));
             return;
         }
         let mut next = 0usize;
@@ -338,13 +347,14 @@ impl<'r, 'a> FastVjp<'r, 'a> {
                 }
                 _ => None,
             };
-            let Some(iv) = self.element_at(j, sp) else {
-                continue;
+            *o = match self.element_at(j, sp).map(|iv| decide(iv, target)) {
+                None => Exact::point(0.0),
+                Some(Some(e)) => e,
+                Some(None) => {
+                    pending.push(j);
+                    Exact::point(0.0)
+                }
             };
-            match decide(iv, target) {
-                Some(e) => *o = e,
-                None => pending.push(j),
-            }
         }
     }
 
