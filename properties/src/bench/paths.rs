@@ -3,10 +3,12 @@
 
 use std::time::Instant;
 
+#[cfg(feature = "candle")]
 use candle_core::{Device, Tensor};
 use half::bf16;
 use ndarray::Array1;
 
+#[cfg(feature = "candle")]
 use logprobe_kernels::candle::candle_log_softmax;
 use logprobe_kernels::{cpu_path, Kernel};
 use logprobe_reference::oracle::Oracle;
@@ -24,6 +26,7 @@ pub(crate) fn kernel_err(kernel: &dyn Kernel, e: impl std::fmt::Display) -> Benc
     }
 }
 
+#[cfg(feature = "candle")]
 pub(crate) fn candle_err(e: candle_core::Error) -> BenchError {
     BenchError::Kernel {
         kernel: "candle composed".into(),
@@ -105,7 +108,8 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
     let entries = (n * v) as f64;
 
     let mut paths = Vec::new();
-    let mut candle_ratios = Vec::new();
+    #[cfg_attr(not(feature = "candle"), allow(unused_mut))]
+    let mut candle_ratios: Vec<CandleRatio> = Vec::new();
     let mut memory = Vec::new();
     let memory_counted = allocator_installed();
     for (name, logits, b) in [
@@ -170,6 +174,9 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
             }),
             threads,
         ));
+        // Built without candle (feature `candle`, e.g. the Python wheel's
+        // link of this crate): no candle baseline.
+        #[cfg(feature = "candle")]
         if config.candle {
             let dev = Device::Cpu;
             let t = match logits {
