@@ -181,3 +181,14 @@ def test_bad_arguments_raise_before_any_call():
                             '"bad_input_not_sent":0,"nothing_to_check":0,"seconds":0,"worst":0,'
                             '"calls":0,"shrink_calls":0,"held":[],"lacks":[],"finding":null}',
                             "", []).save("x.safetensors")
+
+
+def test_bf16_answers_of_ml_dtypes_are_read_bit_exactly_and_pass():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    def bf16_kernel(inputs, meta):
+        return {k: v.astype(ml_dtypes.bfloat16) for k, v in numpy_kernel()(inputs, meta).items()}
+
+    r = logprobe.testing.assert_fuzz_clean(bf16_kernel, cases=8, seed=5, vocab="1..64",
+                                           dtypes="bfloat16", tensors="numpy")
+    assert r.checked > 0
