@@ -132,7 +132,7 @@ fn target(k: &Arc<PyKernel>, s: &Settings) -> ExecTarget {
 }
 
 /// The report as JSON (the Python `FuzzReport` reads it) and its dumps.
-fn report_json(r: &ExecReport, t: &ExecTarget) -> (Value, Vec<(String, Vec<u8>)>) {
+fn report_json(r: &ExecReport, t: &ExecTarget) -> (Value, exec::Files) {
     let mut files = r.found_files.clone();
     let stem = format!("fuzz-{}-seed{}", t.runner.transport.kind(), r.seed);
     let lacks: Vec<Value> = r
@@ -214,6 +214,9 @@ fn report_json(r: &ExecReport, t: &ExecTarget) -> (Value, Vec<(String, Vec<u8>)>
     (v, files)
 }
 
+/// `(report json, the CLI's table, [(dump file name, bytes)])`.
+type FuzzOut = (String, String, Vec<(String, Py<PyBytes>)>);
+
 /// Fuzzes the in-process kernel `caller` (see `logprobe.fuzz`). `options`
 /// is `--options`' grammar with `dtype=`, `vocab=` and the outputs' pins
 /// already merged in by the caller; `require` is `--require`'s.
@@ -237,7 +240,7 @@ fn fuzz(
     require: &str,
     seed: Option<u64>,
     progress: bool,
-) -> PyResult<(String, String, Vec<(String, Py<PyBytes>)>)> {
+) -> PyResult<FuzzOut> {
     let s = settings(&outputs, budget, cases, shrink_budget, require, seed)?;
     let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     let pins = exec::outputs_pins(&outputs, options).map_err(value_error)?;

@@ -239,7 +239,7 @@ pub struct ExecReport {
     /// The finding's dumps: file names (`fuzz-<kind>-seed<S>[-variant].safetensors`)
     /// and bytes; the first is the case joined with the kernel's answer
     /// (inputs only for a `command` finding).
-    pub found_files: Vec<(String, Vec<u8>)>,
+    pub found_files: Files,
     /// Whether the user interrupted the run (in-process: Ctrl-C).
     pub interrupted: bool,
     /// A note on the persistent process's exit, if not clean.
@@ -291,6 +291,9 @@ fn shrink(
     best
 }
 
+/// Dump files: names (`fuzz-<kind>-seed<S>[-<suffix>].safetensors`) and bytes.
+pub type Files = Vec<(String, Vec<u8>)>;
+
 /// A finding's dumps, named `<stem>[-<suffix>].safetensors` (a command
 /// finding: the inputs only), with what `logprobe verify` says of the first.
 ///
@@ -301,7 +304,7 @@ fn finding_files(
     target: &ExecTarget,
     case: &FuzzCase,
     f: &ExecFinding,
-) -> Result<(Vec<(String, Vec<u8>)>, String), String> {
+) -> Result<(Files, String), String> {
     let mut dumps = f.dumps.clone();
     let inputs_only = dumps.is_empty();
     if inputs_only {
@@ -312,7 +315,7 @@ fn finding_files(
             .map_err(|e| e.to_string())?;
         dumps.push(("", bytes));
     }
-    let files: Vec<(String, Vec<u8>)> = dumps
+    let files: Files = dumps
         .into_iter()
         .map(|(suffix, bytes)| (file_name(stem, suffix), bytes))
         .collect();
