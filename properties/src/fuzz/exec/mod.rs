@@ -117,14 +117,20 @@ pub fn outputs_pins(outputs: &[&str], options: &str) -> Result<String, String> {
     use logprobe_verify::protocol::Output;
     let mut want = Vec::new();
     for &o in outputs {
-        let out = Output::ALL
-            .into_iter()
-            .find(|x| x.name() == o.trim())
-            .ok_or_else(|| {
-                format!(
-                    "outputs: unknown output `{o}` (log_probs, entropy, topk_log_probs, grad_logits)"
-                )
-            })?;
+        // Protocol v1's outputs (`lse` and `z_loss` are not asked for yet).
+        let out = [
+            Output::LogProbs,
+            Output::Entropy,
+            Output::TopkLogProbs,
+            Output::GradLogits,
+        ]
+        .into_iter()
+        .find(|x| x.name() == o.trim())
+        .ok_or_else(|| {
+            format!(
+                "outputs: unknown output `{o}` (protocol v1: log_probs, entropy, topk_log_probs, grad_logits)"
+            )
+        })?;
         want.push(out);
     }
     if want == [Output::GradLogits] || want.is_empty() {
