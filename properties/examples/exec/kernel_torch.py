@@ -30,13 +30,18 @@ def make_kernel(bug="none"):
 
 
 def tensor(a):
+    """A torch tensor on DEVICE: from the adapter's numpy arrays, or as
+    `logprobe.fuzz(fn)` passes them (torch tensors, bf16 included)."""
+    if isinstance(a, torch.Tensor):
+        return a.to(DEVICE)
     return torch.from_numpy(np.ascontiguousarray(a)).to(DEVICE)
 
 
 @torch.no_grad()
 def run(inputs, meta, bug):
     dtype = meta["logits_dtype"]
-    # bf16 arrives as exact f32 values: back to the kernel's own dtype.
+    # From the adapter, bf16 arrives as exact f32 values: back to the kernel's
+    # own dtype (in-process torch tensors already have it).
     x = tensor(inputs["logits"]).to(DTYPES[dtype])
     acc = torch.float64 if dtype == "f64" else torch.float32
     n, vt = x.shape

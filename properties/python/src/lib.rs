@@ -8,6 +8,7 @@
 //! torch / numpy / ml_dtypes inputs into DLPack producers and the JSON into
 //! a `Report`.
 
+mod fuzz;
 mod import;
 
 use pyo3::exceptions::PyValueError;
@@ -276,6 +277,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(closest_name, m)?)?;
     m.add_function(wrap_pyfunction!(name_kind, m)?)?;
+    fuzz::register(m)?;
     m.add("BadInputError", m.py().get_type::<BadInputError>())?;
     m.add(
         "TENSOR_KEYWORDS",

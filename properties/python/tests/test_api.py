@@ -36,6 +36,27 @@ def test_stubs_list_every_keyword():
 
 
 def test_docstrings():
-    for f in (logprobe.verify, logprobe.verify_file, logprobe.testing.assert_verified, logprobe.Report):
+    for f in (logprobe.verify, logprobe.verify_file, logprobe.testing.assert_verified, logprobe.Report,
+              logprobe.FuzzReport, logprobe.testing.assert_fuzz_clean, logprobe.testing.FuzzFailure):
         assert f.__doc__ and len(f.__doc__) > 40
     assert issubclass(logprobe.BadInputError, ValueError)
+
+
+def test_fuzz_stubs_match_the_functions():
+    import inspect
+
+    sig = inspect.signature(logprobe.fuzz)
+    kw = [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY]
+    positional, kwonly = stub_kwonly(PKG / "__init__.pyi", "fuzz")
+    assert positional == ["fn"] and kwonly == kw
+    positional, kwonly = stub_kwonly(PKG / "testing.pyi", "assert_fuzz_clean")
+    assert positional == ["fn"] and kwonly == ["save_to"] + kw
+    positional, kwonly = stub_kwonly(PKG / "__init__.pyi", "fuzz_replay")
+    assert positional == ["fn", "path"]
+    assert kwonly == ["outputs", "require", "tensors"]
+    assert kwonly == [p.name for p in inspect.signature(logprobe.fuzz_replay).parameters.values()
+                      if p.kind is p.KEYWORD_ONLY]
+    # The defaults the stubs show are the functions'.
+    assert sig.parameters["require"].default == ("padding-invariant",)
+    assert logprobe._native.DEFAULT_REQUIRE == "padding-invariant"
+    assert sig.parameters["outputs"].default == logprobe.OUTPUTS

@@ -3,10 +3,12 @@
 
 use std::time::Instant;
 
+#[cfg(feature = "candle")]
 use candle_core::{Device, Tensor};
 use half::bf16;
 use ndarray::{Array1, Array2};
 
+#[cfg(feature = "candle")]
 use logprobe_kernels::candle::candle_log_softmax;
 use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
 use logprobe_reference::oracle::{Oracle, Tier};
@@ -43,6 +45,7 @@ pub(crate) fn backward_into<G: GradElement>(
     }))
 }
 
+#[cfg(feature = "candle")]
 pub(crate) fn candle_err(e: candle_core::Error) -> BenchError {
     BenchError::Kernel {
         kernel: "candle composed".into(),
@@ -124,7 +127,8 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
     let entries = (n * v) as f64;
 
     let mut paths = Vec::new();
-    let mut candle_ratios = Vec::new();
+    #[cfg_attr(not(feature = "candle"), allow(unused_mut))]
+    let mut candle_ratios: Vec<CandleRatio> = Vec::new();
     let mut memory = Vec::new();
     let memory_counted = allocator_installed();
     for (name, logits, b) in [
@@ -219,6 +223,9 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
             threads,
             bytes + n * v * 8,
         ));
+        // Built without candle (feature `candle`, e.g. the Python wheel's
+        // link of this crate): no candle baseline.
+        #[cfg(feature = "candle")]
         if config.candle {
             let dev = Device::Cpu;
             let t = match logits {

@@ -88,6 +88,11 @@ struct FuzzArgs {
     /// Time limit of one call of the external kernel (a hang past it is a finding).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     timeout: std::time::Duration,
+    /// Outputs the external kernel computes: log_probs, entropy, topk_log_probs, grad_logits
+    /// (comma-separated; default all). The others are never asked for (also give it with
+    /// --replay).
+    #[arg(long)]
+    outputs: Option<String>,
     /// Invariances of the external kernel whose lack is a failure: padding-invariant,
     /// chunk-invariant, batch-invariant (comma-separated, or none).
     #[arg(long, default_value = logprobe_properties::fuzz::exec::DEFAULT_REQUIRE)]
@@ -124,25 +129,7 @@ struct FuzzArgs {
     no_progress: bool,
 }
 
-/// `90`, `90s`, `10m`, `1h`, `500ms`.
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let (num, scale) = if let Some(v) = s.strip_suffix("ms") {
-        (v, 0.001)
-    } else if let Some(v) = s.strip_suffix('s') {
-        (v, 1.0)
-    } else if let Some(v) = s.strip_suffix('m') {
-        (v, 60.0)
-    } else if let Some(v) = s.strip_suffix('h') {
-        (v, 3600.0)
-    } else {
-        (s, 1.0)
-    };
-    match num.trim().parse::<f64>() {
-        Ok(x) if x >= 0.0 && x.is_finite() => Ok(std::time::Duration::from_secs_f64(x * scale)),
-        _ => Err(format!("`{s}`: expected a duration such as 90s, 10m or 1h")),
-    }
-}
+use logprobe_properties::fuzz::grammar::parse_duration;
 
 fn fuzz(args: FuzzArgs) -> u8 {
     use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
@@ -302,20 +289,17 @@ fn bench(args: BenchArgs) -> u8 {
 
 /// The search space of `args` (`--options`, `--dtype`, `--vocab`).
 fn fuzz_options(args: &FuzzArgs) -> String {
-    // --dtype and --vocab are the keys `dtype=` and `vocab=` of the grammar
-    // (there a comma separates alternatives too).
-    let mut options = args.options.clone();
-    for (key, v) in [("dtype", &args.dtype), ("vocab", &args.vocab)] {
-        if let Some(v) = v {
-            options.push_str(&format!(",{key}={}", v.replace(',', "|")));
-        }
-    }
-    options
+    logprobe_properties::fuzz::exec::merge_options(
+        &args.options,
+        &[
+            ("dtype", args.dtype.as_deref()),
+            ("vocab", args.vocab.as_deref()),
+        ],
+    )
 }
 
 /// `fuzz --exec CMD` / `--exec-persistent CMD` (docs/fuzz-protocol.md).
 fn fuzz_exec(args: FuzzArgs) -> u8 {
-    use logprobe_properties::fuzz::case::Space;
     use logprobe_properties::fuzz::exec::{
         self, ExecRun, ExecTarget, Invariance, Runner, Transport,
     };
@@ -342,10 +326,15 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
     });
+    let gradients = args
+        .outputs
+        .as_ref()
+        .is_none_or(|o| o.split(',').any(|x| x.trim() == "grad_logits"));
     let mut target = ExecTarget {
         runner: Runner::new(transport, args.timeout),
         require,
         seed,
+        gradients,
     };
     if let Some(path) = &args.replay {
         return match exec::replay(path, &mut target) {
@@ -373,20 +362,24 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
             }
         };
     }
-    let options = fuzz_options(&args);
-    if logprobe_properties::fuzz::grammar::Pairs::parse(
-        &options,
-        &logprobe_properties::fuzz::case::KEYS,
-    )
-    .is_ok_and(|p| p.get("bad").is_some())
-    {
-        eprintln!("logprobe: --options bad=...: protocol v1 sends valid inputs only (an external kernel has no typed-error channel); drop the bad= pin");
-        return 2;
+    let mut options = fuzz_options(&args);
+    if let Some(outputs) = &args.outputs {
+        let list: Vec<&str> = outputs
+            .split(',')
+            .filter(|o| !o.trim().is_empty())
+            .collect();
+        match exec::outputs_pins(&list, &options) {
+            Ok(pins) => options = format!("{options},{pins}"),
+            Err(e) => {
+                eprintln!("logprobe: --{e}");
+                return 2;
+            }
+        }
     }
-    let space = match Space::parse(&format!("{options},bad=none")) {
+    let space = match exec::exec_space(&options) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("logprobe: --options: {e}");
+            eprintln!("logprobe: --{e}");
             return 2;
         }
     };
@@ -414,7 +407,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         budget: args.budget,
         cases: args.cases,
         shrink_budget: args.shrink_budget,
-        out_dir: args.out,
+        out_dir: Some(args.out),
         progress: !args.no_progress,
     };
     let report = exec::run(&run);

@@ -114,6 +114,30 @@ pub fn num(x: f64) -> String {
     }
 }
 
+/// A duration of the command line and of the Python package: `90`, `90s`,
+/// `10m`, `1h`, `500ms` (a bare number is seconds).
+///
+/// # Errors
+/// Anything else, or a negative or non-finite number.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, scale) = if let Some(v) = s.strip_suffix("ms") {
+        (v, 0.001)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix('m') {
+        (v, 60.0)
+    } else if let Some(v) = s.strip_suffix('h') {
+        (v, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(x) if x >= 0.0 && x.is_finite() => Ok(std::time::Duration::from_secs_f64(x * scale)),
+        _ => Err(format!("`{s}`: expected a duration such as 90s, 10m or 1h")),
+    }
+}
+
 /// Parsed `key=alternatives` pairs, in key order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pairs(pub BTreeMap<String, Vec<Alt>>);

@@ -10,6 +10,11 @@ and metadata names (``logprobe.TENSOR_KEYWORDS``, ``logprobe.METADATA_KEYWORDS``
 ``logprobe.compare(a, b)`` splits a trainer-vs-rollout log-prob mismatch
 into each kernel's error and the logits' effect, as ``logprobe compare``
 does for two dumps (docs/compare.md).
+``logprobe.fuzz(fn)`` property-tests a kernel function in-process under the
+fuzz protocol (docs/fuzz-protocol.md) with the engine of ``logprobe fuzz
+--exec``: a shrunk counterexample that ``report.save(path)`` writes as a
+dump ``logprobe verify`` replays; ``logprobe.testing.assert_fuzz_clean`` is
+its pytest form.
 
 Inputs: torch tensors (CPU, or CUDA copied to the host), numpy arrays, and
 any object with ``__dlpack__``. bf16 and f16 are read bit-exactly: torch
@@ -25,6 +30,7 @@ from typing import Any, Dict, Optional, Union
 
 from . import _native
 from ._compare import CompareReport
+from ._fuzz import OUTPUTS, FuzzFinding, FuzzReport, fuzz, fuzz_replay
 from ._inputs import rows_arg, split
 from ._report import Element, Output, Report
 
@@ -42,6 +48,11 @@ __all__ = [
     "verify_file",
     "compare",
     "CompareReport",
+    "fuzz",
+    "fuzz_replay",
+    "FuzzReport",
+    "FuzzFinding",
+    "OUTPUTS",
     "Report",
     "Output",
     "Element",

@@ -2,10 +2,12 @@
 # dump format's names (properties/verify/src/names.rs via
 # logprobe._native.TENSOR_KEYWORDS / METADATA_KEYWORDS); tests/test_api.py
 # checks that this list equals the table's.
+from datetime import timedelta
 from os import PathLike
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._compare import CompareReport as CompareReport
+from ._fuzz import FuzzFinding as FuzzFinding, FuzzReport as FuzzReport
 from ._report import Element as Element, Output as Output, Report as Report
 
 # A torch tensor, a numpy array (ml_dtypes bfloat16 included) or any object
@@ -103,3 +105,82 @@ def compare(
     name_a: str = "<A>",
     name_b: str = "<B>",
 ) -> CompareReport: ...
+
+# A kernel under protocol v1, in-process: fn(inputs, meta) -> outputs.
+# inputs: tensor name -> torch tensor (numpy array with tensors="numpy" or
+# without torch): logits [N, V_total], tokens [N], sampling_mask [N, V_total],
+# topk_ids [N, K], grad_log_probs [N], grad_entropy [N], grad_topk_log_probs
+# [N, K] (those the case uses). meta: metadata key -> str (outputs,
+# temperature, temperature_dtype, vocab_size, ignore_index, entropy_logits,
+# chunk_size, logits_dtype). outputs: every name of meta["outputs"] ->
+# a float tensor: log_probs [N], entropy [N], topk_log_probs [N, K],
+# grad_logits [N, V_total] (docs/fuzz-protocol.md).
+Kernel = Callable[[Dict[str, Any], Dict[str, str]], Mapping[str, Any]]
+Duration = Union[str, float, int, timedelta]
+
+#: Every output of the fuzz protocol, in request order.
+OUTPUTS: Tuple[str, ...]
+
+def fuzz(
+    fn: Kernel,
+    *,
+    budget: Duration = "30s",
+    cases: Optional[int] = None,
+    dtypes: Union[str, Sequence[str], None] = ("float32", "bfloat16"),
+    vocab: Union[int, str, range, Sequence[Union[int, str, range]], None] = None,
+    outputs: Union[str, Sequence[str]] = OUTPUTS,
+    options: Union[str, Mapping[str, Any]] = "",
+    seed: Optional[int] = None,
+    require: Union[str, Sequence[str]] = ("padding-invariant",),
+    shrink_budget: Duration = "30s",
+    tensors: str = "auto",
+    progress: bool = False,
+) -> FuzzReport:
+    """Property-tests `fn` in this process with the engine of `logprobe fuzz
+    --exec` (docs/fuzz-protocol.md): the gate's recipes, judged against the
+    exact oracle by the verify engine (foreign-kernel model), then the
+    metamorphic variants (padding, chunk size, batch), each by calling `fn`
+    again. A finding is shrunk by calling `fn` again and returned with its
+    dump (`report.save(path)`; `logprobe verify` replays it).
+
+    - `budget`: time limit of the search ("30s", "2m", seconds, a
+      timedelta); `cases`: case limit (whichever comes first).
+    - `dtypes`: logit dtypes drawn (float64, float32, bfloat16, float16;
+      None: all). `vocab`: vocabulary sizes `V` (an int, "lo..hi", a range,
+      "real" for the real models' sizes, or a list of them; None: 1..8192
+      and the real sizes).
+    - `outputs`: what `fn` computes; the others are never asked for.
+    - `options`: pins of the search space in `logprobe fuzz --options`'
+      grammar (docs/fuzz.md: "key=alt|alt,key=..."), or a dict key -> value
+      or list of alternatives; a finding's `recipe` pins its whole case.
+    - `seed`: seed of the case stream (None: from the clock; in the report).
+    - `require`: invariances whose lack is a finding (`--require`'s names:
+      padding-invariant, chunk-invariant, batch-invariant; "none" or ()
+      for nothing). A lack not required is reported in `report.lacks`.
+    - `shrink_budget`: time limit of the shrink.
+    - `tensors`: "auto" (torch tensors when torch imports, else numpy),
+      "torch" or "numpy" (bf16 logits then arrive as exact float32 values;
+      meta["logits_dtype"] says "bf16").
+    - `progress`: a progress bar on stderr.
+
+    An exception raised inside `fn` is a finding of property `command`,
+    with its traceback in `finding.detail`. KeyboardInterrupt stops the
+    search and propagates. Calls have no timeout (a call cannot be
+    preempted in-process). Raises `ValueError` for a bad option, require,
+    output or duration; `TypeError` for a value of the wrong kind.
+    """
+
+def fuzz_replay(
+    fn: Kernel,
+    path: Union[str, "PathLike[str]"],
+    *,
+    outputs: Union[str, Sequence[str]] = OUTPUTS,
+    require: Union[str, Sequence[str]] = ("padding-invariant",),
+    tensors: str = "auto",
+) -> Optional[FuzzFinding]:
+    """Reruns the case of a fuzz dump (`report.save(path)`, or a dump of
+    `logprobe fuzz --exec`) on `fn`, with the dump's property required when
+    it is an invariance, as `logprobe fuzz --replay`: None when it passes
+    now, else the finding. `outputs`, `require`, `tensors`: as `fuzz` (give
+    the run's `outputs`). Raises `ValueError` for a file that is not a fuzz
+    dump."""

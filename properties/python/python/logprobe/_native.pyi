@@ -1,5 +1,5 @@
 # The Rust extension (properties/python/src/lib.rs). Use `logprobe.verify`.
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 class BadInputError(ValueError): ...
 
@@ -7,6 +7,7 @@ TENSOR_KEYWORDS: List[str]
 METADATA_KEYWORDS: List[str]
 DEFAULT_STATISTICAL_C: float
 __version__: str
+DEFAULT_REQUIRE: str
 
 def verify(
     tensors: List[Tuple[str, Any, Optional[str], bool]],
@@ -45,3 +46,24 @@ def compare(
     rows: Optional[str] = None,
     worst: int = 5,
 ) -> Tuple[str, str]: ...
+def fuzz(
+    caller: Callable[[bytes], Union[bytes, Tuple[str, str]]],
+    *,
+    name: str,
+    budget: str,
+    cases: Optional[int],
+    shrink_budget: str,
+    options: str,
+    outputs: List[str],
+    require: str,
+    seed: Optional[int],
+    progress: bool,
+) -> Tuple[str, str, List[Tuple[str, bytes]]]: ...
+def fuzz_replay(
+    caller: Callable[[bytes], Union[bytes, Tuple[str, str]]],
+    path: str,
+    *,
+    name: str,
+    outputs: List[str],
+    require: str,
+) -> Optional[Tuple[str, str, str]]: ...

@@ -1,6 +1,7 @@
-from typing import Any, Dict, Optional, Union
+from os import PathLike
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
-from . import MetaValue, Report, TensorLike
+from . import OUTPUTS, Duration, FuzzReport, Kernel, MetaValue, Report, TensorLike
 
 def assert_verified(
     logits: TensorLike,
@@ -39,3 +40,29 @@ def assert_verified(
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""
+
+class FuzzFailure(AssertionError):
+    """`assert_fuzz_clean` found a counterexample."""
+
+    report: FuzzReport
+    def __init__(self, message: str, report: FuzzReport) -> None: ...
+
+def assert_fuzz_clean(
+    fn: Kernel,
+    *,
+    save_to: Union[None, str, "PathLike[str]"] = None,
+    budget: Duration = "30s",
+    cases: Optional[int] = None,
+    dtypes: Union[str, Sequence[str], None] = ("float32", "bfloat16"),
+    vocab: Union[int, str, range, Sequence[Union[int, str, range]], None] = None,
+    outputs: Union[str, Sequence[str]] = OUTPUTS,
+    options: Union[str, Mapping[str, Any]] = "",
+    seed: Optional[int] = None,
+    require: Union[str, Sequence[str]] = ("padding-invariant",),
+    shrink_budget: Duration = "30s",
+    tensors: str = "auto",
+    progress: bool = False,
+) -> FuzzReport:
+    """`logprobe.fuzz(fn, ...)`, raising `FuzzFailure` (an `AssertionError`:
+    the finding, its recipe and seed, the CLI's report) on a counterexample;
+    `save_to`: a directory its dumps are written to first."""

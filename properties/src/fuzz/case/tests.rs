@@ -1,6 +1,8 @@
 //! Unit tests of fuzz cases: the recipe text round trip, pins, the space.
 
 use super::*;
+use logprobe_testkit::strategies::{Offset, RowKind};
+use proptest::strategy::Strategy;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
