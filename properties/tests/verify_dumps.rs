@@ -513,6 +513,13 @@ fn nothing_checked_is_said_per_output() {
         .unwrap()
         .contains("ignore_index"));
     assert!(r.outputs[1].nothing_checked.is_none(), "entropy is checked");
+    assert_eq!(r.outputs[0].verdict, ReportVerdict::Unchecked);
+    assert_eq!(r.outputs[1].verdict, ReportVerdict::Pass);
+    assert_eq!(
+        r.verdict,
+        ReportVerdict::Unchecked,
+        "one output unchecked: not a pass"
+    );
     let table = logprobe_verify::verify::render_table(&r);
     assert!(
         table.contains("unchecked") && table.contains("log_probs: nothing checked"),
@@ -542,13 +549,16 @@ fn nothing_checked_is_said_per_output() {
     ];
     let p = write("n0", &bytes(&t, &[]));
     let (code, out, _) = run(&["verify", "--json", p.to_str().unwrap()]);
-    assert_eq!(code, 0);
+    // Nothing checked is not a pass: exit 1, verdict `unchecked`.
+    assert_eq!(code, 1);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["schema_version"], 1);
     assert_eq!(
         j["files"][0]["outputs"][0]["nothing_checked"],
         "no rows (N = 0)"
     );
+    assert_eq!(j["files"][0]["verdict"], "unchecked");
+    assert_eq!(j["files"][0]["outputs"][0]["verdict"], "unchecked");
     let (_, out, _) = run(&["verify", p.to_str().unwrap()]);
     assert!(out.contains("nothing checked"), "{out}");
 }

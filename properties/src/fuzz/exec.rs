@@ -733,6 +733,27 @@ impl ExecTarget {
             Verdict::NoBound => {
                 j.unchecked = Some("the foreign-kernel model gives no bound (n u >= 1)".into())
             }
+            Verdict::Unchecked => {
+                j.unchecked = Some(
+                    report
+                        .outputs
+                        .iter()
+                        .filter_map(|o| {
+                            o.nothing_checked
+                                .as_ref()
+                                .map(|why| format!("{}: {why}", o.output))
+                        })
+                        .chain(
+                            report
+                                .topk_ids
+                                .as_ref()
+                                .and_then(|t| t.nothing_checked.as_ref())
+                                .map(|why| format!("topk_ids: {why}")),
+                        )
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            }
             Verdict::Suspect => j.suspect = true,
             Verdict::Pass => {}
         }

@@ -293,10 +293,12 @@ pub fn check_dump(
         None
     };
     Ok(TopkSetReport {
-        verdict: if failures.is_empty() {
-            crate::verify::ReportVerdict::Pass
-        } else {
+        verdict: if !failures.is_empty() {
             crate::verify::ReportVerdict::Fail
+        } else if nothing_checked.is_some() {
+            crate::verify::ReportVerdict::Unchecked
+        } else {
+            crate::verify::ReportVerdict::Pass
         },
         sorted,
         rows_checked: rows.len(),

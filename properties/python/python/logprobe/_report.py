@@ -16,7 +16,13 @@ from typing import Any, Dict, List, Optional, Tuple
 _NONFINITE = {"inf": float("inf"), "-inf": float("-inf"), "NaN": float("nan")}
 
 #: The engine's verdicts (serde names) in the ``--expect`` vocabulary.
-_VERDICT = {"pass": "pass", "suspect": "suspect", "no_bound": "no bound", "fail": "fail"}
+_VERDICT = {
+    "pass": "pass",
+    "suspect": "suspect",
+    "unchecked": "unchecked",
+    "no_bound": "no bound",
+    "fail": "fail",
+}
 
 
 def _floats(x: Any) -> Any:

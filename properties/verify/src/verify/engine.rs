@@ -316,6 +316,9 @@ pub fn verify_dump(
         }
         if report.count == 0 {
             report.nothing_checked = Some(nothing_checked_reason(o, dump, &rows));
+            if report.verdict == ReportVerdict::Pass {
+                report.verdict = ReportVerdict::Unchecked;
+            }
         }
         outputs.push(report);
     }

@@ -12,7 +12,7 @@ use super::*;
 pub struct ExpectRow {
     /// File stem.
     pub name: String,
-    /// The expected verdict (`pass`, `fail`, `no bound`), `None` when the
+    /// The expected verdict (`pass`, `suspect`, `unchecked`, `fail`, `no bound`), `None` when the
     /// file is not listed.
     pub expected: Option<String>,
     /// The verdict found (`pass`, `fail`, `no bound`, `bad input`).
@@ -32,7 +32,7 @@ pub enum ExpectError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Not `{"name": {"expect": "pass" | "fail" | "no bound"}, ...}`.
+    /// Not `{"name": {"expect": "pass" | "suspect" | "unchecked" | "fail" | "no bound"}, ...}`.
     #[error("bad expectations {path}: {reason}")]
     Format {
         /// The file.
@@ -77,12 +77,12 @@ impl Expectations {
                 .and_then(|e| e.as_str())
                 .ok_or_else(|| format!("entry `{name}` has no string `expect`"))?;
             match expect {
-                "pass" | "suspect" | "fail" | "no bound" => {
+                "pass" | "suspect" | "unchecked" | "fail" | "no bound" => {
                     out.insert(name.clone(), expect.to_string());
                 }
                 other => {
                     return Err(format!(
-                        "entry `{name}`: expect = {other:?}, not pass, suspect, fail or no bound"
+                        "entry `{name}`: expect = {other:?}, not pass, suspect, unchecked, fail or no bound"
                     ))
                 }
             }

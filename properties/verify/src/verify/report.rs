@@ -20,6 +20,10 @@ pub enum ReportVerdict {
     /// threshold ([`tolerance::Statistical`]): far less accurate than a
     /// correct implementation in any calibrated order. Exit 0, 1 with `--strict`.
     Suspect,
+    /// An output the dump gives had no element checked (every row excluded
+    /// or ignored, `K = 0`, `N = 0`) and nothing else is wrong: not a pass
+    /// (exit 1). The report says why per output (`nothing_checked`).
+    Unchecked,
     /// The model certifies nothing (`n u >= 1`) and nothing is definitely
     /// wrong: not a pass.
     NoBound,
@@ -28,11 +32,13 @@ pub enum ReportVerdict {
 }
 
 impl ReportVerdict {
-    /// `pass`, `suspect`, `no bound` or `fail` (the `--expect` vocabulary).
+    /// `pass`, `suspect`, `unchecked`, `no bound` or `fail` (the
+    /// `--expect` vocabulary).
     pub fn name(self) -> &'static str {
         match self {
             ReportVerdict::Pass => "pass",
             ReportVerdict::Suspect => "suspect",
+            ReportVerdict::Unchecked => "unchecked",
             ReportVerdict::NoBound => "no bound",
             ReportVerdict::Fail => "fail",
         }
@@ -44,6 +50,7 @@ impl std::fmt::Display for ReportVerdict {
         f.write_str(match self {
             ReportVerdict::Pass => "pass",
             ReportVerdict::Suspect => "SUSPECT",
+            ReportVerdict::Unchecked => "UNCHECKED",
             ReportVerdict::NoBound => "no bound",
             ReportVerdict::Fail => "FAIL",
         })

@@ -38,17 +38,28 @@ fn fmt_v(x: f64) -> String {
 pub fn render_table(report: &FileReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let all_unchecked = report.outputs.iter().all(|o| o.nothing_checked.is_some())
-        && report
-            .topk_ids
-            .as_ref()
-            .is_none_or(|t| t.nothing_checked.is_some());
+    let unchecked = report
+        .outputs
+        .iter()
+        .map(|o| o.nothing_checked.is_some())
+        .chain(
+            report
+                .topk_ids
+                .as_ref()
+                .map(|t| t.nothing_checked.is_some()),
+        );
+    let (some_unchecked, all_unchecked) =
+        unchecked.fold((false, true), |(any, all), u| (any || u, all && u));
     let _ = writeln!(
         s,
         "{}: {}{}  [{} x {} {} logits (vocab {}), rows checked {}/{}, model {} {} accumulation, {:.2} s]",
         report.path.display(),
         report.verdict,
-        if all_unchecked { " (nothing checked)" } else { "" },
+        match (some_unchecked, all_unchecked) {
+            (true, true) => " (nothing checked)",
+            (true, false) => " (an output had nothing checked)",
+            _ => "",
+        },
         report.rows,
         report.columns,
         report.logits_dtype,
