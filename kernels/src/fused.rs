@@ -37,6 +37,7 @@ pub(crate) const CPU_CAPABILITIES: Capabilities = Capabilities {
     temperature: true,
     padded_vocab: true,
     f64_input: true,
+    lse: true,
 };
 
 /// Per-row record bytes of the fused kernel (forward or backward stats).

@@ -57,6 +57,8 @@ pub struct Capabilities {
     pub padded_vocab: bool,
     /// f64 logits (f32, bf16 and f16 are always accepted).
     pub f64_input: bool,
+    /// `lse` and `z_loss` ([`Options::lse`], [`Options::z_loss_coef`]).
+    pub lse: bool,
 }
 
 /// Forward outputs in the requested dtype. Values are stored as f64 and are
@@ -69,7 +71,7 @@ pub struct ForwardOutput {
     /// ([`Output::requested`](logprobe_reference::spec::Output::requested)),
     /// `[N, width]`: log-probs `[N, 1]` (nats; `ignore_index` rows hold 0),
     /// entropy `[N, 1]` (nats), top-k log-probs `[N, K]` (nats; `-inf` for
-    /// masked ids).
+    /// masked ids), `lse [N, 1]` (nats), `z_loss [N, 1]`.
     pub values: PerOutput<Array2<f64>>,
 }
 

@@ -43,6 +43,9 @@ pub struct CallParams<A> {
     pub entropy: Option<EntropyLogits>,
     /// `ignore_index`.
     pub ignore_index: i64,
+    /// The z-loss coefficient in the accumulation dtype (`None` without
+    /// `z_loss_coef`).
+    pub z_loss_coef: Option<A>,
 }
 
 impl<A: Acc> CallParams<A> {
@@ -63,6 +66,7 @@ impl<A: Acc> CallParams<A> {
             grad_scale: if t == 1.0 { None } else { Some(A::from_f64(t)) },
             entropy: problem.options.entropy,
             ignore_index: problem.options.ignore_index,
+            z_loss_coef: problem.options.z_loss_coef.map(A::from_f64),
         }
     }
 }
@@ -261,6 +265,11 @@ pub struct RowForward {
     pub entropy: f64,
     /// Top-k log-probs `[K]`, rounded to `out`.
     pub topk: Vec<f64>,
+    /// `lse = m / T + ln S` (0 when not wanted), rounded to `out`.
+    pub lse: f64,
+    /// `z_loss = coef * lse * lse` from the unrounded `lse` (0 when not
+    /// wanted), rounded to `out`.
+    pub z_loss: f64,
 }
 
 /// Rounds an accumulation value to `out` (correctly: [`Dtype::round_f64`]).
@@ -300,10 +309,29 @@ pub fn row_forward<A: Acc>(
             .collect(),
         None => Vec::new(),
     };
+    // lse = m / T + ln S (the oracle's `lse(z')`, DESIGN: "Loss side"),
+    // all in the accumulation dtype; z_loss squares that unrounded value.
+    let want_z = problem.options.z_loss_coef.is_some();
+    let (lse, z_loss) = if problem.options.lse || want_z {
+        let m = match p.scale {
+            Some(t) => st.m / t,
+            None => st.m,
+        };
+        let l = m + st.ell;
+        let z = match p.z_loss_coef {
+            Some(c) if want_z => round_out(c * l * l, out),
+            _ => 0.0,
+        };
+        (round_out(l, out), z)
+    } else {
+        (0.0, 0.0)
+    };
     RowForward {
         log_prob,
         entropy,
         topk,
+        lse,
+        z_loss,
     }
 }
 
@@ -328,6 +356,12 @@ pub fn assemble(
             for (k, v) in f.topk.into_iter().enumerate() {
                 tk[[r, k]] = v;
             }
+        }
+        if let Some(l) = fo.values.get_mut(Output::Lse) {
+            l[[r, 0]] = f.lse;
+        }
+        if let Some(z) = fo.values.get_mut(Output::ZLoss) {
+            z[[r, 0]] = f.z_loss;
         }
     }
     Ok(fo)

@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 9, "{paths:?}");
+    assert_eq!(paths.len(), 11, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -46,7 +46,7 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         );
     }
     assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
-    assert_eq!(exit_status(&outcomes, None), 1, "three dumps fail");
+    assert_eq!(exit_status(&outcomes, None), 1, "four dumps fail");
 
     let reports: Vec<&FileReport> = outcomes
         .iter()
@@ -78,6 +78,15 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     );
     assert!(lp.max_ulps <= 1.0, "{}", lp.max_ulps);
     assert_eq!(output(r, "entropy").verdict, ReportVerdict::Fail);
+    // The loss side: z_loss squared from an lse stored in bf16 fails on
+    // z_loss alone (that lse, correctly rounded to bf16, passes).
+    let r = by("z_loss_from_bf16_lse");
+    assert_eq!(output(r, "z_loss").verdict, ReportVerdict::Fail);
+    assert_eq!(output(r, "lse").verdict, ReportVerdict::Pass);
+    let r = by("z_loss_fp32_math_bf16");
+    for name in ["log_probs", "lse", "z_loss"] {
+        assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
 
     // Correct dumps: every output within bound, gradients included.
     let r = by("fp32_autograd_gradients");
@@ -114,8 +123,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the seven small dumps (two pass, two are SUSPECT, the
-/// three bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the nine small dumps (three pass, two are SUSPECT, the
+/// four bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -124,7 +133,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 7);
+    assert_eq!(small.len(), 9);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -145,7 +154,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 7);
+    assert_eq!(files.len(), 9);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

@@ -153,7 +153,8 @@ fn assert_same_but_lse(
     what: &str,
 ) {
     let r = |e: &Exact| (e.rounded, e.decided);
-    for o in Output::FORWARD {
+    // lse and z_loss move with the shift; they are not requested here.
+    for o in [Output::LogProbs, Output::Entropy, Output::TopkLogProbs] {
         let vals = |f: &OracleForward| f.values[o].iter().map(r).collect::<Vec<_>>();
         assert_eq!(vals(&a.0), vals(&b.0), "{what}: {o}");
     }

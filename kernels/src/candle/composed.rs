@@ -177,6 +177,9 @@ impl Kernel for CandleComposed {
         if problem.sampling_mask.is_some() {
             return Err(Self::unsupported("sampling_mask"));
         }
+        if problem.options.lse || problem.options.z_loss_coef.is_some() {
+            return Err(Self::unsupported("lse / z_loss"));
+        }
         if shape.temperature != 1.0 {
             return Err(Self::unsupported("temperature other than 1"));
         }

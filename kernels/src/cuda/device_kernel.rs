@@ -106,6 +106,7 @@ impl DeviceKernel {
             temperature: true,
             padded_vocab: true,
             f64_input: false,
+            lse: false,
         }
     }
 
@@ -120,6 +121,12 @@ impl DeviceKernel {
         check_scaled_logits(problem, &shape)?;
         if let Layout::VocabParallel(shards) = &self.layout {
             shards.ranges(shape.v_total)?;
+        }
+        if problem.options.lse || problem.options.z_loss_coef.is_some() {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "lse / z_loss",
+            });
         }
         if shape.k + 1 > MAX_SLOTS {
             return Err(KernelError::Unsupported {

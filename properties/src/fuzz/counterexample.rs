@@ -158,6 +158,9 @@ pub fn dump_bytes(
     if let Some(v) = o.vocab_size {
         meta.push(("vocab_size", v.to_string()));
     }
+    if let Some(c) = o.z_loss_coef {
+        meta.push(("z_loss_coef", num(c)));
+    }
     if let Some(en) = o.entropy {
         meta.push((
             "entropy_logits",

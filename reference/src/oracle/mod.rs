@@ -343,8 +343,14 @@ impl Oracle {
             rows_mpfr: 0,
         };
         let lse = ff.lse;
-        let values = fast_values(problem, ff);
-        if undecided == 0 {
+        let values = fast_values(problem, ff, target);
+        // The loss side's values derived here (z_loss) may be undecided
+        // where the f64 tier's own outputs are not.
+        let derived = values
+            .get(Output::ZLoss)
+            .map_or(0, |v| v.iter().filter(|e| e.is_none()).count() as u64);
+        fb.outputs_mpfr += derived;
+        if undecided + derived == 0 {
             let rf = RowForward {
                 lse: lse.expect("decided"),
                 values: values.map(|_, v| v.into_iter().map(|e| e.expect("decided")).collect()),
@@ -404,6 +410,8 @@ impl Oracle {
                     vals.topk.iter().map(|b| rounder.exact(b, target)).collect()
                 }
                 Output::GradLogits => Vec::new(),
+                Output::Lse => vec![lse],
+                Output::ZLoss => vec![z_loss_mpfr(problem, &vals.lse, prec, &mut rounder, target)],
             });
             let rf = RowForward {
                 lse,
@@ -688,15 +696,87 @@ impl RowForward {
 /// The f64 tier's results of one row per requested forward output
 /// (`None`: left undecided for MPFR); an `ignore_index` row's log-prob is
 /// the exact 0 of [`RowForward::values`].
-fn fast_values(problem: &Problem<'_>, ff: fast::FastForward) -> PerOutput<Vec<Option<Exact>>> {
+fn fast_values(
+    problem: &Problem<'_>,
+    ff: fast::FastForward,
+    target: Dtype,
+) -> PerOutput<Vec<Option<Exact>>> {
     let (mut log_prob, mut entropy, mut topk) =
         (Some(ff.log_prob), Some(ff.entropy), Some(ff.topk));
+    let lse = ff.lse;
     PerOutput::for_requested(problem, |o| match o {
         Output::LogProbs => vec![log_prob.take().flatten().unwrap_or(Some(Exact::point(0.0)))],
         Output::Entropy => entropy.take().flatten().into_iter().collect(),
         Output::TopkLogProbs => topk.take().unwrap_or_default(),
         Output::GradLogits => Vec::new(),
+        Output::Lse => vec![lse],
+        Output::ZLoss => vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))],
     })
+}
+
+/// The z-loss coefficient of `problem` as the computation takes it
+/// (rounded to the accumulation dtype; 0 when absent or invalid, which
+/// validation has already refused).
+fn z_loss_coef(problem: &Problem<'_>) -> f64 {
+    problem
+        .options
+        .effective_z_loss_coef(problem.logits.dtype().accumulation())
+        .ok()
+        .flatten()
+        .unwrap_or(0.0)
+}
+
+/// `z_loss = coef * lse^2` (DESIGN: "Loss side") from the f64 tier's
+/// enclosure of `lse`: the square and the product each widened outward by
+/// one f64 ulp (each is one rounded f64 operation), then decided as every
+/// f64-tier value ([`fast::decide`]); `None` leaves it to MPFR. A zero
+/// coefficient gives an exact `+0`.
+fn z_loss_fast(problem: &Problem<'_>, lse: Interval, target: Dtype) -> Option<Exact> {
+    let coef = z_loss_coef(problem);
+    if coef == 0.0 {
+        return Some(Exact::point(0.0));
+    }
+    let Interval { lo, hi } = lse;
+    let (sq_lo, sq_hi) = if lo >= 0.0 {
+        (lo * lo, hi * hi)
+    } else if hi <= 0.0 {
+        (hi * hi, lo * lo)
+    } else {
+        (0.0, (lo * lo).max(hi * hi))
+    };
+    let sq_lo = if sq_lo > 0.0 {
+        sq_lo.next_down().max(0.0)
+    } else {
+        0.0
+    };
+    let lo = (coef * sq_lo).next_down().max(0.0);
+    let hi = (coef * sq_hi.next_up()).next_up();
+    fast::decide(Interval { lo, hi }, target)
+}
+
+/// `z_loss = coef * lse^2` from the MPFR enclosure of `lse` at precision
+/// `prec` (outward interval products), correctly rounded to `target`.
+fn z_loss_mpfr(
+    problem: &Problem<'_>,
+    lse: &MpfrInterval,
+    prec: u32,
+    rounder: &mut Rounder,
+    target: Dtype,
+) -> Exact {
+    let coef = z_loss_coef(problem);
+    if coef == 0.0 {
+        return Exact::point(0.0);
+    }
+    let mut t = rug::Float::new(prec);
+    let mut sq = MpfrInterval::new(prec);
+    sq.mul(lse, lse, &mut t);
+    // A square is >= 0: the mixed-sign product's negative end is clamped.
+    if sq.lo.is_sign_negative() {
+        sq.lo = rug::Float::with_val(prec, 0);
+    }
+    let mut z = MpfrInterval::new(prec);
+    z.mul(&MpfrInterval::point(prec, coef), &sq, &mut t);
+    rounder.exact(&z, target)
 }
 
 /// Smallest working precision: every f64 input must be exact.

@@ -76,6 +76,13 @@ pub enum SpecError {
         /// The temperature as given.
         temperature: f64,
     },
+    /// `z_loss_coef` negative or non-finite (after rounding to the
+    /// accumulation dtype).
+    #[error("z_loss_coef must be finite and >= 0, got {z_loss_coef}")]
+    BadZLossCoef {
+        /// The coefficient as given.
+        z_loss_coef: f64,
+    },
     /// A tensor of the wrong shape.
     #[error("{tensor} has shape {found:?}, expected {expected:?}")]
     ShapeMismatch {

@@ -29,6 +29,11 @@ pub enum Output {
     /// `grad_logits [N, V_total]`: the VJP of the cotangent-weighted
     /// forward outputs, nats per logit unit (padded columns 0).
     GradLogits,
+    /// `lse [N]` (stored `[N, 1]`): `logsumexp(z')` per row, nats.
+    Lse,
+    /// `z_loss [N]` (stored `[N, 1]`): `z_loss_coef * lse^2` per row
+    /// (DESIGN: "Loss side"; reduction `none`, every row).
+    ZLoss,
 }
 
 /// What the second axis of an output indexes.
@@ -44,7 +49,7 @@ pub enum Columns {
 
 impl Output {
     /// How many outputs there are.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 6;
 
     /// Every output, in report order.
     pub const ALL: [Output; Output::COUNT] = [
@@ -52,10 +57,18 @@ impl Output {
         Output::Entropy,
         Output::TopkLogProbs,
         Output::GradLogits,
+        Output::Lse,
+        Output::ZLoss,
     ];
 
     /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 3] = [Output::LogProbs, Output::Entropy, Output::TopkLogProbs];
+    pub const FORWARD: [Output; 5] = [
+        Output::LogProbs,
+        Output::Entropy,
+        Output::TopkLogProbs,
+        Output::Lse,
+        Output::ZLoss,
+    ];
 
     /// Position in [`Output::ALL`].
     pub fn index(self) -> usize {
@@ -63,24 +76,28 @@ impl Output {
     }
 
     /// The tensor name (dump format, reports): `log_probs`, `entropy`,
-    /// `topk_log_probs`, `grad_logits`.
+    /// `topk_log_probs`, `grad_logits`, `lse`, `z_loss`.
     pub fn name(self) -> &'static str {
         match self {
             Output::LogProbs => "log_probs",
             Output::Entropy => "entropy",
             Output::TopkLogProbs => "topk_log_probs",
             Output::GradLogits => "grad_logits",
+            Output::Lse => "lse",
+            Output::ZLoss => "z_loss",
         }
     }
 
     /// The tensor name of this output's upstream cotangent (`grad_<name>`),
-    /// `None` for `grad_logits` (nothing is differentiated through it).
+    /// `None` for `grad_logits` (nothing is differentiated through it) and
+    /// for `lse` / `z_loss`, whose VJP is not built yet (`grad_lse`,
+    /// `grad_z_loss` stay reserved names, rejected as not supported).
     pub fn cotangent_name(self) -> Option<&'static str> {
         match self {
             Output::LogProbs => Some("grad_log_probs"),
             Output::Entropy => Some("grad_entropy"),
             Output::TopkLogProbs => Some("grad_topk_log_probs"),
-            Output::GradLogits => None,
+            Output::GradLogits | Output::Lse | Output::ZLoss => None,
         }
     }
 
@@ -92,7 +109,7 @@ impl Output {
     /// What the second axis indexes.
     pub fn columns(self) -> Columns {
         match self {
-            Output::LogProbs | Output::Entropy => Columns::One,
+            Output::LogProbs | Output::Entropy | Output::Lse | Output::ZLoss => Columns::One,
             Output::TopkLogProbs => Columns::TopK,
             Output::GradLogits => Columns::Vocabulary,
         }
@@ -110,13 +127,16 @@ impl Output {
 
     /// Whether a forward call on `problem` computes this output: log-probs
     /// with `tokens`, the entropy with `options.entropy`, top-k log-probs
-    /// with `topk_ids`; never `grad_logits` (a backward call's output).
+    /// with `topk_ids`, `lse` with `options.lse`, `z_loss` with
+    /// `options.z_loss_coef`; never `grad_logits` (a backward call's output).
     pub fn requested(self, problem: &Problem<'_>) -> bool {
         match self {
             Output::LogProbs => problem.tokens.is_some(),
             Output::Entropy => problem.options.entropy.is_some(),
             Output::TopkLogProbs => problem.topk_ids.is_some(),
             Output::GradLogits => false,
+            Output::Lse => problem.options.lse,
+            Output::ZLoss => problem.options.z_loss_coef.is_some(),
         }
     }
 
@@ -126,7 +146,11 @@ impl Output {
     pub fn judged(self, problem: &Problem<'_>, row: usize) -> bool {
         match self {
             Output::LogProbs => problem.has_target(row),
-            Output::Entropy | Output::TopkLogProbs | Output::GradLogits => true,
+            Output::Entropy
+            | Output::TopkLogProbs
+            | Output::GradLogits
+            | Output::Lse
+            | Output::ZLoss => true,
         }
     }
 
@@ -145,7 +169,7 @@ impl Output {
             Output::LogProbs => cotangents.grad_log_probs.map(|g| g.insert_axis(Axis(1))),
             Output::Entropy => cotangents.grad_entropy.map(|g| g.insert_axis(Axis(1))),
             Output::TopkLogProbs => cotangents.grad_topk_log_probs,
-            Output::GradLogits => None,
+            Output::GradLogits | Output::Lse | Output::ZLoss => None,
         }
     }
 }

@@ -136,8 +136,10 @@ pub enum EntropyLogits {
     Masked,
 }
 
-/// Options of the computation (DESIGN.md, "The math").
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Options of the computation (DESIGN.md, "The math"). `Debug` prints the
+/// loss side's fields only when set (reports and golden headers of
+/// log-prob problems read as before they existed).
+#[derive(Clone, Copy, PartialEq)]
 pub struct Options {
     /// Temperature `T > 0`; rounded to the accumulation dtype (f32 for
     /// f32/bf16/f16 logits, f64 for f64) before use, as PyTorch does with a
@@ -154,6 +156,31 @@ pub struct Options {
     /// Whether to compute the entropy, and over which logits. Default
     /// `Some(Unmasked)`.
     pub entropy: Option<EntropyLogits>,
+    /// Whether to compute `lse [N]`, the logsumexp of `z'` per row (nats).
+    /// Default false.
+    pub lse: bool,
+    /// `Some(coef)`: compute `z_loss [N] = coef * lse^2` per row (nats^2
+    /// times `coef`; DESIGN: "Loss side"). `coef >= 0` and finite, rounded
+    /// to the accumulation dtype as the temperature is. Default `None`.
+    pub z_loss_coef: Option<f64>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Options");
+        d.field("temperature", &self.temperature)
+            .field("temperature_dtype", &self.temperature_dtype)
+            .field("vocab_size", &self.vocab_size)
+            .field("ignore_index", &self.ignore_index)
+            .field("entropy", &self.entropy);
+        if self.lse {
+            d.field("lse", &self.lse);
+        }
+        if let Some(c) = self.z_loss_coef {
+            d.field("z_loss_coef", &c);
+        }
+        d.finish()
+    }
 }
 
 impl Default for Options {
@@ -164,6 +191,8 @@ impl Default for Options {
             vocab_size: None,
             ignore_index: DEFAULT_IGNORE_INDEX,
             entropy: Some(EntropyLogits::Unmasked),
+            lse: false,
+            z_loss_coef: None,
         }
     }
 }
@@ -182,6 +211,25 @@ impl Options {
             Err(SpecError::BadTemperature {
                 temperature: self.temperature,
             })
+        }
+    }
+
+    /// The z-loss coefficient as the computation uses it: rounded to `acc`
+    /// (f32 or f64), as an exact f64 (`None` without `z_loss_coef`).
+    ///
+    /// # Errors
+    /// [`SpecError::BadZLossCoef`] unless the rounded value is finite and >= 0.
+    pub fn effective_z_loss_coef(&self, acc: Dtype) -> Result<Option<f64>, SpecError> {
+        match self.z_loss_coef {
+            None => Ok(None),
+            Some(c) => {
+                let r = acc.round_f64(c);
+                if r.is_finite() && r >= 0.0 {
+                    Ok(Some(r))
+                } else {
+                    Err(SpecError::BadZLossCoef { z_loss_coef: c })
+                }
+            }
         }
     }
 }
@@ -258,6 +306,7 @@ impl<'a> Problem<'a> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
         let temperature = self.options.effective_temperature(dtype.accumulation())?;
+        self.options.effective_z_loss_coef(dtype.accumulation())?;
         let vocab_size = self.options.vocab_size.unwrap_or(v_total);
         if vocab_size > v_total {
             return Err(SpecError::BadVocabSize {

@@ -44,6 +44,8 @@ def verify(
     grad_topk_log_probs: Optional[TensorLike] = None,
     grad_logits: Optional[TensorLike] = None,
     row_mask: Optional[TensorLike] = None,
+    lse: Optional[TensorLike] = None,
+    z_loss: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -54,6 +56,7 @@ def verify(
     topk_ids_source: Optional[MetaValue] = None,
     topk_sorted: Optional[MetaValue] = None,
     chunk_size: Optional[MetaValue] = None,
+    z_loss_coef: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

@@ -24,6 +24,8 @@ def assert_verified(
     grad_topk_log_probs: Optional[TensorLike] = None,
     grad_logits: Optional[TensorLike] = None,
     row_mask: Optional[TensorLike] = None,
+    lse: Optional[TensorLike] = None,
+    z_loss: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -33,6 +35,7 @@ def assert_verified(
     topk_ids_source: Optional[MetaValue] = None,
     topk_sorted: Optional[MetaValue] = None,
     chunk_size: Optional[MetaValue] = None,
+    z_loss_coef: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

@@ -32,6 +32,10 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
     if !caps.topk {
         p.topk_ids = None;
     }
+    if !caps.lse {
+        p.options.lse = false;
+        p.options.z_loss_coef = None;
+    }
     let (_, v_total) = p.logits.dim();
     let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
         Some("sampling_mask")

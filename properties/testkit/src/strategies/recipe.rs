@@ -18,6 +18,11 @@ use super::*;
 /// (128256), Qwen2 (151936), Qwen2.5 padded (152064), Gemma (256000).
 pub const REAL_VOCAB_SIZES: [usize; 6] = [32000, 50257, 128256, 151936, 152064, 256000];
 
+/// The z-loss coefficient of every generated case (PaLM's and Liger's
+/// usual `1e-4`; not a power of two, so its rounding to the accumulation
+/// dtype is exercised).
+pub const Z_LOSS_COEF: f64 = 1e-4;
+
 /// The shape of one row's logits before the common offset is added.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RowKind {
@@ -300,6 +305,13 @@ impl ProblemRecipe {
             vocab_size: (self.padding > 0).then_some(v),
             ignore_index: self.ignore_index,
             entropy: self.entropy,
+            // The loss side rides on every f32 / bf16 / f16 case: lse and
+            // z_loss are judged wherever a kernel supports them
+            // (Capabilities::lse). Not yet on f64 logits: an f64 lse near
+            // 1e3 judged against the oracle's f64-rounded enclosure (target
+            // f64) fails by the enclosure's own 1 ulp width (issue 17 note).
+            lse: dtype != Dtype::F64,
+            z_loss_coef: (dtype != Dtype::F64).then_some(Z_LOSS_COEF),
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),

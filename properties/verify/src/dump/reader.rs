@@ -321,7 +321,11 @@ impl<'a> Dump<'a> {
         let want_entropy = candidates.contains(Output::Entropy)
             || cotangents.contains(Output::Entropy)
             || !require_candidate;
-        let options = parse_options(&meta, want_entropy, v, ldtype)?;
+        let mut options = parse_options(&meta, want_entropy, v, ldtype)?;
+        options.lse = candidates.contains(Output::Lse);
+        if candidates.contains(Output::ZLoss) {
+            options.z_loss_coef = Some(parse_z_loss_coef(&meta, ldtype)?);
+        }
         Ok(Dump {
             logits,
             tokens,
@@ -385,6 +389,23 @@ impl<'a> Dump<'a> {
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
     }
+}
+
+/// `z_loss_coef` (required with a `z_loss` tensor): a float `>= 0`,
+/// finite once rounded to the accumulation dtype of `dtype` logits.
+fn parse_z_loss_coef(meta: &HashMap<String, String>, dtype: Dtype) -> Result<f64, DumpError> {
+    let bad = |reason| DumpError::BadMetadata {
+        key: "z_loss_coef",
+        value: meta.get("z_loss_coef").cloned().unwrap_or_default(),
+        reason,
+    };
+    let c = parse_meta::<f64>(meta, "z_loss_coef", "not a number")?
+        .ok_or_else(|| bad("required by the z_loss tensor"))?;
+    let r = dtype.accumulation().round_f64(c);
+    if !(r.is_finite() && r >= 0.0) {
+        return Err(bad("must be finite and >= 0"));
+    }
+    Ok(c)
 }
 
 /// Options from the `__metadata__` strings (defaults per the format).

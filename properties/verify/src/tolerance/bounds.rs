@@ -562,6 +562,54 @@ impl<'a> RowBounds<'a> {
             },
             Output::GradLogits if col >= targets.vocab_size => ErrorBound::Abs(0.0),
             Output::GradLogits => self.grad(col, &targets.grad_cotangents(), out),
+            Output::Lse => self.lse(out),
+            Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
+        }
+    }
+
+    /// Error (nats) of `lse = m / T + ell` in the accumulation dtype,
+    /// before its own rounding (T15): `t_T Z + delta_ell`, and the
+    /// magnitude bound `Z + ln S` of the value.
+    fn lse_pre(&self) -> Result<(Hi, Hi), NoBound> {
+        let set = self.p.as_ref().map_err(Clone::clone)?;
+        let pre = self.c.t_div * self.c.z + set.delta_ell;
+        Ok((pre, self.c.z + Hi(set.ln_s.hi)))
+    }
+
+    /// Bound (nats) on `|lse^ - lse|` for a candidate in `out` (T15, then
+    /// the final roundings T8).
+    pub fn lse(&self, out: Dtype) -> ErrorBound {
+        match self.lse_pre() {
+            Ok((pre, v_abs)) => self.c.finish(pre, v_abs, out, "lse"),
+            Err(reason) => ErrorBound::None { reason },
+        }
+    }
+
+    /// Bound on `|z_loss^ - z_loss|` for `z_loss = coef * lse^2` (`coef`
+    /// as the computation takes it) and a candidate in `out` (T16): from
+    /// the accumulation-dtype `lse^` with error `E_L` (T15 and its rounding),
+    /// `coef (E_L (2 L + E_L) + gamma_2 (L + E_L)^2)` with `L = Z + ln S`,
+    /// then half an ulp of `out` when it is narrower than the accumulation.
+    pub fn z_loss(&self, coef: f64, out: Dtype) -> ErrorBound {
+        let (pre, l) = match self.lse_pre() {
+            Ok(v) => v,
+            Err(reason) => return ErrorBound::None { reason },
+        };
+        let g2 = match gamma(2, self.c.u.0) {
+            Ok(g) => g,
+            Err(reason) => return ErrorBound::None { reason },
+        };
+        let e_l = pre + half_ulp(self.c.acc, l + pre);
+        let c = Hi(coef.abs());
+        let big = l + e_l;
+        let a = c * (e_l * (Hi(2.0) * l + e_l) + g2 * big * big);
+        let mut total = a;
+        if out.precision() < self.c.acc.precision() {
+            total = total + half_ulp(out, c * big * big + a);
+        }
+        match finite(total, "z_loss") {
+            Ok(t) => ErrorBound::Abs(t.0),
+            Err(reason) => ErrorBound::None { reason },
         }
     }
 

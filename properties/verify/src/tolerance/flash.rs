@@ -94,7 +94,8 @@ impl NaiveRow {
 
     /// The naive value of column `col` of `output` in `dtype`: the naive
     /// log-softmax at the target or top-k id, the naive entropy; `None` for
-    /// grad logits (the rule is about forward outputs) or a missing target.
+    /// grad logits and the loss side's `lse` / `z_loss` (the rule is about
+    /// log-softmax outputs) or a missing target.
     pub fn value(
         &mut self,
         output: Output,
@@ -106,7 +107,7 @@ impl NaiveRow {
             Output::LogProbs => targets.token?,
             Output::TopkLogProbs => *targets.topk_ids.get(col)?,
             Output::Entropy => return Some(self.entropy(dtype)),
-            Output::GradLogits => return None,
+            Output::GradLogits | Output::Lse | Output::ZLoss => return None,
         };
         self.log_softmax(dtype).get(id).copied()
     }

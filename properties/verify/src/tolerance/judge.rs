@@ -64,7 +64,13 @@ impl Judgement {
 /// `exact` and `bound`: pass iff `error_abs <= bound`, the error measured
 /// at the far end of the enclosure.
 pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) -> Judgement {
-    let same_infinity = candidate.is_infinite() && candidate == exact.rounded;
+    // An exact value beyond `dtype`'s range is judged against its correct
+    // rounding (an infinity) in `dtype`, whatever the oracle's target
+    // (dump format: "Semantics at the edges"); e.g. a z_loss of 1e56 in f32.
+    let same_infinity = candidate.is_infinite()
+        && (candidate == exact.rounded
+            || (dtype.round_f64(exact.enclosure.lo) == candidate
+                && dtype.round_f64(exact.enclosure.hi) == candidate));
     let (error_abs, error_ulps) = if same_infinity {
         (0.0, 0.0)
     } else {

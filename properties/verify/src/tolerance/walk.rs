@@ -30,6 +30,10 @@ pub struct RowTargets {
     pub h: f64,
     /// `(id_k, G_k)` of the live top-k ids ([`GradCotangents::live_topk`]).
     pub live_topk: Vec<(usize, f64)>,
+    /// The z-loss coefficient as the computation takes it (rounded to the
+    /// accumulation dtype, [`logprobe_reference::spec::Options::effective_z_loss_coef`]);
+    /// 0 without `z_loss`.
+    pub z_loss_coef: f64,
 }
 
 impl RowTargets {
@@ -66,6 +70,12 @@ impl RowTargets {
             },
             h: cotangents.grad_entropy.map_or(0.0, |h| h[row]),
             live_topk,
+            z_loss_coef: problem
+                .options
+                .effective_z_loss_coef(problem.logits.dtype().accumulation())
+                .ok()
+                .flatten()
+                .unwrap_or(0.0),
         }
     }
 
