@@ -7,7 +7,7 @@ use logprobe_kernels::kernel::Kernel;
 use logprobe_kernels::Fused;
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
-use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::mutants::{IgnoredChunkSize, Mutant};
 use logprobe_testkit::registry::{self, MemoryBudget};
 use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
 
@@ -61,7 +61,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
             ));
         }
         // A kernel that ignores chunk_size (one chunk of all rows) fails.
-        let m = Mutant::new(MutantKind::IgnoredChunkSize, 4);
+        let m = Mutant::new(IgnoredChunkSize::NAME, IgnoredChunkSize::new(4));
         let err = check_memory(&m, &p, Some(&c), Dtype::F32, Some(4))
             .expect_err("ignoring chunk_size must exceed the budget");
         report.push(format!("{dtype} {}: killed ({err})", m.name()));

@@ -9,7 +9,7 @@ use logprobe_kernels::Fused;
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::checks::{survey, KernelSummary};
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
-use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::mutants::{self, CATALOG};
 use logprobe_testkit::registry::{self, Backend};
 use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
 use logprobe_testkit::suite::{self, cpu_families, KernelFamily, ShardedFamily};
@@ -33,9 +33,9 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
     kernels.extend(suite::cuda_kernels());
     let correct = kernels.len();
     kernels.extend(
-        MutantKind::ALL
+        CATALOG
             .iter()
-            .map(|&k| Box::new(Mutant::new(k, CHUNK)) as Box<dyn Kernel>),
+            .map(|e| Box::new((e.build)(CHUNK)) as Box<dyn Kernel>),
     );
     let names: Vec<String> = kernels.iter().map(|k| k.name()).collect();
     let mut kills: Vec<Vec<(String, String)>> = vec![Vec::new(); kernels.len()];
@@ -80,11 +80,11 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         .filter(|f| !host_built_family(&f.name))
         .collect();
     let n_fam = families.len();
-    for &k in &MutantKind::ALL {
+    for e in CATALOG {
         families.push(KernelFamily {
-            name: k.name().into(),
+            name: e.name.into(),
             make: Box::new(move |c| {
-                Box::new(Mutant::new(k, if k.is_chunked() { c } else { CHUNK })) as Box<dyn Kernel>
+                Box::new((e.build)(if e.is_chunked() { c } else { CHUNK })) as Box<dyn Kernel>
             }),
         });
     }
@@ -113,15 +113,16 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         .filter(|f| !host_built_family(&f.name))
         .collect();
     let n_sharded = sharded.len();
+    let tp = CATALOG
+        .iter()
+        .position(|e| e.build_sharded.is_some())
+        .expect("TP mutant in the catalog");
+    let build_sharded = CATALOG[tp].build_sharded.expect("a sharded builder");
     sharded.push(ShardedFamily {
-        name: MutantKind::TpVocabOffset.name().into(),
-        make: Box::new(|w| Box::new(Mutant::tp_vocab_offset(w.to_vec())) as Box<dyn Kernel>),
+        name: CATALOG[tp].name.into(),
+        make: Box::new(move |w| Box::new(build_sharded(w)) as Box<dyn Kernel>),
     });
-    let tp = correct
-        + MutantKind::ALL
-            .iter()
-            .position(|&k| k == MutantKind::TpVocabOffset)
-            .expect("TP mutant in the catalog");
+    let tp = correct + tp;
     let mut sharded_failures = Vec::new();
     for (i, s) in survey(&suite::vocab_parallel(), &sharded[..], None, n_sharded)
         .into_iter()
@@ -151,7 +152,7 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
     .expand(&data);
     Fused.forward(&data.problem(), Dtype::F32).unwrap();
     for (i, k) in kernels.iter().enumerate() {
-        if i >= correct && !k.name().contains(MutantKind::IgnoredChunkSize.name()) {
+        if i >= correct && !k.name().contains(mutants::IgnoredChunkSize::NAME) {
             continue;
         }
         let chunk = if k.name().contains("chunk") {

@@ -7,7 +7,7 @@
 //! another `Kernel`.
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_testkit::mutants::{Mutant, MutantKind};
+use logprobe_testkit::mutants::{self, Twin};
 use logprobe_testkit::registry::{self, Build, MemoryBudget};
 use thiserror::Error;
 
@@ -82,11 +82,7 @@ impl Target {
 pub const DEFAULT_KERNELS: &str = "fused,chunked,vocab-parallel";
 
 fn mutant_names() -> String {
-    MutantKind::ALL
-        .iter()
-        .map(|k| k.name())
-        .collect::<Vec<_>>()
-        .join(", ")
+    mutants::names()
 }
 
 /// Parses a `--kernel` list (comma-separated).
@@ -138,48 +134,32 @@ pub fn parse_target(name: &str) -> Result<Target, TargetError> {
     let Some(m) = name.strip_prefix("mutant:") else {
         return Err(TargetError::Unknown(name.into(), mutant_names()));
     };
-    let kind = MutantKind::ALL
-        .into_iter()
-        .find(|k| k.name() == m)
-        .ok_or_else(|| TargetError::Unknown(name.into(), mutant_names()))?;
-    Ok(mutant_target(name, kind))
+    let entry =
+        mutants::find(m).ok_or_else(|| TargetError::Unknown(name.into(), mutant_names()))?;
+    Ok(mutant_target(name, entry))
 }
 
-fn mutant_target(name: &str, kind: MutantKind) -> Target {
-    use MutantKind::*;
-    // Wrappers that only change options, cotangents or written rows allocate
-    // nothing V-sized beyond their inner kernel (the memory model holds).
-    let memory = matches!(
-        kind,
-        PaddedVocabNotTruncated
-            | TemperatureIgnored
-            | TemperatureTwice
-            | EntropyWrongLogits
-            | IgnoredChunkSize
-            | DroppedChunkRemainder
-            | GradOutput0Broadcast
-    );
-    let make = if kind == TpVocabOffset {
-        Make::Sharded(Box::new(|w| Box::new(Mutant::tp_vocab_offset(w.to_vec()))))
-    } else {
+fn mutant_target(name: &str, entry: &'static mutants::Entry) -> Target {
+    let sharded = entry.twin == Twin::VocabParallel;
+    let make = match entry.build_sharded {
+        Some(f) => Make::Sharded(Box::new(move |w| Box::new(f(w)) as Box<dyn Kernel>)),
         // Fused-based mutants ignore chunk_size.
-        Make::Chunked(Box::new(move |c| Box::new(Mutant::new(kind, c))))
+        None => Make::Chunked(Box::new(move |c| {
+            Box::new((entry.build)(c)) as Box<dyn Kernel>
+        })),
     };
-    let twin = match kind {
-        TpVocabOffset => "vocab-parallel",
-        k if k.is_chunked() => "chunked",
-        _ => "fused",
-    };
-    let mut twin = parse_target(twin).expect("a built-in kernel name");
-    // The twin runs the mutant's checks.
-    twin.memory = memory;
-    twin.invariance = kind != TpVocabOffset;
+    let mut twin = parse_target(entry.twin.name()).expect("a built-in kernel name");
+    // The twin runs the mutant's checks. Wrappers that only change options,
+    // cotangents or written rows allocate nothing V-sized beyond their inner
+    // kernel (the memory model holds).
+    twin.memory = entry.memory_model;
+    twin.invariance = !sharded;
     Target {
         name: name.into(),
         make,
-        invariance: kind != TpVocabOffset,
-        memory,
-        chunk_budget: kind.is_chunked(),
+        invariance: !sharded,
+        memory: entry.memory_model,
+        chunk_budget: entry.is_chunked(),
         twin: Some(Box::new(twin)),
     }
 }

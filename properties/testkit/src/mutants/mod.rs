@@ -1,184 +1,468 @@
 //! Planted mutant kernels: one per bug kind that chunked / fused log-prob
 //! code has shipped (DESIGN: "Why it matters", property 8).
 //!
-//! Each mutant wraps a correct kernel of this workspace and differs from it
-//! only where its bug is triggered: it calls the correct kernel and then
-//! replaces exactly the outputs the bug changes, recomputed the buggy way
-//! (or calls it with the options the bug gets wrong). So a mutant that
-//! survives the default property run proves that the generators never reach
-//! its trigger; a killed one proves they do.
+//! Each mutant is one type implementing [`PlantedBug`]: it wraps a correct
+//! kernel of this workspace and differs from it only where its bug is
+//! triggered. The trait's default methods forward to the wrapped kernel
+//! (then apply the bug's [`PlantedBug::corrupt_forward`] /
+//! [`PlantedBug::corrupt_backward`], or run it with the bug's
+//! [`PlantedBug::wrong_options`]), so a mutant writes only its bug. A mutant
+//! that survives the default property run proves that the generators never
+//! reach its trigger; a killed one proves they do. [`Mutant`] makes any of
+//! them a [`Kernel`] named `mutant:NAME`; [`CATALOG`] lists them all, once.
 //!
-//! | kind | wraps | trigger |
-//! | --- | --- | --- |
-//! | [`MutantKind::NanOnNegInf`] | fused | entropy rows with a `-inf` (or masked, for masked entropy) entry: `p log p = 0 * -inf` |
-//! | [`MutantKind::Bf16Accumulation`] | fused | bf16 / f16 logits: every sum accumulated in the input dtype |
-//! | [`MutantKind::DroppedChunkRemainder`] | chunked | rows past the last full chunk are left 0 |
-//! | [`MutantKind::IgnoredChunkSize`] | chunked | always one chunk of all `N` rows (same values, `N x V` memory) |
-//! | [`MutantKind::TpVocabOffset`] | [`VocabParallel`] (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
-//! | [`MutantKind::PaddedVocabNotTruncated`] | fused | `vocab_size < V_total`: the padding is treated as vocabulary |
-//! | [`MutantKind::TemperatureIgnored`] | fused | `T != 1` |
-//! | [`MutantKind::TemperatureTwice`] | fused | `T != 1`: logits divided by `T` twice |
-//! | [`MutantKind::EntropyWrongLogits`] | fused | a sampling mask: entropy over the other set of logits |
-//! | [`MutantKind::GradOutput0Broadcast`] | fused | backward with `N >= 2`: row 0's cotangents used for every row |
-//! | [`MutantKind::MissingMaxShift`] | fused | rows whose unshifted `sum exp(z)` overflows or underflows f32 |
-//! | [`MutantKind::InPlaceCorruption`] | fused | in-place backward over input with a bad row after a good one: earlier rows already overwritten |
-//! | [`MutantKind::RawEntropyFormula`] | fused | every entropy computed as `lse - sum p z` on raw logits in f32 (exact enough at small offsets, digits lost at large ones) |
-//! | [`MutantKind::ChunkDependentOrder`] | chunked | rows in odd-numbered chunks reduced in reverse column order |
+//! | name | type | wraps | trigger |
+//! | --- | --- | --- | --- |
+//! | `nan-on-neg-inf` | [`NanOnNegInf`] | fused | entropy rows with a `-inf` (or masked, for masked entropy) entry: `p log p = 0 * -inf` |
+//! | `bf16-accumulation` | [`Bf16Accumulation`] | fused | bf16 / f16 logits: every sum accumulated in the input dtype |
+//! | `dropped-chunk-remainder` | [`DroppedChunkRemainder`] | chunked | rows past the last full chunk are left 0 |
+//! | `ignored-chunk-size` | [`IgnoredChunkSize`] | chunked | always one chunk of all `N` rows (same values, `N x V` memory) |
+//! | `tp-vocab-offset` | [`TpVocabOffset`] | [`VocabParallel`](logprobe_kernels::VocabParallel) (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
+//! | `padded-vocab-not-truncated` | [`PaddedVocabNotTruncated`] | fused | `vocab_size < V_total`: the padding is treated as vocabulary |
+//! | `temperature-ignored` | [`TemperatureIgnored`] | fused | `T != 1` |
+//! | `temperature-twice` | [`TemperatureTwice`] | fused | `T != 1`: logits divided by `T` twice |
+//! | `entropy-wrong-logits` | [`EntropyWrongLogits`] | fused | a sampling mask: entropy over the other set of logits |
+//! | `grad-output-0-broadcast` | [`GradOutput0Broadcast`] | fused | backward with `N >= 2`: row 0's cotangents used for every row |
+//! | `missing-max-shift` | [`MissingMaxShift`] | fused | rows whose unshifted `sum exp(z)` overflows or underflows f32 |
+//! | `in-place-corruption` | [`InPlaceCorruption`] | fused | in-place backward over input with a bad row after a good one: earlier rows already overwritten |
+//! | `raw-entropy-formula` | [`RawEntropyFormula`] | fused | every entropy computed as `lse - sum p z` on raw logits in f32 (exact enough at small offsets, digits lost at large ones) |
+//! | `chunk-dependent-order` | [`ChunkDependentOrder`] | chunked | rows in odd-numbered chunks reduced in reverse column order |
+//!
+//! A new mutant: one type implementing [`PlantedBug`] (overriding only
+//! what its bug changes) and one [`Entry`] in [`CATALOG`].
 
-use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused, VocabParallel};
+use ndarray::{Array2, ArrayView1, ArrayView2};
 
-use crate::strategies::even_shards;
+use logprobe_kernels::kernel::{
+    Algorithm, Capabilities, EntropyForm, ForwardOutput, Kernel, KernelError,
+};
+use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, Shape};
 
-/// The bug kinds of the catalog (see the module table).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MutantKind {
-    /// Entropy is NaN on rows with `-inf` entries (`p * log p` at `p = 0`).
-    NanOnNegInf,
-    /// Sums accumulated in bf16 / f16 for bf16 / f16 logits.
-    Bf16Accumulation,
-    /// Rows past the last full chunk are never written (left 0).
-    DroppedChunkRemainder,
-    /// `chunk_size` ignored: one chunk of all rows.
-    IgnoredChunkSize,
-    /// Tensor-parallel vocabulary offset not subtracted for the target.
-    TpVocabOffset,
-    /// Padded vocabulary columns not truncated.
-    PaddedVocabNotTruncated,
-    /// Temperature ignored.
-    TemperatureIgnored,
-    /// Temperature applied twice.
-    TemperatureTwice,
-    /// Entropy over the wrong logits (masked vs unmasked swapped).
-    EntropyWrongLogits,
-    /// Backward uses `grad_output[0]` for every row.
-    GradOutput0Broadcast,
-    /// No max shift: `exp(z)` overflows or underflows.
-    MissingMaxShift,
-    /// In-place backward that leaves the logits half overwritten on error.
-    InPlaceCorruption,
-    /// Entropy as `lse - sum(p * z)` on raw logits.
-    RawEntropyFormula,
-    /// Reduction order depends on the row's chunk.
-    ChunkDependentOrder,
+mod backward;
+mod chunks;
+mod options;
+mod rewired;
+#[cfg(test)]
+mod tests;
+mod tp;
+mod values;
+
+pub use backward::{GradOutput0Broadcast, InPlaceCorruption};
+pub use chunks::{ChunkDependentOrder, DroppedChunkRemainder, IgnoredChunkSize};
+pub use options::{
+    EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
+};
+pub use tp::TpVocabOffset;
+pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
+
+/// The in-place backward's arguments past the logits (as
+/// [`Kernel::backward_in_place`] takes them).
+#[derive(Clone, Copy)]
+pub struct InPlaceArgs<'a, 'c> {
+    /// Target ids `[N]`.
+    pub tokens: Option<ArrayView1<'a, i64>>,
+    /// Allowed entries `[N, V_total]`.
+    pub sampling_mask: Option<ArrayView2<'a, bool>>,
+    /// Top-k ids `[N, K]`.
+    pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// The call's options.
+    pub options: &'a Options,
+    /// The cotangents.
+    pub cotangents: &'a Cotangents<'c>,
 }
 
-impl MutantKind {
-    /// Every kind, in the module table's order.
-    pub const ALL: [MutantKind; 14] = [
-        MutantKind::NanOnNegInf,
-        MutantKind::Bf16Accumulation,
-        MutantKind::DroppedChunkRemainder,
-        MutantKind::IgnoredChunkSize,
-        MutantKind::TpVocabOffset,
-        MutantKind::PaddedVocabNotTruncated,
-        MutantKind::TemperatureIgnored,
-        MutantKind::TemperatureTwice,
-        MutantKind::EntropyWrongLogits,
-        MutantKind::GradOutput0Broadcast,
-        MutantKind::MissingMaxShift,
-        MutantKind::InPlaceCorruption,
-        MutantKind::RawEntropyFormula,
-        MutantKind::ChunkDependentOrder,
-    ];
-
-    /// Short name (kebab case) for reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            MutantKind::NanOnNegInf => "nan-on-neg-inf",
-            MutantKind::Bf16Accumulation => "bf16-accumulation",
-            MutantKind::DroppedChunkRemainder => "dropped-chunk-remainder",
-            MutantKind::IgnoredChunkSize => "ignored-chunk-size",
-            MutantKind::TpVocabOffset => "tp-vocab-offset",
-            MutantKind::PaddedVocabNotTruncated => "padded-vocab-not-truncated",
-            MutantKind::TemperatureIgnored => "temperature-ignored",
-            MutantKind::TemperatureTwice => "temperature-twice",
-            MutantKind::EntropyWrongLogits => "entropy-wrong-logits",
-            MutantKind::GradOutput0Broadcast => "grad-output-0-broadcast",
-            MutantKind::MissingMaxShift => "missing-max-shift",
-            MutantKind::InPlaceCorruption => "in-place-corruption",
-            MutantKind::RawEntropyFormula => "raw-entropy-formula",
-            MutantKind::ChunkDependentOrder => "chunk-dependent-order",
+impl InPlaceArgs<'_, '_> {
+    /// The problem over these (read-only) logits.
+    pub fn problem<'b>(&'b self, logits: &'b LogitsMut<'_>) -> Problem<'b> {
+        Problem {
+            logits: logits.view(),
+            tokens: self.tokens,
+            sampling_mask: self.sampling_mask,
+            topk_ids: self.topk_ids,
+            options: *self.options,
         }
     }
 
-    /// Whether the kind wraps a chunked kernel (and so takes a chunk size).
-    pub fn is_chunked(self) -> bool {
-        matches!(
-            self,
-            MutantKind::DroppedChunkRemainder
-                | MutantKind::IgnoredChunkSize
-                | MutantKind::ChunkDependentOrder
-        )
+    /// The wrapped kernel's in-place backward with these arguments, with
+    /// `options` and `cotangents` replaced where given.
+    pub fn run(
+        &self,
+        kernel: &dyn Kernel,
+        logits: LogitsMut<'_>,
+        options: Option<&Options>,
+        cotangents: Option<&Cotangents<'_>>,
+    ) -> Result<(), KernelError> {
+        let options = options.unwrap_or(self.options);
+        // Two calls: `Cotangents` is invariant in its lifetime.
+        match cotangents {
+            Some(c) => kernel.backward_in_place(
+                logits,
+                self.tokens,
+                self.sampling_mask,
+                self.topk_ids,
+                options,
+                c,
+            ),
+            None => kernel.backward_in_place(
+                logits,
+                self.tokens,
+                self.sampling_mask,
+                self.topk_ids,
+                options,
+                self.cotangents,
+            ),
+        }
     }
 }
 
-/// A planted mutant: a correct kernel plus one bug (see the module docs).
+/// One planted bug around a correct kernel ([`PlantedBug::inner`]). Every
+/// method but `inner` defaults to the wrapped kernel's behaviour, with the
+/// hooks [`PlantedBug::wrong_options`], [`PlantedBug::corrupt_forward`] and
+/// [`PlantedBug::corrupt_backward`] applied; a bug overrides only what it
+/// changes. Shapes, dtypes and errors as in [`Kernel`].
+pub trait PlantedBug: Send + Sync {
+    /// The correct kernel this bug wraps.
+    fn inner(&self) -> &dyn Kernel;
+
+    /// The rows per chunk, for bugs around a chunked kernel (appended to the
+    /// kernel name as `(chunk_size=C)`).
+    fn chunk_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// The options the bug runs the wrapped kernel with (`None`: the call's
+    /// own); the real ones are validated first.
+    fn wrong_options(&self, problem: &Problem<'_>) -> Option<Options> {
+        let _ = problem;
+        None
+    }
+
+    /// Replaces, in the correct kernel's outputs, the values the bug
+    /// changes (called after a successful forward on validated shapes).
+    fn corrupt_forward(
+        &self,
+        problem: &Problem<'_>,
+        shape: &Shape,
+        out: Dtype,
+        fo: &mut ForwardOutput,
+    ) {
+        let _ = (problem, shape, out, fo);
+    }
+
+    /// Replaces, in the correct kernel's grad logits `[N, V_total]`, the
+    /// entries the bug changes (called after a successful backward).
+    fn corrupt_backward(
+        &self,
+        problem: &Problem<'_>,
+        shape: &Shape,
+        cotangents: &Cotangents<'_>,
+        grad: &mut Array2<f64>,
+    ) {
+        let _ = (problem, shape, cotangents, grad);
+    }
+
+    /// As [`Kernel::capabilities`]: the wrapped kernel's.
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+
+    /// As [`Kernel::algorithm`]: the wrapped kernel's.
+    fn algorithm(&self, shape: &Shape) -> Algorithm {
+        self.inner().algorithm(shape)
+    }
+
+    /// As [`Kernel::entropy_form`]: the wrapped kernel's (a mutant is
+    /// judged by its correct twin's model).
+    fn entropy_form(&self) -> Option<EntropyForm> {
+        self.inner().entropy_form()
+    }
+
+    /// As [`Kernel::workspace_bytes`]: the wrapped kernel's declaration.
+    fn workspace_bytes(&self, shape: &Shape) -> usize {
+        self.inner().workspace_bytes(shape)
+    }
+
+    /// As [`Kernel::forward`]: the wrapped kernel with
+    /// [`PlantedBug::wrong_options`] when given, else the wrapped kernel's
+    /// outputs through [`PlantedBug::corrupt_forward`].
+    ///
+    /// # Errors
+    /// The wrapped kernel's.
+    fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
+        if let Some(q) = with_wrong_options(self, problem)? {
+            return self.inner().forward(&q, out);
+        }
+        let mut fo = self.inner().forward(problem, out)?;
+        let shape = problem.validate_shapes()?;
+        self.corrupt_forward(problem, &shape, out, &mut fo);
+        Ok(fo)
+    }
+
+    /// As [`Kernel::backward`]: the wrapped kernel with
+    /// [`PlantedBug::wrong_options`] when given, else the wrapped kernel's
+    /// grad logits through [`PlantedBug::corrupt_backward`].
+    ///
+    /// # Errors
+    /// The wrapped kernel's.
+    fn backward(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        out: Dtype,
+    ) -> Result<Array2<f64>, KernelError> {
+        if let Some(q) = with_wrong_options(self, problem)? {
+            return self.inner().backward(&q, cotangents, out);
+        }
+        let mut grad = self.inner().backward(problem, cotangents, out)?;
+        let shape = problem.validate_shapes()?;
+        self.corrupt_backward(problem, &shape, cotangents, &mut grad);
+        Ok(grad)
+    }
+
+    /// As [`Kernel::backward_in_place`]: the wrapped kernel's in-place
+    /// backward with [`PlantedBug::wrong_options`] when given, else the
+    /// bug's [`PlantedBug::backward`] written over the logits.
+    ///
+    /// # Errors
+    /// The wrapped kernel's (the logits unchanged).
+    fn backward_in_place(
+        &self,
+        logits: LogitsMut<'_>,
+        args: InPlaceArgs<'_, '_>,
+    ) -> Result<(), KernelError> {
+        let wrong = {
+            let p = args.problem(&logits);
+            with_wrong_options(self, &p)?.map(|q| q.options)
+        };
+        if let Some(o) = wrong {
+            return args.run(self.inner(), logits, Some(&o), None);
+        }
+        let grad = {
+            let p = args.problem(&logits);
+            self.backward(&p, args.cotangents, p.logits.dtype())?
+        };
+        write_over(logits, &grad);
+        Ok(())
+    }
+}
+
+/// `problem` with the bug's wrong options, validated as the correct kernel
+/// would validate the real ones (`None`: the bug keeps the options).
+fn with_wrong_options<'a, B: PlantedBug + ?Sized>(
+    bug: &B,
+    problem: &Problem<'a>,
+) -> Result<Option<Problem<'a>>, KernelError> {
+    let Some(o) = bug.wrong_options(problem) else {
+        return Ok(None);
+    };
+    problem.validate_shapes()?;
+    if o.temperature != problem.options.temperature {
+        // The doubled or dropped temperature must not turn valid input into an error.
+        o.effective_temperature(problem.logits.dtype().accumulation())?;
+    }
+    let mut q = *problem;
+    q.options = o;
+    Ok(Some(q))
+}
+
+/// Writes `grad` (exact in the logits' dtype) over `logits`.
+pub(crate) fn write_over(logits: LogitsMut<'_>, grad: &Array2<f64>) {
+    use logprobe_reference::spec::Element;
+    match logits {
+        LogitsMut::F64(mut a) => a.zip_mut_with(grad, |x, &g| *x = g),
+        LogitsMut::F32(mut a) => a.zip_mut_with(grad, |x, &g| *x = f32::from_f64(g)),
+        LogitsMut::Bf16(mut a) => a.zip_mut_with(grad, |x, &g| *x = half::bf16::from_f64(g)),
+        LogitsMut::F16(mut a) => a.zip_mut_with(grad, |x, &g| *x = half::f16::from_f64(g)),
+    }
+}
+
+/// A planted mutant as a [`Kernel`] named `mutant:NAME` (chunked ones
+/// `mutant:NAME(chunk_size=C)`).
 pub struct Mutant {
-    kind: MutantKind,
-    inner: Box<dyn Kernel>,
-    chunk_size: usize,
-    /// The TP mutant's shard widths (`None`: two even shards of `V_total`).
-    shards: Option<Vec<usize>>,
+    name: &'static str,
+    bug: Box<dyn PlantedBug>,
 }
 
 impl Mutant {
-    /// The mutant of `kind` around this workspace's kernel for it (chunked
-    /// ones with `chunk_size` rows per chunk; the TP one around
-    /// [`VocabParallel`] over two even shards of each call's `V_total`).
-    pub fn new(kind: MutantKind, chunk_size: usize) -> Mutant {
-        let inner: Box<dyn Kernel> = match kind {
-            k if k.is_chunked() => Box::new(Chunked::new(chunk_size)),
-            MutantKind::TpVocabOffset => Box::new(VocabParallel::new(Vec::new())),
-            _ => Box::new(Fused),
-        };
+    /// The mutant `name` around its bug.
+    pub fn new(name: &'static str, bug: impl PlantedBug + 'static) -> Mutant {
         Mutant {
-            kind,
-            inner,
-            chunk_size,
-            shards: None,
+            name,
+            bug: Box::new(bug),
         }
     }
 
-    /// The TP-vocab-offset mutant around [`VocabParallel`] over shards of
+    /// The TP-vocab-offset mutant around [`VocabParallel`](logprobe_kernels::VocabParallel) over shards of
     /// these widths (summing to `V_total`, else the kernel's
-    /// [`SpecError::ShapeMismatch`]): bit for bit the correct kernel except
+    /// `SpecError::ShapeMismatch`): bit for bit the correct kernel except
     /// on rows whose target lies in a shard starting past column 0.
     pub fn tp_vocab_offset(shard_widths: Vec<usize>) -> Mutant {
-        Mutant {
-            shards: Some(shard_widths),
-            ..Mutant::new(MutantKind::TpVocabOffset, 1)
+        Mutant::new(TpVocabOffset::NAME, TpVocabOffset::new(Some(shard_widths)))
+    }
+
+    /// The bug's catalog name (kebab case).
+    pub fn bug_name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl Kernel for Mutant {
+    fn name(&self) -> String {
+        match self.bug.chunk_size() {
+            Some(c) => format!("mutant:{}(chunk_size={c})", self.name),
+            None => format!("mutant:{}", self.name),
         }
     }
 
-    /// The correct vocab-parallel kernel the TP mutant wraps, for `v_total`
-    /// columns.
-    fn tp_kernel(&self, v_total: usize) -> VocabParallel {
-        VocabParallel::new(
-            self.shards
-                .clone()
-                .unwrap_or_else(|| even_shards(v_total, 2)),
-        )
+    fn capabilities(&self) -> Capabilities {
+        self.bug.capabilities()
     }
 
-    /// The bug kind.
-    pub fn kind(&self) -> MutantKind {
-        self.kind
+    fn algorithm(&self, shape: &Shape) -> Algorithm {
+        self.bug.algorithm(shape)
     }
+
+    fn entropy_form(&self) -> Option<EntropyForm> {
+        self.bug.entropy_form()
+    }
+
+    fn workspace_bytes(&self, shape: &Shape) -> usize {
+        self.bug.workspace_bytes(shape)
+    }
+
+    fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
+        self.bug.forward(problem, out)
+    }
+
+    fn backward(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        out: Dtype,
+    ) -> Result<Array2<f64>, KernelError> {
+        self.bug.backward(problem, cotangents, out)
+    }
+
+    fn backward_in_place(
+        &self,
+        logits: LogitsMut<'_>,
+        tokens: Option<ArrayView1<'_, i64>>,
+        sampling_mask: Option<ArrayView2<'_, bool>>,
+        topk_ids: Option<ArrayView2<'_, i64>>,
+        options: &Options,
+        cotangents: &Cotangents<'_>,
+    ) -> Result<(), KernelError> {
+        let args = InPlaceArgs {
+            tokens,
+            sampling_mask,
+            topk_ids,
+            options,
+            cotangents,
+        };
+        self.bug.backward_in_place(logits, args)
+    }
+}
+
+/// The correct kernel a mutant wraps (its twin in reports and fuzz).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Twin {
+    /// [`logprobe_kernels::Fused`] (ignores `chunk_size`).
+    Fused,
+    /// [`logprobe_kernels::Chunked`] with the mutant's `chunk_size`.
+    Chunked,
+    /// [`VocabParallel`](logprobe_kernels::VocabParallel) (over shard widths).
+    VocabParallel,
+}
+
+impl Twin {
+    /// The twin's kernel-registry name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Twin::Fused => "fused",
+            Twin::Chunked => "chunked",
+            Twin::VocabParallel => "vocab-parallel",
+        }
+    }
+}
+
+/// One mutant of the catalog: its name, twin and builders.
+pub struct Entry {
+    /// Kebab-case name (`--kernel mutant:NAME`).
+    pub name: &'static str,
+    /// The correct kernel it wraps.
+    pub twin: Twin,
+    /// Whether the wrapper allocates nothing `V`-sized beyond its inner
+    /// kernel (it only changes options, cotangents or written rows), so the
+    /// memory model holds for it.
+    pub memory_model: bool,
+    /// The mutant with `chunk_size` rows per chunk (ignored unless the twin
+    /// is chunked; the TP mutant over two even shards of each call's
+    /// `V_total`).
+    pub build: fn(usize) -> Mutant,
+    /// The mutant over these shard widths (vocab-parallel twins only).
+    pub build_sharded: Option<fn(&[usize]) -> Mutant>,
+}
+
+impl Entry {
+    /// Whether the mutant wraps a chunked kernel (and so takes a chunk size).
+    pub fn is_chunked(&self) -> bool {
+        self.twin == Twin::Chunked
+    }
+}
+
+macro_rules! entry {
+    ($ty:ident, $twin:ident, memory: $mem:expr) => {
+        Entry {
+            name: $ty::NAME,
+            twin: Twin::$twin,
+            memory_model: $mem,
+            build: |c| Mutant::new($ty::NAME, $ty::new(c)),
+            build_sharded: None,
+        }
+    };
+}
+
+/// Every planted mutant, in the module table's order: the one list the
+/// kill test, the memory test, `logprobe fuzz --kernel mutant:NAME` and
+/// `scripts/fuzz-mutants.sh` read.
+pub static CATALOG: &[Entry] = &[
+    entry!(NanOnNegInf, Fused, memory: false),
+    entry!(Bf16Accumulation, Fused, memory: false),
+    entry!(DroppedChunkRemainder, Chunked, memory: true),
+    entry!(IgnoredChunkSize, Chunked, memory: true),
+    Entry {
+        name: TpVocabOffset::NAME,
+        twin: Twin::VocabParallel,
+        memory_model: false,
+        build: |_| Mutant::new(TpVocabOffset::NAME, TpVocabOffset::new(None)),
+        build_sharded: Some(|w| Mutant::tp_vocab_offset(w.to_vec())),
+    },
+    entry!(PaddedVocabNotTruncated, Fused, memory: true),
+    entry!(TemperatureIgnored, Fused, memory: true),
+    entry!(TemperatureTwice, Fused, memory: true),
+    entry!(EntropyWrongLogits, Fused, memory: true),
+    entry!(GradOutput0Broadcast, Fused, memory: true),
+    entry!(MissingMaxShift, Fused, memory: false),
+    entry!(InPlaceCorruption, Fused, memory: false),
+    entry!(RawEntropyFormula, Fused, memory: false),
+    entry!(ChunkDependentOrder, Chunked, memory: false),
+];
+
+/// The catalog entry named `name` (kebab case, without `mutant:`).
+pub fn find(name: &str) -> Option<&'static Entry> {
+    CATALOG.iter().find(|e| e.name == name)
+}
+
+/// The catalog's names, comma-separated (for error messages).
+pub fn names() -> String {
+    CATALOG
+        .iter()
+        .map(|e| e.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Every mutant of the catalog, chunked ones with `chunk_size`.
 pub fn catalog(chunk_size: usize) -> Vec<Mutant> {
-    MutantKind::ALL
-        .iter()
-        .map(|&k| Mutant::new(k, chunk_size))
-        .collect()
+    CATALOG.iter().map(|e| (e.build)(chunk_size)).collect()
 }
-
-mod bugs;
-mod kernel;
-mod rewired;
-#[cfg(test)]
-mod tests;
-
-use rewired::*;

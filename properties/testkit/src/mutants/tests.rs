@@ -7,6 +7,7 @@ use logprobe_reference::spec::{Dtype, Output};
 
 use super::*;
 use crate::strategies::{CotangentRecipe, ProblemRecipe};
+use logprobe_kernels::VocabParallel;
 
 /// The TP mutant is the real [`VocabParallel`] bit for bit on rows whose
 /// target lies in the first shard, and differs on the others, forward

@@ -1,0 +1,110 @@
+//! Bugs in the options a kernel honours: padded vocabulary, temperature
+//! dropped or applied twice, entropy over the other logits. Each runs
+//! [`Fused`] with the options the bug gets wrong ([`PlantedBug::wrong_options`]),
+//! after validating the real ones; the trait's defaults do the rest.
+
+use logprobe_kernels::kernel::Kernel;
+use logprobe_kernels::Fused;
+use logprobe_reference::spec::{EntropyLogits, Options, Problem, TemperatureDtype};
+
+use super::PlantedBug;
+
+/// Declares a unit bug type around [`Fused`] with its catalog name.
+macro_rules! option_bug {
+    ($(#[$doc:meta])* $ty:ident, $name:literal) => {
+        $(#[$doc])*
+        pub struct $ty;
+
+        impl $ty {
+            /// Catalog name.
+            pub const NAME: &'static str = $name;
+
+            /// The bug around [`Fused`] (`chunk_size` ignored).
+            pub fn new(_chunk_size: usize) -> $ty {
+                $ty
+            }
+        }
+    };
+}
+
+option_bug!(
+    /// Padded vocabulary columns not truncated (`vocab_size` dropped).
+    PaddedVocabNotTruncated,
+    "padded-vocab-not-truncated"
+);
+option_bug!(
+    /// Temperature ignored (`T = 1`).
+    TemperatureIgnored,
+    "temperature-ignored"
+);
+option_bug!(
+    /// Temperature applied twice (`T^2`).
+    TemperatureTwice,
+    "temperature-twice"
+);
+option_bug!(
+    /// Entropy over the wrong logits (masked vs unmasked swapped) when a
+    /// sampling mask is given.
+    EntropyWrongLogits,
+    "entropy-wrong-logits"
+);
+
+impl PlantedBug for PaddedVocabNotTruncated {
+    fn inner(&self) -> &dyn Kernel {
+        &Fused
+    }
+
+    fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
+        Some(Options {
+            vocab_size: None,
+            ..p.options
+        })
+    }
+}
+
+impl PlantedBug for TemperatureIgnored {
+    fn inner(&self) -> &dyn Kernel {
+        &Fused
+    }
+
+    fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
+        Some(Options {
+            temperature: 1.0,
+            temperature_dtype: TemperatureDtype::Accumulation,
+            ..p.options
+        })
+    }
+}
+
+impl PlantedBug for TemperatureTwice {
+    fn inner(&self) -> &dyn Kernel {
+        &Fused
+    }
+
+    fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
+        let t = p.options.temperature;
+        Some(Options {
+            temperature: t * t,
+            ..p.options
+        })
+    }
+}
+
+impl PlantedBug for EntropyWrongLogits {
+    fn inner(&self) -> &dyn Kernel {
+        &Fused
+    }
+
+    /// The swapped entropy set under a mask; without one the options are
+    /// kept (still run through the same path).
+    fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
+        let mut o = p.options;
+        if p.sampling_mask.is_some() {
+            o.entropy = o.entropy.map(|e| match e {
+                EntropyLogits::Masked => EntropyLogits::Unmasked,
+                EntropyLogits::Unmasked => EntropyLogits::Masked,
+            });
+        }
+        Some(o)
+    }
+}
