@@ -13,7 +13,7 @@
 //!   0.11.1 without MKL.
 //! - `CandleComposed kernel`: the same through the `Kernel` trait (adds the
 //!   validation pass and the copy into a `Tensor`).
-//! - `fused (log_probs)`, `fused (+ entropy)`: [`Fused`] through the
+//! - `fused (log_probs)`, `fused (+ entropy)`: `CpuKernel::fused()` through the
 //!   `Kernel` trait, rows in parallel with rayon.
 //! - `LogProbOp (fused, + entropy)`: the candle `CustomOp2` on the tensor.
 //!
@@ -29,7 +29,7 @@ use ndarray::{Array1, Array2};
 use logprobe_kernels::candle::{
     candle_log_softmax, log_probs_and_entropy, CandleComposed, LogProbOp,
 };
-use logprobe_kernels::fused::Fused;
+use logprobe_kernels::CpuKernel;
 use logprobe_kernels::Kernel;
 use logprobe_reference::spec::{Dtype, EntropyLogits, Logits, Options, Problem};
 use logprobe_reference::splitmix::SplitMix64;
@@ -108,7 +108,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
 
         let fused = time(reps, || {
-            Fused
+            CpuKernel::fused()
                 .forward(&problem(lp_only), Dtype::F32)
                 .expect("fused forward");
         });
@@ -138,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (
                 "fused (+ entropy)",
                 time(reps, || {
-                    Fused
+                    CpuKernel::fused()
                         .forward(&problem(with_entropy), Dtype::F32)
                         .expect("fused");
                 }),
@@ -146,7 +146,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (
                 "LogProbOp (fused, + entropy)",
                 time(reps, || {
-                    let op = LogProbOp::new(Arc::new(Fused), with_entropy);
+                    let op = LogProbOp::new(Arc::new(CpuKernel::fused()), with_entropy);
                     std::hint::black_box(log_probs_and_entropy(&t, &tok, &op).expect("op"));
                 }),
             ),

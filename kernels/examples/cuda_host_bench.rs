@@ -11,7 +11,7 @@ use ndarray::{Array1, Array2};
 
 use logprobe_kernels::cuda::AllocKind;
 use logprobe_kernels::cuda::{Arg, CudaFused, HostLauncher, LaunchConfig, Launcher, MemoryTracker};
-use logprobe_kernels::{Fused, Kernel};
+use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Problem};
 
 /// Best of 5 runs of `f`, seconds.
@@ -77,9 +77,9 @@ fn main() {
         };
         let hk = CudaFused::host();
         let fwd_host = best(|| drop(hk.forward(&p, Dtype::F32).unwrap()));
-        let fwd_cpu = best(|| drop(Fused.forward(&p, Dtype::F32).unwrap()));
+        let fwd_cpu = best(|| drop(CpuKernel::fused().forward(&p, Dtype::F32).unwrap()));
         let bwd_host = best(|| drop(hk.backward(&p, &cot, Dtype::F32).unwrap()));
-        let bwd_cpu = best(|| drop(Fused.backward(&p, &cot, Dtype::F32).unwrap()));
+        let bwd_cpu = best(|| drop(CpuKernel::fused().backward(&p, &cot, Dtype::F32).unwrap()));
         let entries = (n * v) as f64;
         println!(
             "N={n} V={v} bf16: forward host {:.1} ms ({:.2} ns/entry), cpu {:.1} ms: host/cpu {:.1}x; \

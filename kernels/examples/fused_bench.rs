@@ -9,7 +9,7 @@ use half::bf16;
 use ndarray::{Array1, Array2};
 use rayon::prelude::*;
 
-use logprobe_kernels::{cpu_path, Fused, Kernel};
+use logprobe_kernels::{cpu_path, CpuKernel, Kernel};
 use logprobe_reference::spec::{Dtype, Logits, Problem};
 
 const N: usize = 64;
@@ -66,12 +66,12 @@ fn main() {
         p.tokens = Some(tokens.view());
         let gb = (N * V * bytes) as f64 / 1e9;
         let t_fused = best(|| {
-            std::hint::black_box(Fused.forward(&p, Dtype::F32).unwrap());
+            std::hint::black_box(CpuKernel::fused().forward(&p, Dtype::F32).unwrap());
         });
         let mut p_noent = p;
         p_noent.options.entropy = None;
         let t_noent = best(|| {
-            std::hint::black_box(Fused.forward(&p_noent, Dtype::F32).unwrap());
+            std::hint::black_box(CpuKernel::fused().forward(&p_noent, Dtype::F32).unwrap());
         });
         let t_read = match name {
             "f32" => best(|| {

@@ -31,6 +31,10 @@
 //! (`cargo run --release -p logprobe-kernels --example exp_ulps`; the test
 //! `exp_f32_error_is_within_declared_ulps` re-checks a strided subset).
 //! `exp_f32(0) == 1` and `exp_f32(-inf) == 0` exactly; NaN gives NaN.
+//!
+//! [`exp_f32_nonpos_n_avx512`] (the AVX-512 block loops) replaces the two
+//! power-of-two multiplies by one `vscalefps`: the same bits (proof in its
+//! docs), so the error above holds for it too.
 
 /// Max error of [`exp_f32`] on `[-104, 0]` in ulps of f32 at the exact value,
 /// measured exhaustively (1,120,927,745 inputs; worst 0.951453 ulps at
@@ -106,6 +110,63 @@ pub fn exp_f32_nonpos(x: f32) -> f32 {
 /// the same bits as [`exp_f32_nonpos`] (test `exp_f32_nonpos_n_is_exp_f32`).
 #[inline(always)]
 pub fn exp_f32_nonpos_n<const N: usize>(x: &[f32; N]) -> [f32; N] {
+    let (p, shifted, _) = exp_f32_nonpos_n_core(x);
+    let mut out = [0f32; N];
+    for i in 0..N {
+        let k = (shifted[i].to_bits() as i32).wrapping_sub(SHIFTER.to_bits() as i32);
+        let k1 = k >> 1;
+        let k2 = k - k1;
+        let s1 = f32::from_bits(((k1 + 127) as u32) << 23);
+        let s2 = f32::from_bits(((k2 + 127) as u32) << 23);
+        out[i] = p[i] * s1 * s2;
+    }
+    out
+}
+
+/// [`exp_f32_nonpos_n`] with the scaling by `2^k` done by one AVX-512
+/// `vscalefps` (`p * 2^floor(kf)`, rounded once to nearest) instead of two
+/// power-of-two multiplies: the same bits for every non-NaN input. Proof:
+/// `p` is in `[0.70, 1.42]` and `k` in `[-160, 0]` (inputs clamped to
+/// `[-110, 0]`), so `k1 = k >> 1 >= -80` and `2^k1`, `2^k2` are normal and
+/// `p 2^k1 >= 0.7 * 2^-80` is normal: the first multiply is exact, and the
+/// second rounds the exact `p 2^k` once, subnormal range included; `vscalefps`
+/// rounds the same exact value once (MXCSR: round to nearest, no FTZ/DAZ,
+/// as Rust leaves it). Test `exp_f32_nonpos_n_avx512_is_exp_f32_nonpos_n`.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub unsafe fn exp_f32_nonpos_n_avx512<const N: usize>(x: &[f32; N]) -> [f32; N] {
+    use std::arch::x86_64::{_mm512_loadu_ps, _mm512_scalef_ps, _mm512_storeu_ps};
+    let (p, _, kf) = exp_f32_nonpos_n_core(x);
+    let mut out = [0f32; N];
+    let whole = N - N % 16;
+    for c in (0..whole).step_by(16) {
+        // SAFETY: `c + 16 <= N` for each of the three arrays of length N;
+        // unaligned loads and stores.
+        unsafe {
+            let pv = _mm512_loadu_ps(p.as_ptr().add(c));
+            let kv = _mm512_loadu_ps(kf.as_ptr().add(c));
+            _mm512_storeu_ps(out.as_mut_ptr().add(c), _mm512_scalef_ps(pv, kv));
+        }
+    }
+    if whole < N {
+        let mut rest = [0f32; 16];
+        rest[..N - whole].copy_from_slice(&x[whole..]);
+        let r = exp_f32_nonpos_n(&rest);
+        out[whole..].copy_from_slice(&r[..N - whole]);
+    }
+    out
+}
+
+/// The shared part of the `N`-wide exps: `p ~ e^r` in `[0.70, 1.42]`, the
+/// shifter sum `x log2(e) + 1.5 * 2^23` (whose low bits hold `k`) and
+/// `kf = k` as a float.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+fn exp_f32_nonpos_n_core<const N: usize>(x: &[f32; N]) -> ([f32; N], [f32; N], [f32; N]) {
     let mut xc = [0f32; N];
     for i in 0..N {
         xc[i] = if x[i] < LOWER { LOWER } else { x[i] };
@@ -145,16 +206,7 @@ pub fn exp_f32_nonpos_n<const N: usize>(x: &[f32; N]) -> [f32; N] {
     for i in 0..N {
         p[i] = 1.0 + (r[i] + (r[i] * r[i]) * q[i]);
     }
-    let mut out = [0f32; N];
-    for i in 0..N {
-        let k = (shifted[i].to_bits() as i32).wrapping_sub(SHIFTER.to_bits() as i32);
-        let k1 = k >> 1;
-        let k2 = k - k1;
-        let s1 = f32::from_bits(((k1 + 127) as u32) << 23);
-        let s2 = f32::from_bits(((k2 + 127) as u32) << 23);
-        out[i] = p[i] * s1 * s2;
-    }
-    out
+    (p, shifted, kf)
 }
 
 /// `ln(1 + s)` for f32 `s >= 0`, via f64 `ln_1p` rounded once to f32 (one
@@ -214,6 +266,49 @@ mod tests {
         }
         assert!(exp_f32_nonpos(f32::NAN).is_nan());
         assert!(exp_f32_nonpos_n(&[f32::NAN; 16]).iter().all(|x| x.is_nan()));
+    }
+
+    /// The AVX-512 form gives the bits of the portable one on the kernels'
+    /// domain (every 997th f32 in `[-120, 0]`, `-inf`, the subnormal range).
+    #[test]
+    fn exp_f32_nonpos_n_avx512_is_exp_f32_nonpos_n() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !std::is_x86_feature_detected!("avx512f") {
+                return;
+            }
+            let mut xs = vec![
+                0.0f32,
+                -0.0,
+                f32::NEG_INFINITY,
+                -110.0,
+                -104.0,
+                -103.9,
+                -87.5,
+            ];
+            let mut b = (-0.0f32).to_bits();
+            while b <= (-120.0f32).to_bits() {
+                xs.push(f32::from_bits(b));
+                b += 997;
+            }
+            xs.resize(xs.len().div_ceil(128) * 128, -1.0);
+            for c in xs.chunks_exact(128) {
+                let c: &[f32; 128] = c.try_into().unwrap();
+                let want = exp_f32_nonpos_n(c);
+                // SAFETY: feature detected above.
+                let got = unsafe { exp_f32_nonpos_n_avx512(c) };
+                for ((&x, &w), &g) in c.iter().zip(&want).zip(&got) {
+                    assert_eq!(w.to_bits(), g.to_bits(), "{x}");
+                }
+                let c16: &[f32; 16] = c[..16].try_into().unwrap();
+                // SAFETY: as above.
+                let got = unsafe { exp_f32_nonpos_n_avx512(c16) };
+                assert_eq!(
+                    got.map(f32::to_bits),
+                    exp_f32_nonpos_n(c16).map(f32::to_bits)
+                );
+            }
+        }
     }
 
     #[test]

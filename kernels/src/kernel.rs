@@ -1,11 +1,13 @@
 //! The one kernel trait every algorithm implements (ours, candle's baseline,
 //! planted mutants, CUDA), its declared numerical algorithm and capabilities.
 
-use ndarray::{Array2, ArrayView1, ArrayView2};
+use ndarray::Array2;
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, LogitsMut, Options, PerOutput, Problem, Shape, SpecError,
+    Cotangents, Dtype, PerOutput, Problem, ProblemMut, Shape, SpecError,
 };
+
+use crate::gradient::Gradient;
 
 /// The algorithm vocabulary lives in the spec (read by the kernels and the
 /// tolerance model alike); re-exported here for kernel code.
@@ -128,22 +130,36 @@ pub trait Kernel: Send + Sync {
         out: Dtype,
     ) -> Result<Array2<f64>, KernelError>;
 
-    /// Grad logits written over `logits` (rounded to the logits' dtype).
-    /// Tokens, mask, ids and options as in [`Problem`]. On error the logits
-    /// are unchanged.
+    /// Grad logits `[N, V_total]` in `out`'s own element type, each value
+    /// rounded once to nearest ([`Gradient`]: 2 bytes per entry for bf16).
+    /// The default converts [`Kernel::backward`]'s values, which are exact
+    /// in `out`, so the conversion is exact; kernels that can write the
+    /// dtype directly override it (the CPU kernel does).
+    ///
+    /// # Errors
+    /// As [`Kernel::backward`].
+    fn backward_gradient(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        out: Dtype,
+    ) -> Result<Gradient, KernelError> {
+        let g = self.backward(problem, cotangents, out)?;
+        Ok(Gradient::from_f64(&g, out))
+    }
+
+    /// Grad logits written over `problem.logits` (rounded to the logits'
+    /// dtype); tokens, mask, ids and options as in [`Problem`]. On error
+    /// the logits are unchanged.
     ///
     /// # Errors
     /// As [`Kernel::backward`].
     fn backward_in_place(
         &self,
-        logits: LogitsMut<'_>,
-        tokens: Option<ArrayView1<'_, i64>>,
-        sampling_mask: Option<ArrayView2<'_, bool>>,
-        topk_ids: Option<ArrayView2<'_, i64>>,
-        options: &Options,
+        problem: ProblemMut<'_>,
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
-        let _ = (logits, tokens, sampling_mask, topk_ids, options, cotangents);
+        let _ = (problem, cotangents);
         Err(KernelError::Unsupported {
             kernel: self.name(),
             what: "in-place backward",

@@ -1,22 +1,26 @@
 //! `logprobe-kernels`: reference kernels for per-token log-probs, entropy,
 //! top-k log-probs and their gradients over logits `[N, V]`.
+//!
+//! The CPU kernel is [`CpuKernel`] (staging and sharding are parameters;
+//! [`CpuKernel::fused`], [`CpuKernel::chunked`] and
+//! [`CpuKernel::vocab_parallel`] are its presets). Its internals (the row
+//! reduction, row statistics and the VJP) are private to this crate.
 #![warn(missing_docs)]
 
 #[cfg(feature = "candle")]
 pub mod candle;
-pub mod chunked;
+pub mod cpu;
 #[cfg(any(feature = "cuda", feature = "cuda-host"))]
 pub mod cuda;
 pub mod exp;
-pub mod fused;
+mod grad_block;
+pub mod gradient;
 pub mod kernel;
-pub mod row;
-pub mod stats;
-pub mod vjp;
-pub mod vocab_parallel;
+mod row;
+mod stats;
+mod vjp;
 
-pub use chunked::Chunked;
-pub use fused::Fused;
+pub use cpu::{CpuKernel, Sharding, Staging};
+pub use gradient::{GradElement, Gradient};
 pub use kernel::{Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation};
 pub use row::cpu_path;
-pub use vocab_parallel::VocabParallel;

@@ -22,7 +22,8 @@
 //!
 //! No FMA is used and lane order is explicit, so the SSE2, AVX2 and AVX-512
 //! builds of the block loop (chosen at run time, [`cpu_path`]) give the same
-//! bits.
+//! bits (the AVX-512 build's exps scale by `2^k` with `vscalefps`, which
+//! rounds the same exact product once: [`crate::exp::exp_f32_nonpos_n_avx512`]).
 //!
 //! # Evaluation (speed without changing that order)
 //!
@@ -107,6 +108,15 @@ pub trait Acc:
         }
         o
     }
+    /// [`Acc::exp_nonpos_n`] for the AVX-512 block loops (f32:
+    /// [`crate::exp::exp_f32_nonpos_n_avx512`]): the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[inline(always)]
+    unsafe fn exp_nonpos_n_avx512<const N: usize>(x: &[Self; N]) -> [Self; N] {
+        Self::exp_nonpos_n(x)
+    }
     /// `ln(1 + x)`.
     fn ln_1p(self) -> Self;
     /// The exactly equal f64.
@@ -133,6 +143,14 @@ impl Acc for f32 {
     }
     #[inline(always)]
     fn exp_nonpos_n<const N: usize>(x: &[f32; N]) -> [f32; N] {
+        exp_f32_nonpos_n(x)
+    }
+    #[inline(always)]
+    unsafe fn exp_nonpos_n_avx512<const N: usize>(x: &[f32; N]) -> [f32; N] {
+        // SAFETY: the caller guarantees AVX-512F.
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { crate::exp::exp_f32_nonpos_n_avx512(x) };
+        #[cfg(not(target_arch = "x86_64"))]
         exp_f32_nonpos_n(x)
     }
     #[inline]
@@ -274,7 +292,7 @@ pub trait Source<A: Acc>: Sync {
 /// Prefetch hints (`prefetcht0`) for the cache lines of `s` (x86_64; a
 /// no-op elsewhere). No effect on any value.
 #[inline(always)]
-fn prefetch_lines<T>(s: &[T]) {
+pub(crate) fn prefetch_lines<T>(s: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         let bytes = std::mem::size_of_val(s);
@@ -471,14 +489,16 @@ pub fn cpu_path() -> &'static str {
     }
 }
 
+/// The block loops' instruction set, detected once ([`cpu_path`] names it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Path {
+pub(crate) enum Path {
     Avx512,
     Avx2,
     Baseline,
 }
 
-fn path() -> Path {
+/// This CPU's [`Path`], detected once.
+pub(crate) fn path() -> Path {
     static PATH: OnceLock<Path> = OnceLock::new();
     *PATH.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -520,7 +540,7 @@ struct LeafArgs<'a, 'm, A: Acc, S: Source<A> + ?Sized> {
 /// so each lane's sum is the same as one chunk at a time.
 pub const STEP_CHUNKS: usize = 8;
 /// Entries per step of the exp pass.
-const STEP: usize = STEP_CHUNKS * LANES;
+pub(crate) const STEP: usize = STEP_CHUNKS * LANES;
 /// Entries per step of the max pass (4 chunks: 4 independent max chains).
 const MAX_STEP: usize = 4 * LANES;
 
@@ -600,7 +620,7 @@ fn any_eq<A: Acc>(c: &Chunk<A>, m: A) -> bool {
 /// exp(d(z_j))`, `s` lanes add `e_j` (`+0` for the argmax), `b` lanes add
 /// `e_j (-d_j)` (`+0` where `e_j = 0`); lane `j % LANES`, column order.
 #[inline(always)]
-fn exp_step<A: Acc, const W: usize, const B: bool>(
+fn exp_step<A: Acc, const W: usize, const B: bool, const X: bool>(
     c: &[A; W],
     base: usize,
     argmax: usize,
@@ -613,14 +633,14 @@ fn exp_step<A: Acc, const W: usize, const B: bool>(
     // column indices.
     let k = argmax.wrapping_sub(base);
     if k < W {
-        exp_step_inner::<A, W, B, true>(c, k, d, sl, bl)
+        exp_step_inner::<A, W, B, true, X>(c, k, d, sl, bl)
     } else {
-        exp_step_inner::<A, W, B, false>(c, k, d, sl, bl)
+        exp_step_inner::<A, W, B, false, X>(c, k, d, sl, bl)
     }
 }
 
 #[inline(always)]
-fn exp_step_inner<A: Acc, const W: usize, const B: bool, const SEL: bool>(
+fn exp_step_inner<A: Acc, const W: usize, const B: bool, const SEL: bool, const X: bool>(
     c: &[A; W],
     k: usize,
     d: impl Fn(A) -> A,
@@ -631,7 +651,13 @@ fn exp_step_inner<A: Acc, const W: usize, const B: bool, const SEL: bool>(
     for i in 0..W {
         dv[i] = d(c[i]);
     }
-    let mut ex = A::exp_nonpos_n(&dv);
+    let mut ex = if X {
+        // SAFETY: `X` is set only in the AVX-512 build of the block loop,
+        // which runs only where `path()` (or a test) detected AVX-512F.
+        unsafe { A::exp_nonpos_n_avx512(&dv) }
+    } else {
+        A::exp_nonpos_n(&dv)
+    };
     let mut t = [A::ZERO; W];
     if B {
         for i in 0..W {
@@ -662,7 +688,7 @@ fn exp_step_inner<A: Acc, const W: usize, const B: bool, const SEL: bool>(
 /// `prefetch(k)` is called before the step at offset `k` (a cache hint for
 /// the next block: no effect on values).
 #[inline(always)]
-fn exp_pass<A: Acc, const B: bool>(
+fn exp_pass<A: Acc, const B: bool, const X: bool>(
     full: &[A],
     tail: Option<&Chunk<A>>,
     argmax: usize,
@@ -675,21 +701,21 @@ fn exp_pass<A: Acc, const B: bool>(
     for (si, c) in (&mut steps).enumerate() {
         let c: &[A; STEP] = c.try_into().expect("chunks_exact(STEP)");
         prefetch(si * STEP);
-        exp_step::<A, STEP, B>(c, si * STEP, argmax, d, &mut sl, &mut bl);
+        exp_step::<A, STEP, B, X>(c, si * STEP, argmax, d, &mut sl, &mut bl);
     }
     let done = full.len() - steps.remainder().len();
     for (ci, c) in steps.remainder().chunks_exact(LANES).enumerate() {
         let c: &Chunk<A> = c.try_into().expect("chunks_exact(LANES)");
-        exp_step::<A, LANES, B>(c, done + ci * LANES, argmax, d, &mut sl, &mut bl);
+        exp_step::<A, LANES, B, X>(c, done + ci * LANES, argmax, d, &mut sl, &mut bl);
     }
     if let Some(tc) = tail {
-        exp_step::<A, LANES, B>(tc, full.len(), argmax, d, &mut sl, &mut bl);
+        exp_step::<A, LANES, B, X>(tc, full.len(), argmax, d, &mut sl, &mut bl);
     }
     (sl, bl)
 }
 
 #[inline(always)]
-fn leaf_body<A: Acc, S: Source<A> + ?Sized>(
+fn leaf_body<A: Acc, S: Source<A> + ?Sized, const X: bool>(
     a: &LeafArgs<'_, '_, A, S>,
     sc: &mut Scratch<A>,
 ) -> Reduction<A> {
@@ -797,10 +823,12 @@ fn leaf_body<A: Acc, S: Source<A> + ?Sized>(
         }
     };
     let (sl, bl) = match (a.scale, a.want_b) {
-        (None, false) => exp_pass::<A, false>(full, tail_chunk, argmax, |x: A| x - m, pf),
-        (None, true) => exp_pass::<A, true>(full, tail_chunk, argmax, |x: A| x - m, pf),
-        (Some(t), false) => exp_pass::<A, false>(full, tail_chunk, argmax, |x: A| (x - m) / t, pf),
-        (Some(t), true) => exp_pass::<A, true>(full, tail_chunk, argmax, |x: A| (x - m) / t, pf),
+        (None, false) => exp_pass::<A, false, X>(full, tail_chunk, argmax, |x: A| x - m, pf),
+        (None, true) => exp_pass::<A, true, X>(full, tail_chunk, argmax, |x: A| x - m, pf),
+        (Some(t), false) => {
+            exp_pass::<A, false, X>(full, tail_chunk, argmax, |x: A| (x - m) / t, pf)
+        }
+        (Some(t), true) => exp_pass::<A, true, X>(full, tail_chunk, argmax, |x: A| (x - m) / t, pf),
     };
     let (s, b) = (lane_tree(sl), lane_tree(bl));
     // Every e_j is in [0, 1] and every t_j finite unless a z_j is NaN (d_j
@@ -837,7 +865,7 @@ unsafe fn leaf_avx512<A: Acc, S: Source<A> + ?Sized>(
     a: &LeafArgs<'_, '_, A, S>,
     sc: &mut Scratch<A>,
 ) -> Reduction<A> {
-    leaf_body(a, sc)
+    leaf_body::<A, S, true>(a, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -846,14 +874,14 @@ unsafe fn leaf_avx2<A: Acc, S: Source<A> + ?Sized>(
     a: &LeafArgs<'_, '_, A, S>,
     sc: &mut Scratch<A>,
 ) -> Reduction<A> {
-    leaf_body(a, sc)
+    leaf_body::<A, S, false>(a, sc)
 }
 
 fn leaf_baseline<A: Acc, S: Source<A> + ?Sized>(
     a: &LeafArgs<'_, '_, A, S>,
     sc: &mut Scratch<A>,
 ) -> Reduction<A> {
-    leaf_body(a, sc)
+    leaf_body::<A, S, false>(a, sc)
 }
 
 fn leaf<A: Acc, S: Source<A> + ?Sized>(

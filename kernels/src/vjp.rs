@@ -1,6 +1,11 @@
 //! Backward (VJP) of log-probs, entropy and top-k log-probs for the CPU
-//! kernels: a stats pass per row ([`crate::stats::row_stats`]), then one
-//! write pass.
+//! kernels: per row a stats pass ([`crate::stats::row_stats`], the
+//! forward's reduction), then one write pass, vectorised block by block
+//! (`crate::grad_block`), while the row is still in cache (fused staging;
+//! in place, every row's stats come first so that bad input leaves the
+//! logits unchanged). The gradient is written as f64 holding values of the
+//! requested dtype ([`backward`]) or in the element type itself
+//! ([`backward_into`]: f64, f32, bf16 or f16), each value rounded once.
 //!
 //! # Formula (DESIGN "The math"; the oracle's docs)
 //!
@@ -25,23 +30,16 @@ use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use rayon::prelude::*;
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, Shape, SpecError,
+    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, ProblemMut, Shape, SpecError,
 };
 
+use crate::cpu::Staging;
+use crate::grad_block::{grad_block, BlockConsts, BlockOut, EntropyTerm};
+use crate::gradient::GradElement;
 use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
 use crate::stats::{
     ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
 };
-
-/// How the write pass is staged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Staging {
-    /// Rows read straight from the logits; no `[*, V]` buffer.
-    Fused,
-    /// Rows in chunks of `chunk_size`: a widened `[chunk, V]` buffer and an
-    /// accumulation-dtype `[chunk, V]` gradient buffer, then rounded out.
-    Chunked(usize),
-}
 
 /// The cotangents of one row, in the accumulation dtype.
 #[derive(Clone, Debug)]
@@ -93,34 +91,252 @@ pub trait RowIo<A: Acc> {
     fn store(&mut self, start: usize, vals: &[A]);
     /// Writes 0 to columns `range` (padding).
     fn store_zeros(&mut self, range: std::ops::Range<usize>);
+    /// One block of the write pass: `f(z, out)` with `z` the values of
+    /// columns `start .. start + n` (`zbuf` holds them unless the row can
+    /// lend them in place) and `out` where the gradients of those columns
+    /// go (the output row itself when it holds the accumulation dtype,
+    /// else stored piece by piece); an implementation may prefetch the next
+    /// block (`start + n .. end`) as pieces are emitted.
+    #[inline(always)]
+    fn block(
+        &mut self,
+        start: usize,
+        n: usize,
+        end: usize,
+        zbuf: &mut [A],
+        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
+    ) {
+        let _ = end;
+        self.load(start, &mut zbuf[..n]);
+        f(
+            &zbuf[..n],
+            BlockOut {
+                direct: None,
+                emit: &mut |k, vals| self.store(start + k, vals),
+            },
+        );
+    }
 }
 
-/// Out of place: read from a source, write rounded to `out` as f64.
-pub struct ToF64<'a, A: Acc, S: Source<A> + ?Sized> {
+/// Prefetch-for-write hints (`prefetchw`: the lines come in exclusive, so
+/// the stores that follow need no read for ownership) for `s[k .. k + len]`
+/// clamped to `s`; no effect on any value (a no-op off x86_64).
+#[inline(always)]
+fn prefetch_write<T>(s: &[T], k: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let a = k.min(s.len());
+        let s = &s[a..k.saturating_add(len).min(s.len())];
+        let p = s.as_ptr() as *const i8;
+        let mut off = 0;
+        while off < std::mem::size_of_val(s) {
+            // SAFETY: `p + off` lies inside `s`; a prefetch never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p.add(off));
+            }
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, k, len);
+}
+
+/// Prefetches the columns of the next block (`next .. end`) matching
+/// the piece `k .. k + len` of the current one.
+#[inline(always)]
+fn prefetch_next<A: Acc, S: Source<A> + ?Sized>(
+    src: &S,
+    next: usize,
+    end: usize,
+    k: usize,
+    len: usize,
+) {
+    if next + k < end {
+        src.prefetch(next + k, len.min(end - next - k));
+    }
+}
+
+/// `x` rounded once to nearest in `G` (from f32 accumulation by
+/// [`GradElement::from_f32`], from f64 by the spec's correct rounding).
+#[inline(always)]
+fn round_to<A: Acc, G: GradElement>(x: A) -> G {
+    match A::DTYPE {
+        Dtype::F64 => G::from_f64(x.to_f64()),
+        _ => G::from_f32(x.to_f64() as f32),
+    }
+}
+
+/// How gradient values in the accumulation dtype are written to the
+/// output's element type.
+pub trait GradSink<A: Acc>: Sync {
+    /// The output's element type.
+    type Elem: Copy + Send + Sync;
+    /// `vals` rounded into `dst` (same length).
+    fn write(&self, vals: &[A], dst: &mut [Self::Elem]);
+    /// `+0`.
+    fn zero(&self) -> Self::Elem;
+    /// `dst` itself when its elements are the accumulation dtype and
+    /// [`GradSink::write`] would copy them unchanged (then the write pass
+    /// computes straight into it).
+    #[inline(always)]
+    fn as_acc<'b>(&self, dst: &'b mut [Self::Elem]) -> Option<&'b mut [A]> {
+        let _ = dst;
+        None
+    }
+}
+
+/// `s` as `&[A]` when `E` and `A` are the same type.
+#[inline(always)]
+fn same_type_ref<A: 'static, E: 'static>(s: &[E]) -> Option<&[A]> {
+    if std::any::TypeId::of::<A>() == std::any::TypeId::of::<E>() {
+        // SAFETY: `A` and `E` are the same type, so the slice is the same.
+        Some(unsafe { std::slice::from_raw_parts(s.as_ptr() as *const A, s.len()) })
+    } else {
+        None
+    }
+}
+
+/// `dst` as `&mut [A]` when `E` and `A` are the same type.
+#[inline(always)]
+fn same_type<A: 'static, E: 'static>(dst: &mut [E]) -> Option<&mut [A]> {
+    if std::any::TypeId::of::<A>() == std::any::TypeId::of::<E>() {
+        // SAFETY: `A` and `E` are the same type, so the slice is the same.
+        Some(unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut A, dst.len()) })
+    } else {
+        None
+    }
+}
+
+/// f64 storage of values rounded to `Dtype` (the [`crate::Kernel::backward`]
+/// output).
+#[derive(Clone, Copy, Debug)]
+pub struct F64Rounded(pub Dtype);
+
+impl<A: Acc> GradSink<A> for F64Rounded {
+    type Elem = f64;
+    #[inline]
+    fn write(&self, vals: &[A], dst: &mut [f64]) {
+        // The accumulation dtype's values are exact in any dtype at least as wide.
+        let exact = self.0 == Dtype::F64 || (self.0 == Dtype::F32 && A::DTYPE == Dtype::F32);
+        if exact {
+            for (d, &v) in dst.iter_mut().zip(vals) {
+                *d = v.to_f64();
+            }
+        } else {
+            for (d, &v) in dst.iter_mut().zip(vals) {
+                *d = self.0.round_f64(v.to_f64());
+            }
+        }
+    }
+    fn zero(&self) -> f64 {
+        0.0
+    }
+    #[inline(always)]
+    fn as_acc<'b>(&self, dst: &'b mut [f64]) -> Option<&'b mut [A]> {
+        // f64 accumulation stored as f64 output: the values unchanged.
+        if self.0 == Dtype::F64 {
+            same_type::<A, f64>(dst)
+        } else {
+            None
+        }
+    }
+}
+
+/// Storage in `G` itself, rounded once to nearest ([`backward_into`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Typed<G>(pub std::marker::PhantomData<G>);
+
+impl<A: Acc, G: GradElement> GradSink<A> for Typed<G> {
+    type Elem = G;
+    #[inline]
+    fn write(&self, vals: &[A], dst: &mut [G]) {
+        match same_type_ref::<f32, A>(vals) {
+            Some(v) => G::from_f32_slice(v, dst),
+            None => {
+                for (d, &v) in dst.iter_mut().zip(vals) {
+                    *d = round_to::<A, G>(v);
+                }
+            }
+        }
+    }
+    fn zero(&self) -> G {
+        G::from_f32(0.0)
+    }
+    #[inline(always)]
+    fn as_acc<'b>(&self, dst: &'b mut [G]) -> Option<&'b mut [A]> {
+        // `round_to` is the identity when `G` is the accumulation dtype.
+        same_type::<A, G>(dst)
+    }
+}
+
+/// Out of place: read from a source, write through a [`GradSink`].
+pub struct ToSink<'a, A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> {
     /// Source row.
     pub src: &'a S,
     /// Output row `[V_total]`.
-    pub dst: &'a mut [f64],
-    /// Output dtype.
-    pub out: Dtype,
-    /// Marker.
-    pub _a: std::marker::PhantomData<A>,
+    pub dst: &'a mut [K::Elem],
+    /// How values are rounded and stored.
+    pub sink: &'a K,
 }
 
-impl<A: Acc, S: Source<A> + ?Sized> RowIo<A> for ToF64<'_, A, S> {
+impl<A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> RowIo<A> for ToSink<'_, A, S, K> {
+    #[inline(always)]
     fn load(&self, start: usize, dst: &mut [A]) {
         self.src.load(start, dst)
     }
     fn get(&self, j: usize) -> A {
         self.src.get(j)
     }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[A]) {
-        for (d, &v) in self.dst[start..start + vals.len()].iter_mut().zip(vals) {
-            *d = self.out.round_f64(v.to_f64());
-        }
+        self.sink
+            .write(vals, &mut self.dst[start..start + vals.len()]);
     }
     fn store_zeros(&mut self, range: std::ops::Range<usize>) {
-        self.dst[range].fill(0.0);
+        self.dst[range].fill(self.sink.zero());
+    }
+    #[inline(always)]
+    fn block(
+        &mut self,
+        start: usize,
+        n: usize,
+        end: usize,
+        zbuf: &mut [A],
+        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
+    ) {
+        let (src, sink) = (self.src, self.sink);
+        let (dst, rest) = self.dst[start..].split_at_mut(n);
+        let rest = &rest[..rest.len().min(end - start - n)];
+        let z = match src.contiguous(start, n) {
+            Some(z) => z,
+            None => {
+                src.load(start, &mut zbuf[..n]);
+                &zbuf[..n]
+            }
+        };
+        match sink.as_acc(dst) {
+            Some(direct) => f(
+                z,
+                BlockOut {
+                    direct: Some(direct),
+                    emit: &mut |k, vals| {
+                        prefetch_next(src, start + n, end, k, vals.len());
+                        prefetch_write(rest, k, vals.len());
+                    },
+                },
+            ),
+            None => f(
+                z,
+                BlockOut {
+                    direct: None,
+                    emit: &mut |k, vals| {
+                        prefetch_next(src, start + n, end, k, vals.len());
+                        prefetch_write(rest, k, vals.len());
+                        sink.write(vals, &mut dst[k..k + vals.len()]);
+                    },
+                },
+            ),
+        }
     }
 }
 
@@ -133,17 +349,37 @@ pub struct ToBuffer<'a, A> {
 }
 
 impl<A: Acc> RowIo<A> for ToBuffer<'_, A> {
+    #[inline(always)]
     fn load(&self, start: usize, dst: &mut [A]) {
         self.src.load(start, dst)
     }
     fn get(&self, j: usize) -> A {
         self.src[j]
     }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[A]) {
         self.dst[start..start + vals.len()].copy_from_slice(vals);
     }
     fn store_zeros(&mut self, range: std::ops::Range<usize>) {
         self.dst[range].fill(A::ZERO);
+    }
+    #[inline(always)]
+    fn block(
+        &mut self,
+        start: usize,
+        n: usize,
+        end: usize,
+        _zbuf: &mut [A],
+        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
+    ) {
+        let src = self.src;
+        f(
+            &src[start..start + n],
+            BlockOut {
+                direct: Some(&mut self.dst[start..start + n]),
+                emit: &mut |k, vals| prefetch_next(src, start + n, end, k, vals.len()),
+            },
+        );
     }
 }
 
@@ -155,24 +391,43 @@ pub struct InPlace<'a, T> {
     pub input_temperature: Option<f64>,
 }
 
-impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
-    fn load(&self, start: usize, dst: &mut [T::Acc]) {
+impl<T: Input> InPlace<'_, T> {
+    fn typed(&self) -> TypedRow<'_, T> {
         TypedRow {
             row: self.row.view(),
             input_temperature: self.input_temperature,
         }
-        .load(start, dst)
+    }
+}
+
+impl<T: GradElement> RowIo<T::Acc> for InPlace<'_, T> {
+    #[inline(always)]
+    fn load(&self, start: usize, dst: &mut [T::Acc]) {
+        self.typed().load(start, dst)
     }
     fn get(&self, j: usize) -> T::Acc {
-        TypedRow {
-            row: self.row.view(),
-            input_temperature: self.input_temperature,
-        }
-        .get(j)
+        self.typed().get(j)
     }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[T::Acc]) {
-        for (i, &v) in vals.iter().enumerate() {
-            self.row[start + i] = T::narrow(v);
+        match self.row.as_slice_mut() {
+            Some(s) => {
+                let s = &mut s[start..start + vals.len()];
+                match same_type_ref::<f32, T::Acc>(vals) {
+                    // `narrow` from f32 is `from_f32`: rounded once to nearest.
+                    Some(v) => T::from_f32_slice(v, s),
+                    None => {
+                        for (d, &v) in s.iter_mut().zip(vals) {
+                            *d = T::narrow(v);
+                        }
+                    }
+                }
+            }
+            None => {
+                for (i, &v) in vals.iter().enumerate() {
+                    self.row[start + i] = T::narrow(v);
+                }
+            }
         }
     }
     fn store_zeros(&mut self, range: std::ops::Range<usize>) {
@@ -182,33 +437,36 @@ impl<T: Input> RowIo<T::Acc> for InPlace<'_, T> {
     }
 }
 
-/// Gradient of one non-source entry (see the module docs).
-#[inline(always)]
-fn general<A: Acc>(
-    z: A,
-    zw: A,
+/// The entropy term of the row's non-source entries. With no mask, or a
+/// masked entropy, the entropy's logits are the row's own `z` and
+/// [`row_stats`] takes its statistics from the same reduction (`m_w = m`,
+/// `ell_w = ell` bit for bit), so `q_j = p_j` and `e_j = d_j`.
+fn entropy_term<A: Acc>(
     st: &RowStats<A>,
-    scale: Option<A>,
-    gscale: Option<A>,
-    total: A,
     h: Option<A>,
-) -> A {
-    let pj = (shift(z, st.m, scale) - st.ell).exp();
-    let mut g = -(total * pj);
-    if let (Some(h), Some(w)) = (h, st.w.as_ref()) {
-        let e = shift(zw, w.m, scale);
-        let q = (e - w.ell).exp();
-        let t = if q > A::ZERO { q * (e + w.r) } else { A::ZERO };
-        g = g - h * t;
+    masked: bool,
+    masked_entropy: bool,
+) -> EntropyTerm<A> {
+    match (h, st.w.as_ref()) {
+        (Some(h), Some(w)) if masked && !masked_entropy => EntropyTerm::Unmasked {
+            h,
+            m: w.m,
+            ell: w.ell,
+            r: w.r,
+        },
+        (Some(h), Some(w)) => {
+            debug_assert_eq!(w.m.to_f64().to_bits(), st.m.to_f64().to_bits());
+            debug_assert_eq!(w.ell.to_f64().to_bits(), st.ell.to_f64().to_bits());
+            EntropyTerm::Own { h, r: w.r }
+        }
+        _ => EntropyTerm::None,
     }
-    let g = match gscale {
-        None => g,
-        Some(t) => g / t,
-    };
-    g + A::ZERO
 }
 
-/// Writes the gradient of one row (columns `0..v`, padding `v..v_total`).
+/// Writes the gradient of one row (columns `0..v`, padding `v..v_total`):
+/// the non-source entries block by block (`crate::grad_block`, blocks
+/// of [`BLOCK`] columns from column 0, the next block prefetched while one
+/// is computed), then the source columns.
 pub fn grad_row<A: Acc, Io: RowIo<A>>(
     io: &mut Io,
     mask: Option<ArrayView1<'_, bool>>,
@@ -229,28 +487,36 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         }
     }
     let allowed = |j: usize| mask.is_none_or(|m| m[j]);
-    let mut buf = [A::ZERO; BLOCK];
+    let consts = BlockConsts {
+        m: st.m,
+        ell: st.ell,
+        scale: p.scale,
+        grad_scale: p.grad_scale,
+        total,
+        entropy: entropy_term(st, h, mask.is_some(), masked_entropy),
+    };
+    let mask_slice = mask.and_then(|m| m.to_slice());
+    let mut zbuf = [A::ZERO; BLOCK];
+    let mut mbuf = [false; BLOCK];
     let mut start = 0;
     while start < v {
         let n = BLOCK.min(v - start);
-        let b = &mut buf[..n];
-        io.load(start, b);
-        match mask {
-            None => {
-                for x in b.iter_mut() {
-                    *x = general(*x, *x, st, p.scale, p.grad_scale, total, h);
+        let mk: Option<&[bool]> = match (mask, mask_slice) {
+            (None, _) => None,
+            (Some(_), Some(s)) => Some(&s[start..start + n]),
+            (Some(m), None) => {
+                for (d, &x) in mbuf[..n]
+                    .iter_mut()
+                    .zip(m.slice(ndarray::s![start..start + n]))
+                {
+                    *d = x;
                 }
+                Some(&mbuf[..n])
             }
-            Some(m) => {
-                for (i, x) in b.iter_mut().enumerate() {
-                    let a = m[start + i];
-                    let z = if a { *x } else { A::NEG_INF };
-                    let zw = if a || !masked_entropy { *x } else { A::NEG_INF };
-                    *x = general(z, zw, st, p.scale, p.grad_scale, total, h);
-                }
-            }
-        }
-        io.store(start, b);
+        };
+        io.block(start, n, v, &mut zbuf, &mut |z, out| {
+            grad_block(&consts, z, mk, out)
+        });
         start += n;
     }
     io.store_zeros(v..v_total);
@@ -289,20 +555,6 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         };
         io.store(j, &[g + A::ZERO]);
     }
-}
-
-/// Resolves the call: shapes, cotangents, chunk size.
-fn prepare(
-    problem: &Problem<'_>,
-    cot: &Cotangents<'_>,
-    staging: Staging,
-) -> Result<Shape, SpecError> {
-    if staging == Staging::Chunked(0) {
-        return Err(SpecError::ZeroChunkSize);
-    }
-    let shape = problem.validate_shapes()?;
-    problem.validate_cotangents(&shape, cot)?;
-    Ok(shape)
 }
 
 fn params<A: Acc>(
@@ -344,58 +596,59 @@ fn all_stats<T: Input>(
     rows.into_iter().collect()
 }
 
-fn backward_typed<T: Input>(
+/// The gradient of every row into `grad` (`[N, V_total]`, row-major)
+/// through `sink`. Fused staging: per row its stats, then its write pass
+/// (the row is read twice while it is still in cache); rows in parallel.
+#[allow(clippy::too_many_arguments)]
+fn backward_rows<T: Input, K: GradSink<T::Acc>>(
     problem: &Problem<'_>,
     shape: &Shape,
     lv: ArrayView2<'_, T>,
     cot: &Cotangents<'_>,
-    out: Dtype,
+    sink: &K,
     staging: Staging,
     widths: &[usize],
-) -> Result<Array2<f64>, SpecError> {
+    grad: &mut [K::Elem],
+) -> Result<(), SpecError> {
     let p = params::<T::Acc>(problem, shape, cot, widths);
     let me = masked_entropy(problem);
     let (n, vt) = (shape.n, shape.v_total);
-    let mut grad = Array2::<f64>::zeros((n, vt));
     if n == 0 || vt == 0 {
         if n > 0 {
             return Err(row_error(problem, shape, 0));
         }
-        return Ok(grad);
+        return Ok(());
     }
-    let gs = grad.as_slice_mut().expect("fresh array is contiguous");
     match staging {
         Staging::Fused => {
-            let stats = all_stats(problem, shape, &lv, &p)?;
-            gs.par_chunks_mut(vt)
-                .zip(stats.par_iter())
+            let res: Vec<Result<(), SpecError>> = grad
+                .par_chunks_mut(vt)
                 .enumerate()
-                .for_each(|(r, (dst, st))| {
+                .map(|(r, dst)| {
                     let src = typed_row(&lv, r, &p);
+                    if ids_suspect(problem, &src, r, p.v) {
+                        return Err(row_error(problem, shape, r));
+                    }
+                    let mask = mask_row(problem.sampling_mask, r);
+                    let st = row_stats(&src, mask, &p).map_err(|_| row_error(problem, shape, r))?;
                     let rc = RowCot::new(problem, cot, r);
-                    let mut io = ToF64 {
+                    let mut io = ToSink {
                         src: &src,
                         dst,
-                        out,
-                        _a: std::marker::PhantomData,
+                        sink,
                     };
-                    grad_row(
-                        &mut io,
-                        mask_row(problem.sampling_mask, r),
-                        st,
-                        &p,
-                        &rc,
-                        vt,
-                        me,
-                    );
-                });
+                    grad_row(&mut io, mask, &st, &p, &rc, vt, me);
+                    Ok(())
+                })
+                .collect();
+            res.into_iter().collect()
         }
-        Staging::Chunked(cs) => {
+        Staging::Chunked { chunk_size: cs } => {
             let v = p.v;
             let c = cs.min(n);
             let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];
             let mut gbuf = vec![<T::Acc as Acc>::ZERO; c * v];
-            for (ci, out_chunk) in gs.chunks_mut(cs * vt).enumerate() {
+            for (ci, out_chunk) in grad.chunks_mut(cs * vt).enumerate() {
                 let r0 = ci * cs;
                 let rows = out_chunk.len() / vt;
                 chunked_grad_chunk(
@@ -405,13 +658,36 @@ fn backward_typed<T: Input>(
                     .par_chunks_mut(vt)
                     .zip(gbuf.par_chunks(v.max(1)))
                     .for_each(|(dst, g)| {
-                        for (d, &x) in dst.iter_mut().zip(g) {
-                            *d = out.round_f64(x.to_f64());
-                        }
+                        sink.write(g, &mut dst[..v]);
+                        dst[v..].fill(sink.zero());
                     });
             }
+            Ok(())
         }
     }
+}
+
+fn backward_typed<T: Input>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    lv: ArrayView2<'_, T>,
+    cot: &Cotangents<'_>,
+    out: Dtype,
+    staging: Staging,
+    widths: &[usize],
+) -> Result<Array2<f64>, SpecError> {
+    let mut grad = Array2::<f64>::zeros((shape.n, shape.v_total));
+    let gs = grad.as_slice_mut().expect("fresh array is contiguous");
+    backward_rows(
+        problem,
+        shape,
+        lv,
+        cot,
+        &F64Rounded(out),
+        staging,
+        widths,
+        gs,
+    )?;
     Ok(grad)
 }
 
@@ -457,42 +733,87 @@ fn chunked_grad_chunk<T: Input>(
     res.into_iter().collect()
 }
 
-/// Grad logits `[N, V_total]` rounded to `out` (the module's formula).
-/// `widths`: vocabulary shard widths whose statistics are reduced per shard
-/// and merged in shard order (empty: one row-wide reduction); callers check
-/// that they sum to `V_total`.
+/// Grad logits `[N, V_total]` rounded to `out` (the module's formula),
+/// stored as f64, for a `problem` whose shapes gave `shape` and whose
+/// cotangents the caller validated. `widths`: vocabulary shard widths
+/// whose statistics are reduced per shard and merged in shard order
+/// (empty: one row-wide reduction); callers check that they sum to
+/// `V_total`, and that a chunk size is at least 1.
 ///
 /// # Errors
-/// [`SpecError::ZeroChunkSize`], the spec's validation errors (first bad
-/// row in row order), the cotangent errors of [`Problem::validate_cotangents`].
-pub fn backward(
+/// The spec's row errors (first bad row in row order).
+pub(crate) fn backward(
     problem: &Problem<'_>,
+    shape: &Shape,
     cot: &Cotangents<'_>,
     out: Dtype,
     staging: Staging,
     widths: &[usize],
 ) -> Result<Array2<f64>, SpecError> {
-    let shape = prepare(problem, cot, staging)?;
-    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, &shape, lv, cot, out, staging, widths))
+    logprobe_reference::with_logits!(problem.logits, lv => backward_typed(problem, shape, lv, cot, out, staging, widths))
 }
 
-#[allow(clippy::too_many_arguments)]
-/// Grad logits written over `logits`, rounded to the logits' dtype. Every
-/// row is validated (stats pass over all rows) before anything is written:
-/// on error the logits are unchanged.
+/// Grad logits `[N, V_total]` (the module's formula) written into `grad`,
+/// each value rounded once to nearest in `G` (f64, f32, bf16 or f16);
+/// padded columns get `+0`. `shape`, `staging` and `widths` as in
+/// [`backward`]. Every entry of `grad` is written; on error its contents
+/// are unspecified.
 ///
 /// # Errors
-/// As [`backward`].
-pub fn backward_in_place(
-    logits: LogitsMut<'_>,
-    tokens: Option<ArrayView1<'_, i64>>,
-    sampling_mask: Option<ArrayView2<'_, bool>>,
-    topk_ids: Option<ArrayView2<'_, i64>>,
-    options: &Options,
+/// [`SpecError::ShapeMismatch`] (tensor `grad_logits`) when `grad` is not
+/// `[N, V_total]`; otherwise as [`backward`].
+pub(crate) fn backward_into<G: GradElement>(
+    problem: &Problem<'_>,
+    shape: &Shape,
+    cot: &Cotangents<'_>,
+    staging: Staging,
+    widths: &[usize],
+    mut grad: ArrayViewMut2<'_, G>,
+) -> Result<(), SpecError> {
+    if grad.dim() != (shape.n, shape.v_total) {
+        return Err(SpecError::ShapeMismatch {
+            tensor: "grad_logits",
+            expected: vec![shape.n, shape.v_total],
+            found: grad.shape().to_vec(),
+        });
+    }
+    let sink = Typed::<G>(std::marker::PhantomData);
+    macro_rules! go {
+        ($lv:expr, $gs:expr) => {
+            logprobe_reference::with_logits!(problem.logits, lv => backward_rows(problem, shape, lv, cot, &sink, staging, widths, $gs))
+        };
+    }
+    match grad.as_slice_mut() {
+        Some(gs) => go!(lv, gs),
+        None => {
+            let mut tmp = Array2::from_elem(grad.dim(), G::from_f32(0.0));
+            go!(lv, tmp.as_slice_mut().expect("fresh array is contiguous"))?;
+            grad.assign(&tmp);
+            Ok(())
+        }
+    }
+}
+
+/// Grad logits written over `problem.logits`, rounded to the logits'
+/// dtype. Shapes and cotangents are validated here, then every row (a
+/// stats pass over all rows) before anything is written: on error the
+/// logits are unchanged. `staging` and `widths` as in [`backward`].
+///
+/// # Errors
+/// The spec's validation errors (shapes, cotangents, first bad row).
+pub(crate) fn backward_in_place(
+    problem: ProblemMut<'_>,
     cot: &Cotangents<'_>,
     staging: Staging,
     widths: &[usize],
 ) -> Result<(), SpecError> {
+    let ProblemMut {
+        logits,
+        tokens,
+        sampling_mask,
+        topk_ids,
+        options,
+    } = problem;
     macro_rules! go {
         ($lv:expr, $wrap:path) => {{
             let mut lv = $lv;
@@ -502,12 +823,13 @@ pub fn backward_in_place(
                     tokens,
                     sampling_mask,
                     topk_ids,
-                    options: *options,
+                    options,
                 };
-                let shape = prepare(&problem, cot, staging)?;
+                let shape = problem.validate_shapes()?;
+                problem.validate_cotangents(&shape, cot)?;
                 plan_in_place(&problem, &shape, lv.view(), cot, widths)?
             };
-            apply_in_place(&mut lv, sampling_mask, options, write, staging);
+            apply_in_place(&mut lv, sampling_mask, &options, write, staging);
             Ok(())
         }};
     }
@@ -548,7 +870,7 @@ fn plan_in_place<T: Input>(
     })
 }
 
-fn apply_in_place<T: Input>(
+fn apply_in_place<T: GradElement>(
     lv: &mut ArrayViewMut2<'_, T>,
     sampling_mask: Option<ArrayView2<'_, bool>>,
     options: &Options,
@@ -577,7 +899,7 @@ fn apply_in_place<T: Input>(
                 );
             });
         }
-        Staging::Chunked(cs) => {
+        Staging::Chunked { chunk_size: cs } => {
             let v = p.v;
             let c = cs.min(plan.shape.n);
             let mut zbuf = vec![<T::Acc as Acc>::ZERO; c * v];

@@ -18,7 +18,7 @@ use ndarray::{Array1, Array2};
 use logprobe_kernels::candle::{
     candle_logsumexp, kernel_error, log_probs_and_entropy, CandleComposed, LogProbOp,
 };
-use logprobe_kernels::{Fused, Kernel, KernelError};
+use logprobe_kernels::{CpuKernel, Kernel, KernelError};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Output, Problem, SpecError};
 use logprobe_reference::splitmix::SplitMix64;
@@ -209,19 +209,22 @@ fn values_equal(a: &Owned, b: &Owned) -> bool {
 #[test]
 fn op_returns_the_fused_kernels_bits_on_every_layout() {
     let with_entropy = Options::default();
-    assert_op_matches_kernel(Arc::new(Fused), with_entropy, 3);
+    assert_op_matches_kernel(Arc::new(CpuKernel::fused()), with_entropy, 3);
     let padded_hot = Options {
         vocab_size: Some(290),
         temperature: 0.7,
         ..Options::default()
     };
-    assert_op_matches_kernel(Arc::new(Fused), padded_hot, 4);
+    assert_op_matches_kernel(Arc::new(CpuKernel::fused()), padded_hot, 4);
     let lp_only = Options {
         entropy: None,
         ..Options::default()
     };
-    assert_op_matches_kernel(Arc::new(Fused), lp_only, 5);
-    assert_eq!(LogProbOp::fused(lp_only).kernel().name(), Fused.name());
+    assert_op_matches_kernel(Arc::new(CpuKernel::fused()), lp_only, 5);
+    assert_eq!(
+        LogProbOp::fused(lp_only).kernel().name(),
+        CpuKernel::fused().name()
+    );
 }
 
 /// Backward through candle's autograd: the gradient reaching the logits is
@@ -282,7 +285,7 @@ fn op_gradient_is_the_fused_vjp() {
                 grad_entropy: ent.as_ref().map(|_| h.view()),
                 grad_topk_log_probs: None,
             };
-            let want = Fused
+            let want = CpuKernel::fused()
                 .backward(&problem, &cot, owned.logits().dtype())
                 .unwrap();
             assert_eq!(got.len(), want.len());

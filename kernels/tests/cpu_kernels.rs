@@ -8,16 +8,16 @@
 use half::bf16;
 use ndarray::{array, Array1, Array2};
 
-use logprobe_kernels::{Chunked, Fused, Kernel, KernelError, VocabParallel};
+use logprobe_kernels::{CpuKernel, Kernel, KernelError};
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, LogitsMut, Output, Problem, SpecError};
 use logprobe_reference::splitmix::SplitMix64;
 
 fn kernels() -> Vec<Box<dyn Kernel>> {
     vec![
-        Box::new(Fused),
-        Box::new(Chunked::new(1)),
-        Box::new(Chunked::new(3)),
-        Box::new(Chunked::new(64)),
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(1)),
+        Box::new(CpuKernel::chunked(3)),
+        Box::new(CpuKernel::chunked(64)),
     ]
 }
 
@@ -47,10 +47,10 @@ fn chunk_size_is_bit_invariant() {
         if masked {
             p.sampling_mask = Some(mask.view());
         }
-        let reference = Fused.forward(&p, Dtype::F32).unwrap();
-        let gref = Fused.backward(&p, &cot, Dtype::F32).unwrap();
+        let reference = CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
+        let gref = CpuKernel::fused().backward(&p, &cot, Dtype::F32).unwrap();
         for cs in [1, 2, 5, 7, 13, 100] {
-            let k = Chunked::new(cs);
+            let k = CpuKernel::chunked(cs);
             assert_eq!(
                 k.forward(&p, Dtype::F32).unwrap(),
                 reference,
@@ -70,7 +70,8 @@ fn chunk_size_is_bit_invariant() {
             .build()
             .unwrap();
         assert_eq!(
-            pool.install(|| Fused.forward(&p, Dtype::F32)).unwrap(),
+            pool.install(|| CpuKernel::fused().forward(&p, Dtype::F32))
+                .unwrap(),
             reference
         );
     }
@@ -102,11 +103,13 @@ fn in_place_backward_equals_out_of_place() {
             let want = k.backward(&p, &cot, Dtype::F32).unwrap();
             let mut y = x.clone();
             k.backward_in_place(
-                LogitsMut::F32(y.view_mut()),
-                p.tokens,
-                None,
-                p.topk_ids,
-                &p.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: LogitsMut::F32(y.view_mut()),
+                    tokens: p.tokens,
+                    sampling_mask: None,
+                    topk_ids: p.topk_ids,
+                    options: p.options,
+                },
                 &cot,
             )
             .unwrap();
@@ -123,11 +126,13 @@ fn in_place_backward_equals_out_of_place() {
             let want = k.backward(&p, &cot, Dtype::Bf16).unwrap();
             let mut yb = xb.clone();
             k.backward_in_place(
-                LogitsMut::Bf16(yb.view_mut()),
-                p.tokens,
-                None,
-                p.topk_ids,
-                &p.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: LogitsMut::Bf16(yb.view_mut()),
+                    tokens: p.tokens,
+                    sampling_mask: None,
+                    topk_ids: p.topk_ids,
+                    options: p.options,
+                },
                 &cot,
             )
             .unwrap();
@@ -167,7 +172,7 @@ fn empty_batch_gives_empty_outputs() {
 fn vocab_parallel_widths_must_cover_the_columns() {
     let x = Array2::<f32>::zeros((2, 8));
     let p = Problem::new(Logits::F32(x.view()));
-    let bad = VocabParallel::new(vec![3, 3]);
+    let bad = CpuKernel::vocab_parallel(vec![3, 3]);
     assert!(matches!(
         bad.forward(&p, Dtype::F32),
         Err(KernelError::Spec(SpecError::ShapeMismatch { .. }))
@@ -197,7 +202,7 @@ fn declared_algorithm_counts_the_block_tree() {
         (152064, 128, 11, 7),
         (256000, 128, 11, 7),
     ] {
-        for kernel in [&Fused as &dyn Kernel, &Chunked::new(3)] {
+        for kernel in [&CpuKernel::fused() as &dyn Kernel, &CpuKernel::chunked(3)] {
             let a = kernel.algorithm(&shape(v, Dtype::Bf16));
             assert_eq!(a.accumulation, Dtype::F32, "{} V={v}", kernel.name());
             assert_eq!(a.summation.leaf, leaf, "{} V={v}", kernel.name());
@@ -206,7 +211,9 @@ fn declared_algorithm_counts_the_block_tree() {
         }
     }
     assert_eq!(
-        Fused.algorithm(&shape(10, Dtype::F64)).accumulation,
+        CpuKernel::fused()
+            .algorithm(&shape(10, Dtype::F64))
+            .accumulation,
         Dtype::F64
     );
 }

@@ -21,7 +21,7 @@ use logprobe_kernels::cuda::{
     LaunchConfig, Launcher, MemoryTracker, Shards,
 };
 use logprobe_kernels::exp::{exp_f32, ln_1p_f32};
-use logprobe_kernels::{Chunked, Fused, Kernel, VocabParallel};
+use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Options, Output, Problem, TemperatureDtype,
 };
@@ -495,7 +495,7 @@ fn host_and_cpu_kernels_declare_the_same_math_and_different_reductions() {
             temperature: 1.0,
         };
         let host = CudaFused::host().algorithm(&shape);
-        let cpu = Fused.algorithm(&shape);
+        let cpu = CpuKernel::fused().algorithm(&shape);
         assert_eq!(
             (host.accumulation, host.exp_ulps, host.log_ulps, host.shift),
             (cpu.accumulation, cpu.exp_ulps, cpu.log_ulps, cpu.shift),
@@ -550,14 +550,14 @@ fn host_built_forward_gives_the_cpu_bits_where_sums_are_exact() {
                 let p = cuda_common::problem(&c, owned.view());
                 let widths = vec![vt / 3, vt - vt / 3];
                 let pairs: [(Box<dyn Kernel>, Box<dyn Kernel>); 3] = [
-                    (Box::new(CudaFused::host()), Box::new(Fused)),
+                    (Box::new(CudaFused::host()), Box::new(CpuKernel::fused())),
                     (
                         Box::new(CudaChunked::host(2).unwrap()),
-                        Box::new(Chunked::new(3)),
+                        Box::new(CpuKernel::chunked(3)),
                     ),
                     (
                         Box::new(CudaVocabParallel::host(Shards::Widths(widths.clone()))),
-                        Box::new(VocabParallel::new(widths)),
+                        Box::new(CpuKernel::vocab_parallel(widths)),
                     ),
                 ];
                 for (host, cpu) in &pairs {
@@ -598,10 +598,10 @@ fn host_built_backward_gives_the_cpu_bits_where_both_are_exact() {
                 let owned = Owned::new(&c.x, dtype);
                 let p = cuda_common::problem(&c, owned.view());
                 let pairs: [(Box<dyn Kernel>, Box<dyn Kernel>); 2] = [
-                    (Box::new(CudaFused::host()), Box::new(Fused)),
+                    (Box::new(CudaFused::host()), Box::new(CpuKernel::fused())),
                     (
                         Box::new(CudaChunked::host(4).unwrap()),
-                        Box::new(Chunked::new(1)),
+                        Box::new(CpuKernel::chunked(1)),
                     ),
                 ];
                 for (host, cpu) in &pairs {
@@ -615,11 +615,13 @@ fn host_built_backward_gives_the_cpu_bits_where_both_are_exact() {
                     let mut ib = Owned::new(&c.x, dtype);
                     for (k, o) in [(host, &mut ia), (cpu, &mut ib)] {
                         k.backward_in_place(
-                            o.view_mut(),
-                            Some(c.tokens.view()),
-                            c.mask.as_ref().map(|m| m.view()),
-                            Some(c.ids.view()),
-                            &c.options,
+                            logprobe_reference::spec::ProblemMut {
+                                logits: o.view_mut(),
+                                tokens: Some(c.tokens.view()),
+                                sampling_mask: c.mask.as_ref().map(|m| m.view()),
+                                topk_ids: Some(c.ids.view()),
+                                options: c.options,
+                            },
                             &cot,
                         )
                         .unwrap();

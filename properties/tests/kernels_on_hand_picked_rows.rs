@@ -10,7 +10,7 @@
 use half::{bf16, f16};
 use ndarray::{array, Array2};
 
-use logprobe_kernels::{Chunked, Fused, Kernel, KernelError, VocabParallel};
+use logprobe_kernels::{CpuKernel, Kernel, KernelError};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
     Cotangents, Dtype, Element, EntropyLogits, Logits, LogitsMut, Output, PerOutput, Problem,
@@ -339,11 +339,13 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
         let mut y = x.clone();
         let err = k
             .backward_in_place(
-                LogitsMut::F32(y.view_mut()),
-                p.tokens,
-                None,
-                None,
-                &p.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: LogitsMut::F32(y.view_mut()),
+                    tokens: p.tokens,
+                    sampling_mask: None,
+                    topk_ids: None,
+                    options: p.options,
+                },
                 &cot,
             )
             .unwrap_err();
@@ -367,7 +369,7 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
     let oor = array![3i64, 6, 0, 2, 2];
     p.tokens = Some(oor.view());
     assert!(matches!(
-        Fused.forward(&p, Dtype::F32),
+        CpuKernel::fused().forward(&p, Dtype::F32),
         Err(KernelError::Spec(SpecError::TokenOutOfRange { row: 1, .. }))
     ));
     p.tokens = None;
@@ -381,12 +383,12 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
     }
     p.sampling_mask = None;
     assert_eq!(
-        Chunked::new(0).forward(&p, Dtype::F32).unwrap_err(),
+        CpuKernel::chunked(0).forward(&p, Dtype::F32).unwrap_err(),
         KernelError::Spec(SpecError::ZeroChunkSize)
     );
     p.options.temperature = -1.0;
     assert!(matches!(
-        Fused.forward(&p, Dtype::F32),
+        CpuKernel::fused().forward(&p, Dtype::F32),
         Err(KernelError::Spec(SpecError::BadTemperature { .. }))
     ));
     // Input-dtype temperature overflowing f16 is the oracle's NonFiniteLogit.
@@ -427,10 +429,10 @@ fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
         grad_topk_log_probs: Some(gk.view()),
     };
     let layouts: Vec<Box<dyn Kernel>> = vec![
-        Box::new(VocabParallel::new(vec![6])),
-        Box::new(VocabParallel::new(vec![2, 1, 0, 3])),
-        Box::new(VocabParallel::new(vec![1, 1, 1, 1, 1, 1])),
-        Box::new(VocabParallel::new(vec![0, 5, 1, 0])),
+        Box::new(CpuKernel::vocab_parallel(vec![6])),
+        Box::new(CpuKernel::vocab_parallel(vec![2, 1, 0, 3])),
+        Box::new(CpuKernel::vocab_parallel(vec![1, 1, 1, 1, 1, 1])),
+        Box::new(CpuKernel::vocab_parallel(vec![0, 5, 1, 0])),
     ];
     for masked in [false, true] {
         let mut p = Problem::new(Logits::F32(xf.view()));
@@ -459,10 +461,10 @@ fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
     p.topk_ids = Some(ids_p.view());
     p.options.vocab_size = Some(5);
     let padded: Vec<Box<dyn Kernel>> = vec![
-        Box::new(VocabParallel::new(vec![3, 3, 2])),
-        Box::new(VocabParallel::new(vec![4, 1, 3, 0])),
-        Box::new(Fused),
-        Box::new(Chunked::new(2)),
+        Box::new(CpuKernel::vocab_parallel(vec![3, 3, 2])),
+        Box::new(CpuKernel::vocab_parallel(vec![4, 1, 3, 0])),
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(2)),
     ];
     check_forward_with(&p, Dtype::F32, &padded);
     check_backward_with(&p, &cot, Dtype::F32, &padded);
@@ -476,6 +478,8 @@ fn vocab_parallel_long_rows_match_oracle() {
     let tokens = array![8999i64, 0];
     let mut p = Problem::new(Logits::F32(x.view()));
     p.tokens = Some(tokens.view());
-    let k: Vec<Box<dyn Kernel>> = vec![Box::new(VocabParallel::new(vec![4500, 0, 2047, 2453]))];
+    let k: Vec<Box<dyn Kernel>> = vec![Box::new(CpuKernel::vocab_parallel(vec![
+        4500, 0, 2047, 2453,
+    ]))];
     check_forward_with(&p, Dtype::F32, &k);
 }

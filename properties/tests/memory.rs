@@ -4,7 +4,7 @@
 //! so nothing else allocates while a call is measured.
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::Fused;
+use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
 use logprobe_testkit::mutants::{IgnoredChunkSize, Mutant};
@@ -50,7 +50,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         .expand(&data);
         let (p, c) = (data.problem(), cot.view());
         // Warm up rayon's pool and lazily initialised state outside the measurement.
-        Fused.forward(&p, Dtype::F32).unwrap();
+        CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
         let kernels = budgeted(&[1, 4, 7]);
         for (k, chunk) in &kernels {
             let (f, b) = check_memory(k.as_ref(), &p, Some(&c), Dtype::F32, *chunk)

@@ -5,7 +5,7 @@
 //! this binary, with the counting allocator, so the memory check is exact.
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::Fused;
+use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::checks::{survey, KernelSummary};
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
@@ -150,7 +150,9 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         topk: false,
     }
     .expand(&data);
-    Fused.forward(&data.problem(), Dtype::F32).unwrap();
+    CpuKernel::fused()
+        .forward(&data.problem(), Dtype::F32)
+        .unwrap();
     for (i, k) in kernels.iter().enumerate() {
         if i >= correct && !k.name().contains(mutants::IgnoredChunkSize::NAME) {
             continue;

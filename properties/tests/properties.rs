@@ -57,9 +57,12 @@ fn inputs_unchanged_after_non_in_place_calls() {
 #[test]
 fn f32_bounds_are_tight_on_the_generators() {
     use logprobe_kernels::kernel::Kernel;
-    use logprobe_kernels::{Chunked, Fused};
+    use logprobe_kernels::CpuKernel;
     use logprobe_testkit::checks::survey;
-    let kernels: Vec<Box<dyn Kernel>> = vec![Box::new(Fused), Box::new(Chunked::new(64))];
+    let kernels: Vec<Box<dyn Kernel>> = vec![
+        Box::new(CpuKernel::fused()),
+        Box::new(CpuKernel::chunked(64)),
+    ];
     let property = suite::agreement();
     for s in survey(&property, &kernels[..], Some(property.cases), 0) {
         assert_eq!(s.failures, 0, "{}: {:?}", s.kernel, s.first_failure);
@@ -130,7 +133,7 @@ fn candle_baseline_bf16_f16_logsumexp_out_of_bound_at_real_vocab() {
 #[test]
 fn zero_chunk_size_is_a_typed_error() {
     use logprobe_kernels::kernel::{Kernel, KernelError};
-    use logprobe_kernels::Chunked;
+    use logprobe_kernels::CpuKernel;
     use logprobe_reference::spec::{Dtype, SpecError};
     use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
     let data = ProblemRecipe::plain(3, 4, 10).expand();
@@ -141,7 +144,7 @@ fn zero_chunk_size_is_a_typed_error() {
         topk: false,
     }
     .expand(&data);
-    let k = Chunked::new(0);
+    let k = CpuKernel::chunked(0);
     assert_eq!(
         k.forward(&data.problem(), Dtype::F32).unwrap_err(),
         KernelError::Spec(SpecError::ZeroChunkSize)

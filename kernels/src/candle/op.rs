@@ -10,7 +10,8 @@ use ndarray::{Array1, ArrayView1, ArrayView2, ShapeBuilder};
 
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Output, Problem, SpecError};
 
-use crate::fused::Fused;
+use crate::cpu::CpuKernel;
+use crate::gradient::Gradient;
 use crate::kernel::{Kernel, KernelError};
 
 /// A candle [`CustomOp2`] computing per-token log-probs (and optionally the
@@ -29,8 +30,8 @@ use crate::kernel::{Kernel, KernelError};
 /// - Options (`temperature`, `vocab_size`, `ignore_index`, `entropy`) are
 ///   the kernel's ([`Options`]); no sampling mask.
 /// - Backward (through `Tensor::apply_op2` and candle's autograd): grad
-///   logits `[N, V_total]` in the logits' dtype from the kernel's VJP
-///   ([`Kernel::backward`]) for the output's cotangent (`[N]`, or `[N, 2]`
+///   logits `[N, V_total]` in the logits' dtype, written in that dtype by
+///   the kernel's VJP ([`Kernel::backward_gradient`]) for the output's cotangent (`[N]`, or `[N, 2]`
 ///   with the entropy's in column 1); no gradient for the tokens. A kernel
 ///   without a backward (the candle baseline) makes it an error.
 ///
@@ -65,9 +66,9 @@ impl LogProbOp {
         LogProbOp { kernel, options }
     }
 
-    /// An op running our fused CPU kernel ([`Fused`]) with `options`.
+    /// An op running our fused CPU kernel ([`CpuKernel::fused`]) with `options`.
     pub fn fused(options: Options) -> Self {
-        Self::new(Arc::new(Fused), options)
+        Self::new(Arc::new(CpuKernel::fused()), options)
     }
 
     /// The kernel this op runs.
@@ -187,8 +188,9 @@ impl CustomOp2 for LogProbOp {
         ))
     }
 
-    /// Grad logits `[N, V_total]` in the logits' dtype from the kernel's
-    /// VJP ([`Kernel::backward`]): `grad_res` (`[N]`, or `[N, 2]` with the
+    /// Grad logits `[N, V_total]` in the logits' dtype, written in it by
+    /// the kernel's VJP ([`Kernel::backward_gradient`]; no f64 `[N, V]`
+    /// buffer with the CPU kernel): `grad_res` (`[N]`, or `[N, 2]` with the
     /// entropy's cotangent in column 1) widened exactly to f64; padded
     /// columns get 0; tokens get no gradient. CPU tensors only.
     fn bwd(
@@ -228,15 +230,24 @@ impl CustomOp2 for LogProbOp {
         };
         let grad = self.with_problem(ls, ll, ts, tl, |p| {
             let out = p.logits.dtype();
-            self.kernel.backward(p, &cot, out).map_err(wrap)
+            self.kernel.backward_gradient(p, &cot, out).map_err(wrap)
         })?;
-        // Every value is exact in the logits' dtype: the conversion is exact.
-        let grad = Tensor::from_vec(
-            grad.iter().copied().collect::<Vec<f64>>(),
-            grad.dim(),
-            &Device::Cpu,
-        )?;
-        Ok((Some(grad.to_dtype(logits.dtype())?), None))
+        let dim = grad.dim();
+        // Row-major `[N, V_total]` values, moved into the tensor as they are.
+        fn vec_of<T: Clone>(a: ndarray::Array2<T>) -> Vec<T> {
+            if a.is_standard_layout() {
+                a.into_raw_vec_and_offset().0
+            } else {
+                a.iter().cloned().collect()
+            }
+        }
+        let grad = match grad {
+            Gradient::F64(g) => Tensor::from_vec(vec_of(g), dim, &Device::Cpu)?,
+            Gradient::F32(g) => Tensor::from_vec(vec_of(g), dim, &Device::Cpu)?,
+            Gradient::Bf16(g) => Tensor::from_vec(vec_of(g), dim, &Device::Cpu)?,
+            Gradient::F16(g) => Tensor::from_vec(vec_of(g), dim, &Device::Cpu)?,
+        };
+        Ok((Some(grad), None))
     }
 }
 

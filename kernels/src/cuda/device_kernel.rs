@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use ndarray::{Array2, ArrayView1, ArrayView2};
+use ndarray::Array2;
 
-use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, Shape};
+use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Problem, ProblemMut, Shape};
 
 use super::backend::Launcher;
 use super::backward::{backward, Dest, Grads, MAX_SLOTS};
@@ -183,14 +183,9 @@ impl DeviceKernel {
     ///
     /// # Errors
     /// As [`Kernel::backward_in_place`]; on error the logits are unchanged.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward_in_place(
         &self,
-        mut logits: LogitsMut<'_>,
-        tokens: Option<ArrayView1<'_, i64>>,
-        sampling_mask: Option<ArrayView2<'_, bool>>,
-        topk_ids: Option<ArrayView2<'_, i64>>,
-        options: &Options,
+        mut problem: ProblemMut<'_>,
         cot: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
         if matches!(self.layout, Layout::VocabParallel(_)) {
@@ -200,13 +195,7 @@ impl DeviceKernel {
             });
         }
         let new_contents = {
-            let problem = Problem {
-                logits: logits.view(),
-                tokens,
-                sampling_mask,
-                topk_ids,
-                options: *options,
-            };
+            let problem = problem.view();
             let shape = self.validate(&problem)?;
             problem.validate_cotangents(&shape, cot)?;
             match backward(
@@ -230,7 +219,7 @@ impl DeviceKernel {
                 }
             }
         };
-        write_back(&mut logits, &new_contents).map_err(self.device_err())
+        write_back(&mut problem.logits, &new_contents).map_err(self.device_err())
     }
 }
 
@@ -292,21 +281,10 @@ macro_rules! delegate_kernel {
             }
             fn backward_in_place(
                 &self,
-                logits: logprobe_reference::spec::LogitsMut<'_>,
-                tokens: Option<ndarray::ArrayView1<'_, i64>>,
-                sampling_mask: Option<ndarray::ArrayView2<'_, bool>>,
-                topk_ids: Option<ndarray::ArrayView2<'_, i64>>,
-                options: &logprobe_reference::spec::Options,
+                problem: logprobe_reference::spec::ProblemMut<'_>,
                 cotangents: &logprobe_reference::spec::Cotangents<'_>,
             ) -> Result<(), $crate::kernel::KernelError> {
-                self.0.backward_in_place(
-                    logits,
-                    tokens,
-                    sampling_mask,
-                    topk_ids,
-                    options,
-                    cotangents,
-                )
+                self.0.backward_in_place(problem, cotangents)
             }
         }
     };

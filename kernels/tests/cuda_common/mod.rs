@@ -440,11 +440,13 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
             let expect = k.backward(&p, &cot, dtype).map_err(|e| e.to_string())?;
             let mut inplace = Owned::new(&c.x, dtype);
             k.backward_in_place(
-                inplace.view_mut(),
-                Some(c.tokens.view()),
-                c.mask.as_ref().map(|m| m.view()),
-                Some(c.ids.view()),
-                &c.options,
+                logprobe_reference::spec::ProblemMut {
+                    logits: inplace.view_mut(),
+                    tokens: Some(c.tokens.view()),
+                    sampling_mask: c.mask.as_ref().map(|m| m.view()),
+                    topk_ids: Some(c.ids.view()),
+                    options: c.options,
+                },
                 &cot,
             )
             .map_err(|e| e.to_string())?;

@@ -9,11 +9,16 @@
 //!   the adds never limit it; AVX-512 / AVX2 when the CPU has them, as the
 //!   kernels), best of `reps`;
 //! - the fused forward (log-probs + entropy, and log-probs only), the chunked
-//!   forward, the vocab-parallel forward and the fused backward (log-prob
-//!   and entropy cotangents; output `[N, V]` f64), each as GB/s of logits
+//!   forward and the vocab-parallel forward, each as GB/s of logits
 //!   read (`N V b` bytes per call, `b` the element size), as a fraction of
 //!   the roofline, and as core cycles per entry (clock x threads x time /
 //!   `N V`, the clock estimated by a chain of dependent integer adds);
+//! - the read + write roofline (the logits copied into a reused `[N, V]`
+//!   buffer of their dtype, one contiguous part per thread) and the fused
+//!   backward (log-prob and entropy cotangents) into a reused `[N, V]`
+//!   gradient of the logits' dtype, and through [`Kernel::backward`] (a
+//!   fresh f64 `[N, V]`, page faults included), each as GB/s read and
+//!   written, as a fraction of that roofline and in cycles per entry;
 //! - candle's composed path (`max -> sub -> exp -> sum -> log -> sub`, then
 //!   a gather, on a `Tensor` the caller holds: what candle users run), and
 //!   the ratio of its time to the fused forward's;
@@ -27,8 +32,13 @@
 //!   log-prob and entropy cotangents), on one thread.
 //!
 //! Every time is the best (and the median) of `reps` calls after one warm-up
-//! call. Nothing here asserts a timing: the targets table says whether each
-//! ratio meets DESIGN's target, for a human to read.
+//! call; beside it, the fewest CPU seconds a call took (all the process's
+//! threads, preemption excluded: on a loaded machine the on-CPU cycles are
+//! the steadier figure at one thread). Nothing here asserts a timing: the
+//! targets table says whether each ratio meets DESIGN's target, for a human
+//! to read.
+//!
+//! [`Kernel::backward`]: logprobe_kernels::Kernel::backward
 
 use serde::Serialize;
 
@@ -113,6 +123,10 @@ pub struct Timing {
     pub best_s: f64,
     /// Median call (s).
     pub median_s: f64,
+    /// Fewest CPU seconds one call took, summed over the process's threads
+    /// (preemption excluded; with more than one thread it includes rayon's
+    /// idle spinning). `None` where unavailable.
+    pub best_on_cpu_s: Option<f64>,
 }
 
 /// One timed path.
@@ -122,17 +136,22 @@ pub struct PathResult {
     pub path: String,
     /// Logits dtype (`f32`, `bf16`).
     pub dtype: &'static str,
-    /// Logits bytes read per call (`N V b`).
+    /// Bytes per call: logits read (`N V b`), plus the output written for
+    /// the backward paths and the read + write roofline.
     pub bytes: usize,
     /// Times.
     pub timing: Timing,
     /// `bytes / best_s` in GB/s (1e9 bytes).
     pub gb_per_s: f64,
-    /// `gb_per_s` over the roofline of the same dtype.
+    /// `gb_per_s` over the roofline of the same dtype (read + write for
+    /// the backward paths, read for the others).
     pub fraction_of_roofline: f64,
     /// Core cycles per logit: `clock x threads x best_s / (N V)` (`None`
     /// without a clock estimate; for a single-threaded path, threads = 1).
     pub cycles_per_entry: Option<f64>,
+    /// Core cycles per logit on CPU: `clock x best_on_cpu_s / (N V)`, all
+    /// threads together (`None` without a clock estimate or CPU time).
+    pub cycles_per_entry_on_cpu: Option<f64>,
     /// Threads the path ran on.
     pub threads: usize,
 }

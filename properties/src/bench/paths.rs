@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use half::bf16;
-use ndarray::Array1;
+use ndarray::{Array1, Array2};
 
 use logprobe_kernels::candle::candle_log_softmax;
-use logprobe_kernels::{cpu_path, Kernel};
+use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 use logprobe_testkit::registry;
@@ -22,6 +22,25 @@ pub(crate) fn kernel_err(kernel: &dyn Kernel, e: impl std::fmt::Display) -> Benc
         kernel: kernel.name(),
         message: e.to_string(),
     }
+}
+
+/// The fused backward into a reused `[N, V]` gradient of `G` (the logits'
+/// dtype: f32 or bf16), timed as [`time`] does. [`CpuKernel::backward_into`]
+/// is the CPU kernel's own entry point (not on the [`Kernel`] trait), so it
+/// is built here rather than taken from the registry.
+pub(crate) fn backward_into<G: GradElement>(
+    p: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    reps: usize,
+) -> Result<Timing, BenchError> {
+    let (n, v) = p.logits.dim();
+    let mut grad = Array2::from_elem((n, v), G::from_f32(0.0));
+    let fused = CpuKernel::fused();
+    let run = |g: &mut Array2<G>| fused.backward_into(p, cot, g.view_mut());
+    run(&mut grad).map_err(|e| kernel_err(&fused, e))?;
+    Ok(time(reps, || {
+        std::hint::black_box(run(&mut grad).ok());
+    }))
 }
 
 pub(crate) fn candle_err(e: candle_core::Error) -> BenchError {
@@ -160,15 +179,45 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
             fwd(vp, &p_ent)?,
             threads,
         ));
+        // Backward paths, against the read + write roofline: (path, time,
+        // threads, bytes read + written per call).
+        let mut timed_rw: Vec<(String, Timing, usize, usize)> = Vec::new();
+        let (rw, t_into) = match logits {
+            Logits::Bf16(x) => {
+                let s = x.as_slice().expect("fresh array is contiguous");
+                let mut dst = vec![bf16::ZERO; n * v];
+                let rw = time(config.reps, || read_write(s, &mut dst, threads));
+                (rw, backward_into::<bf16>(&p_ent, &cot, config.reps)?)
+            }
+            _ => {
+                let s = x32.as_slice().expect("fresh array is contiguous");
+                let mut dst = vec![0f32; n * v];
+                let rw = time(config.reps, || read_write(s, &mut dst, threads));
+                (rw, backward_into::<f32>(&p_ent, &cot, config.reps)?)
+            }
+        };
+        timed_rw.push((
+            "roofline (read + write, reused buffer)".into(),
+            rw,
+            threads,
+            2 * bytes,
+        ));
+        timed_rw.push((
+            format!("fused backward ({name} out, reused buffer)"),
+            t_into,
+            threads,
+            2 * bytes,
+        ));
         fused
             .backward(&p_ent, &cot, Dtype::F32)
             .map_err(|e| kernel_err(fused, e))?;
-        timed.push((
-            "fused backward (f64 [N, V] out)".into(),
+        timed_rw.push((
+            "fused backward (f64 [N, V] out, fresh)".into(),
             time(config.reps, || {
                 std::hint::black_box(fused.backward(&p_ent, &cot, Dtype::F32).ok());
             }),
             threads,
+            bytes + n * v * 8,
         ));
         if config.candle {
             let dev = Device::Cpu;
@@ -217,6 +266,26 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
                 gb_per_s: gbs,
                 fraction_of_roofline: gbs / roof_gbs,
                 cycles_per_entry: clock.map(|c| c * 1e9 * th as f64 * timing.best_s / entries),
+                cycles_per_entry_on_cpu: clock
+                    .zip(timing.best_on_cpu_s)
+                    .map(|(c, t)| c * 1e9 * t / entries),
+                threads: th,
+            });
+        }
+        let rw_gbs = 2.0 * bytes as f64 / rw.best_s / 1e9;
+        for (path, timing, th, moved) in timed_rw {
+            let gbs = moved as f64 / timing.best_s / 1e9;
+            paths.push(PathResult {
+                path,
+                dtype: name,
+                bytes: moved,
+                timing,
+                gb_per_s: gbs,
+                fraction_of_roofline: gbs / rw_gbs,
+                cycles_per_entry: clock.map(|c| c * 1e9 * th as f64 * timing.best_s / entries),
+                cycles_per_entry_on_cpu: clock
+                    .zip(timing.best_on_cpu_s)
+                    .map(|(c, t)| c * 1e9 * t / entries),
                 threads: th,
             });
         }

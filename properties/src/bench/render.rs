@@ -31,6 +31,25 @@ pub(crate) fn targets(
             0.75,
         ));
     }
+    for (dtype, path) in [
+        ("f32", "fused backward (f32 out, reused buffer)"),
+        ("bf16", "fused backward (bf16 out, reused buffer)"),
+    ] {
+        if let Some(p) = paths.iter().find(|p| p.dtype == dtype && p.path == path) {
+            for (what, c) in [
+                ("wall", p.cycles_per_entry),
+                ("on CPU", p.cycles_per_entry_on_cpu),
+            ] {
+                if let Some(c) = c {
+                    t.push(at_most(
+                        format!("backward {dtype} -> {dtype} (reused buffer) cycles/entry, {what}"),
+                        c,
+                        4.0,
+                    ));
+                }
+            }
+        }
+    }
     if let Some(c) = candle.iter().find(|c| c.dtype == "f32") {
         t.push(at_least(
             "fused f32 forward (log_prob) speedup over candle composed f32".into(),
@@ -89,13 +108,21 @@ pub fn render(r: &BenchReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "{:<40} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>4}",
-        "path", "dtype", "best ms", "median ms", "GB/s", "roofline", "cyc/entry", "thr"
+        "{:<40} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>4}",
+        "path",
+        "dtype",
+        "best ms",
+        "median ms",
+        "GB/s",
+        "roofline",
+        "cyc/entry",
+        "on-CPU cyc",
+        "thr"
     );
     for p in &r.paths {
         let _ = writeln!(
             s,
-            "{:<40} {:>5} {:>10.3} {:>10.3} {:>9.2} {:>8.1}% {:>10} {:>4}",
+            "{:<40} {:>5} {:>10.3} {:>10.3} {:>9.2} {:>8.1}% {:>10} {:>10} {:>4}",
             p.path,
             p.dtype,
             p.timing.best_s * 1e3,
@@ -103,6 +130,8 @@ pub fn render(r: &BenchReport) -> String {
             p.gb_per_s,
             100.0 * p.fraction_of_roofline,
             p.cycles_per_entry.map_or("?".into(), |c| format!("{c:.3}")),
+            p.cycles_per_entry_on_cpu
+                .map_or("?".into(), |c| format!("{c:.3}")),
             p.threads
         );
     }

@@ -97,11 +97,13 @@ pub fn dump_bytes(
             let (grad, out) = if finding.call == Call::InPlace {
                 let mut copy = data.logits.clone();
                 let r = k.backward_in_place(
-                    copy.view_mut(),
-                    p.tokens,
-                    p.sampling_mask,
-                    p.topk_ids,
-                    &p.options,
+                    logprobe_reference::spec::ProblemMut {
+                        logits: copy.view_mut(),
+                        tokens: p.tokens,
+                        sampling_mask: p.sampling_mask,
+                        topk_ids: p.topk_ids,
+                        options: p.options,
+                    },
                     &cv,
                 );
                 (r.ok().map(|_| copy.to_f64()), data.logits.dtype())

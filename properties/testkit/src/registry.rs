@@ -14,7 +14,7 @@
 //! kernel list, chunked and vocab-parallel in the invariance families.
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::{Chunked, Fused, VocabParallel};
+use logprobe_kernels::CpuKernel;
 
 /// Where a kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +143,7 @@ pub fn entries() -> Vec<Entry> {
             name: "fused",
             family: "fused",
             backend: Backend::Cpu,
-            build: Build::Fixed(|| Box::new(Fused)),
+            build: Build::Fixed(|| Box::new(CpuKernel::fused())),
             gate_chunk_sizes: &[0],
             invariance: true,
             memory: Some(MemoryBudget::Rows),
@@ -154,7 +154,7 @@ pub fn entries() -> Vec<Entry> {
             name: "chunked",
             family: "chunked",
             backend: Backend::Cpu,
-            build: Build::ByChunk(|c| Box::new(Chunked::new(c))),
+            build: Build::ByChunk(|c| Box::new(CpuKernel::chunked(c))),
             gate_chunk_sizes: &[1, 3, 64],
             invariance: true,
             memory: Some(MemoryBudget::Chunks),
@@ -165,7 +165,7 @@ pub fn entries() -> Vec<Entry> {
             name: "vocab-parallel",
             family: "vocab_parallel",
             backend: Backend::Cpu,
-            build: Build::ByShards(|w| Box::new(VocabParallel::new(w.to_vec()))),
+            build: Build::ByShards(|w| Box::new(CpuKernel::vocab_parallel(w.to_vec()))),
             gate_chunk_sizes: &[],
             invariance: true,
             memory: None,

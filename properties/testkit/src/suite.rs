@@ -453,9 +453,9 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutco
 
 /// The vocab-parallel kernels as families over shard layouts: every
 /// available sharded registry entry with [`Entry::invariance`] (the
-/// workspace's [`logprobe_kernels::VocabParallel`]: each shard reduced on
-/// its own, partials merged in shard order; its host-built CUDA twin, and
-/// the GPU's where a device is usable).
+/// workspace's [`logprobe_kernels::CpuKernel::vocab_parallel`]: each shard
+/// reduced on its own, partials merged in shard order; its host-built CUDA
+/// twin, and the GPU's where a device is usable).
 pub fn sharded_families() -> Vec<ShardedFamily> {
     gate_entries()
         .into_iter()

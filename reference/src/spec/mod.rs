@@ -14,6 +14,6 @@ pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use output::{Columns, Output, PerOutput};
 pub use problem::{
-    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, Shape, TemperatureDtype,
-    DEFAULT_IGNORE_INDEX,
+    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
+    TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };

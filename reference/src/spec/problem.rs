@@ -104,6 +104,15 @@ impl<'a> Logits<'a> {
 }
 
 impl<'a> LogitsMut<'a> {
+    /// A shorter-lived mutable view of the same buffer.
+    pub fn reborrow(&mut self) -> LogitsMut<'_> {
+        match self {
+            LogitsMut::F64(v) => LogitsMut::F64(v.view_mut()),
+            LogitsMut::F32(v) => LogitsMut::F32(v.view_mut()),
+            LogitsMut::Bf16(v) => LogitsMut::Bf16(v.view_mut()),
+            LogitsMut::F16(v) => LogitsMut::F16(v.view_mut()),
+        }
+    }
     /// A read-only view of the same buffer.
     pub fn view(&self) -> Logits<'_> {
         match self {
@@ -252,6 +261,59 @@ pub struct Problem<'a> {
     pub topk_ids: Option<ArrayView2<'a, i64>>,
     /// Options.
     pub options: Options,
+}
+
+/// A [`Problem`] whose logits are mutable: the in-place backward's one
+/// argument besides the cotangents (it writes grad logits over `logits`).
+/// Shapes and meanings as in [`Problem`].
+#[derive(Debug)]
+pub struct ProblemMut<'a> {
+    /// Logits `[N, V_total]`, overwritten by the in-place backward.
+    pub logits: LogitsMut<'a>,
+    /// Target token per row `[N]`, or `ignore_index`.
+    pub tokens: Option<ArrayView1<'a, i64>>,
+    /// Allowed set `[N, V_total]`; `None` = everything allowed.
+    pub sampling_mask: Option<ArrayView2<'a, bool>>,
+    /// Ids `[N, K]` whose log-probs to compute.
+    pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// Options.
+    pub options: Options,
+}
+
+impl<'a> ProblemMut<'a> {
+    /// A problem over `logits` with default options and no tokens, mask or ids.
+    pub fn new(logits: LogitsMut<'a>) -> Self {
+        ProblemMut {
+            logits,
+            tokens: None,
+            sampling_mask: None,
+            topk_ids: None,
+            options: Options::default(),
+        }
+    }
+
+    /// The same problem, read-only (logits borrowed from `self`).
+    pub fn view(&self) -> Problem<'_> {
+        Problem {
+            logits: self.logits.view(),
+            tokens: self.tokens,
+            sampling_mask: self.sampling_mask,
+            topk_ids: self.topk_ids,
+            options: self.options,
+        }
+    }
+
+    /// A shorter-lived reborrow (to hand the same problem on, e.g. to an
+    /// inner kernel, and use it afterwards).
+    pub fn reborrow(&mut self) -> ProblemMut<'_> {
+        ProblemMut {
+            logits: self.logits.reborrow(),
+            tokens: self.tokens,
+            sampling_mask: self.sampling_mask,
+            topk_ids: self.topk_ids,
+            options: self.options,
+        }
+    }
 }
 
 /// Upstream cotangents (VJP inputs), all f64 (every f32/bf16/f16 value is

@@ -201,11 +201,13 @@ pub fn judge_backward(
         let mut copy = data.logits.clone();
         let p = a.problem;
         let r = kernel.backward_in_place(
-            copy.view_mut(),
-            p.tokens,
-            p.sampling_mask,
-            p.topk_ids,
-            &p.options,
+            logprobe_reference::spec::ProblemMut {
+                logits: copy.view_mut(),
+                tokens: p.tokens,
+                sampling_mask: p.sampling_mask,
+                topk_ids: p.topk_ids,
+                options: p.options,
+            },
             &cv,
         );
         match r {

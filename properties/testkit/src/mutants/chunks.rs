@@ -1,11 +1,11 @@
 //! Bugs of chunked kernels: the remainder chunk dropped, `chunk_size`
-//! ignored, a chunk-dependent reduction order. Each wraps [`Chunked`] with
+//! ignored, a chunk-dependent reduction order. Each wraps [`CpuKernel::chunked`] with
 //! the mutant's `chunk_size`.
 
 use ndarray::Array2;
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
-use logprobe_kernels::Chunked;
+use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::{Cotangents, Dtype, Problem, Shape, SpecError};
 
 use super::rewired::{pick_rows1, pick_rows2, Reversed};
@@ -13,7 +13,7 @@ use super::PlantedBug;
 
 /// Rows past the last full chunk are never written (left 0).
 pub struct DroppedChunkRemainder {
-    inner: Chunked,
+    inner: CpuKernel,
     chunk_size: usize,
 }
 
@@ -21,10 +21,10 @@ impl DroppedChunkRemainder {
     /// Catalog name.
     pub const NAME: &'static str = "dropped-chunk-remainder";
 
-    /// The bug around [`Chunked`] with `chunk_size` rows per chunk.
+    /// The bug around [`CpuKernel::chunked`] with `chunk_size` rows per chunk.
     pub fn new(chunk_size: usize) -> DroppedChunkRemainder {
         DroppedChunkRemainder {
-            inner: Chunked::new(chunk_size),
+            inner: CpuKernel::chunked(chunk_size),
             chunk_size,
         }
     }
@@ -68,7 +68,7 @@ impl PlantedBug for DroppedChunkRemainder {
 /// memory). It keeps declaring its nominal `chunk_size`'s workspace: the
 /// memory property catches it.
 pub struct IgnoredChunkSize {
-    inner: Chunked,
+    inner: CpuKernel,
     chunk_size: usize,
 }
 
@@ -76,20 +76,20 @@ impl IgnoredChunkSize {
     /// Catalog name.
     pub const NAME: &'static str = "ignored-chunk-size";
 
-    /// The bug around [`Chunked`] with a nominal `chunk_size`.
+    /// The bug around [`CpuKernel::chunked`] with a nominal `chunk_size`.
     pub fn new(chunk_size: usize) -> IgnoredChunkSize {
         IgnoredChunkSize {
-            inner: Chunked::new(chunk_size),
+            inner: CpuKernel::chunked(chunk_size),
             chunk_size,
         }
     }
 
     /// The one-chunk kernel actually run over `problem`'s `N` rows.
-    fn one_chunk(&self, problem: &Problem<'_>) -> Result<Chunked, KernelError> {
+    fn one_chunk(&self, problem: &Problem<'_>) -> Result<CpuKernel, KernelError> {
         if self.chunk_size == 0 {
             return Err(SpecError::ZeroChunkSize.into());
         }
-        Ok(Chunked::new(problem.logits.dim().0.max(1)))
+        Ok(CpuKernel::chunked(problem.logits.dim().0.max(1)))
     }
 }
 
@@ -120,7 +120,7 @@ impl PlantedBug for IgnoredChunkSize {
 /// are reduced in reverse column order (the real vocabulary reversed,
 /// padding kept at the end).
 pub struct ChunkDependentOrder {
-    inner: Chunked,
+    inner: CpuKernel,
     chunk_size: usize,
 }
 
@@ -128,10 +128,10 @@ impl ChunkDependentOrder {
     /// Catalog name.
     pub const NAME: &'static str = "chunk-dependent-order";
 
-    /// The bug around [`Chunked`] with `chunk_size` rows per chunk.
+    /// The bug around [`CpuKernel::chunked`] with `chunk_size` rows per chunk.
     pub fn new(chunk_size: usize) -> ChunkDependentOrder {
         ChunkDependentOrder {
-            inner: Chunked::new(chunk_size),
+            inner: CpuKernel::chunked(chunk_size),
             chunk_size,
         }
     }

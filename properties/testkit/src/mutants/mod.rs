@@ -17,7 +17,7 @@
 //! | `bf16-accumulation` | [`Bf16Accumulation`] | fused | bf16 / f16 logits: every sum accumulated in the input dtype |
 //! | `dropped-chunk-remainder` | [`DroppedChunkRemainder`] | chunked | rows past the last full chunk are left 0 |
 //! | `ignored-chunk-size` | [`IgnoredChunkSize`] | chunked | always one chunk of all `N` rows (same values, `N x V` memory) |
-//! | `tp-vocab-offset` | [`TpVocabOffset`] | [`VocabParallel`](logprobe_kernels::VocabParallel) (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
+//! | `tp-vocab-offset` | [`TpVocabOffset`] | [`CpuKernel::vocab_parallel`] (two even shards, or [`Mutant::tp_vocab_offset`]'s layout) | a target owned by a shard that does not start at column 0 is gathered at its local index (the shard's vocab offset not added back) |
 //! | `padded-vocab-not-truncated` | [`PaddedVocabNotTruncated`] | fused | `vocab_size < V_total`: the padding is treated as vocabulary |
 //! | `temperature-ignored` | [`TemperatureIgnored`] | fused | `T != 1` |
 //! | `temperature-twice` | [`TemperatureTwice`] | fused | `T != 1`: logits divided by `T` twice |
@@ -31,12 +31,14 @@
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
 
-use ndarray::{Array2, ArrayView1, ArrayView2};
+use ndarray::Array2;
+
+use logprobe_kernels::CpuKernel;
 
 use logprobe_kernels::kernel::{
     Algorithm, Capabilities, EntropyForm, ForwardOutput, Kernel, KernelError,
 };
-use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, Shape};
+use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, ProblemMut, Shape};
 
 mod backward;
 mod chunks;
@@ -55,65 +57,8 @@ pub use options::{
 pub use tp::TpVocabOffset;
 pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
 
-/// The in-place backward's arguments past the logits (as
-/// [`Kernel::backward_in_place`] takes them).
-#[derive(Clone, Copy)]
-pub struct InPlaceArgs<'a, 'c> {
-    /// Target ids `[N]`.
-    pub tokens: Option<ArrayView1<'a, i64>>,
-    /// Allowed entries `[N, V_total]`.
-    pub sampling_mask: Option<ArrayView2<'a, bool>>,
-    /// Top-k ids `[N, K]`.
-    pub topk_ids: Option<ArrayView2<'a, i64>>,
-    /// The call's options.
-    pub options: &'a Options,
-    /// The cotangents.
-    pub cotangents: &'a Cotangents<'c>,
-}
-
-impl InPlaceArgs<'_, '_> {
-    /// The problem over these (read-only) logits.
-    pub fn problem<'b>(&'b self, logits: &'b LogitsMut<'_>) -> Problem<'b> {
-        Problem {
-            logits: logits.view(),
-            tokens: self.tokens,
-            sampling_mask: self.sampling_mask,
-            topk_ids: self.topk_ids,
-            options: *self.options,
-        }
-    }
-
-    /// The wrapped kernel's in-place backward with these arguments, with
-    /// `options` and `cotangents` replaced where given.
-    pub fn run(
-        &self,
-        kernel: &dyn Kernel,
-        logits: LogitsMut<'_>,
-        options: Option<&Options>,
-        cotangents: Option<&Cotangents<'_>>,
-    ) -> Result<(), KernelError> {
-        let options = options.unwrap_or(self.options);
-        // Two calls: `Cotangents` is invariant in its lifetime.
-        match cotangents {
-            Some(c) => kernel.backward_in_place(
-                logits,
-                self.tokens,
-                self.sampling_mask,
-                self.topk_ids,
-                options,
-                c,
-            ),
-            None => kernel.backward_in_place(
-                logits,
-                self.tokens,
-                self.sampling_mask,
-                self.topk_ids,
-                options,
-                self.cotangents,
-            ),
-        }
-    }
-}
+/// The fused CPU kernel most bugs wrap ([`PlantedBug::inner`]).
+pub(crate) static FUSED: CpuKernel = CpuKernel::fused();
 
 /// One planted bug around a correct kernel ([`PlantedBug::inner`]). Every
 /// method but `inner` defaults to the wrapped kernel's behaviour, with the
@@ -227,21 +172,19 @@ pub trait PlantedBug: Send + Sync {
     /// The wrapped kernel's (the logits unchanged).
     fn backward_in_place(
         &self,
-        logits: LogitsMut<'_>,
-        args: InPlaceArgs<'_, '_>,
+        mut problem: ProblemMut<'_>,
+        cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
-        let wrong = {
-            let p = args.problem(&logits);
-            with_wrong_options(self, &p)?.map(|q| q.options)
-        };
+        let wrong = with_wrong_options(self, &problem.view())?.map(|q| q.options);
         if let Some(o) = wrong {
-            return args.run(self.inner(), logits, Some(&o), None);
+            problem.options = o;
+            return self.inner().backward_in_place(problem, cotangents);
         }
         let grad = {
-            let p = args.problem(&logits);
-            self.backward(&p, args.cotangents, p.logits.dtype())?
+            let p = problem.view();
+            self.backward(&p, cotangents, p.logits.dtype())?
         };
-        write_over(logits, &grad);
+        write_over(problem.logits, &grad);
         Ok(())
     }
 }
@@ -292,7 +235,7 @@ impl Mutant {
         }
     }
 
-    /// The TP-vocab-offset mutant around [`VocabParallel`](logprobe_kernels::VocabParallel) over shards of
+    /// The TP-vocab-offset mutant around [`CpuKernel::vocab_parallel`] over shards of
     /// these widths (summing to `V_total`, else the kernel's
     /// `SpecError::ShapeMismatch`): bit for bit the correct kernel except
     /// on rows whose target lies in a shard starting past column 0.
@@ -345,32 +288,21 @@ impl Kernel for Mutant {
 
     fn backward_in_place(
         &self,
-        logits: LogitsMut<'_>,
-        tokens: Option<ArrayView1<'_, i64>>,
-        sampling_mask: Option<ArrayView2<'_, bool>>,
-        topk_ids: Option<ArrayView2<'_, i64>>,
-        options: &Options,
+        problem: ProblemMut<'_>,
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
-        let args = InPlaceArgs {
-            tokens,
-            sampling_mask,
-            topk_ids,
-            options,
-            cotangents,
-        };
-        self.bug.backward_in_place(logits, args)
+        self.bug.backward_in_place(problem, cotangents)
     }
 }
 
 /// The correct kernel a mutant wraps (its twin in reports and fuzz).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Twin {
-    /// [`logprobe_kernels::Fused`] (ignores `chunk_size`).
+    /// [`CpuKernel::fused`] (ignores `chunk_size`).
     Fused,
-    /// [`logprobe_kernels::Chunked`] with the mutant's `chunk_size`.
+    /// [`CpuKernel::chunked`] with the mutant's `chunk_size`.
     Chunked,
-    /// [`VocabParallel`](logprobe_kernels::VocabParallel) (over shard widths).
+    /// [`CpuKernel::vocab_parallel`] (over shard widths).
     VocabParallel,
 }
 

@@ -1,15 +1,14 @@
 //! Bugs in the options a kernel honours: padded vocabulary, temperature
 //! dropped or applied twice, entropy over the other logits. Each runs
-//! [`Fused`] with the options the bug gets wrong ([`PlantedBug::wrong_options`]),
+//! [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) with the options the bug gets wrong ([`PlantedBug::wrong_options`]),
 //! after validating the real ones; the trait's defaults do the rest.
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_kernels::Fused;
 use logprobe_reference::spec::{EntropyLogits, Options, Problem, TemperatureDtype};
 
 use super::PlantedBug;
 
-/// Declares a unit bug type around [`Fused`] with its catalog name.
+/// Declares a unit bug type around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) with its catalog name.
 macro_rules! option_bug {
     ($(#[$doc:meta])* $ty:ident, $name:literal) => {
         $(#[$doc])*
@@ -19,7 +18,7 @@ macro_rules! option_bug {
             /// Catalog name.
             pub const NAME: &'static str = $name;
 
-            /// The bug around [`Fused`] (`chunk_size` ignored).
+            /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
             pub fn new(_chunk_size: usize) -> $ty {
                 $ty
             }
@@ -51,7 +50,7 @@ option_bug!(
 
 impl PlantedBug for PaddedVocabNotTruncated {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
@@ -64,7 +63,7 @@ impl PlantedBug for PaddedVocabNotTruncated {
 
 impl PlantedBug for TemperatureIgnored {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
@@ -78,7 +77,7 @@ impl PlantedBug for TemperatureIgnored {
 
 impl PlantedBug for TemperatureTwice {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn wrong_options(&self, p: &Problem<'_>) -> Option<Options> {
@@ -92,7 +91,7 @@ impl PlantedBug for TemperatureTwice {
 
 impl PlantedBug for EntropyWrongLogits {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     /// The swapped entropy set under a mask; without one the options are

@@ -3,13 +3,12 @@
 use ndarray::{Array1, Array2};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel};
-use logprobe_reference::spec::{Dtype, Output};
+use logprobe_reference::spec::{Dtype, Output, ProblemMut};
 
 use super::*;
 use crate::strategies::{CotangentRecipe, ProblemRecipe};
-use logprobe_kernels::VocabParallel;
 
-/// The TP mutant is the real [`VocabParallel`] bit for bit on rows whose
+/// The TP mutant is the real [`CpuKernel::vocab_parallel`] bit for bit on rows whose
 /// target lies in the first shard, and differs on the others, forward
 /// and backward (new buffer and in place).
 #[test]
@@ -31,7 +30,7 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
     let widths = vec![13, 0, 20, 7];
     let (m, vp) = (
         Mutant::tp_vocab_offset(widths.clone()),
-        VocabParallel::new(widths),
+        CpuKernel::vocab_parallel(widths),
     );
     let p = data.problem();
     let (fm, fv) = (
@@ -68,11 +67,13 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
     // In place: the mutant's grads, written over the logits.
     let mut x = data.logits.clone();
     m.backward_in_place(
-        x.view_mut(),
-        p.tokens,
-        p.sampling_mask,
-        p.topk_ids,
-        &p.options,
+        ProblemMut {
+            logits: x.view_mut(),
+            tokens: p.tokens,
+            sampling_mask: p.sampling_mask,
+            topk_ids: p.topk_ids,
+            options: p.options,
+        },
         &cot.view(),
     )
     .unwrap();

@@ -1,14 +1,14 @@
 //! The tensor-parallel bug: a target owned by a shard past column 0 is
-//! gathered at its shard-local index, around [`VocabParallel`].
+//! gathered at its shard-local index, around [`CpuKernel::vocab_parallel`].
 
 use ndarray::Array2;
 
 use logprobe_kernels::kernel::{Algorithm, ForwardOutput, Kernel, KernelError};
-use logprobe_kernels::VocabParallel;
-use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Output, Problem, Shape};
+use logprobe_kernels::CpuKernel;
+use logprobe_reference::spec::{Cotangents, Dtype, Output, Problem, ProblemMut, Shape};
 
 use super::rewired::{gatherable, tp_triggers, with_tokens, wrong_targets};
-use super::{write_over, InPlaceArgs, PlantedBug};
+use super::{write_over, PlantedBug};
 use crate::strategies::even_shards;
 
 /// Tensor-parallel vocabulary offset not added back for the target.
@@ -17,26 +17,26 @@ pub struct TpVocabOffset {
     shards: Option<Vec<usize>>,
     /// The inner kernel [`PlantedBug::inner`] reports (capabilities,
     /// entropy form); calls build [`TpVocabOffset::kernel`] per `V_total`.
-    nominal: VocabParallel,
+    nominal: CpuKernel,
 }
 
 impl TpVocabOffset {
     /// Catalog name.
     pub const NAME: &'static str = "tp-vocab-offset";
 
-    /// The bug around [`VocabParallel`] over `shards` (`None`: two even
+    /// The bug around [`CpuKernel::vocab_parallel`] over `shards` (`None`: two even
     /// shards of each call's `V_total`).
     pub fn new(shards: Option<Vec<usize>>) -> TpVocabOffset {
         TpVocabOffset {
-            nominal: VocabParallel::new(Vec::new()),
+            nominal: CpuKernel::vocab_parallel(Vec::new()),
             shards,
         }
     }
 
     /// The correct vocab-parallel kernel the bug wraps, for `v_total`
     /// columns.
-    fn kernel(&self, v_total: usize) -> VocabParallel {
-        VocabParallel::new(
+    fn kernel(&self, v_total: usize) -> CpuKernel {
+        CpuKernel::vocab_parallel(
             self.shards
                 .clone()
                 .unwrap_or_else(|| even_shards(v_total, 2)),
@@ -61,7 +61,7 @@ impl PlantedBug for TpVocabOffset {
         let shape = problem.validate_shapes()?;
         let vp = self.kernel(shape.v_total);
         let mut fo = vp.forward(problem, out)?;
-        let trig = tp_triggers(problem, &vp.shard_widths);
+        let trig = tp_triggers(problem, vp.shard_widths());
         let (Some(tokens), false) = (problem.tokens, trig.is_empty()) else {
             return Ok(fo);
         };
@@ -96,7 +96,7 @@ impl PlantedBug for TpVocabOffset {
         let (Some(g), Some(tokens)) = (cotangents.grad_log_probs, problem.tokens) else {
             return Ok(grad);
         };
-        let trig: Vec<_> = tp_triggers(problem, &vp.shard_widths)
+        let trig: Vec<_> = tp_triggers(problem, vp.shard_widths())
             .into_iter()
             .filter(|&(row, _, _)| g[row] != 0.0)
             .collect();
@@ -121,27 +121,27 @@ impl PlantedBug for TpVocabOffset {
 
     fn backward_in_place(
         &self,
-        logits: LogitsMut<'_>,
-        args: InPlaceArgs<'_, '_>,
+        problem: ProblemMut<'_>,
+        cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
-        let vp = self.kernel(logits.view().dim().1);
+        let vp = self.kernel(problem.logits.view().dim().1);
         let triggered = {
-            let p = args.problem(&logits);
+            let p = problem.view();
             p.validate_shapes().is_ok()
-                && args.cotangents.grad_log_probs.is_some_and(|g| {
-                    tp_triggers(&p, &vp.shard_widths)
+                && cotangents.grad_log_probs.is_some_and(|g| {
+                    tp_triggers(&p, vp.shard_widths())
                         .iter()
                         .any(|&(row, _, _)| g.get(row).is_some_and(|&x| x != 0.0))
                 })
         };
         if !triggered {
-            return args.run(&vp, logits, None, None);
+            return vp.backward_in_place(problem, cotangents);
         }
         let grad = {
-            let p = args.problem(&logits);
-            self.backward(&p, args.cotangents, p.logits.dtype())?
+            let p = problem.view();
+            self.backward(&p, cotangents, p.logits.dtype())?
         };
-        write_over(logits, &grad);
+        write_over(problem.logits, &grad);
         Ok(())
     }
 }

@@ -1,12 +1,11 @@
 //! Bugs in the forward values (and their gradients): NaN entropy at
 //! `-inf`, half-precision accumulation, no max shift, the raw entropy
 //! formula. Each recomputes the outputs its bug changes the way the shipped
-//! bug computed them (f32 row helpers below), around [`Fused`].
+//! bug computed them (f32 row helpers below), around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused).
 
 use ndarray::{s, Array2};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel};
-use logprobe_kernels::Fused;
 use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Output, Problem, Shape, TemperatureDtype,
 };
@@ -69,7 +68,7 @@ impl NanOnNegInf {
     /// Catalog name.
     pub const NAME: &'static str = "nan-on-neg-inf";
 
-    /// The bug around [`Fused`] (`chunk_size` ignored).
+    /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
     pub fn new(_chunk_size: usize) -> NanOnNegInf {
         NanOnNegInf
     }
@@ -77,7 +76,7 @@ impl NanOnNegInf {
 
 impl PlantedBug for NanOnNegInf {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn corrupt_forward(&self, p: &Problem<'_>, shape: &Shape, _: Dtype, fo: &mut ForwardOutput) {
@@ -123,7 +122,7 @@ impl Bf16Accumulation {
     /// Catalog name.
     pub const NAME: &'static str = "bf16-accumulation";
 
-    /// The bug around [`Fused`] (`chunk_size` ignored).
+    /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
     pub fn new(_chunk_size: usize) -> Bf16Accumulation {
         Bf16Accumulation
     }
@@ -131,7 +130,7 @@ impl Bf16Accumulation {
 
 impl PlantedBug for Bf16Accumulation {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn corrupt_forward(&self, p: &Problem<'_>, shape: &Shape, out: Dtype, fo: &mut ForwardOutput) {
@@ -179,7 +178,7 @@ impl MissingMaxShift {
     /// Catalog name.
     pub const NAME: &'static str = "missing-max-shift";
 
-    /// The bug around [`Fused`] (`chunk_size` ignored).
+    /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
     pub fn new(_chunk_size: usize) -> MissingMaxShift {
         MissingMaxShift
     }
@@ -187,7 +186,7 @@ impl MissingMaxShift {
 
 impl PlantedBug for MissingMaxShift {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn corrupt_forward(&self, p: &Problem<'_>, shape: &Shape, out: Dtype, fo: &mut ForwardOutput) {
@@ -250,7 +249,7 @@ impl RawEntropyFormula {
     /// Catalog name.
     pub const NAME: &'static str = "raw-entropy-formula";
 
-    /// The bug around [`Fused`] (`chunk_size` ignored).
+    /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
     pub fn new(_chunk_size: usize) -> RawEntropyFormula {
         RawEntropyFormula
     }
@@ -258,7 +257,7 @@ impl RawEntropyFormula {
 
 impl PlantedBug for RawEntropyFormula {
     fn inner(&self) -> &dyn Kernel {
-        &Fused
+        &super::FUSED
     }
 
     fn corrupt_forward(&self, p: &Problem<'_>, shape: &Shape, out: Dtype, fo: &mut ForwardOutput) {

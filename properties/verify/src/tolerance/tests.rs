@@ -780,7 +780,7 @@ fn f32_kernels_are_within_their_models_against_the_oracle() {
 /// breaks it; a masked id's cotangent adds nothing.
 #[test]
 fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
-    use logprobe_kernels::{Fused, Kernel};
+    use logprobe_kernels::{CpuKernel, Kernel};
     use logprobe_reference::oracle::Oracle;
     use logprobe_reference::spec::{Cotangents, Logits, Problem};
     use ndarray::{Array1, Array2};
@@ -810,7 +810,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
         let st = oracle.row_stats(&problem, 0).unwrap();
         let ctx = RowContext::from_problem(&problem, 0).unwrap();
         let shape = problem.validate_shapes().unwrap();
-        let model = Model::declared(&Fused.algorithm(&shape));
+        let model = Model::declared(&CpuKernel::fused().algorithm(&shape));
         let rb = model.row_bounds(&st, &ctx);
         let live = GradCotangents::live_topk(
             ids.row(0).iter().copied(),
@@ -821,7 +821,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
         let old: Vec<(usize, f64)> = vec![(3, -0.375), (5, 0.5)];
         for out in [Dtype::F32, Dtype::Bf16] {
             let exact = oracle.vjp(&problem, &cot, out).unwrap();
-            let cand = Fused.backward(&problem, &cot, out).unwrap();
+            let cand = CpuKernel::fused().backward(&problem, &cot, out).unwrap();
             let mk = |topk| GradCotangents {
                 g: 0.0,
                 h: 0.0,
@@ -897,7 +897,7 @@ fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
 #[test]
 fn our_kernels_are_never_suspect() {
     use super::Statistical;
-    use logprobe_kernels::{Chunked, Fused, Kernel};
+    use logprobe_kernels::{CpuKernel, Kernel};
     use logprobe_reference::oracle::Oracle;
     use logprobe_reference::spec::{Logits, Problem};
     use ndarray::{Array1, Array2};
@@ -918,7 +918,7 @@ fn our_kernels_are_never_suspect() {
         let fwd = oracle.forward(&problem, out).unwrap();
         let lp_exact = fwd.values[Output::LogProbs][[0, 0]];
         let h_exact = fwd.values[Output::Entropy][[0, 0]];
-        let kernels: [&dyn Kernel; 2] = [&Fused, &Chunked::new(256)];
+        let kernels: [&dyn Kernel; 2] = [&CpuKernel::fused(), &CpuKernel::chunked(256)];
         for k in kernels {
             let o = k.forward(&problem, out).unwrap();
             let declared = Model::declared(&k.algorithm(&shape));

@@ -15,7 +15,7 @@ use logprobe_reference::spec::{Columns, Dtype, Output, PerOutput, SpecError};
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::row_oracle::RowOracle;
 use crate::tolerance;
-use logprobe_kernels::{Fused, Kernel};
+use logprobe_kernels::{CpuKernel, Kernel};
 
 use super::*;
 
@@ -51,7 +51,7 @@ struct OutputAcc {
     /// Statistical tier: suspect elements, largest error / threshold.
     suspect: usize,
     stat_ratio: Option<f64>,
-    /// Largest error of our Fused f32 kernel on the same rows.
+    /// Largest error of our fused f32 kernel ([`CpuKernel::fused`]) on the same rows.
     fused_err: Option<f64>,
 }
 
@@ -519,7 +519,12 @@ fn verify_row(
     // Our correct f32 kernel on the same row, per forward dtype.
     let ours: Vec<_> = forward_dtypes(dump)
         .into_iter()
-        .filter_map(|dtype| Fused.forward(&p, dtype).ok().map(|f| (dtype, f)))
+        .filter_map(|dtype| {
+            CpuKernel::fused()
+                .forward(&p, dtype)
+                .ok()
+                .map(|f| (dtype, f))
+        })
         .collect();
     let grad = dump
         .candidates

@@ -170,8 +170,8 @@ pub struct OutputReport {
     /// gradients, or `--statistical-c` off).
     #[serde(serialize_with = "json_opt_f64")]
     pub statistical_max_ratio: Option<f64>,
-    /// Largest error our own correct f32 kernel (`Fused`) makes on the same
-    /// rows, rounded to the same dtype (`null` for gradients).
+    /// Largest error our own correct f32 kernel (`CpuKernel::fused()`) makes
+    /// on the same rows, rounded to the same dtype (`null` for gradients).
     #[serde(serialize_with = "json_opt_f64")]
     pub fused_max_abs_error: Option<f64>,
     /// `max_abs_error / fused_max_abs_error`: how many times less accurate
