@@ -2,7 +2,12 @@
 //! `cargo run -p logprobe-properties --example gen_fixtures`), an insta
 //! snapshot in `fixtures/snapshots/` of the oracle's correctly rounded
 //! values and, for each CPU kernel and output dtype, a digest of its output
-//! bits and its errors against the oracle. A change that moves one bit of a
+//! bits and its errors against the oracle. The host-built CUDA kernels
+//! (feature `cuda-host`) have the same lines for every fixture in one more
+//! snapshot, `cuda_host_bits`, with, against each earlier golden kernel,
+//! whether the two declare the same algorithm and whether their bits agree;
+//! two kernels that declare the same algorithm must give the same bits
+//! (asserted). A change that moves one bit of a
 //! kernel's output shows as a snapshot diff (`cargo insta review`); CI never
 //! writes snapshots (insta's `CI` detection) and fails on a mismatch.
 //!
@@ -57,8 +62,9 @@ fn load(bytes: &[u8]) -> (Array2<f64>, Dump<'_>) {
     (Array2::from_shape_vec((n, vt), flat).unwrap(), dump)
 }
 
-/// Formats one fixture's snapshot.
-fn snapshot(name: &str, bytes: &[u8]) -> String {
+/// Formats one fixture's snapshot, and its section of the host-built CUDA
+/// kernels' snapshot (`cuda_host_bits`).
+fn snapshots(name: &str, bytes: &[u8]) -> (String, String) {
     let (logits, dump) = load(bytes);
     let dtype = dump.logits.dtype;
     // The logits in their own dtype, [N, V_total].
@@ -131,58 +137,151 @@ fn snapshot(name: &str, bytes: &[u8]) -> String {
     if dtype != Dtype::F32 && dtype != Dtype::F64 {
         outs.push(dtype);
     }
-    // The registry's golden kernels (CPU fused, chunked at 3), in its order.
-    let kernels: Vec<Box<dyn Kernel>> = registry::entries()
+    let exact: Vec<_> = outs
         .iter()
-        .filter_map(|e| e.golden_chunk_size.map(|c| e.kernel(c, &[])))
+        .map(|&out| {
+            (
+                out,
+                oracle.forward(&p, out).expect("oracle"),
+                oracle.vjp(&p, &cot, out).expect("oracle vjp"),
+            )
+        })
         .collect();
-    for &out in &outs {
-        let exf = oracle.forward(&p, out).expect("oracle");
-        let exg = oracle.vjp(&p, &cot, out).expect("oracle vjp");
-        for kernel in &kernels {
-            let _ = write!(s, "{} -> {out}:", kernel.name());
-            match kernel.forward(&p, out) {
-                Err(e) => {
-                    let _ = writeln!(s, " forward error: {e}");
-                }
-                Ok(f) => {
-                    let mut h = Fnv::new();
-                    let mut ulps = [0.0f64; 3];
-                    for (i, o) in Output::FORWARD.into_iter().enumerate() {
-                        let (Some(got), Some(e)) = (f.values.get(o), exf.values.get(o)) else {
-                            continue;
-                        };
-                        for ((r, c), v) in got.indexed_iter() {
-                            h.value(*v, out);
-                            if o.judged(&p, r) {
-                                ulps[i] = ulps[i].max(e[[r, c]].error_ulps(*v, out));
-                            }
-                        }
-                    }
-                    let _ = write!(
-                        s,
-                        " forward {:016x}, max ulps: log_prob {:.3} entropy {:.3} topk {:.3};",
-                        h.0, ulps[0], ulps[1], ulps[2]
-                    );
-                }
-            }
-            match kernel.backward(&p, &cot, out) {
-                Err(e) => {
-                    let _ = writeln!(s, " backward error: {e}");
-                }
-                Ok(gr) => {
-                    let mut h = Fnv::new();
-                    let mut max_abs = 0.0f64;
-                    for (v, e) in gr.iter().zip(exg.iter()) {
-                        h.value(*v, out);
-                        max_abs = max_abs.max(e.error(*v));
-                    }
-                    let _ = writeln!(s, " backward {:016x}, max |err| {max_abs:.3e}", h.0);
-                }
-            }
+    // The registry's golden kernels, in its order: CPU (fused, chunked at
+    // 3) in this snapshot, the host-built CUDA kernels (fused, chunked at 3)
+    // in `cuda_host_bits`.
+    let golden: Vec<(registry::Backend, Box<dyn Kernel>)> = registry::entries()
+        .iter()
+        .filter_map(|e| e.golden_chunk_size.map(|c| (e.backend, e.kernel(c, &[]))))
+        .collect();
+    let mut host = String::new();
+    let _ = writeln!(host, "fixture {name}:");
+    let mut digests = Vec::new();
+    for &(out, ref exf, ref exg) in &exact {
+        for (backend, kernel) in &golden {
+            let text = if *backend == registry::Backend::CudaHost {
+                &mut host
+            } else {
+                &mut s
+            };
+            let d = kernel_line(text, kernel.as_ref(), &p, &cot, out, exf, exg);
+            digests.push((kernel.name(), out, d));
         }
     }
-    s
+    // Kernels that declare the same algorithm for this shape give the same
+    // bits (asserted for every pair); the host-built kernels' snapshot says,
+    // against each earlier golden kernel, whether they declare the same
+    // algorithm and whether the bits agree.
+    let shape = p.validate_shapes().expect("valid fixture");
+    for (i, (bi, ki)) in golden.iter().enumerate() {
+        for (bj, kj) in &golden[..i] {
+            let (ai, aj) = (ki.algorithm(&shape), kj.algorithm(&shape));
+            let bits = |k: &dyn Kernel| {
+                digests
+                    .iter()
+                    .filter(|(n, _, _)| *n == k.name())
+                    .map(|(_, o, d)| (*o, *d))
+                    .collect::<Vec<_>>()
+            };
+            let same_bits = bits(ki.as_ref()) == bits(kj.as_ref());
+            assert!(
+                ai != aj || same_bits,
+                "{name}: {} and {} declare the same algorithm but give different bits",
+                ki.name(),
+                kj.name()
+            );
+            if *bi != registry::Backend::CudaHost {
+                continue;
+            }
+            let algorithm = if ai == aj {
+                "same algorithm".to_string()
+            } else {
+                format!("algorithm {} vs {}", brief(&ai), brief(&aj))
+            };
+            let _ = writeln!(
+                host,
+                "  {} vs {}{}: {algorithm}; bits {}",
+                ki.name(),
+                kj.name(),
+                if *bj == registry::Backend::CudaHost {
+                    ""
+                } else {
+                    " (CPU)"
+                },
+                if same_bits { "same" } else { "differ" }
+            );
+        }
+    }
+    (s, host)
+}
+
+/// An algorithm in brief: summation leaf depth `h` and merge levels `L`,
+/// rescaling exps `r`, `exp` / `ln` ulps.
+fn brief(a: &logprobe_reference::spec::Algorithm) -> String {
+    format!(
+        "(h={} L={} r={} exp {} ulp, ln {:.3} ulp)",
+        a.summation.leaf, a.summation.merges, a.rescaling_exps, a.exp_ulps, a.log_ulps
+    )
+}
+
+/// Forward and backward bit digests of one kernel call pair (`None`: error).
+type Digests = (Option<u64>, Option<u64>);
+
+/// Writes one kernel's line for output dtype `out`: digests of its forward
+/// and backward bits and their errors against the oracle (`exf`, `exg`).
+fn kernel_line(
+    s: &mut String,
+    kernel: &dyn Kernel,
+    p: &Problem<'_>,
+    cot: &Cotangents<'_>,
+    out: Dtype,
+    exf: &logprobe_reference::oracle::OracleForward,
+    exg: &Array2<logprobe_reference::oracle::Exact>,
+) -> Digests {
+    let mut d = (None, None);
+    let _ = write!(s, "{} -> {out}:", kernel.name());
+    match kernel.forward(p, out) {
+        Err(e) => {
+            let _ = writeln!(s, " forward error: {e}");
+        }
+        Ok(f) => {
+            let mut h = Fnv::new();
+            let mut ulps = [0.0f64; 3];
+            for (i, o) in Output::FORWARD.into_iter().enumerate() {
+                let (Some(got), Some(e)) = (f.values.get(o), exf.values.get(o)) else {
+                    continue;
+                };
+                for ((r, c), v) in got.indexed_iter() {
+                    h.value(*v, out);
+                    if o.judged(p, r) {
+                        ulps[i] = ulps[i].max(e[[r, c]].error_ulps(*v, out));
+                    }
+                }
+            }
+            d.0 = Some(h.0);
+            let _ = write!(
+                s,
+                " forward {:016x}, max ulps: log_prob {:.3} entropy {:.3} topk {:.3};",
+                h.0, ulps[0], ulps[1], ulps[2]
+            );
+        }
+    }
+    match kernel.backward(p, cot, out) {
+        Err(e) => {
+            let _ = writeln!(s, " backward error: {e}");
+        }
+        Ok(gr) => {
+            let mut h = Fnv::new();
+            let mut max_abs = 0.0f64;
+            for (v, e) in gr.iter().zip(exg.iter()) {
+                h.value(*v, out);
+                max_abs = max_abs.max(e.error(*v));
+            }
+            d.1 = Some(h.0);
+            let _ = writeln!(s, " backward {:016x}, max |err| {max_abs:.3e}", h.0);
+        }
+    }
+    d
 }
 
 /// Logits `[N, V_total]` owned in their dtype.
@@ -218,10 +317,25 @@ fn golden_fixtures_match_their_snapshots() {
     settings.set_prepend_module_to_snapshot(false);
     settings.set_info(&format!("cpu_path: {}", logprobe_kernels::cpu_path()));
     settings.bind(|| {
+        let mut host = String::new();
+        // Each fixture's own snapshot; its host-built section is collected.
+        let mut snapshot = |name: &str, bytes: &[u8]| {
+            let (cpu, host_part) = snapshots(name, bytes);
+            host.push_str(&host_part);
+            cpu
+        };
         for path in &paths {
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
             let bytes = std::fs::read(path).unwrap();
             insta::assert_snapshot!(name.clone(), snapshot(&name, &bytes));
+        }
+        // The host-built CUDA kernels (feature `cuda-host`, on in this
+        // test kit by default): their bits on every fixture, in one snapshot.
+        if registry::entries()
+            .iter()
+            .any(|e| e.backend == registry::Backend::CudaHost)
+        {
+            insta::assert_snapshot!("cuda_host_bits", host);
         }
     });
 }

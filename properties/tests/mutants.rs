@@ -10,8 +10,9 @@ use logprobe_reference::spec::Dtype;
 use logprobe_testkit::checks::{survey, KernelSummary};
 use logprobe_testkit::memory::{check_memory, CountingAllocator};
 use logprobe_testkit::mutants::{self, CATALOG};
+use logprobe_testkit::registry::{self, Backend};
 use logprobe_testkit::strategies::{CotangentRecipe, ProblemRecipe};
-use logprobe_testkit::suite::{self, cpu_families, cpu_kernels, KernelFamily, ShardedFamily};
+use logprobe_testkit::suite::{self, cpu_families, KernelFamily, ShardedFamily};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -21,7 +22,15 @@ const CHUNK: usize = 3;
 
 #[test]
 fn planted_mutants_are_killed_and_correct_kernels_survive() {
-    let mut kernels = cpu_kernels();
+    // The correct kernels: the gate's, less the host-built CUDA kernels
+    // (`tests/properties.rs` runs them on these same cases; their planted
+    // mutants are `logprobe-kernels`' `tests/cuda_host.rs`).
+    let mut kernels: Vec<Box<dyn Kernel>> = registry::available()
+        .iter()
+        .filter(|e| !matches!(e.backend, Backend::CudaHost | Backend::Cuda))
+        .flat_map(registry::Entry::gate_kernels)
+        .collect();
+    kernels.extend(suite::cuda_kernels());
     let correct = kernels.len();
     kernels.extend(
         CATALOG
@@ -66,7 +75,10 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         &mut kills,
     );
     // Chunk-size invariance over families: the correct ones, then one per mutant.
-    let mut families = cpu_families();
+    let mut families: Vec<KernelFamily> = cpu_families()
+        .into_iter()
+        .filter(|f| !host_built_family(&f.name))
+        .collect();
     let n_fam = families.len();
     for e in CATALOG {
         families.push(KernelFamily {
@@ -96,7 +108,10 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
     }
     // Vocab-parallel shardings (property 6): the correct VocabParallel, then
     // the TP mutant over the same layouts.
-    let mut sharded = suite::sharded_families();
+    let mut sharded: Vec<ShardedFamily> = suite::sharded_families()
+        .into_iter()
+        .filter(|f| !host_built_family(&f.name))
+        .collect();
     let n_sharded = sharded.len();
     let tp = CATALOG
         .iter()
@@ -196,6 +211,13 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         survivors.is_empty(),
         "mutants survived the default run: {survivors:?}"
     );
+}
+
+/// Whether a registry family is a host-built CUDA kernel's.
+fn host_built_family(family: &str) -> bool {
+    registry::entries()
+        .iter()
+        .any(|e| e.family == family && e.backend == Backend::CudaHost)
 }
 
 /// The chunk size in a kernel name `chunked(chunk_size=C)`.

@@ -7,7 +7,11 @@
 //! cotangent set. Entries are keyed by a caller-chosen string (a recipe's
 //! `Debug` text) and held behind `Arc`s; the cache is cleared when it holds
 //! more than [`CACHE_ENTRIES`] vocabulary entries, so memory stays bounded
-//! (row statistics take about 64 bytes per vocabulary entry).
+//! (row statistics take about 64 bytes per vocabulary entry). Each case
+//! also keeps the tolerance bounds of its rows per error model
+//! ([`OracleCase::row_bounds`]): kernels that declare the same algorithm
+//! (CPU fused and chunked at every chunk size; the host-built CUDA fused
+//! and chunked) are judged against bounds built once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -15,10 +19,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use ndarray::Array2;
 
 use logprobe_reference::oracle::{Exact, Oracle, OracleForward, RowStats};
-use logprobe_reference::spec::{Dtype, Problem, SpecError};
+use logprobe_reference::spec::{Cotangents, Dtype, Problem, SpecError};
 
-use crate::strategies::{CotangentData, ProblemData};
-use logprobe_verify::tolerance::RowContext;
+use crate::strategies::ProblemData;
+use logprobe_verify::tolerance::{DetachedBounds, Model, RowBounds, RowContext};
 
 /// Vocabulary entries (rows times columns, summed over cached problems)
 /// past which the cache is cleared: 4 Mi entries, about 256 MiB of row
@@ -35,6 +39,8 @@ pub struct OracleCase {
     pub stats: Vec<RowStats>,
     /// Tolerance contexts `[N]` (empty when `forward` is an error).
     pub contexts: Vec<RowContext>,
+    /// Row bounds built so far, per model: `[N]` slots each.
+    bounds: Mutex<Vec<(Model, Vec<Option<Arc<DetachedBounds>>>)>>,
 }
 
 impl OracleCase {
@@ -65,7 +71,39 @@ impl OracleCase {
             forward,
             stats,
             contexts,
+            bounds: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The tolerance bounds of row `row` under `model`
+    /// ([`Model::row_bounds`] over this case's statistics and context):
+    /// built once per model and row (O(V)), then shared by every kernel
+    /// judged under the same model; the same bounds, bit for bit, as
+    /// building them again. `None` when the case has no statistics for
+    /// `row` (the oracle refused the problem, or `row >= N`).
+    pub fn row_bounds(&self, model: &Model, row: usize) -> Option<RowBounds<'_>> {
+        let (stats, ctx) = (self.stats.get(row)?, self.contexts.get(row)?);
+        let cached = {
+            let b = self.bounds.lock().unwrap_or_else(|e| e.into_inner());
+            b.iter()
+                .find(|(m, _)| m == model)
+                .and_then(|(_, rows)| rows[row].clone())
+        };
+        if let Some(rb) = cached.and_then(|d| d.attach(stats)) {
+            return Some(rb);
+        }
+        // Built outside the lock; a race builds twice, and keeps one.
+        let rb = model.row_bounds(stats, ctx);
+        let mut b = self.bounds.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match b.iter().position(|(m, _)| m == model) {
+            Some(i) => i,
+            None => {
+                b.push((*model, vec![None; self.stats.len()]));
+                b.len() - 1
+            }
+        };
+        b[i].1[row] = Some(Arc::new(rb.clone().detach()));
+        Some(rb)
     }
 }
 
@@ -120,9 +158,10 @@ pub fn oracle_case(key: &str, data: &ProblemData) -> Arc<OracleCase> {
     c
 }
 
-/// The oracle's VJP of `data` for `cot` (target f64), computed once per
-/// `key` (which must identify both the problem and the cotangents).
-pub fn oracle_vjp(key: &str, data: &ProblemData, cot: &CotangentData) -> Arc<OracleVjp> {
+/// The oracle's VJP of `problem` for `cotangents` (target f64), computed
+/// once per `key` (which must identify both the problem and the
+/// cotangents).
+pub fn oracle_vjp(key: &str, problem: &Problem<'_>, cotangents: &Cotangents<'_>) -> Arc<OracleVjp> {
     if let Some(c) = store()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -131,9 +170,10 @@ pub fn oracle_vjp(key: &str, data: &ProblemData, cot: &CotangentData) -> Arc<Ora
     {
         return Arc::clone(c);
     }
-    let c = Arc::new(Oracle::default().vjp(&data.problem(), &cot.view(), Dtype::F64));
+    let c = Arc::new(Oracle::default().vjp(problem, cotangents, Dtype::F64));
+    let (n, v_total) = problem.logits.dim();
     let mut s = store().lock().unwrap_or_else(|e| e.into_inner());
-    charge(&mut s, entries_of(data) / 4);
+    charge(&mut s, n * v_total / 4);
     s.vjp.insert(key.to_owned(), Arc::clone(&c));
     c
 }

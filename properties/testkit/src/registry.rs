@@ -9,9 +9,9 @@
 //! GPU (`cuda`, when a device is usable), and the host build of the same
 //! `.cu` sources (`cuda-host`, on by default: `logprobe fuzz --kernel
 //! cuda-host,...` runs the chunk planner, launch code and kernel bodies of
-//! the CUDA back end on every machine). The host-built kernels are not in
-//! the gate's lists yet: there they add about 90 s to the property suite
-//! (over issue 21's 60 s).
+//! the CUDA back end on every machine). The host-built kernels are in the
+//! gate as the GPU's are: fused, chunked at chunk sizes 1 and 64 in the
+//! kernel list, chunked and vocab-parallel in the invariance families.
 
 use logprobe_kernels::kernel::Kernel;
 use logprobe_kernels::CpuKernel;
@@ -86,7 +86,9 @@ pub struct Entry {
     pub invariance: bool,
     /// The memory budget it is checked against (memory test, fuzz), if any.
     pub memory: Option<MemoryBudget>,
-    /// In the golden fixtures' kernel-error figures, at this chunk size.
+    /// In the golden fixtures' kernel-error figures, at this chunk size
+    /// (CPU kernels in each fixture's snapshot, the host-built CUDA kernels
+    /// in `cuda_host_bits`).
     pub golden_chunk_size: Option<usize>,
     /// In `logprobe fuzz`'s default `--kernel` list.
     pub fuzz_default: bool,
@@ -236,10 +238,10 @@ pub fn entries() -> Vec<Entry> {
             family: "cuda_host_fused",
             backend: Backend::CudaHost,
             build: Build::Fixed(|| Box::new(CudaFused::host())),
-            gate_chunk_sizes: &[],
+            gate_chunk_sizes: &[0],
             invariance: false,
             memory: None,
-            golden_chunk_size: None,
+            golden_chunk_size: Some(0),
             fuzz_default: false,
         });
         v.push(Entry {
@@ -249,10 +251,10 @@ pub fn entries() -> Vec<Entry> {
             build: Build::ByChunk(|c| {
                 Box::new(CudaChunked::host(c).expect("chunk sizes here are >= 1"))
             }),
-            gate_chunk_sizes: &[],
-            invariance: false,
+            gate_chunk_sizes: &[1, 64],
+            invariance: true,
             memory: None,
-            golden_chunk_size: None,
+            golden_chunk_size: Some(3),
             fuzz_default: false,
         });
         v.push(Entry {
@@ -263,7 +265,7 @@ pub fn entries() -> Vec<Entry> {
                 Box::new(CudaVocabParallel::host(Shards::Widths(w.to_vec())))
             }),
             gate_chunk_sizes: &[],
-            invariance: false,
+            invariance: true,
             memory: None,
             golden_chunk_size: None,
             fuzz_default: false,

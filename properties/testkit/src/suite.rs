@@ -4,7 +4,9 @@
 //! [`crate::checks::survey`] for the mutant kill table and the tightness
 //! figures. The kernel lists: [`cpu_kernels`], [`cpu_families`] and
 //! [`sharded_families`], all read from the [`crate::registry`]; with the
-//! `cuda` feature and a usable device they also hold the CUDA twins
+//! `cuda-host` feature (on by default) they hold the host build of the
+//! CUDA kernels (the `.cu` sources compiled as C++, run on the CPU), and
+//! with the `cuda` feature and a usable device the CUDA twins on the GPU
 //! ([`cuda_kernels`]), so every property runs on them unchanged.
 //!
 //! Default case counts keep the whole suite within its budget (the oracle
@@ -41,7 +43,8 @@ pub struct KernelFamily {
 
 /// The gate's kernel list, from the [`crate::registry`]: every available
 /// entry at its [`Entry::gate_chunk_sizes`] (CPU fused, chunked at chunk
-/// sizes 1, 3 and 64; plus [`cuda_kernels`]).
+/// sizes 1, 3 and 64; the host-built CUDA fused, chunked at 1 and 64;
+/// plus [`cuda_kernels`]).
 pub fn cpu_kernels() -> Vec<Box<dyn Kernel>> {
     let mut k: Vec<Box<dyn Kernel>> = gate_entries()
         .iter()
@@ -77,7 +80,8 @@ fn gate_entries() -> Vec<Entry> {
 
 /// The kernels as families over chunk sizes: every available registry
 /// entry with [`Entry::invariance`] that is not sharded (CPU fused and
-/// chunked, and their CUDA twins where a device is usable).
+/// chunked, the host-built CUDA chunked, and the CUDA twins where a device
+/// is usable).
 pub fn cpu_families() -> Vec<KernelFamily> {
     gate_entries()
         .into_iter()
@@ -449,9 +453,9 @@ fn check_unchanged(c: &EdgeCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutco
 
 /// The vocab-parallel kernels as families over shard layouts: every
 /// available sharded registry entry with [`Entry::invariance`] (the
-/// workspace's [`logprobe_kernels::CpuKernel::vocab_parallel`]: each shard reduced on
-/// its own, partials merged in shard order; its CUDA twin where a device is
-/// usable).
+/// workspace's [`logprobe_kernels::CpuKernel::vocab_parallel`]: each shard
+/// reduced on its own, partials merged in shard order; its host-built CUDA
+/// twin, and the GPU's where a device is usable).
 pub fn sharded_families() -> Vec<ShardedFamily> {
     gate_entries()
         .into_iter()

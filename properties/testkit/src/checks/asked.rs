@@ -8,7 +8,7 @@ use logprobe_reference::spec::{
 };
 
 use crate::cache::OracleCase;
-use crate::strategies::{CotangentData, ProblemData};
+use crate::strategies::{CotangentData, OwnedLogits, ProblemData};
 
 /// What a kernel is asked: the problem with the outputs it cannot compute
 /// left out (entropy, masked entropy, top-k), and the input features it
@@ -98,8 +98,12 @@ pub fn same_error(a: &SpecError, b: &SpecError) -> bool {
 /// that a call left its inputs unchanged.
 pub fn fingerprint(data: &ProblemData) -> u64 {
     let mut h = Fnv::default();
-    for x in data.logits.to_f64().iter() {
-        h.add(x.to_bits());
+    // Each logit's own bits (no f64 copy of the buffer).
+    match &data.logits {
+        OwnedLogits::F64(a) => a.iter().for_each(|x| h.bytes(&x.to_bits().to_le_bytes())),
+        OwnedLogits::F32(a) => a.iter().for_each(|x| h.bytes(&x.to_bits().to_le_bytes())),
+        OwnedLogits::Bf16(a) => a.iter().for_each(|x| h.bytes(&x.to_bits().to_le_bytes())),
+        OwnedLogits::F16(a) => a.iter().for_each(|x| h.bytes(&x.to_bits().to_le_bytes())),
     }
     if let Some(t) = &data.tokens {
         t.iter().for_each(|&x| h.add(x as u64));
@@ -122,8 +126,11 @@ impl Default for Fnv {
 }
 impl Fnv {
     pub(crate) fn add(&mut self, w: u64) {
-        for b in w.to_le_bytes() {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        self.bytes(&w.to_le_bytes());
+    }
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ x as u64).wrapping_mul(0x0100_0000_01b3);
         }
     }
 }

@@ -60,7 +60,13 @@ pub fn judge_values(
         let targets = RowTargets::new(problem, row, cotangents);
         // The row's bounds are built once (O(V)), only when some value is inexact.
         let rb = std::cell::OnceCell::new();
-        let rb = || rb.get_or_init(|| model.row_bounds(&oracle.stats[row], &oracle.contexts[row]));
+        let rb = || {
+            rb.get_or_init(|| {
+                oracle
+                    .row_bounds(&model, row)
+                    .ok_or_else(|| format!("the oracle gave no statistics for row {row}"))
+            })
+        };
         let exact_rows = exact.as_ref().map(|_, x| x.row(row));
         let got_rows = got.as_ref().map(|_, g| (out, g.row(row)));
         tolerance::walk_row(
@@ -69,19 +75,24 @@ pub fn judge_values(
             |o| o.judged(problem, row),
             |e| {
                 let (c, x) = (e.candidate, e.exact);
-                let at = e.output.element(row, e.col);
+                // Named only in a failure (formatting it per element costs).
+                let at = || e.output.element(row, e.col);
                 if !(c.is_nan() || out.round_f64(c) == c) {
-                    return Err(format!("{at} = {c:e} is not a {out} value"));
+                    return Err(format!("{} = {c:e} is not a {out} value", at()));
                 }
                 if x.error(c) == 0.0 {
                     ratios.record(e.output, 0.0);
                     return Ok(());
                 }
-                let bound = rb().bound(e.output, e.col, &targets, out);
+                let bound = rb()
+                    .as_ref()
+                    .map_err(Clone::clone)?
+                    .bound(e.output, e.col, &targets, out);
                 let j = tolerance::judge(x, c, out, &bound);
                 if !j.pass {
                     return Err(format!(
-                        "{at}: candidate {c:e}, exact [{:e}, {:e}], error {:e} ({:.1} ulp {out}), bound {} ({}); targets {targets:?}",
+                        "{}: candidate {c:e}, exact [{:e}, {:e}], error {:e} ({:.1} ulp {out}), bound {} ({}); targets {targets:?}",
+                        at(),
                         x.enclosure.lo,
                         x.enclosure.hi,
                         j.error_abs,
@@ -234,20 +245,14 @@ pub fn judge_backward(
         (Err(e), None, _) => return Err(format!("returned {e:?} on valid, supported input")),
         (Ok(g), None, _) => g,
     };
-    let cot_used = CotangentData {
-        grad_log_probs: cv.grad_log_probs.map(|g| g.to_owned()),
-        grad_entropy: cv.grad_entropy.map(|g| g.to_owned()),
-        grad_topk_log_probs: cv.grad_topk_log_probs.map(|g| g.to_owned()),
-    };
     let key = format!(
         "{vjp_key} asked={:?}/{:?}",
         a.problem.options.entropy,
         a.problem.topk_ids.is_some()
     );
-    let mut asked_data = data.clone();
-    asked_data.options = a.problem.options;
-    asked_data.topk_ids = a.problem.topk_ids.map(|k| k.to_owned());
-    let vjp = oracle_vjp(&key, &asked_data, &cot_used);
+    // The problem and cotangents the kernel was given (options and top-k
+    // ids as asked).
+    let vjp = oracle_vjp(&key, &a.problem, &cv);
     let exact = match vjp.as_ref() {
         Ok(x) => x,
         Err(e) => {

@@ -471,6 +471,53 @@ impl<'a> RowBounds<'a> {
         Self::build(model, stats, ctx, None)
     }
 
+    /// What [`RowBounds::new`] computed (the O(V) part: `S`, `ln S`,
+    /// entropy and gradient terms), without the borrow of the row's
+    /// statistics, so a cache can keep it next to them and hand it to
+    /// every kernel judged under the same model ([`DetachedBounds::attach`]).
+    pub fn detach(self) -> DetachedBounds {
+        DetachedBounds {
+            stats: self.stats as *const RowStats as usize,
+            c: self.c,
+            p: self.p,
+            w: self.w,
+            entropy_pre: self.entropy_pre,
+            entropy_grad: self.entropy_grad,
+        }
+    }
+}
+
+/// A row's [`RowBounds`] without its borrowed statistics
+/// ([`RowBounds::detach`]): the same bounds, bit for bit, once attached
+/// again to the very [`RowStats`] they were built from.
+#[derive(Clone, Debug)]
+pub struct DetachedBounds {
+    /// Address of the statistics they were built from (identity only).
+    stats: usize,
+    c: Consts,
+    p: Result<SetBounds, NoBound>,
+    w: Result<SetBounds, NoBound>,
+    entropy_pre: Result<Hi, NoBound>,
+    entropy_grad: Result<Hi, NoBound>,
+}
+
+impl DetachedBounds {
+    /// The bounds again, over `stats`; `None` unless `stats` is the same
+    /// object (same address) they were built from, so they cannot be
+    /// attached to another row.
+    pub fn attach<'a>(&self, stats: &'a RowStats) -> Option<RowBounds<'a>> {
+        (stats as *const RowStats as usize == self.stats).then(|| RowBounds {
+            stats,
+            c: self.c.clone(),
+            p: self.p.clone(),
+            w: self.w.clone(),
+            entropy_pre: self.entropy_pre.clone(),
+            entropy_grad: self.entropy_grad.clone(),
+        })
+    }
+}
+
+impl<'a> RowBounds<'a> {
     /// [`RowBounds::new`] with the accumulation terms' `gamma_n` replaced
     /// by `min(gamma_n, c sqrt(n) u)`: the statistical threshold of
     /// [`super::Statistical`], which exposes only the forward outputs (no
