@@ -90,23 +90,10 @@ impl<'a> FastRow<'a> {
     /// [`FastOptions::m2`].
     pub fn row_stats(&self) -> RowStats {
         let v = self.row.v.len();
-        let zero = Interval::ZERO;
-        RowStats {
-            d_t: self.row.target.map(|t| self.d(t)),
-            s: self.sum(),
-            ln_s: self.ln_s(),
-            s_w: self.sum_w().unwrap_or(zero),
-            ln_s_w: self.ln_s_w().unwrap_or(zero),
-            r: self.r().unwrap_or(zero),
-            m2: self.m2().unwrap_or(Interval {
-                lo: 0.0,
-                hi: f64::INFINITY,
-            }),
-            p: (0..v).map(|j| self.p(j)).collect(),
-            q: (0..v).map(|j| self.q(j)).collect(),
-            e: (0..v).map(|j| self.e(j)).collect(),
-            d: (0..v).map(|j| self.d(j)).collect(),
-        }
+        let mut stats = self.row_stats_shifts();
+        stats.p = (0..v).map(|j| self.p(j)).collect();
+        stats.q = (0..v).map(|j| self.q(j)).collect();
+        stats
     }
 
     /// [`FastRow::row_stats`] without the probability vectors: `p` and `q`
