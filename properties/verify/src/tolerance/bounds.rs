@@ -478,6 +478,7 @@ impl<'a> RowBounds<'a> {
     pub fn detach(self) -> DetachedBounds {
         DetachedBounds {
             stats: self.stats as *const RowStats as usize,
+            fingerprint: stats_fingerprint(self.stats),
             c: self.c,
             p: self.p,
             w: self.w,
@@ -494,6 +495,9 @@ impl<'a> RowBounds<'a> {
 pub struct DetachedBounds {
     /// Address of the statistics they were built from (identity only).
     stats: usize,
+    /// Their shape and normalisers' bits ([`stats_fingerprint`]): an
+    /// address reused by another row's statistics does not attach.
+    fingerprint: [u64; 6],
     c: Consts,
     p: Result<SetBounds, NoBound>,
     w: Result<SetBounds, NoBound>,
@@ -501,12 +505,27 @@ pub struct DetachedBounds {
     entropy_grad: Result<Hi, NoBound>,
 }
 
+/// `[V]` lengths of `d` and `e` and the bits of `ln_s` and `ln_s_w`: what
+/// tells two rows' statistics apart in [`DetachedBounds::attach`].
+fn stats_fingerprint(stats: &RowStats) -> [u64; 6] {
+    [
+        stats.d.len() as u64,
+        stats.e.len() as u64,
+        stats.ln_s.lo.to_bits(),
+        stats.ln_s.hi.to_bits(),
+        stats.ln_s_w.lo.to_bits(),
+        stats.ln_s_w.hi.to_bits(),
+    ]
+}
+
 impl DetachedBounds {
     /// The bounds again, over `stats`; `None` unless `stats` is the same
-    /// object (same address) they were built from, so they cannot be
-    /// attached to another row.
+    /// object (same address, same shape and normalisers) they were built
+    /// from, so they cannot be attached to another row.
     pub fn attach<'a>(&self, stats: &'a RowStats) -> Option<RowBounds<'a>> {
-        (stats as *const RowStats as usize == self.stats).then(|| RowBounds {
+        let same = stats as *const RowStats as usize == self.stats
+            && stats_fingerprint(stats) == self.fingerprint;
+        same.then(|| RowBounds {
             stats,
             c: self.c.clone(),
             p: self.p.clone(),

@@ -1173,3 +1173,33 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
         }
     }
 }
+
+/// `DetachedBounds::attach` gives back the same bounds, bit for bit, over
+/// the statistics they were built from, and refuses any other row's.
+#[test]
+fn detached_bounds_attach_only_to_their_own_row() {
+    let mut rng = SplitMix64::new(11);
+    let x = row(&mut rng, 500, 1);
+    let y = row(&mut rng, 500, 2);
+    let st = stats_f64(&x, 1.0, None, Some(3));
+    let other = stats_f64(&y, 1.0, None, Some(3));
+    let model = Model::lanes(8);
+    let rb = model.row_bounds(&st, &ctx1());
+    let (lp, h) = (rb.log_prob(Dtype::F32), rb.entropy(Dtype::F32));
+    let detached = rb.detach();
+    let again = detached.attach(&st).expect("its own statistics");
+    assert_eq!(
+        format!("{:?}", again.log_prob(Dtype::F32)),
+        format!("{lp:?}")
+    );
+    assert_eq!(format!("{:?}", again.entropy(Dtype::F32)), format!("{h:?}"));
+    assert!(
+        detached.attach(&other).is_none(),
+        "another row's statistics"
+    );
+    let copy = st.clone();
+    assert!(
+        detached.attach(&copy).is_none(),
+        "another object, same values"
+    );
+}
