@@ -118,11 +118,7 @@ impl Oracle {
             let e = kl_fast(&ra, &rb, &sa, &sb);
             let (lo, hi) = (target.round_f64(e.lo), target.round_f64(e.hi));
             if lo == hi && e.is_finite() {
-                return Ok(Exact {
-                    enclosure: e,
-                    rounded: lo,
-                    decided: true,
-                });
+                return Ok(Exact::new(e, lo, true));
             }
         }
         let mut rounder = Rounder::new();

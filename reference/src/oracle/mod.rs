@@ -114,6 +114,12 @@ pub struct Exact {
     /// Whether both ends of the enclosure round to `rounded`. False only at
     /// the precision cap.
     pub decided: bool,
+    /// Enclosure of `exact - rounded` (rounded outward; `[-inf, inf]` when
+    /// `rounded` or an end is infinite). The f64 `enclosure` of a value
+    /// judged in f64 is one f64 ulp wide unless the value is an f64; this
+    /// offset keeps the MPFR path's precision, so [`Exact::error`] does not
+    /// count that ulp as the candidate's error.
+    pub offset: Interval,
 }
 
 /// Row statistics for the tolerance model (DESIGN: "The tolerance model"),

@@ -19,6 +19,7 @@ use rug::float::Round;
 use rug::ops::AssignRound;
 use rug::Float;
 
+use super::fast::ival::{add_dn, add_up, two_sum};
 use super::mpfr_interval::MpfrInterval;
 use super::{Exact, Interval};
 use crate::spec::Dtype;
@@ -36,6 +37,7 @@ pub struct Rounder {
     s: Float,
     mid: Float,
     num: Float,
+    diff: Float,
 }
 
 impl Default for Rounder {
@@ -51,6 +53,7 @@ impl Rounder {
             s: Float::new(53),
             mid: Float::new(64),
             num: Float::new(53),
+            diff: Float::new(64),
         }
     }
 
@@ -81,33 +84,39 @@ impl Rounder {
     /// The decision of Ziv's loop for one enclosure: both ends rounded to
     /// `dtype`; decided when they round to the same value (as numbers:
     /// `-0 == +0`). Undecided results carry the rounding of the midpoint.
+    /// The [`Exact::offset`] is taken from the MPFR ends (`b - rounded`,
+    /// rounded outward), not from the f64 enclosure.
     pub fn exact(&mut self, b: &MpfrInterval, dtype: Dtype) -> Exact {
         let rl = self.round(&b.lo, dtype);
         let rh = self.round(&b.hi, dtype);
         let enclosure = b.interval();
-        if rl == rh && rl.to_bits() == rh.to_bits() {
-            return Exact {
-                enclosure,
-                rounded: rl,
-                decided: true,
-            };
-        }
-        if b.lo.is_infinite() || b.hi.is_infinite() {
-            return Exact {
-                enclosure,
-                rounded: rl,
-                decided: rl == rh,
-            };
-        }
-        let prec = b.lo.prec().max(b.hi.prec()) + 1;
-        self.mid.set_prec(prec);
-        self.mid.assign_round(&b.lo + &b.hi, Round::Nearest);
-        self.mid >>= 1u32;
-        let rm = self.round(&self.mid.clone(), dtype);
+        let (rounded, decided) = if rl == rh && rl.to_bits() == rh.to_bits() {
+            (rl, true)
+        } else if b.lo.is_infinite() || b.hi.is_infinite() {
+            (rl, rl == rh)
+        } else {
+            let prec = b.lo.prec().max(b.hi.prec()) + 1;
+            self.mid.set_prec(prec);
+            self.mid.assign_round(&b.lo + &b.hi, Round::Nearest);
+            self.mid >>= 1u32;
+            (self.round(&self.mid.clone(), dtype), rl == rh)
+        };
+        let offset = if rounded.is_finite() && b.lo.is_finite() && b.hi.is_finite() {
+            // Directed roundings at 64 bits, then to f64 in the same
+            // direction: still outward.
+            self.diff.assign_round(&b.lo - rounded, Round::Down);
+            let lo = self.diff.to_f64_round(Round::Down);
+            self.diff.assign_round(&b.hi - rounded, Round::Up);
+            let hi = self.diff.to_f64_round(Round::Up);
+            Interval { lo, hi }
+        } else {
+            UNKNOWN_OFFSET
+        };
         Exact {
             enclosure,
-            rounded: rm,
-            decided: rl == rh,
+            rounded,
+            decided,
+            offset,
         }
     }
 }
@@ -153,18 +162,44 @@ fn next_up(x: f64) -> f64 {
     }
 }
 
+/// [`Exact::offset`] when nothing finite is known.
+const UNKNOWN_OFFSET: Interval = Interval {
+    lo: f64::NEG_INFINITY,
+    hi: f64::INFINITY,
+};
+
 impl Exact {
-    /// An exact f64 value (degenerate enclosure, decided).
-    pub fn point(x: f64) -> Self {
+    /// An exact result from its f64 enclosure, its rounding to the target
+    /// and whether that rounding is decided; the [`Exact::offset`] is the
+    /// enclosure minus `rounded`, rounded outward (no finer than the
+    /// enclosure: the MPFR path's [`Rounder::exact`] gives a finer one).
+    pub fn new(enclosure: Interval, rounded: f64, decided: bool) -> Self {
+        let Interval { lo, hi } = enclosure;
+        let offset = if rounded.is_finite() && lo.is_finite() && hi.is_finite() {
+            Interval {
+                lo: add_dn(lo, -rounded),
+                hi: add_up(hi, -rounded),
+            }
+        } else {
+            UNKNOWN_OFFSET
+        };
         Exact {
-            enclosure: Interval { lo: x, hi: x },
-            rounded: x,
-            decided: true,
+            enclosure,
+            rounded,
+            decided,
+            offset,
         }
     }
 
+    /// An exact f64 value (degenerate enclosure, decided).
+    pub fn point(x: f64) -> Self {
+        Exact::new(Interval { lo: x, hi: x }, x, true)
+    }
+
     /// Upper bound on `|candidate - exact|` (rounded up), over the whole
-    /// enclosure (judges use the far end): `max(|c - lo|, |c - hi|)`.
+    /// enclosure (judges use the far end): `max(|c - lo|, |c - hi|)`, or,
+    /// when tighter, the same over `rounded + offset` (the MPFR path's
+    /// precision: an f64 candidate is not charged the f64 enclosure's ulp).
     /// `inf` for NaN candidates, for an infinite candidate unless the
     /// enclosure is that same infinity (then 0), and for a finite candidate
     /// against an enclosure with an infinite end. Units: those of the value
@@ -181,7 +216,19 @@ impl Exact {
                 f64::INFINITY
             };
         }
-        abs_diff_up(candidate, lo).max(abs_diff_up(candidate, hi))
+        let coarse = abs_diff_up(candidate, lo).max(abs_diff_up(candidate, hi));
+        let Interval { lo: olo, hi: ohi } = self.offset;
+        if !(self.rounded.is_finite() && olo.is_finite() && ohi.is_finite()) {
+            return coarse;
+        }
+        // candidate - rounded = s + e exactly; exact = rounded + t, t in
+        // the offset: |candidate - exact| <= max |s - t| + |e|.
+        let (s, e) = two_sum(candidate, -self.rounded);
+        if !s.is_finite() {
+            return coarse;
+        }
+        let fine = add_up(abs_diff_up(s, olo).max(abs_diff_up(s, ohi)), e.abs());
+        coarse.min(fine)
     }
 
     /// [`Exact::error`] in ulps of `dtype` at the exact value's magnitude
@@ -314,14 +361,14 @@ mod tests {
 
     #[test]
     fn error_is_sound_and_handles_specials() {
-        let e = Exact {
-            enclosure: Interval {
+        let e = Exact::new(
+            Interval {
                 lo: 1.0,
                 hi: 1.0 + pow2(-52),
             },
-            rounded: 1.0,
-            decided: false,
-        };
+            1.0,
+            false,
+        );
         assert_eq!(e.error(1.0), pow2(-52));
         assert_eq!(e.error(f64::NAN), f64::INFINITY);
         assert_eq!(e.error(f64::INFINITY), f64::INFINITY);
@@ -334,5 +381,52 @@ mod tests {
         assert_eq!(inf.error(-1e300), f64::INFINITY);
         assert_eq!(e.error_ulps(1.0 + pow2(-23), Dtype::F32), 1.0);
         assert_eq!(Exact::point(0.0).error_ulps(pow2(-149), Dtype::F32), 1.0);
+    }
+
+    /// An f64 candidate against an MPFR result judged in f64: the error is
+    /// measured through the offset (the MPFR path's precision), not at the
+    /// far end of the one-ulp f64 enclosure; still an upper bound.
+    #[test]
+    fn error_of_an_f64_candidate_keeps_the_mpfr_precision() {
+        let mut r = Rounder::new();
+        let mut state = 0x17u64;
+        for _ in 0..2000 {
+            let m = (rng(&mut state) >> 11) as f64 / pow2(53);
+            let e = (rng(&mut state) % 40) as i32 - 20;
+            // x = (1 + m) 2^e + a third of an f64 ulp: never an f64.
+            let base = (1.0 + m) * pow2(e);
+            let x = Float::with_val(256, base) + Float::with_val(256, base.next_up() - base) / 3u32;
+            let mut b = MpfrInterval::new(256);
+            b.lo.assign_round(&x, Round::Down);
+            b.hi.assign_round(&x, Round::Up);
+            let ex = r.exact(&b, Dtype::F64);
+            assert!(ex.decided);
+            let ulp = base.next_up() - base;
+            assert!(
+                ex.enclosure.hi > ex.enclosure.lo,
+                "the f64 enclosure is one ulp wide"
+            );
+            for c in [
+                ex.rounded,
+                ex.rounded.next_up(),
+                ex.rounded.next_down(),
+                base + 5.0 * ulp,
+            ] {
+                let err = ex.error(c);
+                let exact = (Float::with_val(256, c) - &x).abs();
+                assert!(Float::with_val(256, err) >= exact, "sound at {c}");
+                // Within 2^-60 relative of the exact error (the far end is
+                // a whole ulp off).
+                let slack = Float::with_val(256, err) - &exact;
+                assert!(
+                    slack <= Float::with_val(256, ulp * pow2(-40)),
+                    "tight at {c}"
+                );
+            }
+        }
+        // Outside the offset's reach (infinite ends) the enclosure decides.
+        let inf = Exact::point(f64::INFINITY);
+        assert_eq!(inf.error(f64::INFINITY), 0.0);
+        assert_eq!(Exact::point(2.0).error(2.0), 0.0);
     }
 }

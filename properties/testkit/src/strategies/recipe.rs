@@ -305,13 +305,10 @@ impl ProblemRecipe {
             vocab_size: (self.padding > 0).then_some(v),
             ignore_index: self.ignore_index,
             entropy: self.entropy,
-            // The loss side rides on every f32 / bf16 / f16 case: lse and
-            // z_loss are judged wherever a kernel supports them
-            // (Capabilities::lse). Not yet on f64 logits: an f64 lse near
-            // 1e3 judged against the oracle's f64-rounded enclosure (target
-            // f64) fails by the enclosure's own 1 ulp width (issue 17 note).
-            lse: dtype != Dtype::F64,
-            z_loss_coef: (dtype != Dtype::F64).then_some(Z_LOSS_COEF),
+            // The loss side rides on every case: lse and z_loss are judged
+            // wherever a kernel supports them (Capabilities::lse).
+            lse: true,
+            z_loss_coef: Some(Z_LOSS_COEF),
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),

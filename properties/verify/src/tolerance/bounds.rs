@@ -560,6 +560,13 @@ impl<'a> RowBounds<'a> {
         if out.precision() < self.c.acc.precision() {
             total = total + half_ulp(out, c * big * big + a);
         }
+        // Past f64's range (f64 logits near 1e154 and beyond: `c lse^2`
+        // overflows) the bound saturates at the largest f64: no tighter
+        // than needed for the correct infinity (error 0, Exact::error) and
+        // never looser than the derivation, so no value it would fail passes.
+        if total.0 == f64::INFINITY {
+            return ErrorBound::Abs(f64::MAX);
+        }
         match finite(total, "z_loss") {
             Ok(t) => ErrorBound::Abs(t.0),
             Err(reason) => ErrorBound::None { reason },

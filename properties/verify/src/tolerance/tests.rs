@@ -629,11 +629,11 @@ fn f32_autograd_gradients_are_within_the_element_bound() {
 
 fn exact_of(v: Interval, dtype: Dtype) -> Exact {
     let mid = 0.5 * (v.lo + v.hi);
-    Exact {
-        enclosure: v,
-        rounded: dtype.round_f64(mid),
-        decided: dtype.round_f64(v.lo) == dtype.round_f64(v.hi),
-    }
+    Exact::new(
+        v,
+        dtype.round_f64(mid),
+        dtype.round_f64(v.lo) == dtype.round_f64(v.hi),
+    )
 }
 
 #[test]
@@ -664,6 +664,50 @@ fn judge_passes_iff_error_is_within_the_bound() {
         Dtype::F16,
     );
     assert!(judge(&ex, f64::NEG_INFINITY, Dtype::F16, &ErrorBound::Abs(0.0)).pass);
+}
+
+#[test]
+fn judge_takes_an_exact_value_beyond_the_candidates_range_as_its_infinity() {
+    let tiny = ErrorBound::Abs(1e-30);
+    // Enclosed and rounded in a wider target (f64, f32) than the candidate:
+    // both ends round to the same infinity in the candidate's dtype.
+    let big = exact_of(
+        Interval {
+            lo: 1e56,
+            hi: 1e56 * (1.0 + 1e-15),
+        },
+        Dtype::F64,
+    );
+    let j = judge(&big, f64::INFINITY, Dtype::F32, &tiny);
+    assert!(j.pass && j.error_abs == 0.0);
+    assert!(!judge(&big, f64::NEG_INFINITY, Dtype::F32, &tiny).pass);
+    assert!(!judge(&big, f32::MAX as f64, Dtype::F32, &tiny).pass);
+    // In f64 the same value is finite: an infinite f64 candidate is wrong.
+    assert!(!judge(&big, f64::INFINITY, Dtype::F64, &ErrorBound::Abs(1e300)).pass);
+    let low = exact_of(
+        Interval {
+            lo: -70000.5,
+            hi: -70000.25,
+        },
+        Dtype::F32,
+    );
+    assert!(judge(&low, f64::NEG_INFINITY, Dtype::F16, &tiny).pass);
+    // bf16 reaches 3.4e38: there the value is finite and -inf is wrong.
+    assert!(!judge(&low, f64::NEG_INFINITY, Dtype::Bf16, &ErrorBound::Abs(1e6)).pass);
+    // An enclosure straddling the overflow threshold decides nothing: its
+    // low end rounds to the largest finite f16 (65504).
+    let edge = exact_of(
+        Interval {
+            lo: 65519.0,
+            hi: 65521.0,
+        },
+        Dtype::F32,
+    );
+    assert!(!judge(&edge, f64::INFINITY, Dtype::F16, &tiny).pass);
+    // The same for a masked top-k id: -inf exact, -inf candidate.
+    let masked = Exact::point(f64::NEG_INFINITY);
+    assert!(judge(&masked, f64::NEG_INFINITY, Dtype::Bf16, &tiny).pass);
+    assert!(!judge(&masked, -3.0e38, Dtype::F32, &ErrorBound::Abs(1e300)).pass);
 }
 
 #[test]

@@ -251,11 +251,7 @@ pub fn decide(enclosure: Interval, target: Dtype) -> Option<Exact> {
         return None;
     }
     let rl = round_to(lo, target);
-    (rl.to_bits() == round_to(hi, target).to_bits()).then_some(Exact {
-        enclosure,
-        rounded: rl,
-        decided: true,
-    })
+    (rl.to_bits() == round_to(hi, target).to_bits()).then(|| Exact::new(enclosure, rl, true))
 }
 
 /// [`decide`] for an exact value known to be `< 0` (`negative`) or `> 0`:
@@ -281,11 +277,7 @@ fn decide_signed(enclosure: Interval, target: Dtype, negative: bool) -> Option<E
             round_to(hi, target),
         )
     };
-    (rl.to_bits() == rh.to_bits()).then_some(Exact {
-        enclosure,
-        rounded: rl,
-        decided: true,
-    })
+    (rl.to_bits() == rh.to_bits()).then(|| Exact::new(enclosure, rl, true))
 }
 
 /// What a [`FastRow`] computes.
