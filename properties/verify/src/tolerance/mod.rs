@@ -50,7 +50,7 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
-pub use bounds::{GradCotangents, RowBounds};
+pub use bounds::{loss_bounds, GradCotangents, LossRowBound, RowBounds};
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, tightest_model, Judgement, ValueVerdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
