@@ -100,9 +100,12 @@ fn judge(oracle: &OracleLoss, candidate: &[f64], b: &[ErrorBound]) -> (f64, bool
     (worst, ok)
 }
 
-fn each_dtype(mut f: impl FnMut(&Problem<'_>, Dtype)) {
+/// Runs `f(problem, live, dtype)` per logits dtype; `live` is `problem`
+/// with every ignored row given token 0 (a live target).
+fn each_dtype(mut f: impl FnMut(&Problem<'_>, &Problem<'_>, Dtype)) {
     let x = logits();
     let t = tokens();
+    let t_live = t.mapv(|v| if v == -100 { 0 } else { v });
     let mask = Array2::from_shape_fn((N, V), |(r, j)| {
         r % 4 != 3 || j % 5 != 1 || j == (r * 7) % V
     });
@@ -116,7 +119,9 @@ fn each_dtype(mut f: impl FnMut(&Problem<'_>, Dtype)) {
         let mut p = Problem::new(logits);
         p.tokens = Some(t.view());
         p.sampling_mask = Some(mask.view());
-        f(&p, dtype);
+        let mut live = p;
+        live.tokens = Some(t_live.view());
+        f(&p, &live, dtype);
     }
 }
 
@@ -125,7 +130,7 @@ fn correct_kernels_pass_every_reduction() {
     let w = Array1::from_shape_fn(N, |r| 0.5 + 0.25 * (r % 4) as f64);
     let o = Oracle::default();
     let mut worst_all = 0.0f64;
-    each_dtype(|p, dtype| {
+    each_dtype(|p, _live, dtype| {
         for k in [
             CpuKernel::fused(),
             CpuKernel::chunked(1),
@@ -162,7 +167,7 @@ fn correct_kernels_pass_every_reduction() {
 #[test]
 fn the_issue_bugs_fail_the_bound() {
     let o = Oracle::default();
-    each_dtype(|p, dtype| {
+    each_dtype(|p, live, dtype| {
         let k = CpuKernel::chunked(4);
         let chunks = N.div_ceil(4) as f64;
         let mean = CrossEntropy {
@@ -179,7 +184,7 @@ fn the_issue_bugs_fail_the_bound() {
             !judge(&exact, &times_chunks, &b).1,
             "{dtype:?}: x chunk count passed"
         );
-        // PyTorch #73205: smoothing's mean over every row, ignored ones counted.
+        // PyTorch #73205, the count: the mean over all N rows, ignored ones counted.
         let sum = CrossEntropy {
             reduction: Reduction::Sum,
             ..mean
@@ -189,6 +194,28 @@ fn the_issue_bugs_fail_the_bound() {
         assert!(
             !judge(&exact, &over_all, &b).1,
             "{dtype:?}: mean over N passed"
+        );
+        // PyTorch #73205, the term: ignored rows' smoothing term
+        // `eps mean_j(-log p_j)` left in the sum (their own row losses at
+        // eps = 1, with any live token, `none`).
+        let every = CrossEntropy {
+            reduction: Reduction::None,
+            label_smoothing: 1.0,
+            ..Default::default()
+        };
+        let per_row = k.cross_entropy(live, &every, dtype).unwrap().values;
+        let eps = mean
+            .effective_label_smoothing(dtype.accumulation())
+            .unwrap();
+        let leaked: f64 = (0..N)
+            .filter(|&r| !p.has_target(r))
+            .map(|r| eps * per_row[r])
+            .sum();
+        let counted = (0..N).filter(|&r| p.has_target(r)).count() as f64;
+        let with_leak = vec![dtype.round_f64(good[0] + leaked / counted)];
+        assert!(
+            !judge(&exact, &with_leak, &b).1,
+            "{dtype:?}: leaked smoothing passed"
         );
     });
 }
