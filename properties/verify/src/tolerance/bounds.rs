@@ -1362,7 +1362,8 @@ pub fn loss_bounds(
                 }
             }
             let n_counted = counted.iter().filter(|&&c| c).count();
-            let all_ignored = reduction == Reduction::Mean && !(divisor_lo > 0.0);
+            let all_ignored =
+                reduction == Reduction::Mean && (divisor_lo.is_nan() || divisor_lo <= 0.0);
             if inf || all_ignored {
                 return vec![ErrorBound::Abs(0.0)];
             }
