@@ -46,7 +46,9 @@
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
-use logprobe_reference::spec::{Cotangents, Dtype, Problem, ProblemMut, Shape, SpecError};
+use logprobe_reference::spec::{
+    Cotangents, CrossEntropy, Dtype, Problem, ProblemMut, Reduction, Shape, SpecError,
+};
 
 use crate::gradient::{GradElement, Gradient};
 use crate::kernel::{
@@ -54,8 +56,8 @@ use crate::kernel::{
 };
 use crate::row::{rescaling_exps, shift, summation, Acc, Input, Source, BLOCK, LANES};
 use crate::stats::{
-    assemble, declared_algorithm, ids_suspect, log_prob, mask_row, row_error, row_forward,
-    row_stats, shard_ranges, typed_row, CallParams, RowForward, RowStats,
+    assemble, declared_algorithm, ids_suspect, log_prob, mask_row, pairwise_sum, row_error,
+    row_forward, row_stats, shard_ranges, typed_row, CallParams, RowForward, RowStats,
 };
 use crate::vjp;
 
@@ -213,16 +215,20 @@ impl CpuKernel {
         )?)
     }
 
-    /// The fused forward over the shards `widths` (empty: row-wide).
+    /// The fused forward's rows over the shards `widths` (empty:
+    /// row-wide); `eps`: also the cross-entropy row loss with that label
+    /// smoothing ([`RowForward::loss`]).
     fn forward_fused<T: Input>(
         problem: &Problem<'_>,
         shape: &Shape,
         lv: ArrayView2<'_, T>,
         out: Dtype,
         widths: &[usize],
-    ) -> Result<ForwardOutput, SpecError> {
+        eps: Option<f64>,
+    ) -> Result<Vec<RowForward>, SpecError> {
         let mut p = CallParams::<T::Acc>::new(problem, shape);
         p.ranges = shard_ranges(widths, shape.vocab_size);
+        p.label_smoothing = eps.map(<T::Acc as Acc>::from_f64);
         let rows: Vec<Result<RowForward, SpecError>> = (0..shape.n)
             .into_par_iter()
             .map(|r| {
@@ -242,11 +248,12 @@ impl CpuKernel {
                 ))
             })
             .collect();
-        assemble(problem, shape, rows, out)
+        rows.into_iter().collect()
     }
 
-    /// The chunked forward (the framework's log-softmax buffer) over the
-    /// shards `widths` (empty: row-wide).
+    /// The chunked forward's rows (the framework's log-softmax buffer) over
+    /// the shards `widths` (empty: row-wide); `eps` as in `forward_fused`
+    /// (the row loss gathered from the same buffer).
     fn forward_chunked<T: Input>(
         problem: &Problem<'_>,
         shape: &Shape,
@@ -254,9 +261,11 @@ impl CpuKernel {
         out: Dtype,
         cs: usize,
         widths: &[usize],
-    ) -> Result<ForwardOutput, SpecError> {
+        eps: Option<f64>,
+    ) -> Result<Vec<RowForward>, SpecError> {
         let mut p = CallParams::<T::Acc>::new(problem, shape);
         p.ranges = shard_ranges(widths, shape.vocab_size);
+        p.label_smoothing = eps.map(<T::Acc as Acc>::from_f64);
         let (n, v) = (shape.n, p.v);
         if n > 0 && v == 0 {
             return Err(row_error(problem, shape, 0));
@@ -308,7 +317,136 @@ impl CpuKernel {
             let e = rows.into_iter().find_map(|r| r.err());
             return Err(e.unwrap_or_else(|| row_error(problem, shape, got)));
         }
-        assemble(problem, shape, rows, out)
+        rows.into_iter().collect()
+    }
+
+    /// The rows of a forward call (see [`Kernel::forward`]), with the
+    /// cross-entropy row loss when `eps` is given.
+    fn forward_rows(
+        &self,
+        problem: &Problem<'_>,
+        shape: &Shape,
+        out: Dtype,
+        eps: Option<f64>,
+    ) -> Result<Vec<RowForward>, KernelError> {
+        if self.staging == (Staging::Chunked { chunk_size: 0 }) {
+            return Err(SpecError::ZeroChunkSize.into());
+        }
+        self.check(shape.v_total)?;
+        let w = self.shard_widths();
+        Ok(match self.staging {
+            Staging::Fused => logprobe_reference::with_logits!(problem.logits, lv =>
+                Self::forward_fused(problem, shape, lv, out, w, eps))?,
+            Staging::Chunked { chunk_size } => {
+                logprobe_reference::with_logits!(problem.logits, lv =>
+                Self::forward_chunked(problem, shape, lv, out, chunk_size, w, eps))?
+            }
+        })
+    }
+
+    /// The cross-entropy `loss` of `problem` under `ce` (DESIGN: "Loss
+    /// side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
+    /// (ignored rows 0), one value under `sum` / `mean`. Nats.
+    ///
+    /// Algorithm (accumulation dtype `A`: f32, f64 for f64 logits): each
+    /// counted row's `l` by [`crate::stats::row_loss`] from the log-probs this staging
+    /// computes (the chunked one gathers them from its log-softmax buffer),
+    /// `eps` rounded to `A`; then `w_r l_r` in `A` (`w_r` rounded to `A`).
+    /// The reduction runs once over all rows after the last chunk, by
+    /// [`crate::stats::pairwise_sum`] in row order (never per chunk), so the result is
+    /// bit-identical for every `chunk_size`; `mean` divides by the pairwise
+    /// sum of the counted rows' weights (`|r|` exactly without weights),
+    /// and a zero divisor gives `ce.mean_all_ignored`'s value.
+    ///
+    /// # Errors
+    /// As [`Kernel::forward`]; [`CrossEntropy::validate`]'s errors;
+    /// [`SpecError::MissingTensor`] without `tokens`.
+    pub fn cross_entropy(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        out: Dtype,
+    ) -> Result<CrossEntropyOutput, KernelError> {
+        let shape = problem.validate_shapes()?;
+        ce.validate(shape.n)?;
+        if problem.tokens.is_none() {
+            return Err(SpecError::MissingTensor {
+                output: "loss",
+                tensor: "tokens",
+            }
+            .into());
+        }
+        let acc = shape.dtype.accumulation();
+        let eps = ce.effective_label_smoothing(acc)?;
+        // Only the loss: no entropy, lse, z-loss or top-k work.
+        let mut only = *problem;
+        only.topk_ids = None;
+        only.options.entropy = None;
+        only.options.lse = false;
+        only.options.z_loss_coef = None;
+        let rows = self.forward_rows(&only, &shape, out, Some(eps))?;
+        let counted = |r: usize| problem.has_target(r);
+        let values = match acc {
+            Dtype::F64 => reduce::<f64>(&rows, ce, &counted, out),
+            _ => reduce::<f32>(&rows, ce, &counted, out),
+        };
+        Ok(CrossEntropyOutput { dtype: out, values })
+    }
+}
+
+/// The cross-entropy `loss` of [`CpuKernel::cross_entropy`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CrossEntropyOutput {
+    /// Dtype the values are rounded to.
+    pub dtype: Dtype,
+    /// `[N]` under `none`, `[1]` under `sum` / `mean` (nats; exact f64s
+    /// holding values of `dtype`).
+    pub values: Vec<f64>,
+}
+
+/// The reduction of [`CpuKernel::cross_entropy`] in `A`.
+fn reduce<A: Acc>(
+    rows: &[RowForward],
+    ce: &CrossEntropy<'_>,
+    counted: &impl Fn(usize) -> bool,
+    out: Dtype,
+) -> Vec<f64> {
+    let term = |r: usize| -> A {
+        if !counted(r) {
+            return A::ZERO;
+        }
+        let w = ce.weight(r);
+        if w == 0.0 {
+            return A::ZERO;
+        }
+        let l = A::from_f64(rows[r].loss);
+        if w == 1.0 {
+            l
+        } else {
+            A::from_f64(w) * l
+        }
+    };
+    let n = rows.len();
+    match ce.reduction {
+        Reduction::None => (0..n).map(|r| out.round_f64(term(r).to_f64())).collect(),
+        Reduction::Sum => vec![out.round_f64(pairwise_sum(0..n, &term).to_f64())],
+        Reduction::Mean => {
+            let d = match ce.loss_weights {
+                Some(_) => pairwise_sum(0..n, &|r| {
+                    if counted(r) {
+                        A::from_f64(ce.weight(r))
+                    } else {
+                        A::ZERO
+                    }
+                }),
+                None => A::from_f64((0..n).filter(|&r| counted(r)).count() as f64),
+            };
+            if d == A::ZERO {
+                vec![ce.mean_all_ignored.value()]
+            } else {
+                vec![out.round_f64((pairwise_sum(0..n, &term) / d).to_f64())]
+            }
+        }
     }
 }
 
@@ -384,16 +522,13 @@ impl Kernel for CpuKernel {
             return Err(SpecError::ZeroChunkSize.into());
         }
         let shape = problem.validate_shapes()?;
-        self.check(shape.v_total)?;
-        let w = self.shard_widths();
-        Ok(match self.staging {
-            Staging::Fused => logprobe_reference::with_logits!(problem.logits, lv =>
-                Self::forward_fused(problem, &shape, lv, out, w))?,
-            Staging::Chunked { chunk_size } => {
-                logprobe_reference::with_logits!(problem.logits, lv =>
-                Self::forward_chunked(problem, &shape, lv, out, chunk_size, w))?
-            }
-        })
+        let rows = self.forward_rows(problem, &shape, out, None)?;
+        Ok(assemble(
+            problem,
+            &shape,
+            rows.into_iter().map(Ok).collect(),
+            out,
+        )?)
     }
 
     /// Grad logits as f64 holding values of `out` ([`Self::backward_into`]
@@ -686,6 +821,165 @@ mod tests {
             CpuKernel::fused().backward_into(&p, &cot, g.view_mut()),
             Err(KernelError::Spec(SpecError::ShapeMismatch {
                 tensor: "grad_logits",
+                ..
+            }))
+        ));
+    }
+
+    /// Cross-entropy `loss`: every staging and sharding gives the same
+    /// bits for every reduction (the reduction runs once after the last
+    /// chunk: a chunked mean is not multiplied by the chunk count), a
+    /// uniform row is `ln V` with or without smoothing, ignored rows enter
+    /// neither sum nor divisor, the all-ignored mean is declared, a `-inf`
+    /// logit under smoothing is `+inf`, and bad options are typed errors.
+    #[test]
+    fn cross_entropy_stagings_agree_and_edges_hold() {
+        use logprobe_reference::spec::{CrossEntropy, Logits, MeanAllIgnored, Reduction};
+        let (n, v) = (13, 300);
+        // No -inf here (a -inf logit makes a smoothed row +inf; tested below).
+        let x = logits(n, v).mapv(|e| if e == f32::NEG_INFINITY { -3.0 } else { e });
+        let t: ndarray::Array1<i64> = (0..n as i64)
+            .map(|r| {
+                if r % 4 == 1 {
+                    -100
+                } else {
+                    (r * 37) % v as i64
+                }
+            })
+            .collect();
+        let w: ndarray::Array1<f64> = (0..n).map(|r| 0.25 * (r % 5) as f64 + 0.5).collect();
+        let mut p = Problem::new(Logits::F32(x.view()));
+        p.tokens = Some(t.view());
+        let mut ks = vec![
+            CpuKernel::fused(),
+            CpuKernel::vocab_parallel(vec![100, 150, 50]),
+        ];
+        ks.extend([1, 2, 3, 5, 13, 64].map(CpuKernel::chunked));
+        for reduction in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+            for weights in [None, Some(w.view())] {
+                let ce = CrossEntropy {
+                    reduction,
+                    label_smoothing: 0.1,
+                    loss_weights: weights,
+                    ..Default::default()
+                };
+                let base = ks[0].cross_entropy(&p, &ce, Dtype::F32).unwrap();
+                assert_eq!(base.values.len(), reduction.len(n));
+                for k in &ks[1..] {
+                    let got = k.cross_entropy(&p, &ce, Dtype::F32).unwrap();
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got.values),
+                        bits(&base.values),
+                        "{} {reduction}",
+                        k.name()
+                    );
+                }
+                if reduction == Reduction::None {
+                    assert_eq!(base.values[1], 0.0, "ignored row");
+                }
+            }
+        }
+        // The mean is the sum over the counted rows divided by their count.
+        let sum = ks[3]
+            .cross_entropy(
+                &p,
+                &CrossEntropy {
+                    reduction: Reduction::Sum,
+                    ..Default::default()
+                },
+                Dtype::F64,
+            )
+            .unwrap()
+            .values[0];
+        let mean = ks[3]
+            .cross_entropy(
+                &p,
+                &CrossEntropy {
+                    reduction: Reduction::Mean,
+                    ..Default::default()
+                },
+                Dtype::F64,
+            )
+            .unwrap()
+            .values[0];
+        let counted = (0..n).filter(|&r| p.has_target(r)).count() as f64;
+        assert!(
+            ((sum / counted) - mean).abs() <= 1e-6 * mean.abs(),
+            "{sum} / {counted} vs {mean}"
+        );
+        // A uniform row: ln V, smoothed or not.
+        let u = Array2::<f32>::zeros((1, 8));
+        let t0 = ndarray::array![3i64];
+        let mut pu = Problem::new(Logits::F32(u.view()));
+        pu.tokens = Some(t0.view());
+        for eps in [0.0, 0.3, 1.0] {
+            let ce = CrossEntropy {
+                label_smoothing: eps,
+                ..Default::default()
+            };
+            let l = CpuKernel::chunked(1)
+                .cross_entropy(&pu, &ce, Dtype::F32)
+                .unwrap()
+                .values[0];
+            assert!(
+                (l - 8f64.ln()).abs() <= 4.0 * f32::EPSILON as f64,
+                "eps {eps}: {l}"
+            );
+        }
+        // Every row ignored.
+        let all = ndarray::Array1::from_elem(13, -100i64);
+        let mut pa = p;
+        pa.tokens = Some(all.view());
+        for (mai, want_nan) in [(MeanAllIgnored::Nan, true), (MeanAllIgnored::Zero, false)] {
+            let ce = CrossEntropy {
+                reduction: Reduction::Mean,
+                mean_all_ignored: mai,
+                ..Default::default()
+            };
+            let l = CpuKernel::chunked(4)
+                .cross_entropy(&pa, &ce, Dtype::F32)
+                .unwrap()
+                .values[0];
+            assert_eq!(l.is_nan(), want_nan);
+            if !want_nan {
+                assert_eq!(l, 0.0);
+            }
+        }
+        // A -inf logit among the smoothed entries.
+        let xi = ndarray::array![[0.0f32, f32::NEG_INFINITY, 1.0]];
+        let mut pi = Problem::new(Logits::F32(xi.view()));
+        let ti = ndarray::array![0i64];
+        pi.tokens = Some(ti.view());
+        let smooth = CrossEntropy {
+            label_smoothing: 0.1,
+            ..Default::default()
+        };
+        let li = CpuKernel::fused()
+            .cross_entropy(&pi, &smooth, Dtype::F32)
+            .unwrap()
+            .values[0];
+        assert_eq!(li, f64::INFINITY);
+        let plain = CpuKernel::fused()
+            .cross_entropy(&pi, &CrossEntropy::default(), Dtype::F32)
+            .unwrap()
+            .values[0];
+        assert!(plain.is_finite());
+        // Bad options are typed.
+        let bad = CrossEntropy {
+            label_smoothing: 2.0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            CpuKernel::fused().cross_entropy(&p, &bad, Dtype::F32),
+            Err(KernelError::Spec(SpecError::BadLabelSmoothing { .. }))
+        ));
+        let mut pn = p;
+        pn.tokens = None;
+        assert!(matches!(
+            CpuKernel::fused().cross_entropy(&pn, &CrossEntropy::default(), Dtype::F32),
+            Err(KernelError::Spec(SpecError::MissingTensor {
+                output: "loss",
                 ..
             }))
         ));

@@ -46,6 +46,9 @@ pub struct CallParams<A> {
     /// The z-loss coefficient in the accumulation dtype (`None` without
     /// `z_loss_coef`).
     pub z_loss_coef: Option<A>,
+    /// Label smoothing `eps` in the accumulation dtype when the cross-entropy
+    /// row loss is wanted ([`CpuKernel::cross_entropy`](crate::CpuKernel::cross_entropy)).
+    pub label_smoothing: Option<A>,
 }
 
 impl<A: Acc> CallParams<A> {
@@ -67,6 +70,7 @@ impl<A: Acc> CallParams<A> {
             entropy: problem.options.entropy,
             ignore_index: problem.options.ignore_index,
             z_loss_coef: problem.options.z_loss_coef.map(A::from_f64),
+            label_smoothing: None,
         }
     }
 }
@@ -270,6 +274,10 @@ pub struct RowForward {
     /// `z_loss = coef * lse * lse` from the unrounded `lse` (0 when not
     /// wanted), rounded to `out`.
     pub z_loss: f64,
+    /// The cross-entropy row loss `l` in the accumulation dtype, unrounded
+    /// (an exact f64; 0 on `ignore_index` rows or when not wanted): see
+    /// [`row_loss`].
+    pub loss: f64,
 }
 
 /// Rounds an accumulation value to `out` (correctly: [`Dtype::round_f64`]).
@@ -326,13 +334,78 @@ pub fn row_forward<A: Acc>(
     } else {
         (0.0, 0.0)
     };
+    let loss = match (p.label_smoothing, problem.tokens) {
+        (Some(eps), Some(t)) if t[row] != p.ignore_index => {
+            row_loss(problem, row, p.v, eps, lp(t[row] as usize), &lp).to_f64()
+        }
+        _ => 0.0,
+    };
     RowForward {
         log_prob,
         entropy,
         topk,
         lse,
         z_loss,
+        loss,
     }
+}
+
+/// Leaf width of [`pairwise_sum`].
+pub const PAIRWISE_LEAF: usize = 8;
+
+/// `sum_{j in range} f(j)` in `A`: sequential leaves of at most
+/// [`PAIRWISE_LEAF`] terms, halves merged pairwise (split at the midpoint),
+/// so the order depends on the range alone. Error (Higham, "Accuracy and
+/// Stability of Numerical Algorithms", 2nd ed., sec. 4.2): at most
+/// `(PAIRWISE_LEAF - 1 + ceil(log2(ceil(n / PAIRWISE_LEAF)))) u sum |f(j)|`
+/// to first order, [`pairwise_depth`] terms of `u`.
+pub fn pairwise_sum<A: Acc>(range: std::ops::Range<usize>, f: &impl Fn(usize) -> A) -> A {
+    if range.len() <= PAIRWISE_LEAF {
+        let mut s = A::ZERO;
+        for j in range {
+            s = s + f(j);
+        }
+        s
+    } else {
+        let mid = range.start + range.len() / 2;
+        pairwise_sum(range.start..mid, f) + pairwise_sum(mid..range.end, f)
+    }
+}
+
+/// The number of rounded additions on the longest path of
+/// [`pairwise_sum`] over `n` terms (0 for `n <= 1`).
+pub fn pairwise_depth(n: usize) -> usize {
+    if n <= 1 {
+        0
+    } else if n <= PAIRWISE_LEAF {
+        n - 1
+    } else {
+        1 + pairwise_depth(n - n / 2)
+    }
+}
+
+/// The cross-entropy row loss in `A` (DESIGN: "Loss side"):
+/// `l = (1 - eps) (-lp_t) + eps (-sum_{j in A} lp(j) / |A|)` over the
+/// allowed entries `j < v` (`lp_t` the target's log-prob), the sum by
+/// [`pairwise_sum`]; `eps = 0` gives `-lp_t` alone, and a `-inf` logit in
+/// `A` makes the sum `-inf`, so `l = +inf` (PyTorch's value).
+pub fn row_loss<A: Acc>(
+    problem: &Problem<'_>,
+    row: usize,
+    v: usize,
+    eps: A,
+    lp_t: A,
+    lp: &impl Fn(usize) -> A,
+) -> A {
+    let nll = -lp_t;
+    if eps == A::ZERO {
+        return nll;
+    }
+    let allowed = |j: usize| problem.allowed(row, j);
+    let count = (0..v).filter(|&j| allowed(j)).count();
+    let s = pairwise_sum(0..v, &|j| if allowed(j) { lp(j) } else { A::ZERO });
+    let mean = -(s / A::from_f64(count as f64));
+    (A::ONE - eps) * nll + eps * mean
 }
 
 /// Assembles per-row results (first error in row order wins) into a

@@ -77,12 +77,14 @@
 
 pub mod fast;
 mod kl;
+mod loss;
 mod mpfr_interval;
 mod round;
 mod row;
 mod vjp;
 
 pub use fast::{Fallback, Tier};
+pub use loss::OracleLoss;
 pub use mpfr_interval::MpfrInterval;
 pub use round::{round_to_dtype, Rounder};
 

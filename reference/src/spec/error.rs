@@ -128,4 +128,30 @@ pub enum SpecError {
         /// The offending value.
         value: f64,
     },
+    /// `label_smoothing` outside `[0, 1]` (or NaN).
+    #[error("label_smoothing must be in [0, 1], got {label_smoothing}")]
+    BadLabelSmoothing {
+        /// The value as given.
+        label_smoothing: f64,
+    },
+    /// A `reduction` other than `none`, `sum`, `mean`.
+    #[error("reduction must be none, sum or mean, got {found:?}")]
+    UnknownReduction {
+        /// The value as given.
+        found: String,
+    },
+    /// A `mean_all_ignored` other than `nan`, `zero`.
+    #[error("mean_all_ignored must be nan or zero, got {found:?}")]
+    UnknownMeanAllIgnored {
+        /// The value as given.
+        found: String,
+    },
+    /// A `loss_weights` entry that is negative or not finite.
+    #[error("loss_weights[{row}] is {value}: weights must be finite and >= 0")]
+    BadLossWeight {
+        /// Row index.
+        row: usize,
+        /// The offending value.
+        value: f64,
+    },
 }

@@ -1422,3 +1422,196 @@ fn entropy_finish(
     });
     (pre, any)
 }
+
+/// One row's cross-entropy loss in the accumulation dtype, as the
+/// reduction bound ([`loss_bounds`]) takes it (T17).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossRowBound {
+    /// Bound (nats) on `|l^ - l|` of the accumulation-dtype row loss
+    /// (every rounding included, the last one too).
+    pub err: f64,
+    /// Upper bound (nats) on `|l|`.
+    pub mag: f64,
+    /// The exact row loss is `+inf` (a `-inf` logit among the smoothed
+    /// entries with `eps > 0`): only `+inf` is right.
+    pub infinite: bool,
+}
+
+impl RowBounds<'_> {
+    /// Bound of the cross-entropy row loss
+    /// `l = (1 - eps)(-lp_t) + eps mean_{j in A}(-lp_j)` in the accumulation
+    /// dtype (TOLERANCE.md (T17)): each `lp_j` a rounded log-softmax entry
+    /// with error `lambda_j` (T9), their sum over the row by a pairwise sum
+    /// of depth `pairwise_depth(V)` ([`logprobe_kernels::pairwise_depth`]),
+    /// one division by `|A|`, then `1 - eps`, two products and an addition
+    /// (`gamma_4`). `eps` as the computation takes it (rounded to the
+    /// accumulation dtype); `allowed(j)`: entry `j < V` allowed by the
+    /// sampling mask.
+    ///
+    /// # Errors
+    /// [`NoBound`] when the model certifies nothing for this row or it has
+    /// no target.
+    pub fn loss_row(
+        &self,
+        eps: f64,
+        allowed: impl Fn(usize) -> bool,
+    ) -> Result<LossRowBound, NoBound> {
+        let set = self.p.as_ref().map_err(Clone::clone)?;
+        let d_t = self.stats.d_t.ok_or(NoBound::MissingStatistic {
+            what: "d_t (no target)",
+        })?;
+        let ln_s = Hi(set.ln_s.hi);
+        let lam = |d: &Interval| self.c.lambda(set, mag(d));
+        let nll_err = lam(&d_t);
+        let nll_abs = mag(&d_t) + ln_s;
+        if eps == 0.0 {
+            return Ok(LossRowBound {
+                err: finite(nll_err, "loss")?.0,
+                mag: nll_abs.0,
+                infinite: false,
+            });
+        }
+        let v = self.stats.d.len();
+        let (mut s_err, mut s_abs, mut count) = (Hi::ZERO, Hi::ZERO, 0usize);
+        for (j, d) in self.stats.d.iter().enumerate() {
+            if !allowed(j) {
+                continue;
+            }
+            if d.hi == f64::NEG_INFINITY {
+                return Ok(LossRowBound {
+                    err: 0.0,
+                    mag: f64::INFINITY,
+                    infinite: true,
+                });
+            }
+            s_err = s_err + lam(d);
+            s_abs = s_abs + mag(d) + ln_s;
+            count += 1;
+        }
+        let u = self.c.u;
+        let g_sum = gamma(logprobe_kernels::pairwise_depth(v), u.0)?;
+        let e_s = s_err + g_sum * (s_abs + s_err);
+        let n = Lo(count.max(1) as f64);
+        let mean_abs = s_abs / n;
+        let e_m = (e_s / n) * (Hi::ONE + u) + u * (mean_abs + e_s / n);
+        let g4 = gamma(4, u.0)?;
+        let one_minus = Hi(1.0 - eps) + Hi(f64::EPSILON);
+        let err = one_minus * nll_err + Hi(eps) * e_m + g4 * (nll_abs + nll_err + mean_abs + e_m);
+        Ok(LossRowBound {
+            err: finite(err, "loss")?.0,
+            mag: (nll_abs + mean_abs).0,
+            infinite: false,
+        })
+    }
+}
+
+/// Bounds (nats) of the cross-entropy `loss` for a candidate in `out`
+/// (TOLERANCE.md (T17)): `[N]` under `none`, one under `sum` / `mean`.
+/// `rows[r]` is row `r`'s [`LossRowBound`] (ignored for rows
+/// not `counted`), `weights` the `loss_weights` (1 without), `divisor_lo` a
+/// lower bound of the exact `mean` divisor (the oracle's
+/// [`logprobe_reference::oracle::OracleLoss::divisor`]), `acc` the
+/// accumulation dtype. A row of weight `w != 1` adds `gamma_2` (its weight
+/// rounded to `acc`, the product); the reduction is a pairwise sum over
+/// `N` rows (`gamma_D`, `D = pairwise_depth(N)`), the `mean`'s weighted
+/// divisor another, then one division; the final roundings as (T8). An
+/// exact `+inf` (or the all-ignored mean's declared value) has bound 0:
+/// only that value is right.
+pub fn loss_bounds(
+    rows: &[Result<LossRowBound, NoBound>],
+    counted: &[bool],
+    weights: Option<&[f64]>,
+    reduction: logprobe_reference::spec::Reduction,
+    divisor_lo: f64,
+    acc: Dtype,
+    out: Dtype,
+) -> Vec<ErrorBound> {
+    use logprobe_reference::spec::Reduction;
+    let u = acc.unit_roundoff();
+    let none = |reason: NoBound| ErrorBound::None { reason };
+    let finish = |pre: Hi, m: Hi| -> ErrorBound {
+        let y1 = pre + m;
+        let r1 = half_ulp(acc, y1);
+        let mut total = pre + r1;
+        if out.precision() < acc.precision() {
+            total = total + half_ulp(out, y1 + r1);
+        }
+        match finite(total, "loss") {
+            Ok(t) => ErrorBound::Abs(t.0),
+            Err(reason) => none(reason),
+        }
+    };
+    let g2 = gamma(2, u);
+    // Per row: Ok(Some((err, mag))) finite, Ok(None) exactly +inf.
+    let terms: Vec<Result<Option<(Hi, Hi)>, NoBound>> = (0..rows.len())
+        .map(|r| {
+            let w = weights.map_or(1.0, |w| w[r]);
+            if !counted[r] || w == 0.0 {
+                return Ok(Some((Hi::ZERO, Hi::ZERO)));
+            }
+            let b = rows[r].clone()?;
+            if b.infinite {
+                return Ok(None);
+            }
+            let (e, m) = (Hi(b.err), Hi(b.mag));
+            if w == 1.0 {
+                Ok(Some((e, m)))
+            } else {
+                let g2 = g2.clone()?;
+                let w = Hi(w);
+                Ok(Some((w * (e + g2 * (m + e)), w * m)))
+            }
+        })
+        .collect();
+    match reduction {
+        Reduction::None => terms
+            .into_iter()
+            .map(|t| match t {
+                Ok(Some((e, m))) if e.0 == 0.0 && m.0 == 0.0 => ErrorBound::Abs(0.0),
+                Ok(Some((e, m))) => finish(e, m),
+                Ok(None) => ErrorBound::Abs(0.0),
+                Err(reason) => none(reason),
+            })
+            .collect(),
+        Reduction::Sum | Reduction::Mean => {
+            let (mut e_sum, mut m_sum, mut inf) = (Hi::ZERO, Hi::ZERO, false);
+            for t in terms {
+                match t {
+                    Ok(Some((e, m))) => {
+                        e_sum = e_sum + e;
+                        m_sum = m_sum + m;
+                    }
+                    Ok(None) => inf = true,
+                    Err(reason) => return vec![none(reason)],
+                }
+            }
+            let n_counted = counted.iter().filter(|&&c| c).count();
+            let all_ignored =
+                reduction == Reduction::Mean && (divisor_lo.is_nan() || divisor_lo <= 0.0);
+            if inf || all_ignored {
+                return vec![ErrorBound::Abs(0.0)];
+            }
+            if n_counted == 0 {
+                return vec![ErrorBound::Abs(0.0)];
+            }
+            let g_rows = match gamma(logprobe_kernels::pairwise_depth(rows.len()), u) {
+                Ok(g) => g,
+                Err(reason) => return vec![none(reason)],
+            };
+            let e_s = e_sum + g_rows * (m_sum + e_sum);
+            if reduction == Reduction::Sum {
+                return vec![finish(e_s, m_sum)];
+            }
+            // S^ / D^ with D^ = D (1 + theta), |theta| <= delta_D:
+            // |S^/D^ - S/D| <= (E_S + |S| delta_D) / (D (1 - delta_D)).
+            let delta_d = if weights.is_some() { g_rows } else { Hi::ZERO };
+            if delta_d.0 >= 1.0 {
+                return vec![none(NoBound::NonFinite {
+                    what: "loss divisor",
+                })];
+            }
+            let e_q = (e_s + m_sum * delta_d) / Lo(divisor_lo) / (Lo(1.0) - delta_d);
+            vec![finish(e_q, m_sum / Lo(divisor_lo))]
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Cross-entropy `loss` (DESIGN: "Loss side"): its reduction, label
+//! smoothing, the all-ignored mean and per-row weights, with their
+//! validation. Shared by the oracle and every kernel (plain Rust).
+//!
+//! Row loss over the real vocabulary (`j < vocab_size`, allowed by
+//! `sampling_mask`), `A` those entries, `t` the target:
+//! `l = (1 - eps) * (-log p_t) + eps * mean_{j in A} (-log p_j)`; a `-inf`
+//! logit in `A` makes `l = +inf` when `eps > 0` (PyTorch's value). `r` =
+//! rows whose token is not `ignore_index`; `w` the optional `loss_weights`:
+//! - `none`: `[N]`, `w_r * l_r` on `r`, exactly 0 elsewhere;
+//! - `sum`: `sum_{r} w_r * l_r` (a scalar);
+//! - `mean`: that sum divided by `sum_{r} w_r` (by `|r|` without weights);
+//!   a zero divisor (every row ignored) gives `mean_all_ignored`.
+//!
+//! A row of weight 0 contributes exactly 0 (also when its `l` is `+inf`).
+
+use std::str::FromStr;
+
+use ndarray::ArrayView1;
+
+use super::{Dtype, SpecError};
+
+/// How `loss` reduces over rows (dump meta `reduction`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    /// `[N]`: one value per row, ignored rows 0.
+    #[default]
+    None,
+    /// A scalar: the sum over non-ignored rows.
+    Sum,
+    /// A scalar: the (weighted) mean over non-ignored rows.
+    Mean,
+}
+
+impl Reduction {
+    /// The name in the dump format: `none`, `sum`, `mean`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduction::None => "none",
+            Reduction::Sum => "sum",
+            Reduction::Mean => "mean",
+        }
+    }
+
+    /// How many values `loss` holds for `n` rows: `n` under `none`, 1
+    /// otherwise.
+    pub fn len(self, n: usize) -> usize {
+        match self {
+            Reduction::None => n,
+            Reduction::Sum | Reduction::Mean => 1,
+        }
+    }
+
+    /// Checks the shape of a candidate `loss` tensor for `n` rows: `[N]`
+    /// under `none`, `[]` or `[1]` under `sum` / `mean`.
+    ///
+    /// # Errors
+    /// [`SpecError::ShapeMismatch`] on tensor `loss`.
+    pub fn check_shape(self, shape: &[usize], n: usize) -> Result<(), SpecError> {
+        let ok = match self {
+            Reduction::None => shape == [n],
+            Reduction::Sum | Reduction::Mean => shape.is_empty() || shape == [1],
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(SpecError::ShapeMismatch {
+                tensor: "loss",
+                expected: match self {
+                    Reduction::None => vec![n],
+                    Reduction::Sum | Reduction::Mean => vec![],
+                },
+                found: shape.to_vec(),
+            })
+        }
+    }
+}
+
+impl FromStr for Reduction {
+    type Err = SpecError;
+
+    /// Parses `none`, `sum`, `mean`.
+    ///
+    /// # Errors
+    /// [`SpecError::UnknownReduction`] for anything else.
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "none" => Ok(Reduction::None),
+            "sum" => Ok(Reduction::Sum),
+            "mean" => Ok(Reduction::Mean),
+            other => Err(SpecError::UnknownReduction {
+                found: other.to_string(),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Reduction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `mean` of zero rows (every row ignored; dump meta `mean_all_ignored`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MeanAllIgnored {
+    /// NaN, as PyTorch's `F.cross_entropy` gives.
+    #[default]
+    Nan,
+    /// 0 (Liger, most fused kernels after their fix).
+    Zero,
+}
+
+impl MeanAllIgnored {
+    /// The value: `NaN` or `0`.
+    pub fn value(self) -> f64 {
+        match self {
+            MeanAllIgnored::Nan => f64::NAN,
+            MeanAllIgnored::Zero => 0.0,
+        }
+    }
+
+    /// The name in the dump format: `nan`, `zero`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MeanAllIgnored::Nan => "nan",
+            MeanAllIgnored::Zero => "zero",
+        }
+    }
+}
+
+impl FromStr for MeanAllIgnored {
+    type Err = SpecError;
+
+    /// Parses `nan`, `zero` (and `0`).
+    ///
+    /// # Errors
+    /// [`SpecError::UnknownMeanAllIgnored`] for anything else.
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "nan" => Ok(MeanAllIgnored::Nan),
+            "zero" | "0" => Ok(MeanAllIgnored::Zero),
+            other => Err(SpecError::UnknownMeanAllIgnored {
+                found: other.to_string(),
+            }),
+        }
+    }
+}
+
+/// The cross-entropy `loss` of a problem (its logits, tokens, sampling
+/// mask, temperature, vocabulary and `ignore_index` are the
+/// [`Problem`](super::Problem)'s).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CrossEntropy<'a> {
+    /// The reduction over rows.
+    pub reduction: Reduction,
+    /// Label smoothing `eps` in `[0, 1]`; rounded to the accumulation dtype
+    /// (as the temperature is) before use. Default 0.
+    pub label_smoothing: f64,
+    /// The `mean` of zero rows.
+    pub mean_all_ignored: MeanAllIgnored,
+    /// Per-row weights `[N]` (finite, `>= 0`), exact f64 inputs.
+    pub loss_weights: Option<ArrayView1<'a, f64>>,
+}
+
+impl CrossEntropy<'_> {
+    /// `eps` as the computation uses it: rounded to `acc`, as an exact f64.
+    ///
+    /// # Errors
+    /// [`SpecError::BadLabelSmoothing`] unless the given value is in `[0, 1]`.
+    pub fn effective_label_smoothing(&self, acc: Dtype) -> Result<f64, SpecError> {
+        let e = self.label_smoothing;
+        if (0.0..=1.0).contains(&e) {
+            Ok(acc.round_f64(e))
+        } else {
+            Err(SpecError::BadLabelSmoothing { label_smoothing: e })
+        }
+    }
+
+    /// The weight of row `row` (1 without `loss_weights`).
+    pub fn weight(&self, row: usize) -> f64 {
+        self.loss_weights.map_or(1.0, |w| w[row])
+    }
+
+    /// Validates these options for a problem of `n` rows.
+    ///
+    /// # Errors
+    /// [`SpecError::BadLabelSmoothing`]; [`SpecError::ShapeMismatch`] on
+    /// `loss_weights` not `[N]`; [`SpecError::BadLossWeight`] for a weight
+    /// that is negative or not finite (first in row order).
+    pub fn validate(&self, n: usize) -> Result<(), SpecError> {
+        self.effective_label_smoothing(Dtype::F64)?;
+        if let Some(w) = self.loss_weights {
+            if w.len() != n {
+                return Err(SpecError::ShapeMismatch {
+                    tensor: "loss_weights",
+                    expected: vec![n],
+                    found: w.shape().to_vec(),
+                });
+            }
+            if let Some((row, &value)) = w
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+            {
+                return Err(SpecError::BadLossWeight { row, value });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn names_parse_and_bad_ones_are_typed() {
+        for r in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+            assert_eq!(r.name().parse::<Reduction>(), Ok(r));
+        }
+        assert_eq!(
+            "avg".parse::<Reduction>(),
+            Err(SpecError::UnknownReduction {
+                found: "avg".into()
+            })
+        );
+        assert_eq!("nan".parse::<MeanAllIgnored>(), Ok(MeanAllIgnored::Nan));
+        assert_eq!("zero".parse::<MeanAllIgnored>(), Ok(MeanAllIgnored::Zero));
+        assert!("inf".parse::<MeanAllIgnored>().is_err());
+    }
+
+    #[test]
+    fn shapes_follow_the_reduction() {
+        assert!(Reduction::None.check_shape(&[3], 3).is_ok());
+        assert!(Reduction::None.check_shape(&[], 3).is_err());
+        assert!(Reduction::Mean.check_shape(&[], 3).is_ok());
+        assert!(Reduction::Sum.check_shape(&[1], 3).is_ok());
+        assert!(matches!(
+            Reduction::Sum.check_shape(&[3], 3),
+            Err(SpecError::ShapeMismatch { tensor: "loss", .. })
+        ));
+    }
+
+    #[test]
+    fn eps_and_weights_are_checked() {
+        for eps in [-0.1, 1.5, f64::NAN] {
+            let ce = CrossEntropy {
+                label_smoothing: eps,
+                ..Default::default()
+            };
+            assert!(matches!(
+                ce.validate(2),
+                Err(SpecError::BadLabelSmoothing { .. })
+            ));
+        }
+        let w = array![1.0, -2.0];
+        let ce = CrossEntropy {
+            loss_weights: Some(w.view()),
+            ..Default::default()
+        };
+        assert_eq!(
+            ce.validate(2),
+            Err(SpecError::BadLossWeight {
+                row: 1,
+                value: -2.0
+            })
+        );
+        assert!(matches!(
+            ce.validate(3),
+            Err(SpecError::ShapeMismatch { .. })
+        ));
+        let ce = CrossEntropy {
+            label_smoothing: 0.1,
+            ..Default::default()
+        };
+        assert_eq!(ce.effective_label_smoothing(Dtype::F32), Ok(0.1f32 as f64));
+    }
+}
