@@ -1145,26 +1145,7 @@ fn verdict_line(s: &Summary) -> String {
     }
 }
 
-/// Serialises an f64 as a JSON number, or as `"inf"`, `"-inf"`, `"NaN"`
-/// (verify's convention: JSON has no non-finite numbers).
-fn json_f64<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-    if x.is_finite() {
-        s.serialize_f64(*x)
-    } else if x.is_nan() {
-        s.serialize_str("NaN")
-    } else if *x > 0.0 {
-        s.serialize_str("inf")
-    } else {
-        s.serialize_str("-inf")
-    }
-}
-
-fn json_opt_f64<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-    match x {
-        Some(v) => json_f64(v, s),
-        None => s.serialize_none(),
-    }
-}
+use crate::verify::{json_f64, json_opt_f64};
 
 #[cfg(test)]
 mod tests;

@@ -8,21 +8,7 @@ use std::fmt::Write;
 
 use super::{CompareReport, CompareRow, Magnitude};
 
-/// 3 significant digits, `-` for none (the style of `verify`'s table).
-pub(crate) fn fmt_g(x: f64) -> String {
-    if x.is_nan() {
-        "NaN".into()
-    } else if x.is_infinite() {
-        if x > 0.0 { "inf" } else { "-inf" }.into()
-    } else if x == 0.0 {
-        "0".into()
-    } else if (1e-3..1e5).contains(&x.abs()) {
-        let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
-        format!("{x:.digits$}")
-    } else {
-        format!("{x:.2e}")
-    }
-}
+use crate::verify::fmt_g;
 
 /// A signed value with 3 significant digits in exponent form.
 fn fmt_e(x: f64) -> String {

@@ -114,7 +114,7 @@ pub struct ModelRatio {
 
 /// Serialises an f64 as a JSON number, or as the string `"inf"`, `"-inf"`
 /// or `"NaN"` (JSON has no non-finite numbers).
-fn json_f64<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn json_f64<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
     if x.is_finite() {
         s.serialize_f64(*x)
     } else if x.is_nan() {
@@ -127,7 +127,7 @@ fn json_f64<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 /// [`json_f64`] for an optional value (`null` when absent).
-fn json_opt_f64<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn json_opt_f64<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
     match x {
         Some(v) => json_f64(v, s),
         None => s.serialize_none(),

@@ -3,7 +3,7 @@
 use super::*;
 
 /// Formats a float for the table: 3 significant digits, `-` for none.
-fn fmt_g(x: f64) -> String {
+pub(crate) fn fmt_g(x: f64) -> String {
     if x.is_nan() {
         "NaN".into()
     } else if x.is_infinite() {
