@@ -1072,7 +1072,7 @@ fn verdict_line(s: &Summary) -> String {
         .map(|k| {
             let why = match (k.verdict, k.max_ratio) {
                 (Verdict::NoBound, _) => "no bound".to_string(),
-                (_, Some(r)) => format!("err/bound {}", render::fmt_g(r)),
+                (_, Some(r)) => format!("err/bound {}", crate::verify::fmt_g(r)),
                 _ => "beyond its bound".to_string(),
             };
             format!(
