@@ -84,7 +84,7 @@ impl Oracle {
             let terms: Vec<MpfrInterval> = rows
                 .par_iter()
                 .enumerate()
-                .map(|(r, row)| row_term(row, eps, ce.weight(r), prec))
+                .map(|(r, row)| row_term(row, eps, ce.weight(r), prec, None))
                 .collect();
             let acc = prec + 2 * ACC_EXTRA;
             let divisor = {
@@ -139,8 +139,15 @@ fn sum(terms: &[MpfrInterval], acc: u32) -> MpfrInterval {
 }
 
 /// The enclosure of `w * l` for one row at precision `prec` (an exact 0 on
-/// an ignored row or for `w = 0`; see the module docs for `l`).
-fn row_term(row: &row::Row<'_>, eps: f64, w: f64, prec: u32) -> MpfrInterval {
+/// an ignored row or for `w = 0`; see the module docs for `l`). `s_p`: the
+/// row's `s = S - 1` at `prec` when already summed (else one pass here).
+pub(super) fn row_term(
+    row: &row::Row<'_>,
+    eps: f64,
+    w: f64,
+    prec: u32,
+    s_p: Option<&MpfrInterval>,
+) -> MpfrInterval {
     let Some(t) = row.target else {
         return MpfrInterval::point(prec, 0.0);
     };
@@ -152,9 +159,11 @@ fn row_term(row: &row::Row<'_>, eps: f64, w: f64, prec: u32) -> MpfrInterval {
     if eps > 0.0 && (0..row.v.len()).any(|j| row.allowed(j) && row.v[j] == f64::NEG_INFINITY) {
         return MpfrInterval::point(prec, f64::INFINITY);
     }
-    let sums = row::pass(row, prec, false, None);
     let mut big_l = MpfrInterval::new(prec);
-    big_l.ln_1p(&sums.s_p);
+    match s_p {
+        Some(s) => big_l.ln_1p(s),
+        None => big_l.ln_1p(&row::pass(row, prec, false, None).s_p),
+    }
     let mut en = Entry::new(prec);
     en.shift(&vmax, row.v[t], row.ts);
     let mut nll = MpfrInterval::new(prec);
@@ -207,4 +216,17 @@ impl AssignRoundSub for Float {
         let a = Float::with_val(53, a);
         self.assign_round(&a - b, round);
     }
+}
+
+/// The label smoothing of `problem`'s loss as the computation takes it
+/// (rounded to the accumulation dtype; 0 without a loss or when invalid,
+/// which validation has already refused).
+pub(super) fn label_smoothing(problem: &Problem<'_>) -> f64 {
+    problem
+        .cross_entropy()
+        .and_then(|ce| {
+            ce.effective_label_smoothing(problem.logits.dtype().accumulation())
+                .ok()
+        })
+        .unwrap_or(0.0)
 }

@@ -352,11 +352,13 @@ impl Oracle {
         };
         let lse = ff.lse;
         let values = fast_values(problem, ff, target);
-        // The loss side's values derived here (z_loss) may be undecided
-        // where the f64 tier's own outputs are not.
-        let derived = values
-            .get(Output::ZLoss)
-            .map_or(0, |v| v.iter().filter(|e| e.is_none()).count() as u64);
+        // The loss side's values derived here (z_loss, loss) may be
+        // undecided where the f64 tier's own outputs are not.
+        let derived = [Output::ZLoss, Output::Loss]
+            .into_iter()
+            .filter_map(|o| values.get(o))
+            .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
+            .sum::<u64>();
         fb.outputs_mpfr += derived;
         if undecided + derived == 0 {
             let rf = RowForward {
@@ -420,6 +422,11 @@ impl Oracle {
                 Output::GradLogits => Vec::new(),
                 Output::Lse => vec![lse],
                 Output::ZLoss => vec![z_loss_mpfr(problem, &vals.lse, prec, &mut rounder, target)],
+                Output::Loss => {
+                    let eps = loss::label_smoothing(problem);
+                    let t = loss::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
+                    vec![rounder.exact(&t, target)]
+                }
             });
             let rf = RowForward {
                 lse,
@@ -723,6 +730,8 @@ fn fast_values(
         Output::GradLogits => Vec::new(),
         Output::Lse => vec![lse],
         Output::ZLoss => vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))],
+        // The f64 tier has no loss enclosure yet: MPFR decides it.
+        Output::Loss => vec![None],
     })
 }
 

@@ -36,6 +36,7 @@ impl RowInputs {
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|m| m.view()),
             options: self.options,
+            loss_weights: None,
         }
     }
 
