@@ -84,7 +84,7 @@ mod row;
 mod vjp;
 
 pub use fast::{Fallback, Tier};
-pub use loss::OracleLoss;
+pub use loss::{LossSum, MpfrLossSum, OracleLoss};
 pub use mpfr_interval::MpfrInterval;
 pub use round::{round_to_dtype, Rounder};
 
@@ -351,7 +351,7 @@ impl Oracle {
             rows_mpfr: 0,
         };
         let lse = ff.lse;
-        let values = fast_values(problem, ff, target);
+        let values = fast_values(problem, fast, ff, target);
         // The loss side's values derived here (z_loss, loss) may be
         // undecided where the f64 tier's own outputs are not.
         let derived = [Output::ZLoss, Output::Loss]
@@ -717,6 +717,7 @@ impl RowForward {
 /// the exact 0 of [`RowForward::values`].
 fn fast_values(
     problem: &Problem<'_>,
+    fast: &fast::FastRow<'_>,
     ff: fast::FastForward,
     target: Dtype,
 ) -> PerOutput<Vec<Option<Exact>>> {
@@ -730,8 +731,9 @@ fn fast_values(
         Output::GradLogits => Vec::new(),
         Output::Lse => vec![lse],
         Output::ZLoss => vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))],
-        // The f64 tier has no loss enclosure yet: MPFR decides it.
-        Output::Loss => vec![None],
+        Output::Loss => vec![fast
+            .loss_term(loss::label_smoothing(problem))
+            .and_then(|l| loss::decide_term(l, target))],
     })
 }
 
