@@ -618,19 +618,8 @@ impl<'a> RowBounds<'a> {
                 },
             };
         };
-        let row = if l.counted && l.weight != 0.0 {
-            self.loss_row(l.label_smoothing, |j| {
-                l.allowed.as_ref().is_none_or(|a| a[j])
-            })
-        } else {
-            Ok(LossRowBound {
-                err: 0.0,
-                mag: 0.0,
-                infinite: false,
-            })
-        };
         loss_bounds(
-            &[row],
+            &[self.loss_row_of(l)],
             &[l.counted],
             Some(&[l.weight]),
             logprobe_reference::spec::Reduction::None,
@@ -640,6 +629,24 @@ impl<'a> RowBounds<'a> {
         )
         .pop()
         .expect("one row, one bound")
+    }
+
+    /// [`RowBounds::loss_row`] for the row `l` describes: a zero bound
+    /// (exactly 0) on a row not counted or of weight 0.
+    ///
+    /// # Errors
+    /// Those of [`RowBounds::loss_row`].
+    pub fn loss_row_of(&self, l: &super::LossTarget) -> Result<LossRowBound, NoBound> {
+        if !(l.counted && l.weight != 0.0) {
+            return Ok(LossRowBound {
+                err: 0.0,
+                mag: 0.0,
+                infinite: false,
+            });
+        }
+        self.loss_row(l.label_smoothing, |j| {
+            l.allowed.as_ref().is_none_or(|a| a[j])
+        })
     }
 
     /// Error (nats) of `lse = m / T + ell` in the accumulation dtype,
