@@ -265,7 +265,7 @@ fn check_loss(c: &LossCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
     let (r, lr) = c;
     let data = r.expand();
     let loss = lr.expand(r.n);
-    let oracle = LossOracle::compute(&data, &loss);
+    let oracle = LossOracle::compute(&data, &loss, oracle_case(&format!("{r:?}"), &data));
     kernels
         .iter()
         .map(|k| {
