@@ -514,7 +514,13 @@ impl Kernel for CpuKernel {
             return Err(SpecError::ZeroChunkSize.into());
         }
         let shape = problem.validate_shapes()?;
-        let rows = self.forward_rows(problem, &shape, out, None)?;
+        // `loss` asked (Output::Loss): each row's term `w l`, as
+        // `cross_entropy` forms it before its reduction.
+        let eps = problem
+            .cross_entropy()
+            .map(|ce| ce.effective_label_smoothing(shape.dtype.accumulation()))
+            .transpose()?;
+        let rows = self.forward_rows(problem, &shape, out, eps)?;
         Ok(assemble(
             problem,
             &shape,

@@ -309,6 +309,8 @@ impl ProblemRecipe {
             // wherever a kernel supports them (Capabilities::lse).
             lse: true,
             z_loss_coef: Some(Z_LOSS_COEF),
+            // The cross-entropy loss is not drawn yet.
+            loss: None,
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),
