@@ -130,18 +130,19 @@ pub fn dump_bytes(
         }
         Call::Loss(out) => {
             let ce = e.loss.ce();
-            if let Some(w) = &e.loss.loss_weights {
-                t.push((
-                    "loss_weights",
-                    DumpTensor::floats(Dtype::F64, &[w.len()], &w.to_vec()),
-                ));
-            }
             if let Ok(lo) = k.cross_entropy(&p, &ce, out) {
                 let shape: Vec<usize> = match ce.reduction {
                     Reduction::None => vec![lo.values.len()],
                     Reduction::Sum | Reduction::Mean => vec![],
                 };
                 t.push(("loss", DumpTensor::floats(out, &shape, &lo.values)));
+                // Exact f64 weights (drawn in f64).
+                if let Some(w) = &e.loss.loss_weights {
+                    t.push((
+                        "loss_weights",
+                        DumpTensor::floats(Dtype::F64, &[w.len()], &w.to_vec()),
+                    ));
+                }
             }
         }
         Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec => {

@@ -6,7 +6,7 @@ use ndarray::Array1;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use logprobe_reference::spec::{CrossEntropy, MeanAllIgnored, Reduction};
+use logprobe_reference::spec::{CrossEntropy, LossOptions, MeanAllIgnored, Reduction};
 
 use super::*;
 
@@ -81,6 +81,22 @@ pub struct LossData {
 }
 
 impl LossData {
+    /// The options as [`Options::loss`](logprobe_reference::spec::Options::loss) holds them.
+    pub fn options(&self) -> LossOptions {
+        LossOptions {
+            reduction: self.reduction,
+            label_smoothing: self.label_smoothing,
+            mean_all_ignored: self.mean_all_ignored,
+        }
+    }
+
+    /// `data` with the loss asked of its forward calls (`options.loss` and
+    /// `loss_weights` set).
+    pub fn ask(&self, data: &mut ProblemData) {
+        data.options.loss = Some(self.options());
+        data.loss_weights = self.loss_weights.clone();
+    }
+
     /// The borrowed [`CrossEntropy`].
     pub fn ce(&self) -> CrossEntropy<'_> {
         CrossEntropy {
