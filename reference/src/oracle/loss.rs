@@ -53,16 +53,18 @@ impl Oracle {
     /// in parallel.
     ///
     /// # Errors
-    /// The spec's validation errors ([`Problem::validate`]),
-    /// [`CrossEntropy::validate`]'s, and [`SpecError::MissingTensor`]
-    /// without `tokens`.
+    /// In this order (the kernels'): shape errors
+    /// ([`Problem::validate_shapes`]), [`CrossEntropy::validate`]'s,
+    /// [`SpecError::MissingTensor`] without `tokens`, then the rows' errors
+    /// ([`Problem::validate`]).
     pub fn cross_entropy(
         &self,
         problem: &Problem<'_>,
         ce: &CrossEntropy<'_>,
         target: Dtype,
     ) -> Result<OracleLoss, SpecError> {
-        let shape = problem.validate()?;
+        // The kernels' order: shapes, the loss options, tokens, then rows.
+        let shape = problem.validate_shapes()?;
         ce.validate(shape.n)?;
         if problem.tokens.is_none() {
             return Err(SpecError::MissingTensor {
@@ -70,6 +72,7 @@ impl Oracle {
                 tensor: "tokens",
             });
         }
+        let shape = problem.validate()?;
         let eps = ce.effective_label_smoothing(shape.dtype.accumulation())?;
         let rows = first_error(
             (0..shape.n)
