@@ -166,7 +166,7 @@ def test_bad_arguments_raise_before_any_call():
         (dict(options="bad=nan-logit"), ValueError),
         (dict(require="fast"), ValueError),
         (dict(outputs=("grad_logits",)), ValueError),
-        (dict(outputs=("lse",)), ValueError),  # not in protocol v1 yet
+        (dict(outputs=("loss",)), ValueError),  # not in protocol v1 yet (lse is)
         (dict(outputs=("log_probs",), options="topk=3"), ValueError),
         (dict(budget="soon"), ValueError),
         (dict(dtypes=("int8",)), ValueError),
