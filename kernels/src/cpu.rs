@@ -105,6 +105,7 @@ const CPU_CAPABILITIES: Capabilities = Capabilities {
     padded_vocab: true,
     f64_input: true,
     lse: true,
+    softcap: true,
 };
 
 /// Per-row record bytes (forward or backward stats) with `k` top-k ids.

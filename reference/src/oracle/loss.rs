@@ -147,16 +147,17 @@ fn row_term(row: &row::Row<'_>, eps: f64, w: f64, prec: u32) -> MpfrInterval {
     if w == 0.0 {
         return MpfrInterval::point(prec, 0.0);
     }
-    let vmax = Float::with_val(53, row.p.vmax);
-    // A -inf logit among the smoothed entries: -log p_j = +inf.
-    if eps > 0.0 && (0..row.v.len()).any(|j| row.allowed(j) && row.v[j] == f64::NEG_INFINITY) {
+    let top = row.top(row.p.vmax, prec);
+    // A -inf logit among the smoothed entries: -log p_j = +inf (under an
+    // exact softcap it is the finite x' = -c).
+    if eps > 0.0 && (0..row.v.len()).any(|j| row.allowed(j) && !row.finite(j)) {
         return MpfrInterval::point(prec, f64::INFINITY);
     }
     let sums = row::pass(row, prec, false, None);
     let mut big_l = MpfrInterval::new(prec);
     big_l.ln_1p(&sums.s_p);
     let mut en = Entry::new(prec);
-    en.shift(&vmax, row.v[t], row.ts);
+    en.shift(&top, row.v[t]);
     let mut nll = MpfrInterval::new(prec);
     nll.add(&en.a, &big_l);
     let mut scratch = Float::new(prec);
@@ -169,7 +170,7 @@ fn row_term(row: &row::Row<'_>, eps: f64, w: f64, prec: u32) -> MpfrInterval {
         let mut count = 0u64;
         for j in 0..row.v.len() {
             if row.allowed(j) {
-                en.shift(&vmax, row.v[j], row.ts);
+                en.shift(&top, row.v[j]);
                 sa.lo.add_assign_round(&en.a.lo, Round::Down);
                 sa.hi.add_assign_round(&en.a.hi, Round::Up);
                 count += 1;
