@@ -100,6 +100,8 @@ pub const NAMES: &[Name] = &[
     t("lse", 2, true),
     t("z_loss", 2, true),
     m("z_loss_coef", 2, true),
+    m("softcap", 2, true),
+    m("softcap_dtype", 2, true),
     // Version 2: reserved, not built yet.
     m("z_loss_rows", 2, false),
     t("loss", 2, false),
@@ -108,8 +110,6 @@ pub const NAMES: &[Name] = &[
     t("loss_weights", 2, false),
     m("loss_normalizer", 2, false),
     m("label_smoothing", 2, false),
-    m("softcap", 2, false),
-    m("softcap_dtype", 2, false),
     t("teacher_topk_log_probs", 2, false),
     t("forward_kl", 2, false),
     t("reverse_kl", 2, false),

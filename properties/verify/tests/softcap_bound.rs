@@ -298,3 +298,110 @@ fn softcap_bugs_fail_the_bound() {
     assert!(wf.fails > 0, "tanh(x) * c passed: {wf:?}");
     println!("tanh(x) * c: forward err/bound {:.3e}", wf.ratio);
 }
+
+/// A verify dump of `x` (bf16 logits, f32 candidates) with `meta`, the
+/// candidates from `k` on `p` (softcapped) or on `given` logits.
+fn dump_bytes(
+    p: &Problem<'_>,
+    xb: &Array2<bf16>,
+    candidates: &logprobe_kernels::ForwardOutput,
+    meta: &[(&str, &str)],
+) -> Vec<u8> {
+    use logprobe_verify::dump::{serialize_dump, DumpTensor};
+    let x: Vec<f64> = xb.iter().map(|v| v.to_f64()).collect();
+    let t: Vec<i64> = p.tokens.unwrap().to_vec();
+    let lp: Vec<f64> = candidates.values[Output::LogProbs]
+        .iter()
+        .copied()
+        .collect();
+    let h: Vec<f64> = candidates.values[Output::Entropy].iter().copied().collect();
+    let tensors = [
+        ("logits", DumpTensor::floats(Dtype::Bf16, &[N, V], &x)),
+        ("tokens", DumpTensor::i64s(&[N], &t)),
+        ("log_probs", DumpTensor::floats(Dtype::F32, &[N], &lp)),
+        ("entropy", DumpTensor::floats(Dtype::F32, &[N], &h)),
+    ];
+    serialize_dump(&tensors, meta).unwrap()
+}
+
+#[test]
+fn verify_reads_softcap_and_judges_by_it() {
+    use logprobe_verify::dump::{Dump, DumpError};
+    use logprobe_verify::verify::{verify_dump, ReportVerdict, VerifyConfig};
+    let c = case();
+    let mut p = Problem::new(Logits::Bf16(c.xb.view()));
+    p.tokens = Some(c.t.view());
+    p.options.softcap = Some(30.0);
+    let k = CpuKernel::fused();
+    let good = k.forward(&p, Dtype::F32).unwrap();
+    let meta = [("format_version", "2"), ("softcap", "30")];
+    let verdict = |bytes: &[u8]| {
+        let d = Dump::parse(bytes).unwrap();
+        assert_eq!(d.options.softcap, Some(30.0));
+        let r = verify_dump(
+            &d,
+            std::path::Path::new("softcap"),
+            &VerifyConfig::default(),
+        )
+        .unwrap();
+        r.outputs.iter().map(|o| o.verdict).collect::<Vec<_>>()
+    };
+    assert!(verdict(&dump_bytes(&p, &c.xb, &good, &meta))
+        .iter()
+        .all(|v| *v == ReportVerdict::Pass));
+    // The same candidates judged without the softcap (a reader that
+    // ignored the key) fail: the key changes the verdict.
+    let bytes = dump_bytes(&p, &c.xb, &good, &[("format_version", "2")]);
+    let d = Dump::parse(&bytes).unwrap();
+    let r = verify_dump(
+        &d,
+        std::path::Path::new("no softcap"),
+        &VerifyConfig::default(),
+    )
+    .unwrap();
+    assert!(r.outputs.iter().any(|o| o.verdict == ReportVerdict::Fail));
+    // tanh(x) * c candidates fail with the key.
+    let xw = wrong_formula(&c.x, 30.0);
+    let mut q = p;
+    q.logits = Logits::F32(xw.view());
+    q.options.softcap = None;
+    let bad = k.forward(&q, Dtype::F32).unwrap();
+    assert!(verdict(&dump_bytes(&p, &c.xb, &bad, &meta)).contains(&ReportVerdict::Fail));
+    // Bad metadata is a typed error naming its key.
+    for (m, key) in [
+        (vec![("format_version", "2"), ("softcap", "0")], "softcap"),
+        (vec![("format_version", "2"), ("softcap", "-3")], "softcap"),
+        (vec![("format_version", "2"), ("softcap", "inf")], "softcap"),
+        (
+            vec![("format_version", "2"), ("softcap", "1e-50")],
+            "softcap",
+        ),
+        (
+            vec![("format_version", "2"), ("softcap_dtype", "input")],
+            "softcap_dtype",
+        ),
+        (
+            vec![
+                ("format_version", "2"),
+                ("softcap", "30"),
+                ("softcap_dtype", "f32"),
+            ],
+            "softcap_dtype",
+        ),
+        (
+            vec![
+                ("format_version", "2"),
+                ("softcap", "30"),
+                ("temperature_dtype", "input"),
+            ],
+            "softcap_dtype",
+        ),
+    ] {
+        match Dump::parse(&dump_bytes(&p, &c.xb, &good, &m)) {
+            Err(DumpError::BadMetadata { key: k, .. }) => assert_eq!(k, key, "{m:?}"),
+            other => panic!("{m:?}: {:?}", other.map(|_| ())),
+        }
+    }
+    // Version 1 does not know the key.
+    assert!(Dump::parse(&dump_bytes(&p, &c.xb, &good, &[("softcap", "30")])).is_err());
+}
