@@ -23,7 +23,7 @@ if [[ ${#mutants[@]} -eq 0 ]]; then
     mutants=(nan-on-neg-inf bf16-accumulation dropped-chunk-remainder ignored-chunk-size
         tp-vocab-offset padded-vocab-not-truncated temperature-ignored temperature-twice
         entropy-wrong-logits grad-output-0-broadcast missing-max-shift in-place-corruption
-        raw-entropy-formula chunk-dependent-order)
+        raw-entropy-formula chunk-dependent-order softcap-grad-missing-tanh)
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -140,6 +140,12 @@ impl<T: Input> TypedRow<'_, T> {
 
     #[inline(always)]
     fn conv(&self, x: T) -> T::Acc {
+        if self.softcap.is_some() && x.to_f64() == f64::INFINITY {
+            // Bad input (the spec's NonFiniteLogit): kept `+inf` so that the
+            // reduction flags the row, as without a softcap (tanh would
+            // turn it into a finite `c`).
+            return <T::Acc as Acc>::INF;
+        }
         match (self.softcap, self.input_temperature) {
             (None, None) => x.widen(),
             (None, Some(t)) => round_input::<T>(x, t).widen(),

@@ -23,7 +23,7 @@ use logprobe_testkit::strategies::{
 };
 
 /// Every key of the grammar, in recipe order.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 26] = [
     "seed",
     "dtype",
     "vocab",
@@ -35,6 +35,8 @@ pub const KEYS: [&str; 24] = [
     "mask",
     "temperature",
     "temperature_dtype",
+    "softcap",
+    "softcap_dtype",
     "tokens",
     "ignore",
     "ignore_index",

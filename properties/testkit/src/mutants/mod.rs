@@ -27,6 +27,7 @@
 //! | `in-place-corruption` | [`InPlaceCorruption`] | fused | in-place backward over input with a bad row after a good one: earlier rows already overwritten |
 //! | `raw-entropy-formula` | [`RawEntropyFormula`] | fused | every entropy computed as `lse - sum p z` on raw logits in f32 (exact enough at small offsets, digits lost at large ones) |
 //! | `chunk-dependent-order` | [`ChunkDependentOrder`] | chunked | rows in odd-numbered chunks reduced in reverse column order |
+//! | `softcap-grad-missing-tanh` | [`SoftcapGradMissingTanh`] | fused | backward with a softcap: the gradient with respect to `x' = c tanh(x / c)`, without `1 - tanh^2` (unsloth-zoo PR #593's kind) |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -44,6 +45,7 @@ mod backward;
 mod chunks;
 mod options;
 mod rewired;
+mod softcap;
 #[cfg(test)]
 mod tests;
 mod tp;
@@ -54,6 +56,7 @@ pub use chunks::{ChunkDependentOrder, DroppedChunkRemainder, IgnoredChunkSize};
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
+pub use softcap::SoftcapGradMissingTanh;
 pub use tp::TpVocabOffset;
 pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
 
@@ -378,6 +381,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(InPlaceCorruption, Fused, memory: false),
     entry!(RawEntropyFormula, Fused, memory: false),
     entry!(ChunkDependentOrder, Chunked, memory: false),
+    entry!(SoftcapGradMissingTanh, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).
