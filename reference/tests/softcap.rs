@@ -329,3 +329,127 @@ fn materialised_softcap_overflowing_f16_is_a_typed_error() {
     p.tokens = Some(t.view());
     assert!(Oracle::default().forward(&p, Dtype::F32).is_ok());
 }
+
+/// Hand values from mpmath at 60 digits (independent of MPFR): row
+/// `[12.5, -3, 40, 0, 95.5, -inf, 29, -61]` (f64), `c = 30`, `T = 0.7`
+/// (the f64 nearest 0.7), `z = c tanh(x / c) / T` (`-inf` gives `-c / T`),
+/// by the definitions `lse = ln sum e^z`, `log p_j = z_j - lse`,
+/// `H = lse - sum p z`, `dx_j = (1[j=2] - p_j) sech^2(x_j / c) / T`:
+///
+/// ```text
+/// from mpmath import mp, mpf, tanh, exp, log, sech; mp.dps = 60
+/// ```
+#[test]
+fn exact_softcap_matches_mpmath_hand_values() {
+    let x = array![[
+        12.5f64,
+        -3.0,
+        40.0,
+        0.0,
+        95.5,
+        f64::NEG_INFINITY,
+        29.0,
+        -61.0
+    ]];
+    let t = array![4i64];
+    let ids = array![[5i64]];
+    let mut p = Problem::new(Logits::F64(x.view()));
+    p.tokens = Some(t.view());
+    p.topk_ids = Some(ids.view());
+    p.options.softcap = Some(30.0);
+    p.options.temperature = 0.7;
+    p.options.lse = true;
+    let want = |s: &str| Float::with_val(P, Float::parse(s).unwrap());
+    let f = Oracle::default().forward(&p, Dtype::F64).unwrap();
+    for (out, col, s) in [
+        (
+            Output::Lse,
+            0,
+            "42.714581116970882163313528653760526886446147573614",
+        ),
+        (
+            Output::LogProbs,
+            0,
+            "-0.0044322520039335373335973435213862810482960040055347",
+        ),
+        (
+            Output::TopkLogProbs,
+            0,
+            "-85.571723974113742025084201205164471843934464693667",
+        ),
+        (
+            Output::Entropy,
+            0,
+            "0.028529669555812054825018411034471395633922949475756",
+        ),
+    ] {
+        let e = f.values[out][[0, col]];
+        let w = want(s);
+        assert!(
+            w >= e.enclosure.lo && w <= e.enclosure.hi,
+            "{out:?}: {e:?} vs {s}"
+        );
+        assert_eq!(e.rounded, round_to_dtype(&w, Dtype::F64), "{out:?}");
+    }
+    let t = array![2i64];
+    p.tokens = Some(t.view());
+    p.topk_ids = None;
+    p.options.entropy = None;
+    let g = array![1.0f64];
+    let cot = Cotangents {
+        grad_log_probs: Some(g.view()),
+        ..Default::default()
+    };
+    let dx = Oracle::default().vjp(&p, &cot, Dtype::F64).unwrap();
+    for (j, s) in [
+        (
+            0,
+            "-0.0000000000073529537796574630030217554791103790921939183287978",
+        ),
+        (2, "0.34560516484141852433046927232650051692771566727684"),
+        (4, "-0.0097395299934879782543537870692457514702451369060887"),
+        (
+            7,
+            "-2.7531795644369781807162962916460074898194496415363e-38",
+        ),
+    ] {
+        let e = dx[[0, j]];
+        let w = want(s);
+        assert!(
+            w >= e.enclosure.lo && w <= e.enclosure.hi,
+            "grad {j}: {e:?} vs {s}"
+        );
+        assert_eq!(e.rounded, round_to_dtype(&w, Dtype::F64), "grad {j}");
+    }
+}
+
+#[test]
+fn cross_entropy_sees_the_softcapped_logits() {
+    use logprobe_reference::spec::{CrossEntropy, Reduction};
+    // Unsmoothed, unreduced: the row loss is -log_prob of the same z.
+    let x = array![
+        [12.5f64, -3.0, 40.0, 0.0, 95.5],
+        [1.0, 2.0, 3.0, 200.0, -7.0]
+    ];
+    let t = array![4i64, 3];
+    let mut p = Problem::new(Logits::F64(x.view()));
+    p.tokens = Some(t.view());
+    p.options.softcap = Some(30.0);
+    p.options.entropy = None;
+    let ce = CrossEntropy {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let o = Oracle::default();
+    let l = o.cross_entropy(&p, &ce, Dtype::F64).unwrap();
+    let f = o.forward(&p, Dtype::F64).unwrap();
+    for r in 0..2 {
+        assert_eq!(
+            l.values[r].rounded,
+            -f.values[Output::LogProbs][[r, 0]].rounded,
+            "row {r}"
+        );
+        let want = row_def(x.row(r).as_slice().unwrap(), 30.0, 1.0, t[r] as usize).1;
+        assert_eq!(l.values[r].rounded, round_to_dtype(&(-want), Dtype::F64));
+    }
+}
