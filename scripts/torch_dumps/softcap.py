@@ -17,7 +17,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-N, V, C = 6, 32000, 30.0
+N, V, C = 4, 8192, 30.0
 g = torch.Generator().manual_seed(20261202)
 logits = (6.0 * torch.randn(N, V, generator=g)).to(torch.bfloat16)
 top = torch.randint(0, V, (N, 4), generator=g)
