@@ -18,6 +18,11 @@ fn log_probs_agree_with_oracle_within_bound() {
 }
 
 #[test]
+fn loss_agrees_with_oracle_within_bound() {
+    gate(&suite::loss(), &cpu_kernels(), REGRESSIONS);
+}
+
+#[test]
 fn chunk_size_is_bit_invariant() {
     gate(&suite::chunk_invariance(), &cpu_families(), REGRESSIONS);
 }

@@ -108,6 +108,7 @@ impl DeviceKernel {
             f64_input: false,
             lse: false,
             softcap: false,
+            loss: false,
         }
     }
 

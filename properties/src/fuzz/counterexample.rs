@@ -103,6 +103,7 @@ pub fn dump_bytes(
                         sampling_mask: p.sampling_mask,
                         topk_ids: p.topk_ids,
                         options: p.options,
+                        loss_weights: p.loss_weights,
                     },
                     &cv,
                 );

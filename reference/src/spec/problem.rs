@@ -8,6 +8,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
+use super::loss::{CrossEntropy, LossOptions};
 
 /// PyTorch's default `ignore_index`.
 pub const DEFAULT_IGNORE_INDEX: i64 = -100;
@@ -196,6 +197,11 @@ pub struct Options {
     pub softcap: Option<f64>,
     /// How `x'` is materialised. Default [`SoftcapDtype::Accumulation`].
     pub softcap_dtype: SoftcapDtype,
+    /// `Some`: compute the cross-entropy `loss` (needs `tokens`; DESIGN:
+    /// "Loss side") with this reduction, label smoothing and all-ignored
+    /// mean; its per-row weights are [`Problem::loss_weights`]. Default
+    /// `None`.
+    pub loss: Option<LossOptions>,
 }
 
 impl std::fmt::Debug for Options {
@@ -216,6 +222,9 @@ impl std::fmt::Debug for Options {
             d.field("softcap", &c)
                 .field("softcap_dtype", &self.softcap_dtype);
         }
+        if let Some(l) = &self.loss {
+            d.field("loss", l);
+        }
         d.finish()
     }
 }
@@ -232,6 +241,7 @@ impl Default for Options {
             z_loss_coef: None,
             softcap: None,
             softcap_dtype: SoftcapDtype::Accumulation,
+            loss: None,
         }
     }
 }
@@ -311,6 +321,10 @@ pub struct Problem<'a> {
     pub sampling_mask: Option<ArrayView2<'a, bool>>,
     /// Ids `[N, K]` whose log-probs to compute.
     pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// Per-row weights `[N]` of the cross-entropy `loss` (finite, `>= 0`,
+    /// exact f64 inputs; `None` = every weight 1). Read only when
+    /// `options.loss` is `Some`.
+    pub loss_weights: Option<ArrayView1<'a, f64>>,
     /// Options.
     pub options: Options,
 }
@@ -328,6 +342,8 @@ pub struct ProblemMut<'a> {
     pub sampling_mask: Option<ArrayView2<'a, bool>>,
     /// Ids `[N, K]` whose log-probs to compute.
     pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// Per-row weights `[N]` of the cross-entropy `loss`, as in [`Problem`].
+    pub loss_weights: Option<ArrayView1<'a, f64>>,
     /// Options.
     pub options: Options,
 }
@@ -340,6 +356,7 @@ impl<'a> ProblemMut<'a> {
             tokens: None,
             sampling_mask: None,
             topk_ids: None,
+            loss_weights: None,
             options: Options::default(),
         }
     }
@@ -351,6 +368,7 @@ impl<'a> ProblemMut<'a> {
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
+            loss_weights: self.loss_weights,
             options: self.options,
         }
     }
@@ -363,6 +381,7 @@ impl<'a> ProblemMut<'a> {
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
+            loss_weights: self.loss_weights,
             options: self.options,
         }
     }
@@ -407,16 +426,21 @@ impl<'a> Problem<'a> {
             tokens: None,
             sampling_mask: None,
             topk_ids: None,
+            loss_weights: None,
             options: Options::default(),
         }
     }
 
-    /// Checks shapes, `vocab_size` and temperature; O(1) in N and V.
+    /// Checks shapes, `vocab_size`, temperature, the z-loss coefficient and
+    /// the loss options (label smoothing, `loss_weights [N]`); O(1) in N and
+    /// V (each row's weight is checked by [`Problem::validate_row`]).
     ///
     /// # Errors
     /// [`SpecError::ShapeMismatch`], [`SpecError::BadVocabSize`],
     /// [`SpecError::BadTemperature`], [`SpecError::BadZLossCoef`],
-    /// [`SpecError::BadSoftcap`], [`SpecError::SoftcapDtypeMismatch`].
+    /// [`SpecError::BadLabelSmoothing`], [`SpecError::MissingTensor`]
+    /// (`loss` without `tokens`), [`SpecError::BadSoftcap`],
+    /// [`SpecError::SoftcapDtypeMismatch`].
     pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
@@ -430,6 +454,20 @@ impl<'a> Problem<'a> {
             && self.options.temperature_dtype == TemperatureDtype::Input
         {
             return Err(SpecError::SoftcapDtypeMismatch);
+        }
+        if let Some(ce) = self.cross_entropy() {
+            ce.effective_label_smoothing(dtype.accumulation())?;
+            if self.tokens.is_none() {
+                return Err(SpecError::MissingTensor {
+                    output: "loss",
+                    tensor: "tokens",
+                });
+            }
+            if let Some(w) = ce.loss_weights {
+                if w.len() != n {
+                    return Err(shape_err("loss_weights", vec![n], w.shape()));
+                }
+            }
         }
         let vocab_size = self.options.vocab_size.unwrap_or(v_total);
         if vocab_size > v_total {
@@ -536,9 +574,17 @@ impl<'a> Problem<'a> {
     /// # Errors
     /// [`SpecError::NonFiniteLogit`], [`SpecError::NoFiniteLogit`],
     /// [`SpecError::TokenOutOfRange`], [`SpecError::TokenMasked`],
-    /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`].
+    /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`],
+    /// [`SpecError::BadLossWeight`] (the row's `loss_weights` entry, when
+    /// the loss is computed).
     pub fn validate_row(&self, shape: &Shape, row: usize) -> Result<(), SpecError> {
         let v = shape.vocab_size;
+        if let (Some(_), Some(w)) = (self.options.loss, self.loss_weights) {
+            let value = w[row];
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(SpecError::BadLossWeight { row, value });
+            }
+        }
         let mask = self.sampling_mask.map(|m| m.index_axis_move(Axis(0), row));
         // Under a softcap a `-inf` logit is `x' = -c`, finite.
         let capped = self.options.softcap.is_some();
@@ -684,6 +730,17 @@ impl<'a> Problem<'a> {
             self.validate_row(&shape, r)?;
         }
         Ok(shape)
+    }
+
+    /// The cross-entropy `loss` this problem asks for (`options.loss` with
+    /// [`Problem::loss_weights`]); `None` when it asks for none.
+    pub fn cross_entropy(&self) -> Option<CrossEntropy<'a>> {
+        self.options.loss.map(|l| l.with_weights(self.loss_weights))
+    }
+
+    /// The weight of row `row` in the loss (1 without `loss_weights`).
+    pub fn loss_weight(&self, row: usize) -> f64 {
+        self.loss_weights.map_or(1.0, |w| w[row])
     }
 
     /// Whether row `row`'s log-prob is wanted (tokens present and the token

@@ -91,6 +91,7 @@ impl PlantedBug for SoftcapGradMissingTanh {
             tokens: problem.tokens,
             sampling_mask: problem.sampling_mask,
             topk_ids: problem.topk_ids,
+            loss_weights: problem.loss_weights,
             options,
         };
         FUSED.backward(&q, cotangents, out)

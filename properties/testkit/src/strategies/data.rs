@@ -120,6 +120,7 @@ impl ProblemData {
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|k| k.view()),
             options: self.options,
+            loss_weights: None,
         }
     }
 

@@ -15,11 +15,13 @@
 //!
 //! Files: `recipe` (the problem recipe and its expansion), `rows` (row
 //! values), `data` (owned data, cotangent recipe), `space` (the proptest
-//! strategies), `layouts` (chunk sizes, shard layouts), `bad_input`.
+//! strategies), `layouts` (chunk sizes, shard layouts), `loss` (the
+//! cross-entropy loss recipe), `bad_input`.
 
 mod bad_input;
 mod data;
 mod layouts;
+mod loss;
 mod recipe;
 mod rows;
 mod space;
@@ -29,6 +31,7 @@ mod tests;
 pub use bad_input::*;
 pub use data::*;
 pub use layouts::*;
+pub use loss::*;
 pub use recipe::*;
 pub use rows::*;
 pub use space::*;

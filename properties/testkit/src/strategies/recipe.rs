@@ -317,6 +317,8 @@ impl ProblemRecipe {
             z_loss_coef: Some(Z_LOSS_COEF),
             softcap: self.softcap,
             softcap_dtype: self.softcap_dtype,
+            // The cross-entropy loss is not drawn yet.
+            loss: None,
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),

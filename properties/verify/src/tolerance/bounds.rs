@@ -660,7 +660,52 @@ impl<'a> RowBounds<'a> {
             Output::GradLogits => self.grad(col, &targets.grad_cotangents(), out),
             Output::Lse => self.lse(out),
             Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
+            Output::Loss => self.loss(targets, out),
         }
+    }
+
+    /// Bound (nats) on `|loss^ - loss|` of this row's cross-entropy term
+    /// `w l` under `reduction = none` for a candidate in `out` (T17:
+    /// [`RowBounds::loss_row`] through [`loss_bounds`] for one row): 0 on
+    /// a row not counted or of weight 0 (exactly 0) and for an exact
+    /// `+inf`.
+    pub fn loss(&self, targets: &RowTargets, out: Dtype) -> ErrorBound {
+        let Some(l) = &targets.loss else {
+            return ErrorBound::None {
+                reason: NoBound::MissingStatistic {
+                    what: "loss options",
+                },
+            };
+        };
+        loss_bounds(
+            &[self.loss_row_of(l)],
+            &[l.counted],
+            Some(&[l.weight]),
+            logprobe_reference::spec::Reduction::None,
+            1.0,
+            self.c.acc,
+            out,
+        )
+        .pop()
+        .expect("one row, one bound")
+    }
+
+    /// [`RowBounds::loss_row`] for the row `l` describes: a zero bound
+    /// (exactly 0) on a row not counted or of weight 0.
+    ///
+    /// # Errors
+    /// Those of [`RowBounds::loss_row`].
+    pub fn loss_row_of(&self, l: &super::LossTarget) -> Result<LossRowBound, NoBound> {
+        if !(l.counted && l.weight != 0.0) {
+            return Ok(LossRowBound {
+                err: 0.0,
+                mag: 0.0,
+                infinite: false,
+            });
+        }
+        self.loss_row(l.label_smoothing, |j| {
+            l.allowed.as_ref().is_none_or(|a| a[j])
+        })
     }
 
     /// Error (nats) of `lse = m / T + ell` in the accumulation dtype,
