@@ -100,6 +100,33 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         assert_eq!(o.verdict, ReportVerdict::Fail, "{name}");
         assert!(o.max_ratio.unwrap() > 1e3, "{name}: {o:?}");
     }
+    // Cross-entropy: PyTorch's F.cross_entropy under each reduction (one
+    // element for sum / mean, [N] under none), the all-ignored mean's
+    // NaN, and #73205's leaked smoothing term far beyond the bound.
+    for (name, reduction, count) in [
+        ("cross_entropy_none_smoothing_bf16", "none", 16),
+        ("cross_entropy_sum_smoothing_bf16", "sum", 1),
+        ("cross_entropy_mean_smoothing_bf16", "mean", 1),
+        ("cross_entropy_all_ignored_mean", "mean", 1),
+        ("cross_entropy_weighted_mean", "mean", 1),
+    ] {
+        let l = output(by(name), "loss");
+        assert_eq!(
+            (l.verdict, l.reduction, l.count),
+            (ReportVerdict::Pass, Some(reduction), count),
+            "{name}"
+        );
+    }
+    assert!(
+        output(by("cross_entropy_all_ignored_mean"), "loss").worst[0]
+            .candidate
+            .is_nan()
+    );
+    let l = output(by("cross_entropy_smoothing_counts_ignored_rows"), "loss");
+    assert!(
+        l.verdict == ReportVerdict::Fail && l.max_ratio.unwrap() > 100.0,
+        "{l:?}"
+    );
 
     // Correct dumps: every output within bound, gradients included.
     let r = by("fp32_autograd_gradients");
@@ -136,8 +163,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the seventeen small dumps (every dump but the two large
-/// ones: they pass, are SUSPECT or fail as `expected.json` says), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the seventeen small dumps (nine pass, two are SUSPECT, the
+/// six bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]

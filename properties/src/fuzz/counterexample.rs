@@ -8,8 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, SoftcapDtype, TemperatureDtype};
-use logprobe_testkit::checks::asked;
+use logprobe_reference::spec::{
+    Columns, Dtype, EntropyLogits, Reduction, SoftcapDtype, TemperatureDtype,
+};
+use logprobe_testkit::checks::{asked, loss_problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
@@ -41,7 +43,12 @@ pub fn dump_bytes(
     let kernel = target.kernel(case.chunk, &e.layout.widths);
     let k: &dyn Kernel = kernel.as_ref();
     let data = &e.data;
-    let full = data.problem();
+    // A loss finding's dump holds the loss problem (no other outputs asked).
+    let full = if matches!(finding.call, Call::Loss(_)) {
+        loss_problem(data)
+    } else {
+        data.problem()
+    };
     let a = asked(&full, &k.capabilities());
     let p = a.problem;
     let (n, vt) = data.logits.view().dim();
@@ -123,6 +130,23 @@ pub fn dump_bytes(
                 ));
             }
         }
+        Call::Loss(out) => {
+            let ce = e.loss.ce();
+            if let Ok(lo) = k.cross_entropy(&p, &ce, out) {
+                let shape: Vec<usize> = match ce.reduction {
+                    Reduction::None => vec![lo.values.len()],
+                    Reduction::Sum | Reduction::Mean => vec![],
+                };
+                t.push(("loss", DumpTensor::floats(out, &shape, &lo.values)));
+                // Exact f64 weights (drawn in f64).
+                if let Some(w) = &e.loss.loss_weights {
+                    t.push((
+                        "loss_weights",
+                        DumpTensor::floats(Dtype::F64, &[w.len()], &w.to_vec()),
+                    ));
+                }
+            }
+        }
         Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec => {
             let out = match finding.call {
                 Call::Forward(d) => d,
@@ -173,6 +197,12 @@ pub fn dump_bytes(
                 SoftcapDtype::Input => "input".into(),
             },
         ));
+    }
+    if matches!(finding.call, Call::Loss(_)) {
+        let l = &e.loss;
+        meta.push(("reduction", l.reduction.name().into()));
+        meta.push(("label_smoothing", num(l.label_smoothing)));
+        meta.push(("mean_all_ignored", l.mean_all_ignored.name().into()));
     }
     if let Some(en) = o.entropy {
         meta.push((

@@ -18,7 +18,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use proptest::prelude::*;
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Output};
 
 use crate::cache::oracle_case;
 use crate::checks::{
@@ -263,18 +263,30 @@ fn loss_cases() -> BoxedStrategy<LossCase> {
 
 fn check_loss(c: &LossCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
     let (r, lr) = c;
-    let data = r.expand();
+    let mut data = r.expand();
     let loss = lr.expand(r.n);
-    let oracle = LossOracle::compute(&data, &loss);
+    // Asked of the forward too: its per-row terms judged in the shared walk.
+    loss.ask(&mut data);
+    let oc = oracle_case(&format!("{r:?} {lr:?}"), &data);
+    let oracle = LossOracle::compute(&data, &loss, oc.clone());
     kernels
         .iter()
         .map(|k| {
             let res = guarded(|| {
+                let mut q = Ratios::default();
                 for out in [Dtype::F32, r.dtype] {
-                    judge_loss(k.as_ref(), &data, &loss, &oracle, out)
+                    let record = out == Dtype::F32 && r.dtype == Dtype::F32;
+                    q.merge(
+                        &judge_forward(k.as_ref(), &data, &oc, out, record)
+                            .map_err(|e| format!("forward out {out}: {e}"))?,
+                    );
+                    let w = judge_loss(k.as_ref(), &data, &loss, &oracle, out)
                         .map_err(|e| format!("out {out}: {e}"))?;
+                    if record {
+                        q.record(Output::Loss, w);
+                    }
                 }
-                Ok(Ratios::default())
+                Ok(q)
             });
             verdict("loss_agrees_with_oracle_within_bound", k.as_ref(), c, res)
         })

@@ -2,6 +2,8 @@
 //! exact value with the (T17) bounds ([`judge_loss`]), and its chunk-size
 //! invariance bit for bit ([`check_loss_chunk_sizes`]).
 
+use std::sync::Arc;
+
 use logprobe_kernels::kernel::{Capabilities, CrossEntropyOutput, Kernel, KernelError};
 use logprobe_reference::oracle::{Oracle, OracleLoss};
 use logprobe_reference::spec::{CrossEntropy, Dtype, Problem, SpecError};
@@ -24,23 +26,30 @@ pub fn loss_problem(data: &ProblemData) -> Problem<'_> {
     p
 }
 
-/// The oracle's view of one loss case: the row statistics of
-/// [`loss_problem`] (the bounds' inputs) and the exact loss (target f64,
-/// so one enclosure judges candidates of every dtype), or the spec error
-/// the case must give.
+/// The oracle's view of one loss case: the row statistics (the bounds'
+/// inputs) and the exact loss (target f64, so one enclosure judges
+/// candidates of every dtype), or the spec error the case must give.
 #[derive(Debug)]
 pub struct LossOracle {
-    /// Forward results, statistics and contexts of the loss problem.
-    pub case: OracleCase,
+    /// Forward results, statistics and contexts of the problem's rows.
+    pub case: Arc<OracleCase>,
     /// The exact loss, or the error.
     pub loss: Result<OracleLoss, SpecError>,
 }
 
 impl LossOracle {
-    /// Runs the oracle on [`loss_problem`]`(data)` under `loss`.
-    pub fn compute(data: &ProblemData, loss: &LossData) -> LossOracle {
+    /// Runs the oracle on [`loss_problem`]`(data)` under `loss`, with the
+    /// row statistics of `case` (the oracle's view of the whole problem
+    /// `data`, [`crate::cache::oracle_case`]) when it has them: the rows
+    /// are the same, only outputs the loss does not read differ. Without
+    /// them (the whole problem is bad input) the loss problem's own.
+    pub fn compute(data: &ProblemData, loss: &LossData, case: Arc<OracleCase>) -> LossOracle {
         let p = loss_problem(data);
-        let case = OracleCase::of(&p);
+        let case = if case.forward.is_ok() {
+            case
+        } else {
+            Arc::new(OracleCase::of(&p))
+        };
         let loss = Oracle::default().cross_entropy(&p, &loss.ce(), Dtype::F64);
         LossOracle { case, loss }
     }

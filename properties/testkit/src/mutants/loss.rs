@@ -74,7 +74,7 @@ impl PlantedBug for LabelSmoothingCountsIgnored {
             tokens: Some(live_tokens.view()),
             sampling_mask: p.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: None,
-            loss_weights: p.loss_weights,
+            loss_weights: None,
             options: p.options,
         };
         let per_row = |label_smoothing: f64| {

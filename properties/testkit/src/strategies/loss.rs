@@ -6,7 +6,7 @@ use ndarray::Array1;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use logprobe_reference::spec::{CrossEntropy, MeanAllIgnored, Reduction};
+use logprobe_reference::spec::{CrossEntropy, LossOptions, MeanAllIgnored, Reduction};
 
 use super::*;
 
@@ -22,7 +22,8 @@ pub const LABEL_SMOOTHING_EDGES: [f64; 6] = [
     0.2,
 ];
 
-/// How the per-row `loss_weights` are drawn.
+/// How the per-row `loss_weights` are drawn (names in the fuzz grammar:
+/// [`LossWeights::name`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LossWeights {
     /// Uniform in `[0, 2)`, each exactly 0 with probability 1/4.
@@ -31,6 +32,24 @@ pub enum LossWeights {
     AllZero,
     /// Every weight the same value `0.3` (not a power of two).
     Constant,
+}
+
+impl LossWeights {
+    /// Every kind.
+    pub const ALL: [LossWeights; 3] = [
+        LossWeights::WithZeros,
+        LossWeights::AllZero,
+        LossWeights::Constant,
+    ];
+
+    /// The name: `zeros`, `allzero`, `constant`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LossWeights::WithZeros => "zeros",
+            LossWeights::AllZero => "allzero",
+            LossWeights::Constant => "constant",
+        }
+    }
 }
 
 /// A cross-entropy `loss` recipe (see the module docs).
@@ -62,6 +81,22 @@ pub struct LossData {
 }
 
 impl LossData {
+    /// The options as [`Options::loss`](logprobe_reference::spec::Options::loss) holds them.
+    pub fn options(&self) -> LossOptions {
+        LossOptions {
+            reduction: self.reduction,
+            label_smoothing: self.label_smoothing,
+            mean_all_ignored: self.mean_all_ignored,
+        }
+    }
+
+    /// `data` with the loss asked of its forward calls (`options.loss` and
+    /// `loss_weights` set).
+    pub fn ask(&self, data: &mut ProblemData) {
+        data.options.loss = Some(self.options());
+        data.loss_weights = self.loss_weights.clone();
+    }
+
     /// The borrowed [`CrossEntropy`].
     pub fn ce(&self) -> CrossEntropy<'_> {
         CrossEntropy {
@@ -74,6 +109,18 @@ impl LossData {
 }
 
 impl LossRecipe {
+    /// The plain loss: `none`, no label smoothing, `mean_all_ignored = nan`,
+    /// no weights.
+    pub fn plain(seed: u64) -> LossRecipe {
+        LossRecipe {
+            seed,
+            reduction: Reduction::None,
+            label_smoothing: 0.0,
+            mean_all_ignored: MeanAllIgnored::Nan,
+            weights: None,
+        }
+    }
+
     /// A loss recipe derived from `seed` alone (no proptest draw: the
     /// chunk-invariance property judges the loss on its existing cases
     /// without changing their stream): every reduction, `eps` from

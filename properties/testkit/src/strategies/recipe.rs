@@ -325,6 +325,7 @@ impl ProblemRecipe {
             tokens: self.tokens.then_some(tokens),
             sampling_mask: mask,
             topk_ids: (self.topk > 0).then_some(ids),
+            loss_weights: None,
             options,
         }
     }

@@ -50,7 +50,9 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
-pub use bounds::{loss_bounds, DetachedBounds, GradCotangents, GradRow, LossRowBound, RowBounds};
+pub use bounds::{
+    loss_bounds, DetachedBounds, GradCotangents, GradRow, LossRowBound, LossSums, RowBounds,
+};
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext, SoftcapContext};

@@ -50,6 +50,23 @@ pub struct LossTarget {
     pub counted: bool,
     /// Which entries `j < V` the sampling mask allows (`None`: all).
     pub allowed: Option<Vec<bool>>,
+    /// The row's [`super::LossSums`] when already computed (once for every
+    /// model: [`LossTarget::with_sums`]); `None`: each bound computes them.
+    pub sums: Option<super::LossSums>,
+}
+
+impl LossTarget {
+    /// Fills [`LossTarget::sums`] from the row's statistics (when the
+    /// smoothed bound needs them: label smoothing `> 0`, a counted row of
+    /// weight `!= 0`).
+    pub fn with_sums(&mut self, stats: &logprobe_reference::oracle::RowStats) {
+        if self.label_smoothing > 0.0 && self.counted && self.weight != 0.0 {
+            let allowed = &self.allowed;
+            self.sums = Some(super::LossSums::of(stats, |j| {
+                allowed.as_ref().is_none_or(|a| a[j])
+            }));
+        }
+    }
 }
 
 impl RowTargets {
@@ -101,6 +118,7 @@ impl RowTargets {
                 allowed: problem
                     .sampling_mask
                     .map(|m| m.row(row).iter().take(vocab_size).copied().collect()),
+                sums: None,
             }),
         }
     }

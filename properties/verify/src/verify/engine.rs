@@ -544,7 +544,10 @@ fn verify_row(
         &ctx,
         keys.as_deref(),
     );
-    let targets = tolerance::RowTargets::new(&p, 0, &cot);
+    let mut targets = tolerance::RowTargets::new(&p, 0, &cot);
+    if let Some(l) = targets.loss.as_mut() {
+        l.with_sums(&stats);
+    }
 
     let forwards = forward_dtypes(dump)
         .into_iter()
