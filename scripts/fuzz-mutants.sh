@@ -24,7 +24,7 @@ if [[ ${#mutants[@]} -eq 0 ]]; then
         tp-vocab-offset padded-vocab-not-truncated temperature-ignored temperature-twice
         entropy-wrong-logits grad-output-0-broadcast missing-max-shift in-place-corruption
         raw-entropy-formula chunk-dependent-order label-smoothing-counts-ignored
-        chunked-mean-times-chunks all-ignored-mean-nan)
+        chunked-mean-times-chunks all-ignored-mean-nan softcap-grad-missing-tanh)
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -106,6 +106,7 @@ const CPU_CAPABILITIES: Capabilities = Capabilities {
     padded_vocab: true,
     f64_input: true,
     lse: true,
+    softcap: true,
     loss: true,
 };
 

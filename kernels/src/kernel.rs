@@ -61,6 +61,8 @@ pub struct Capabilities {
     pub f64_input: bool,
     /// `lse` and `z_loss` ([`Options::lse`], [`Options::z_loss_coef`]).
     pub lse: bool,
+    /// The softcap ([`Options::softcap`], both `softcap_dtype`s).
+    pub softcap: bool,
     /// The cross-entropy `loss` ([`Kernel::cross_entropy`]): every
     /// reduction, label smoothing, `loss_weights`, `mean_all_ignored`.
     pub loss: bool,

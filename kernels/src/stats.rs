@@ -19,7 +19,7 @@ use logprobe_reference::spec::{
 
 use crate::kernel::{Algorithm, Shift};
 use crate::row::{
-    reduce, rescaling_exps, round_input, shift, summation, Acc, Input, Partial, Source,
+    reduce, rescaling_exps, round_input, shift, summation, Acc, Input, Partial, Softcap, Source,
 };
 
 /// Per-call constants: options resolved for the accumulation dtype.
@@ -36,6 +36,9 @@ pub struct CallParams<A> {
     pub scale: Option<A>,
     /// `Some(T)` with `TemperatureDtype::Input`.
     pub input_temperature: Option<f64>,
+    /// The softcap applied to the raw logits before the temperature
+    /// (every output sees `z = x' / T`; the gradient gets `dx'/dx`).
+    pub softcap: Option<Softcap>,
     /// Divisor of every gradient: `Some(T)` unless `T == 1` (in both
     /// temperature modes: with `Input`, `dz/dx = 1/T` as the oracle takes it).
     pub grad_scale: Option<A>,
@@ -66,6 +69,7 @@ impl<A: Acc> CallParams<A> {
             ranges: std::iter::once(0..shape.vocab_size).collect(),
             scale,
             input_temperature,
+            softcap: Softcap::of(&problem.options, shape.dtype),
             grad_scale: if t == 1.0 { None } else { Some(A::from_f64(t)) },
             entropy: problem.options.entropy,
             ignore_index: problem.options.ignore_index,
@@ -198,9 +202,11 @@ pub fn log_prob<A: Acc>(z: A, st: &RowStats<A>, scale: Option<A>) -> A {
 }
 
 /// The first error of row `row` in [`Problem::validate_row`]'s order; then,
-/// with `TemperatureDtype::Input`, those of the materialised
-/// `z = round_input(x / T)` ([`Problem::validate_input_row`], as the oracle
-/// reports them).
+/// with `SoftcapDtype::Input`, those of the materialised `x'`
+/// ([`Problem::validate_softcapped_row`]); then, with
+/// `TemperatureDtype::Input`, those of the materialised
+/// `z = round_input(x' / T)` ([`Problem::validate_input_row`]), as the
+/// oracle reports them.
 pub fn row_error(problem: &Problem<'_>, shape: &Shape, row: usize) -> SpecError {
     if let Err(e) = problem.validate_row(shape, row) {
         return e;
@@ -210,7 +216,25 @@ pub fn row_error(problem: &Problem<'_>, shape: &Shape, row: usize) -> SpecError 
     } else {
         "any"
     };
-    if problem.options.temperature_dtype == TemperatureDtype::Input {
+    let softcap = Softcap::of(&problem.options, shape.dtype);
+    if let Some(Softcap::Input(c)) = softcap {
+        let xs: Vec<f64> = logprobe_reference::with_logits!(problem.logits, lv => {
+            let r = lv.row(row);
+            (0..shape.vocab_size).map(|j| shape.dtype.softcapped_input(r[j].to_f64(), c)).collect()
+        });
+        if let Err(e) = problem.validate_softcapped_row(row, &xs) {
+            return e;
+        }
+        if problem.options.temperature_dtype == TemperatureDtype::Input {
+            let z: Vec<f64> = xs
+                .iter()
+                .map(|&x| shape.dtype.scaled_input(x, shape.temperature))
+                .collect();
+            if let Err(e) = problem.validate_input_row(row, &z) {
+                return e;
+            }
+        }
+    } else if problem.options.temperature_dtype == TemperatureDtype::Input {
         let t = shape.temperature;
         let z: Vec<f64> = logprobe_reference::with_logits!(problem.logits, lv => {
             let r = lv.row(row);
@@ -482,6 +506,10 @@ pub fn declared_algorithm(acc: Dtype, len: usize) -> Algorithm {
         summation: summation(len),
         rescaling_exps: rescaling_exps(len),
         shift: Shift::SubtractThenScale,
+        tanh_ulps: match acc {
+            Dtype::F64 => <f64 as Acc>::TANH_ULPS,
+            _ => <f32 as Acc>::TANH_ULPS,
+        },
     }
 }
 
@@ -494,5 +522,6 @@ pub fn typed_row<'a, T: Input>(
     crate::row::TypedRow {
         row: lv.index_axis_move(Axis(0), row),
         input_temperature: p.input_temperature,
+        softcap: p.softcap,
     }
 }

@@ -36,7 +36,7 @@ use logprobe_reference::spec::{
 use crate::cpu::Staging;
 use crate::grad_block::{grad_block, BlockConsts, BlockOut, EntropyTerm};
 use crate::gradient::GradElement;
-use crate::row::{shift, Acc, Input, Source, TypedRow, BLOCK};
+use crate::row::{shift, Acc, Input, Softcap, Source, TypedRow, BLOCK};
 use crate::stats::{
     ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
 };
@@ -91,6 +91,15 @@ pub trait RowIo<A: Acc> {
     fn store(&mut self, start: usize, vals: &[A]);
     /// Writes 0 to columns `range` (padding).
     fn store_zeros(&mut self, range: std::ops::Range<usize>);
+    /// The softcap's gradient factors of columns `start .. start +
+    /// dst.len()` ([`Source::softcap_factors`]), read before any write to
+    /// those columns; `false` when this row applies none (no softcap, or a
+    /// buffer of `x'` whose caller applies them: [`apply_softcap_factors`]).
+    #[inline(always)]
+    fn softcap_factors(&self, start: usize, dst: &mut [A]) -> bool {
+        let _ = (start, dst);
+        false
+    }
     /// One block of the write pass: `f(z, out)` with `z` the values of
     /// columns `start .. start + n` (`zbuf` holds them unless the row can
     /// lend them in place) and `out` where the gradients of those columns
@@ -288,6 +297,10 @@ impl<A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> RowIo<A> for ToSink<'_, A, S
         self.src.get(j)
     }
     #[inline(always)]
+    fn softcap_factors(&self, start: usize, dst: &mut [A]) -> bool {
+        self.src.softcap_factors(start, dst)
+    }
+    #[inline(always)]
     fn store(&mut self, start: usize, vals: &[A]) {
         self.sink
             .write(vals, &mut self.dst[start..start + vals.len()]);
@@ -389,6 +402,8 @@ pub struct InPlace<'a, T> {
     pub row: ArrayViewMut1<'a, T>,
     /// `Some(T)` with `TemperatureDtype::Input`.
     pub input_temperature: Option<f64>,
+    /// The softcap, if any.
+    pub softcap: Option<Softcap>,
 }
 
 impl<T: Input> InPlace<'_, T> {
@@ -396,6 +411,7 @@ impl<T: Input> InPlace<'_, T> {
         TypedRow {
             row: self.row.view(),
             input_temperature: self.input_temperature,
+            softcap: self.softcap,
         }
     }
 }
@@ -407,6 +423,10 @@ impl<T: GradElement> RowIo<T::Acc> for InPlace<'_, T> {
     }
     fn get(&self, j: usize) -> T::Acc {
         self.typed().get(j)
+    }
+    #[inline(always)]
+    fn softcap_factors(&self, start: usize, dst: &mut [T::Acc]) -> bool {
+        self.typed().softcap_factors(start, dst)
     }
     #[inline(always)]
     fn store(&mut self, start: usize, vals: &[T::Acc]) {
@@ -479,11 +499,14 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     let v = p.v;
     let total = rc.total();
     let h = rc.h;
-    // Source columns: read before the block pass (it may overwrite them).
-    let mut spec: Vec<(usize, A)> = Vec::with_capacity(rc.sources.len());
+    // Source columns: read before the block pass (it may overwrite them),
+    // with their softcap factors.
+    let mut spec: Vec<(usize, A, Option<A>)> = Vec::with_capacity(rc.sources.len());
     for &(j, _) in &rc.sources {
-        if !spec.iter().any(|&(c, _)| c == j) {
-            spec.push((j, io.get(j)));
+        if !spec.iter().any(|&(c, _, _)| c == j) {
+            let mut f = [A::ONE];
+            let capped = io.softcap_factors(j, &mut f);
+            spec.push((j, io.get(j), capped.then_some(f[0])));
         }
     }
     let allowed = |j: usize| mask.is_none_or(|m| m[j]);
@@ -498,6 +521,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     let mask_slice = mask.and_then(|m| m.to_slice());
     let mut zbuf = [A::ZERO; BLOCK];
     let mut mbuf = [false; BLOCK];
+    let mut fbuf = [A::ONE; BLOCK];
     let mut start = 0;
     while start < v {
         let n = BLOCK.min(v - start);
@@ -514,14 +538,55 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
                 Some(&mbuf[..n])
             }
         };
-        io.block(start, n, v, &mut zbuf, &mut |z, out| {
-            grad_block(&consts, z, mk, out)
-        });
+        if io.softcap_factors(start, &mut fbuf[..n]) {
+            let fac = &fbuf[..n];
+            io.block(start, n, v, &mut zbuf, &mut |z, out| {
+                let BlockOut { direct, emit } = out;
+                match direct {
+                    Some(d) => {
+                        grad_block(
+                            &consts,
+                            z,
+                            mk,
+                            BlockOut {
+                                direct: Some(&mut *d),
+                                emit: &mut *emit,
+                            },
+                        );
+                        for (g, &f) in d.iter_mut().zip(fac) {
+                            *g = softcapped(*g, f);
+                        }
+                    }
+                    None => {
+                        let mut tmp = [A::ZERO; BLOCK];
+                        grad_block(
+                            &consts,
+                            z,
+                            mk,
+                            BlockOut {
+                                direct: None,
+                                emit: &mut |k, vals| {
+                                    let t = &mut tmp[..vals.len()];
+                                    for ((o, &g), &f) in t.iter_mut().zip(vals).zip(&fac[k..]) {
+                                        *o = softcapped(g, f);
+                                    }
+                                    emit(k, t)
+                                },
+                            },
+                        );
+                    }
+                }
+            });
+        } else {
+            io.block(start, n, v, &mut zbuf, &mut |z, out| {
+                grad_block(&consts, z, mk, out)
+            });
+        }
         start += n;
     }
     io.store_zeros(v..v_total);
     // Source columns: c_j (1 - p_j) - o_j p_j - h q_j (e_j + R), cancellation-free.
-    for &(j, zj) in &spec {
+    for &(j, zj, fj) in &spec {
         let (mut c, mut o) = (A::ZERO, A::ZERO);
         for &(i, w) in &rc.sources {
             if i == j {
@@ -553,7 +618,36 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
             None => g,
             Some(t) => g / t,
         };
-        io.store(j, &[g + A::ZERO]);
+        io.store(
+            j,
+            &[match fj {
+                None => g + A::ZERO,
+                Some(f) => softcapped(g, f),
+            }],
+        );
+    }
+}
+
+/// A gradient `g` with respect to `x'` times the softcap factor `f =
+/// dx'/dx`, one rounding, zeros `+0` (the same operation in every staging).
+#[inline(always)]
+fn softcapped<A: Acc>(g: A, f: A) -> A {
+    g * f + A::ZERO
+}
+
+/// The softcap factors applied to a row's gradients `g [V]` computed from
+/// a buffer of `x'` (chunked staging): `g_j <- g_j f_j` with `f_j` from the
+/// raw logits `raw` ([`Softcap::grad_factor`]), as the fused write pass
+/// does per block. No-op without a softcap.
+pub fn apply_softcap_factors<T: Input>(
+    softcap: Option<Softcap>,
+    raw: ArrayView1<'_, T>,
+    g: &mut [T::Acc],
+) {
+    if let Some(sc) = softcap {
+        for (j, gj) in g.iter_mut().enumerate() {
+            *gj = softcapped(*gj, sc.grad_factor(raw[j]));
+        }
     }
 }
 
@@ -727,6 +821,7 @@ fn chunked_grad_chunk<T: Input>(
             let st = row_stats(z, mask, p).map_err(|_| row_error(problem, shape, r))?;
             let rc = RowCot::new(problem, cot, r);
             grad_row(&mut ToBuffer { src: z, dst: g }, mask, &st, p, &rc, v, me);
+            apply_softcap_factors(p.softcap, lv.row(r), g);
             Ok(())
         })
         .collect();
@@ -889,6 +984,7 @@ fn apply_in_place<T: GradElement>(
                 let mut io = InPlace {
                     row,
                     input_temperature: p.input_temperature,
+                    softcap: p.softcap,
                 };
                 grad_row(
                     &mut io,
@@ -918,14 +1014,16 @@ fn apply_in_place<T: GradElement>(
                         TypedRow {
                             row: row.view(),
                             input_temperature: p.input_temperature,
+                            softcap: p.softcap,
                         }
                         .load(0, z)
                     });
                 zbuf[..rows * v]
                     .par_chunks(v)
                     .zip(gbuf[..rows * v].par_chunks_mut(v))
+                    .zip(chunk.par_iter())
                     .enumerate()
-                    .for_each(|(i, (z, g))| {
+                    .for_each(|(i, ((z, g), row))| {
                         let r = r0 + i;
                         grad_row(
                             &mut ToBuffer { src: z, dst: g },
@@ -936,6 +1034,7 @@ fn apply_in_place<T: GradElement>(
                             v,
                             me,
                         );
+                        apply_softcap_factors(p.softcap, row.view(), g);
                     });
                 chunk
                     .par_iter_mut()

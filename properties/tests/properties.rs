@@ -181,6 +181,8 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
         mask_rate: None,
         temperature,
         temperature_dtype: TemperatureDtype::Accumulation,
+        softcap: None,
+        softcap_dtype: logprobe_reference::spec::SoftcapDtype::Accumulation,
         tokens: true,
         ignore_rate: 0.0,
         ignore_index: -100,

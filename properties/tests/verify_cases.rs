@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 17, "{paths:?}");
+    assert_eq!(paths.len(), 19, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -46,7 +46,7 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         );
     }
     assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
-    assert_eq!(exit_status(&outcomes, None), 1, "five dumps fail");
+    assert_eq!(exit_status(&outcomes, None), 1, "six dumps fail");
 
     let reports: Vec<&FileReport> = outcomes
         .iter()
@@ -86,6 +86,19 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     let r = by("z_loss_fp32_math_bf16");
     for name in ["log_probs", "lse", "z_loss"] {
         assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
+    // The softcap (c = 30): PyTorch's fp32 `30 * tanh(x / 30)` passes well
+    // within the bound; `tanh(x) * 30` (the PR #593 kind) fails both outputs.
+    let r = by("softcap_fp32_math_bf16");
+    for name in ["log_probs", "entropy"] {
+        let o = output(r, name);
+        assert!(o.max_ratio.unwrap() < 0.1, "{name}: {o:?}");
+    }
+    let r = by("softcap_tanh_x_times_c");
+    for name in ["log_probs", "entropy"] {
+        let o = output(r, name);
+        assert_eq!(o.verdict, ReportVerdict::Fail, "{name}");
+        assert!(o.max_ratio.unwrap() > 1e3, "{name}: {o:?}");
     }
     // Cross-entropy: PyTorch's F.cross_entropy under each reduction (one
     // element for sum / mean, [N] under none), the all-ignored mean's
@@ -150,8 +163,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the fifteen small dumps (eight pass, two are SUSPECT, the
-/// five bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the seventeen small dumps (nine pass, two are SUSPECT, the
+/// six bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -160,7 +173,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 15);
+    assert_eq!(small.len(), 17);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -181,7 +194,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 15);
+    assert_eq!(files.len(), 17);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

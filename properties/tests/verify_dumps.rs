@@ -178,7 +178,10 @@ fn unknown_names_are_bad_input_with_the_closest() {
         &["row_mask", "format_version"],
     );
     let mut t = base();
-    t.push(("forward_kl", DumpTensor::floats(Dtype::F64, &[N], &[0.0; N])));
+    t.push((
+        "forward_kl",
+        DumpTensor::floats(Dtype::F64, &[N], &[0.0; N]),
+    ));
     bad_input(
         "v2_unbuilt",
         &bytes(&t, &[("format_version", "2")]),

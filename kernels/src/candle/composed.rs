@@ -156,6 +156,8 @@ impl Kernel for CandleComposed {
             summation: candle_summation(shape.dtype, shape.vocab_size),
             rescaling_exps: 0,
             shift: Shift::SubtractThenScale,
+            // No softcap (refused with `Unsupported`).
+            tanh_ulps: f64::INFINITY,
         }
     }
 
@@ -179,6 +181,9 @@ impl Kernel for CandleComposed {
         }
         if problem.options.lse || problem.options.z_loss_coef.is_some() {
             return Err(Self::unsupported("lse / z_loss"));
+        }
+        if problem.options.softcap.is_some() {
+            return Err(Self::unsupported("softcap"));
         }
         if shape.temperature != 1.0 {
             return Err(Self::unsupported("temperature other than 1"));

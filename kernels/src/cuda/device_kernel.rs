@@ -107,6 +107,7 @@ impl DeviceKernel {
             padded_vocab: true,
             f64_input: false,
             lse: false,
+            softcap: false,
             loss: false,
         }
     }
@@ -127,6 +128,12 @@ impl DeviceKernel {
             return Err(KernelError::Unsupported {
                 kernel: self.name(),
                 what: "lse / z_loss",
+            });
+        }
+        if problem.options.softcap.is_some() {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "softcap",
             });
         }
         if shape.k + 1 > MAX_SLOTS {

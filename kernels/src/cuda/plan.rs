@@ -121,6 +121,8 @@ impl Layout {
             summation,
             rescaling_exps,
             shift: Shift::SubtractThenScale,
+            // No softcap (refused with `Unsupported`).
+            tanh_ulps: f64::INFINITY,
         }
     }
 

@@ -68,6 +68,11 @@ pub trait Acc:
     unsafe fn exp_nonpos_n_avx512<const N: usize>(x: &[Self; N]) -> [Self; N] {
         Self::exp_nonpos_n(x)
     }
+    /// Max error of [`Acc::tanh`], ulps of this dtype at its result.
+    const TANH_ULPS: f64 = 0.5;
+    /// `tanh(x)`, correctly rounded to nearest (CORE-MATH's `cr_tanhf` /
+    /// `cr_tanh`, proven: [`Acc::TANH_ULPS`] is 0.5), `tanh(-inf) = -1`.
+    fn tanh(self) -> Self;
     /// `ln(1 + x)`.
     fn ln_1p(self) -> Self;
     /// The exactly equal f64.
@@ -105,6 +110,10 @@ impl Acc for f32 {
         exp_f32_nonpos_n(x)
     }
     #[inline]
+    fn tanh(self) -> Self {
+        core_math::tanhf(self)
+    }
+    #[inline]
     fn ln_1p(self) -> Self {
         ln_1p_f32(self)
     }
@@ -129,6 +138,10 @@ impl Acc for f64 {
     #[inline(always)]
     fn exp(self) -> Self {
         f64::exp(self)
+    }
+    #[inline]
+    fn tanh(self) -> Self {
+        core_math::tanh(self)
     }
     #[inline]
     fn ln_1p(self) -> Self {

@@ -78,7 +78,7 @@ pub use elem::{Acc, Input};
 pub use partial::{shift, Partial, Reduction};
 pub use path::cpu_path;
 pub(crate) use path::{path, Path};
-pub use source::{round_input, Source, TypedRow};
+pub use source::{round_input, Softcap, Source, TypedRow};
 
 /// Entries per block (a widened block, 8 KiB in f32, stays in L1).
 pub const BLOCK: usize = 2048;

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, Reduction, TemperatureDtype};
+use logprobe_reference::spec::{
+    Columns, Dtype, EntropyLogits, Reduction, SoftcapDtype, TemperatureDtype,
+};
 use logprobe_testkit::checks::{asked, loss_problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
@@ -185,6 +187,16 @@ pub fn dump_bytes(
     }
     if let Some(c) = o.z_loss_coef {
         meta.push(("z_loss_coef", num(c)));
+    }
+    if let Some(c) = o.softcap {
+        meta.push(("softcap", num(c)));
+        meta.push((
+            "softcap_dtype",
+            match o.softcap_dtype {
+                SoftcapDtype::Accumulation => "accumulation".into(),
+                SoftcapDtype::Input => "input".into(),
+            },
+        ));
     }
     if matches!(finding.call, Call::Loss(_)) {
         let l = &e.loss;

@@ -105,11 +105,11 @@ pub const NAMES: &[Name] = &[
     m("label_smoothing", 2, true),
     m("mean_all_ignored", 2, true),
     t("loss_weights", 2, true),
+    m("softcap", 2, true),
+    m("softcap_dtype", 2, true),
     // Version 2: reserved, not built yet.
     m("z_loss_rows", 2, false),
     m("loss_normalizer", 2, false),
-    m("softcap", 2, false),
-    m("softcap_dtype", 2, false),
     t("teacher_topk_log_probs", 2, false),
     t("forward_kl", 2, false),
     t("reverse_kl", 2, false),

@@ -108,12 +108,14 @@ impl Oracle {
         }
         // The same z' on both sides: the same distribution, KL = 0 exactly.
         if ra.ts == rb.ts
+            && ra.softcap == rb.softcap
             && (0..ra.v.len())
                 .all(|j| ra.in_p(j) == rb.in_p(j) && (!ra.in_p(j) || ra.v[j] == rb.v[j]))
         {
             return Ok(Exact::point(0.0));
         }
-        if self.tier.fast().is_some() {
+        // The f64 tier reads exact inputs: not under an exact softcap.
+        if self.tier.fast().is_some() && ra.cap().is_none() && rb.cap().is_none() {
             let (sa, sb) = (self.row_stats(a, row_a)?, self.row_stats(b, row_b)?);
             let e = kl_fast(&ra, &rb, &sa, &sb);
             let (lo, hi) = (target.round_f64(e.lo), target.round_f64(e.hi));
@@ -199,7 +201,7 @@ struct Side {
     cache: Cache,
     s: MpfrInterval,
     ln_s: MpfrInterval,
-    vmax: Float,
+    top: row::Top,
 }
 
 impl Side {
@@ -214,7 +216,7 @@ impl Side {
             cache,
             s,
             ln_s,
-            vmax: Float::with_val(53, r.p.vmax),
+            top: r.top(r.p.vmax, prec),
         }
     }
 }
@@ -274,8 +276,8 @@ fn chunk(
             }
             continue;
         }
-        ea.shift(&a.vmax, ra.v[j], ra.ts);
-        eb.shift(&b.vmax, rb.v[j], rb.ts);
+        ea.shift(&a.top, ra.v[j]);
+        eb.shift(&b.top, rb.v[j]);
         // delta = (a_B - a_A) + (ell_B - ell_A)
         term.sub(&eb.a, &ea.a);
         delta.add(&term, &dl);

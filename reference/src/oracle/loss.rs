@@ -305,9 +305,10 @@ pub(super) fn row_term(
     if w == 0.0 {
         return MpfrInterval::point(prec, 0.0);
     }
-    let vmax = Float::with_val(53, row.p.vmax);
-    // A -inf logit among the smoothed entries: -log p_j = +inf.
-    if eps > 0.0 && (0..row.v.len()).any(|j| row.allowed(j) && row.v[j] == f64::NEG_INFINITY) {
+    let top = row.top(row.p.vmax, prec);
+    // A -inf logit among the smoothed entries: -log p_j = +inf (under an
+    // exact softcap it is the finite x' = -c).
+    if eps > 0.0 && (0..row.v.len()).any(|j| row.allowed(j) && !row.finite(j)) {
         return MpfrInterval::point(prec, f64::INFINITY);
     }
     let mut big_l = MpfrInterval::new(prec);
@@ -316,7 +317,7 @@ pub(super) fn row_term(
         None => big_l.ln_1p(&row::pass(row, prec, false, None).s_p),
     }
     let mut en = Entry::new(prec);
-    en.shift(&vmax, row.v[t], row.ts);
+    en.shift(&top, row.v[t]);
     let mut nll = MpfrInterval::new(prec);
     nll.add(&en.a, &big_l);
     let mut scratch = Float::new(prec);
@@ -329,7 +330,7 @@ pub(super) fn row_term(
         let mut count = 0u64;
         for j in 0..row.v.len() {
             if row.allowed(j) {
-                en.shift(&vmax, row.v[j], row.ts);
+                en.shift(&top, row.v[j]);
                 sa.lo.add_assign_round(&en.a.lo, Round::Down);
                 sa.hi.add_assign_round(&en.a.hi, Round::Up);
                 count += 1;

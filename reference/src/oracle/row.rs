@@ -10,12 +10,14 @@ use std::ops::Range;
 use ndarray::{ArrayView1, Axis};
 use rayon::prelude::*;
 use rug::float::Round;
-use rug::ops::{AddAssignRound, AssignRound, MulAssignRound, NegAssign};
+use rug::ops::{AddAssignRound, AssignRound, DivAssignRound, MulAssignRound, NegAssign};
 use rug::{Assign, Float};
 
 use super::mpfr_interval::MpfrInterval;
 use super::{Interval, RowStats};
-use crate::spec::{Element, EntropyLogits, Problem, Shape, SpecError, TemperatureDtype};
+use crate::spec::{
+    Element, EntropyLogits, Problem, Shape, SoftcapDtype, SpecError, TemperatureDtype,
+};
 use crate::with_logits;
 
 /// Entries per parallel work item inside a row. Fixed (never derived from
@@ -53,13 +55,32 @@ pub(crate) enum TopId {
     Live(usize),
 }
 
+/// The softcap as the oracle takes it (DESIGN: "Loss side").
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RowSoftcap {
+    /// No softcap.
+    None,
+    /// `SoftcapDtype::Accumulation`: `x'_j = c tanh(x_j / c)` exactly, `v`
+    /// holds the raw `x` and every shift encloses `x'` at the working
+    /// precision ([`Top`], [`Entry::shift`]); gradient factor
+    /// `sech^2(x_j / c)`.
+    Exact(f64),
+    /// `SoftcapDtype::Input`: `v` holds the materialised `x'`
+    /// ([`crate::spec::Dtype::softcapped_input`]), exact; the gradient
+    /// factor is `1 - t_j^2` with these materialised `t_j` (`[V]`).
+    Input(Vec<f64>),
+}
+
 /// One row's exact inputs.
 #[derive(Debug)]
 pub(crate) struct Row<'a> {
     /// `v_j`: `x_j` (temperature in the accumulation) or
     /// `z_j = round_input(x_j / T)` (temperature in the input dtype), `[V]`,
-    /// finite or `-inf`.
+    /// finite or `-inf`; with a softcap `x'_j` (input) or the raw `x_j`
+    /// (exact softcap: then a `-inf` is the finite `x' = -c`).
     pub v: Vec<f64>,
+    /// The softcap.
+    pub softcap: RowSoftcap,
     /// Sampling-mask row (`true` = allowed), `[V_total]`.
     pub mask: Option<ArrayView1<'a, bool>>,
     /// Divisor of the shifted logits: `d_j = (v_j - v_max) / ts` (`T`, or 1
@@ -89,14 +110,179 @@ impl Row<'_> {
         self.mask.is_none_or(|m| m[j])
     }
 
+    /// The exact softcap `c` (`RowSoftcap::Exact`), else `None`.
+    pub fn cap(&self) -> Option<f64> {
+        match self.softcap {
+            RowSoftcap::Exact(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether entry `j`'s `z` is finite (under an exact softcap every
+    /// entry is: `x' >= -c`).
+    pub fn finite(&self, j: usize) -> bool {
+        self.v[j] > f64::NEG_INFINITY || self.cap().is_some()
+    }
+
     /// Entry of `p`'s family (allowed, finite).
     pub fn in_p(&self, j: usize) -> bool {
-        self.v[j] > f64::NEG_INFINITY && self.allowed(j)
+        self.finite(j) && self.allowed(j)
     }
 
     /// Entry of `q`'s family.
     pub fn in_q(&self, j: usize) -> bool {
-        self.q.is_some() && self.v[j] > f64::NEG_INFINITY && (!self.q_masked || self.allowed(j))
+        self.q.is_some() && self.finite(j) && (!self.q_masked || self.allowed(j))
+    }
+
+    /// The shift reference of a family whose max entry has `v = vmax`, at
+    /// precision `prec` ([`Top::new`]).
+    pub fn top(&self, vmax: f64, prec: u32) -> Top {
+        Top::new(vmax, self.cap(), self.ts, prec)
+    }
+}
+
+/// A family's shift reference at one precision: `a_j = (m - x'_j) / ts`
+/// with `m` the family's max (exact without an exact softcap; else an
+/// enclosure of `x'_max = c tanh(vmax / c)`).
+#[derive(Debug)]
+pub(crate) struct Top {
+    /// The max's `v` (raw logit under an exact softcap).
+    pub raw: f64,
+    /// Enclosure of the max (a point without an exact softcap).
+    pub m: MpfrInterval,
+    /// The exact softcap `c`, if any.
+    pub cap: Option<f64>,
+    /// Divisor of the shift.
+    pub ts: f64,
+}
+
+impl Top {
+    /// The reference of max `vmax` (its enclosure at `prec` bits under an
+    /// exact softcap `cap`), shifts divided by `ts`.
+    pub fn new(vmax: f64, cap: Option<f64>, ts: f64, prec: u32) -> Self {
+        let m = match cap {
+            None => MpfrInterval::point(53, vmax),
+            Some(c) => {
+                let mut m = MpfrInterval::new(prec);
+                let mut y = Float::new(prec);
+                let mut d = Float::new(prec);
+                softcap_enclosure(&mut m, &mut y, &mut d, vmax, c);
+                m
+            }
+        };
+        Top {
+            raw: vmax,
+            m,
+            cap,
+            ts,
+        }
+    }
+
+    /// `m / ts` outward (the max's `z`, e.g. for `lse`).
+    pub fn z_max(&self, prec: u32) -> MpfrInterval {
+        let mut out = MpfrInterval::new(prec);
+        out.lo.assign_round(&self.m.lo / self.ts, Round::Down);
+        out.hi.assign_round(&self.m.hi / self.ts, Round::Up);
+        out
+    }
+}
+
+/// `out` = an enclosure of `x' = c tanh(x / c)` at `out`'s precision
+/// (`c > 0`): `y = x / c` rounded down (exact when MPFR's ternary says so,
+/// else `y_hi = next_up(y)`), `tanh` rounded down at `y` and up at `y`
+/// plus `y_hi - y` (`tanh' <= 1`), clamped to `[-1, 1]`, times `c` outward.
+/// `x = -inf` gives exactly `-c`. `y` and `d` are scratch (at least 53 bits).
+pub(crate) fn softcap_enclosure(
+    out: &mut MpfrInterval,
+    y: &mut Float,
+    d: &mut Float,
+    x: f64,
+    c: f64,
+) {
+    if x == f64::NEG_INFINITY {
+        out.lo.assign(c);
+        out.lo.neg_assign();
+        out.hi.assign(&out.lo);
+        return;
+    }
+    d.assign(x);
+    let exact_y = y.assign_round(&*d / c, Round::Down) == Ordering::Equal;
+    out.lo.assign(&*y);
+    let exact_t = out.lo.tanh_round(Round::Down) == Ordering::Equal;
+    out.hi.assign(&*y);
+    out.hi.tanh_round(Round::Up);
+    if !exact_y {
+        // tanh(y_hi) <= tanh(y) + (y_hi - y); next_up(y) - y is exact.
+        d.assign(&*y);
+        d.next_up();
+        *d -= &*y;
+        out.hi.add_assign_round(&*d, Round::Up);
+        if out.hi > 1u32 {
+            out.hi.assign(1u32);
+        }
+    } else if exact_t {
+        out.hi.assign(&out.lo);
+    }
+    out.lo.mul_assign_round(c, Round::Down);
+    out.hi.mul_assign_round(c, Round::Up);
+}
+
+/// Enclosure of the softcap's gradient factor `dx'/dx` of entry `j` (value
+/// `x`): `sech^2(x / c)` (exact softcap; decreasing in `|x / c|`, so its
+/// ends come from the ends of `x / c`'s enclosure; 0 at `x = -inf`),
+/// `1 - t^2 = (1 - t)(1 + t)` for a materialised `t` (input softcap), 1
+/// without a softcap. `y` is scratch.
+pub(crate) fn softcap_factor(
+    out: &mut MpfrInterval,
+    y: &mut MpfrInterval,
+    sc: &RowSoftcap,
+    j: usize,
+    x: f64,
+) {
+    match sc {
+        RowSoftcap::None => out.assign_f64(1.0),
+        RowSoftcap::Exact(c) => {
+            if x == f64::NEG_INFINITY {
+                out.assign_f64(0.0);
+                return;
+            }
+            y.lo.assign(x);
+            y.hi.assign(x);
+            y.lo.div_assign_round(*c, Round::Down);
+            y.hi.div_assign_round(*c, Round::Up);
+            y.lo.abs_mut();
+            y.hi.abs_mut();
+            // |y| at its smallest and largest (x / c keeps x's sign in
+            // both directed roundings, so the enclosure never straddles 0).
+            let (near, far) = if y.lo <= y.hi {
+                (&y.lo, &y.hi)
+            } else {
+                (&y.hi, &y.lo)
+            };
+            out.hi.assign(near);
+            out.hi.sech_round(Round::Up);
+            out.hi.square_round(Round::Up);
+            if out.hi > 1u32 {
+                out.hi.assign(1u32);
+            }
+            out.lo.assign(far);
+            out.lo.sech_round(Round::Down);
+            out.lo.square_round(Round::Down);
+        }
+        RowSoftcap::Input(t) => {
+            let t = t[j];
+            // (1 - t)(1 + t), each factor >= 0 and rounded outward.
+            y.lo.assign(1u32);
+            y.lo.add_assign_round(-t, Round::Down);
+            y.hi.assign(1u32);
+            y.hi.add_assign_round(-t, Round::Up);
+            out.lo.assign(1u32);
+            out.lo.add_assign_round(t, Round::Down);
+            out.hi.assign(1u32);
+            out.hi.add_assign_round(t, Round::Up);
+            out.lo.mul_assign_round(&y.lo, Round::Down);
+            out.hi.mul_assign_round(&y.hi, Round::Up);
+        }
     }
 }
 
@@ -120,6 +306,28 @@ pub(crate) fn prepare<'a>(
     let mask = problem
         .sampling_mask
         .map(|m| m.index_axis_move(Axis(0), row));
+    // The softcap first (DESIGN: before the temperature); validated already.
+    let softcap = match problem
+        .options
+        .effective_softcap(shape.dtype.accumulation())?
+    {
+        None => RowSoftcap::None,
+        Some(c) => match problem.options.softcap_dtype {
+            SoftcapDtype::Accumulation => RowSoftcap::Exact(c),
+            SoftcapDtype::Input => {
+                let t: Vec<f64> = v
+                    .iter()
+                    .map(|&x| shape.dtype.softcap_tanh_input(x, c))
+                    .collect();
+                for x in v.iter_mut() {
+                    *x = shape.dtype.softcapped_input(*x, c);
+                }
+                problem.validate_softcapped_row(row, &v)?;
+                RowSoftcap::Input(t)
+            }
+        },
+    };
+    let capped = matches!(softcap, RowSoftcap::Exact(_));
     let ts = match problem.options.temperature_dtype {
         TemperatureDtype::Accumulation => temperature,
         TemperatureDtype::Input => {
@@ -131,7 +339,7 @@ pub(crate) fn prepare<'a>(
         }
     };
     let allowed = |j: usize| mask.is_none_or(|m| m[j]);
-    let p = family(&v, allowed).ok_or(SpecError::NoFiniteLogit {
+    let p = family(&v, capped, allowed).ok_or(SpecError::NoFiniteLogit {
         tensor: "logits / temperature",
         row,
         which: if mask.is_some() {
@@ -151,7 +359,7 @@ pub(crate) fn prepare<'a>(
         Some(EntropyLogits::Masked) => (Some(p), true),
         Some(EntropyLogits::Unmasked) if mask.is_none() => (Some(p), false),
         Some(EntropyLogits::Unmasked) => {
-            let all = family(&v, |_| true).expect("p's entry is finite");
+            let all = family(&v, capped, |_| true).expect("p's entry is finite");
             (Some(if all.vmax == p.vmax { p } else { all }), false)
         }
     };
@@ -170,6 +378,7 @@ pub(crate) fn prepare<'a>(
     });
     Ok(Row {
         v,
+        softcap,
         mask,
         ts,
         temperature,
@@ -183,10 +392,13 @@ pub(crate) fn prepare<'a>(
     })
 }
 
-fn family(v: &[f64], member: impl Fn(usize) -> bool) -> Option<Family> {
+/// The family over `member` entries with finite `z` (every entry under an
+/// exact softcap, where `x' = c tanh(x / c)` is increasing in `x`, so the
+/// raw max is the max; a family of `-inf` raw logits has `vmax = -inf`).
+fn family(v: &[f64], capped: bool, member: impl Fn(usize) -> bool) -> Option<Family> {
     let mut best: Option<Family> = None;
     for (j, &x) in v.iter().enumerate() {
-        if x > f64::NEG_INFINITY && member(j) && best.is_none_or(|b| x > b.vmax) {
+        if (capped || x > f64::NEG_INFINITY) && member(j) && best.is_none_or(|b| x > b.vmax) {
             best = Some(Family { vmax: x, argmax: j });
         }
     }
@@ -202,6 +414,7 @@ pub(crate) struct Entry {
     pub ex: MpfrInterval,
     num: Float,
     t: Float,
+    xs: MpfrInterval,
 }
 
 impl Entry {
@@ -211,6 +424,33 @@ impl Entry {
             ex: MpfrInterval::new(prec),
             num: Float::new(prec),
             t: Float::new(prec),
+            xs: MpfrInterval::new(prec),
+        }
+    }
+
+    /// `a = (m - x'_v) / ts` against the family reference `top`: exact
+    /// inputs as [`Entry::shift_exact`]; under an exact softcap `x'_v` is
+    /// [`softcap_enclosure`]'d and `a = [(m.lo - x'.hi)^+, m.hi - x'.lo] / ts`
+    /// outward (a point 0 for the max's own raw value: `x'` is a function
+    /// of `x`).
+    pub fn shift(&mut self, top: &Top, v: f64) {
+        let Some(c) = top.cap else {
+            return self.shift_exact(&top.m.lo, v, top.ts);
+        };
+        if v == top.raw {
+            self.a.lo.assign(0u32);
+            self.a.hi.assign(0u32);
+            return;
+        }
+        softcap_enclosure(&mut self.xs, &mut self.num, &mut self.t, v, c);
+        self.a.hi.assign_round(&top.m.hi - &self.xs.lo, Round::Up);
+        self.a.lo.assign_round(&top.m.lo - &self.xs.hi, Round::Down);
+        if self.a.lo < 0u32 {
+            self.a.lo.assign(0u32);
+        }
+        if top.ts != 1.0 {
+            self.a.hi.div_assign_round(top.ts, Round::Up);
+            self.a.lo.div_assign_round(top.ts, Round::Down);
         }
     }
 
@@ -218,7 +458,7 @@ impl Entry {
     /// value: exact differences (the usual case) give a point, others an
     /// interval one ulp wide; the division likewise (exact when `ts` is a
     /// power of two).
-    pub fn shift(&mut self, vmax: &Float, v: f64, ts: f64) {
+    pub fn shift_exact(&mut self, vmax: &Float, v: f64, ts: f64) {
         let ord = self.num.assign_round(vmax - v, Round::Up);
         if ts == 1.0 {
             self.a.hi.assign(&self.num);
@@ -443,12 +683,13 @@ fn chunk_pass(
     // (1 + 2^-53)^2 of a (or overflows, when a is larger still), so
     // a_f > K ln2 (1 + 2^-40) proves exp(-a) < 2^-K.
     let thr = k as f64 * std::f64::consts::LN_2 * (1.0 + 2f64.powi(-40));
-    let vmax_p = Float::with_val(53, row.p.vmax);
-    let vmax_q = Float::with_val(53, row.q.map_or(0.0, |q| q.vmax));
+    let top_p = row.top(row.p.vmax, prec);
+    let top_q = row.top(row.q.map_or(0.0, |q| q.vmax), prec);
+    let capped = row.cap().is_some();
     let start = range.start;
     for j in range {
         let x = row.v[j];
-        if x == f64::NEG_INFINITY {
+        if !row.finite(j) {
             continue;
         }
         let in_p = row.allowed(j);
@@ -465,13 +706,19 @@ fn chunk_pass(
             if !active {
                 continue;
             }
-            let (vmax, vmaxf) = if slot == 0 {
-                (row.p.vmax, &vmax_p)
+            let (vmax, top) = if slot == 0 {
+                (row.p.vmax, &top_p)
             } else {
-                (row.q.map_or(0.0, |q| q.vmax), &vmax_q)
+                (row.q.map_or(0.0, |q| q.vmax), &top_q)
             };
-            let af = (vmax - x) / row.ts;
-            let skip = af > thr;
+            // Under an exact softcap the raw gap says nothing: the skip test
+            // reads the enclosure of `a` itself (one tanh, no exp).
+            let skip = if capped {
+                en.shift(top, x);
+                en.a.lo > thr
+            } else {
+                (vmax - x) / row.ts > thr
+            };
             let store = if slot == 0 {
                 cp.as_deref_mut()
             } else {
@@ -482,7 +729,9 @@ fn chunk_pass(
                 part.skip_q += to_q as u64;
                 continue;
             }
-            en.shift(vmaxf, x, row.ts);
+            if !capped {
+                en.shift(top, x);
+            }
             en.exp();
             if let Some(c) = store {
                 let b = &mut c[j - start];
@@ -536,18 +785,16 @@ pub(crate) struct RowValues {
 /// `entropy = ln_1p(s_w) + B / (1 + s_w)`.
 pub(crate) fn values(row: &Row<'_>, sums: &Sums, prec: u32) -> RowValues {
     let mut en = Entry::new(prec);
-    let vmax = Float::with_val(53, row.p.vmax);
+    let top = row.top(row.p.vmax, prec);
     let mut l = MpfrInterval::new(prec);
     l.ln_1p(&sums.s_p);
-    let mut m = MpfrInterval::new(prec);
-    m.lo.assign_round(&vmax / row.ts, Round::Down);
-    m.hi.assign_round(&vmax / row.ts, Round::Up);
+    let m = top.z_max(prec);
     let mut lse = MpfrInterval::new(prec);
     lse.add(&m, &l);
     let mut minus_a_minus_l = |col: Option<usize>| -> MpfrInterval {
         match col {
-            Some(c) if row.v[c] > f64::NEG_INFINITY => {
-                en.shift(&vmax, row.v[c], row.ts);
+            Some(c) if row.finite(c) => {
+                en.shift(&top, row.v[c]);
                 let mut out = MpfrInterval::new(prec);
                 out.add(&en.a, &l);
                 out.neg();
@@ -621,11 +868,11 @@ pub(crate) fn stats(row: &Row<'_>, prec: u32) -> RowStats {
     r.div_pos(&sums.b, &sw);
     let mut m2 = MpfrInterval::new(prec);
     m2.div_pos(&sums.m2, &sw);
-    let vmax_p = Float::with_val(53, row.p.vmax);
-    let vmax_q = Float::with_val(53, q.vmax);
+    let top_p = row.top(row.p.vmax, prec);
+    let top_q = row.top(q.vmax, prec);
     let mut en = Entry::new(prec);
     let d_t = row.target.map(|t| {
-        en.shift(&vmax_p, row.v[t], row.ts);
+        en.shift(&top_p, row.v[t]);
         neg_interval(&en.a)
     });
     let v = row.v.len();
@@ -638,7 +885,7 @@ pub(crate) fn stats(row: &Row<'_>, prec: u32) -> RowStats {
     let mut ratio = MpfrInterval::new(prec);
     for j in 0..v {
         if row.in_p(j) {
-            en.shift(&vmax_p, row.v[j], row.ts);
+            en.shift(&top_p, row.v[j]);
             dv.push(neg_interval(&en.a));
             ratio.div_pos(&cache.p[j], &sp);
             pv.push(ratio.interval());
@@ -647,7 +894,7 @@ pub(crate) fn stats(row: &Row<'_>, prec: u32) -> RowStats {
             pv.push(ZERO);
         }
         if row.in_q(j) {
-            en.shift(&vmax_q, row.v[j], row.ts);
+            en.shift(&top_q, row.v[j]);
             ev.push(neg_interval(&en.a));
             ratio.div_pos(cache.q_slot(row, j), &sw);
             qv.push(ratio.interval());

@@ -23,7 +23,9 @@ use rug::{Assign, Float};
 
 use super::mpfr_interval::MpfrInterval;
 use super::round::Rounder;
-use super::row::{one_plus, pass, Cache, Entry, Row, TopId, ACC_EXTRA, CHUNK};
+use super::row::{
+    one_plus, pass, softcap_factor, Cache, Entry, Row, RowSoftcap, Top, TopId, ACC_EXTRA, CHUNK,
+};
 use super::Exact;
 use crate::spec::Dtype;
 
@@ -56,8 +58,8 @@ struct Consts {
     c_nonzero: bool,
     /// `R = B / S_w`.
     r: MpfrInterval,
-    /// `q`'s maximum `max w`, exact.
-    vmax_q: Float,
+    /// `q`'s shift reference (its max `max w`).
+    top_q: Top,
 }
 
 /// Coefficients of the special entries (target and live top-k ids):
@@ -146,7 +148,7 @@ pub(crate) fn vjp_row(
             k2.div_pos(&MpfrInterval::point(53, cot.h), &swt);
             r.div_pos(&sums.b, &sw);
         }
-        let vmax_q = Float::with_val(53, row.q.map_or(0.0, |q| q.vmax));
+        let top_q = row.top(row.q.map_or(0.0, |q| q.vmax), prec);
         let consts = Consts {
             s: sums.s_p,
             st,
@@ -154,7 +156,7 @@ pub(crate) fn vjp_row(
             c_nonzero,
             k2,
             r,
-            vmax_q,
+            top_q,
         };
         let results: Vec<Vec<(usize, Exact)>> = pending
             .par_chunks(CHUNK)
@@ -253,7 +255,7 @@ fn entry(
     // q part: -h q_j (e_j + R) / T = -K2 e^{e_j} (R - |e_j|).
     if in_q {
         any = true;
-        sc.en.shift(&k.vmax_q, row.v[j], row.ts);
+        sc.en.shift(&k.top_q, row.v[j]);
         sc.y.sub(&k.r, &sc.en.a);
         sc.m.mul(cache.q_slot(row, j), &sc.y, &mut sc.t);
         sc.tq.mul(&k.k2, &sc.m, &mut sc.t);
@@ -262,6 +264,12 @@ fn entry(
     }
     if !any {
         return Exact::point(0.0);
+    }
+    if row.softcap != RowSoftcap::None {
+        // The softcap's chain rule: dx_j = dx'_j dx'_j/dx_j.
+        softcap_factor(&mut sc.tq, &mut sc.y, &row.softcap, j, row.v[j]);
+        sc.tp.assign_outward(&sc.dx);
+        sc.dx.mul(&sc.tp, &sc.tq, &mut sc.t);
     }
     sc.rounder.exact(&sc.dx, target)
 }

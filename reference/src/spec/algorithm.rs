@@ -87,6 +87,12 @@ pub struct Algorithm {
     pub rescaling_exps: usize,
     /// How logits are shifted and scaled.
     pub shift: Shift,
+    /// Max error of the kernel's `tanh` in ulps of the accumulation dtype
+    /// at its result, for the softcap `x' = c tanh(x / c)` (used only when
+    /// `Options::softcap` is set with `SoftcapDtype::Accumulation`; the
+    /// tolerance model's (T18) takes `x / c` and `c t` as one rounding each,
+    /// or a reciprocal multiply).
+    pub tanh_ulps: f64,
 }
 
 /// How a kernel evaluates the entropy: the tolerance model's error analysis

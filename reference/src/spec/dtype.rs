@@ -189,6 +189,52 @@ impl Dtype {
     }
 }
 
+impl Dtype {
+    /// The logit `x'` an implementation sees when it materialises the
+    /// softcap `c tanh(x / c)` in the logits' own dtype (`softcap_dtype =
+    /// input`, Gemma 2 in bf16: `(logits / c).tanh() * c`): each of the
+    /// three operations computed in the accumulation dtype, rounded to it,
+    /// then rounded to this dtype (PyTorch's two roundings, as
+    /// [`Dtype::scaled_input`]):
+    /// `y = r(x / c)`, `t = r(tanh(y))`, `x' = r(c t)` with
+    /// `r = round_self . round_acc`.
+    ///
+    /// `x` is an exact value of this dtype (`-inf` allowed: `tanh(-inf) = -1`,
+    /// so `x' = r(-c)`), `c > 0` one of the accumulation dtype. Each step is
+    /// correctly rounded: the quotient as in [`Dtype::scaled_input`]; `tanh`
+    /// by CORE-MATH's `cr_tanhf` (f32 accumulation; `y` is an f32 value) or
+    /// `cr_tanh` (f64), proven correctly rounded; `c t` is exact in f64 for
+    /// f32 operands, one IEEE rounding for f64. A model whose f32 `tanh` is
+    /// not correctly rounded can differ by one ulp of `t` where that ulp
+    /// straddles a rounding point of this dtype. Overflow gives `±inf`
+    /// (f16 with `c > 65504`).
+    ///
+    /// ```
+    /// use logprobe_reference::spec::Dtype;
+    /// // bf16: 100 / 30 -> 3.328125, tanh -> 0.99609375, * 30 -> 29.8828125 -> 29.875.
+    /// assert_eq!(Dtype::Bf16.softcapped_input(100.0, 30.0), 29.875);
+    /// assert_eq!(Dtype::Bf16.softcapped_input(f64::NEG_INFINITY, 30.0), -30.0);
+    /// ```
+    pub fn softcapped_input(self, x: f64, c: f64) -> f64 {
+        let acc = self.accumulation();
+        self.round_f64(acc.round_f64(c * self.softcap_tanh_input(x, c)))
+    }
+
+    /// The materialised `t = r(tanh(r(x / c)))` of [`Dtype::softcapped_input`]
+    /// (an exact value of this dtype in `[-1, 1]`): the softcap's gradient
+    /// factor as autograd takes it is `1 - t^2` (PyTorch's tanh backward
+    /// uses its saved, rounded output).
+    pub fn softcap_tanh_input(self, x: f64, c: f64) -> f64 {
+        let acc = self.accumulation();
+        let r = |v: f64| self.round_f64(acc.round_f64(v));
+        let y = r(x / c);
+        r(match acc {
+            Dtype::F64 => core_math::tanh(y),
+            _ => core_math::tanhf(y as f32) as f64,
+        })
+    }
+}
+
 impl std::fmt::Display for Dtype {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

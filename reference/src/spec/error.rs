@@ -83,6 +83,18 @@ pub enum SpecError {
         /// The coefficient as given.
         z_loss_coef: f64,
     },
+    /// `softcap` not finite and > 0 (as given or after rounding to the
+    /// accumulation dtype).
+    #[error("softcap must be finite and > 0, got {softcap}")]
+    BadSoftcap {
+        /// The softcap `c` as given.
+        softcap: f64,
+    },
+    /// `softcap_dtype = accumulation` with `temperature_dtype = input`: a
+    /// model that materialised `z = x' / T` in the logits' dtype
+    /// materialised the softcapped `x'` there too.
+    #[error("temperature_dtype=input needs softcap_dtype=input (z = x'/T was materialised in the logits' dtype, so x' was too)")]
+    SoftcapDtypeMismatch,
     /// A tensor of the wrong shape.
     #[error("{tensor} has shape {found:?}, expected {expected:?}")]
     ShapeMismatch {

@@ -17,5 +17,5 @@ pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, Reduction};
 pub use output::{Columns, Output, PerOutput};
 pub use problem::{
     Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
-    TemperatureDtype, DEFAULT_IGNORE_INDEX,
+    SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };

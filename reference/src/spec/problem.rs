@@ -136,6 +136,22 @@ pub enum TemperatureDtype {
     Input,
 }
 
+/// How the softcap `x' = c tanh(x / c)` is materialised (DESIGN: "Loss
+/// side"; Gemma 2's final-logit softcapping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum SoftcapDtype {
+    /// `x'_j = c tanh(x_j / c)` taken exactly (the softcap happens in the
+    /// accumulation dtype; each kernel declares its error,
+    /// [`crate::spec::Algorithm::tanh_ulps`]).
+    #[default]
+    Accumulation,
+    /// The caller materialised `x'` in the logits' dtype, each of `x / c`,
+    /// `tanh` and `* c` computed in the accumulation dtype and rounded to
+    /// the logits' dtype ([`Dtype::softcapped_input`]): that rounded `x'`
+    /// is the exact input, as `z` is with [`TemperatureDtype::Input`].
+    Input,
+}
+
 /// Which logits the entropy is taken over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum EntropyLogits {
@@ -173,6 +189,14 @@ pub struct Options {
     /// times `coef`; DESIGN: "Loss side"). `coef >= 0` and finite, rounded
     /// to the accumulation dtype as the temperature is. Default `None`.
     pub z_loss_coef: Option<f64>,
+    /// `Some(c)`: softcap the raw logits, `x'_j = c tanh(x_j / c)`, before
+    /// the temperature (Gemma 2), so every output sees `z = x' / T`. `c > 0`
+    /// and finite, rounded to the accumulation dtype as the temperature is.
+    /// A `-inf` logit becomes `-c` (`tanh(-inf) = -1`, PyTorch's value).
+    /// Default `None`.
+    pub softcap: Option<f64>,
+    /// How `x'` is materialised. Default [`SoftcapDtype::Accumulation`].
+    pub softcap_dtype: SoftcapDtype,
     /// `Some`: compute the cross-entropy `loss` (needs `tokens`; DESIGN:
     /// "Loss side") with this reduction, label smoothing and all-ignored
     /// mean; its per-row weights are [`Problem::loss_weights`]. Default
@@ -194,6 +218,10 @@ impl std::fmt::Debug for Options {
         if let Some(c) = self.z_loss_coef {
             d.field("z_loss_coef", &c);
         }
+        if let Some(c) = self.softcap {
+            d.field("softcap", &c)
+                .field("softcap_dtype", &self.softcap_dtype);
+        }
         if let Some(l) = &self.loss {
             d.field("loss", l);
         }
@@ -211,6 +239,8 @@ impl Default for Options {
             entropy: Some(EntropyLogits::Unmasked),
             lse: false,
             z_loss_coef: None,
+            softcap: None,
+            softcap_dtype: SoftcapDtype::Accumulation,
             loss: None,
         }
     }
@@ -247,6 +277,28 @@ impl Options {
                     Ok(Some(r))
                 } else {
                     Err(SpecError::BadZLossCoef { z_loss_coef: c })
+                }
+            }
+        }
+    }
+}
+
+impl Options {
+    /// The softcap `c` as the computation uses it: rounded to `acc` (f32 or
+    /// f64), as an exact f64 (`None` without `softcap`).
+    ///
+    /// # Errors
+    /// [`SpecError::BadSoftcap`] unless `c` and its rounded value are finite
+    /// and > 0.
+    pub fn effective_softcap(&self, acc: Dtype) -> Result<Option<f64>, SpecError> {
+        match self.softcap {
+            None => Ok(None),
+            Some(c) => {
+                let r = acc.round_f64(c);
+                if c.is_finite() && c > 0.0 && r.is_finite() && r > 0.0 {
+                    Ok(Some(r))
+                } else {
+                    Err(SpecError::BadSoftcap { softcap: c })
                 }
             }
         }
@@ -387,12 +439,22 @@ impl<'a> Problem<'a> {
     /// [`SpecError::ShapeMismatch`], [`SpecError::BadVocabSize`],
     /// [`SpecError::BadTemperature`], [`SpecError::BadZLossCoef`],
     /// [`SpecError::BadLabelSmoothing`], [`SpecError::MissingTensor`]
-    /// (`loss` without `tokens`).
+    /// (`loss` without `tokens`), [`SpecError::BadSoftcap`],
+    /// [`SpecError::SoftcapDtypeMismatch`].
     pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
         let temperature = self.options.effective_temperature(dtype.accumulation())?;
         self.options.effective_z_loss_coef(dtype.accumulation())?;
+        if self
+            .options
+            .effective_softcap(dtype.accumulation())?
+            .is_some()
+            && self.options.softcap_dtype == SoftcapDtype::Accumulation
+            && self.options.temperature_dtype == TemperatureDtype::Input
+        {
+            return Err(SpecError::SoftcapDtypeMismatch);
+        }
         if let Some(ce) = self.cross_entropy() {
             ce.effective_label_smoothing(dtype.accumulation())?;
             if self.tokens.is_none() {
@@ -524,6 +586,8 @@ impl<'a> Problem<'a> {
             }
         }
         let mask = self.sampling_mask.map(|m| m.index_axis_move(Axis(0), row));
+        // Under a softcap a `-inf` logit is `x' = -c`, finite.
+        let capped = self.options.softcap.is_some();
         let any_allowed_finite = with_logits!(self.logits, lv => {
             let r = lv.row(row);
             let mut any = false;
@@ -532,7 +596,7 @@ impl<'a> Problem<'a> {
                 if x.is_nan() || x == f64::INFINITY {
                     return Err(SpecError::NonFiniteLogit { tensor: "logits", row, col: j, value: x });
                 }
-                if x.is_finite() && mask.is_none_or(|m| m[j]) {
+                if (capped || x.is_finite()) && mask.is_none_or(|m| m[j]) {
                     any = true;
                 }
             }
@@ -564,7 +628,7 @@ impl<'a> Problem<'a> {
                 if mask.is_some_and(|m| !m[tu]) {
                     return Err(SpecError::TokenMasked { row, token: t });
                 }
-                if self.logits.get_f64(row, tu) == f64::NEG_INFINITY {
+                if !capped && self.logits.get_f64(row, tu) == f64::NEG_INFINITY {
                     return Err(SpecError::TokenNegInf { row, token: t });
                 }
             }
@@ -603,10 +667,34 @@ impl<'a> Problem<'a> {
     /// # Panics
     /// Never for `z.len() = V` and a row that passed [`Problem::validate_row`].
     pub fn validate_input_row(&self, row: usize, z: &[f64]) -> Result<(), SpecError> {
-        const TENSOR: &str = "logits / temperature";
+        self.validate_materialised_row("logits / temperature", row, z)
+    }
+
+    /// The errors of row `row` that only the materialised softcap reveals
+    /// when `options.softcap_dtype` is [`SoftcapDtype::Input`]
+    /// (`x' = `[`Dtype::softcapped_input`]`(x, c)`, which overflows where
+    /// `c` exceeds the logits' dtype's range, e.g. f16 above 65504), on
+    /// tensor `softcap(logits)`, in [`Problem::validate_input_row`]'s order
+    /// over the row's real vocabulary `x' [V]`. Call after
+    /// [`Problem::validate_row`], before the temperature's check.
+    ///
+    /// # Errors
+    /// [`SpecError::NonFiniteLogit`], [`SpecError::NoFiniteLogit`],
+    /// [`SpecError::TokenNegInf`].
+    pub fn validate_softcapped_row(&self, row: usize, xs: &[f64]) -> Result<(), SpecError> {
+        self.validate_materialised_row("softcap(logits)", row, xs)
+    }
+
+    /// The checks of a materialised row `z [V]` named `tensor`.
+    fn validate_materialised_row(
+        &self,
+        tensor: &'static str,
+        row: usize,
+        z: &[f64],
+    ) -> Result<(), SpecError> {
         if let Some(col) = z.iter().position(|&x| x == f64::INFINITY) {
             return Err(SpecError::NonFiniteLogit {
-                tensor: TENSOR,
+                tensor,
                 row,
                 col,
                 value: f64::INFINITY,
@@ -618,11 +706,7 @@ impl<'a> Problem<'a> {
             } else {
                 "any"
             };
-            return Err(SpecError::NoFiniteLogit {
-                tensor: TENSOR,
-                row,
-                which,
-            });
+            return Err(SpecError::NoFiniteLogit { tensor, row, which });
         }
         if let (Some(tokens), true) = (self.tokens, self.has_target(row)) {
             if z[tokens[row] as usize] == f64::NEG_INFINITY {

@@ -24,7 +24,7 @@ use logprobe_testkit::strategies::{
 };
 
 /// Every key of the grammar, in recipe order.
-pub const KEYS: [&str; 28] = [
+pub const KEYS: [&str; 30] = [
     "seed",
     "dtype",
     "vocab",
@@ -36,6 +36,8 @@ pub const KEYS: [&str; 28] = [
     "mask",
     "temperature",
     "temperature_dtype",
+    "softcap",
+    "softcap_dtype",
     "tokens",
     "ignore",
     "ignore_index",

@@ -2,7 +2,7 @@
 //! ([`FuzzCase::recipe`]) and parsing ([`FuzzCase::parse`]) it, the values
 //! each key takes ([`set`]), and the names of the bad inputs.
 
-use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
+use logprobe_reference::spec::{Dtype, EntropyLogits, SoftcapDtype, TemperatureDtype};
 use logprobe_testkit::strategies::{BadInput, LossWeights, Offset, PadFill, RowKind};
 
 use super::super::grammar::{num, parse_f64, GrammarError, Pairs};
@@ -65,6 +65,14 @@ impl FuzzCase {
                 match r.temperature_dtype {
                     TemperatureDtype::Accumulation => "accumulation",
                     TemperatureDtype::Input => "input",
+                }
+            ),
+            format!("softcap={}", r.softcap.map_or("none".into(), num)),
+            format!(
+                "softcap_dtype={}",
+                match r.softcap_dtype {
+                    SoftcapDtype::Accumulation => "accumulation",
+                    SoftcapDtype::Input => "input",
                 }
             ),
             format!("tokens={}", if r.tokens { "on" } else { "off" }),
@@ -322,6 +330,19 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
             r.temperature_dtype = match v {
                 "accumulation" | "acc" => TemperatureDtype::Accumulation,
                 "input" => TemperatureDtype::Input,
+                _ => return Err(bad_value(key, v, "accumulation or input")),
+            }
+        }
+        "softcap" => {
+            r.softcap = match v {
+                "none" | "off" => None,
+                _ => Some(float(key, v)?),
+            }
+        }
+        "softcap_dtype" => {
+            r.softcap_dtype = match v {
+                "accumulation" | "acc" => SoftcapDtype::Accumulation,
+                "input" => SoftcapDtype::Input,
                 _ => return Err(bad_value(key, v, "accumulation or input")),
             }
         }

@@ -184,7 +184,23 @@ pub fn exec_space(options: &str) -> Result<Space, String> {
     {
         return Err("options bad=...: protocol v1 sends valid inputs only (an external kernel has no typed-error channel); drop the bad= pin".into());
     }
-    Space::parse(&format!("{options},bad=none")).map_err(|e| format!("options: {e}"))
+    // Protocol v1 sends no softcap: its cases carry none.
+    let softcap = pairs.get("softcap");
+    if softcap.as_ref().is_some_and(|s| {
+        s.iter()
+            .any(|a| !matches!(a, super::grammar::Alt::Word(w) if w == "none" || w == "off"))
+    }) {
+        return Err(
+            "options softcap=...: protocol v1 does not send the softcap; drop the softcap pin"
+                .into(),
+        );
+    }
+    let pin_softcap = if softcap.is_none() {
+        ",softcap=none"
+    } else {
+        ""
+    };
+    Space::parse(&format!("{options},bad=none{pin_softcap}")).map_err(|e| format!("options: {e}"))
 }
 
 /// `options` with `key=alternatives` pins appended (`--dtype` and `--vocab`:

@@ -48,6 +48,8 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
         && !caps.temperature
     {
         Some("temperature")
+    } else if p.options.softcap.is_some() && !caps.softcap {
+        Some("softcap")
     } else if p.options.vocab_size.is_some_and(|v| v < v_total) && !caps.padded_vocab {
         Some("padded vocabulary")
     } else if p.logits.dtype() == Dtype::F64 && !caps.f64_input {

@@ -30,6 +30,7 @@
 //! | `label-smoothing-counts-ignored` | [`LabelSmoothingCountsIgnored`] | fused | `loss` with `label_smoothing > 0` and an ignored row: the uniform (smoothing) term summed and averaged over every row, ignored ones included (pytorch/pytorch #73205) |
 //! | `chunked-mean-times-chunks` | [`ChunkedMeanTimesChunks`] | chunked | `loss` under `mean` with more than one chunk: multiplied by the chunk count (NVIDIA-NeMo/Automodel #3803) |
 //! | `all-ignored-mean-nan` | [`AllIgnoredMeanNan`] | fused | `loss` under `mean` with every row ignored (or of weight 0) and `mean_all_ignored = zero`: `0 / 0 = NaN` (linkedin/Liger-Kernel #177) |
+//! | `softcap-grad-missing-tanh` | [`SoftcapGradMissingTanh`] | fused | backward with a softcap: the gradient with respect to `x' = c tanh(x / c)`, without `1 - tanh^2` (unsloth-zoo PR #593's kind) |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -50,6 +51,7 @@ mod chunks;
 mod loss;
 mod options;
 mod rewired;
+mod softcap;
 #[cfg(test)]
 mod tests;
 mod tp;
@@ -61,6 +63,7 @@ pub use loss::{AllIgnoredMeanNan, ChunkedMeanTimesChunks, LabelSmoothingCountsIg
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
+pub use softcap::SoftcapGradMissingTanh;
 pub use tp::TpVocabOffset;
 pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
 
@@ -429,6 +432,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(LabelSmoothingCountsIgnored, Fused, memory: true),
     entry!(ChunkedMeanTimesChunks, Chunked, memory: true),
     entry!(AllIgnoredMeanNan, Fused, memory: true),
+    entry!(SoftcapGradMissingTanh, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

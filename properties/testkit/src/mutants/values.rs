@@ -7,7 +7,7 @@ use ndarray::{s, Array2};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel};
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Output, Problem, Shape, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Output, Problem, Shape, SoftcapDtype, TemperatureDtype,
 };
 
 use logprobe_verify::tolerance::{naive_entropy, naive_log_softmax};
@@ -26,11 +26,21 @@ pub(crate) fn row_z(p: &Problem<'_>, shape: &Shape, row: usize) -> Vec<f64> {
     let x = p.logits.row_f64(row);
     let t = shape.temperature;
     let acc = shape.dtype.accumulation();
+    // The softcap first (the kernels' x': computed in the accumulation
+    // dtype, or materialised in the logits').
+    let cap = p.options.effective_softcap(acc).ok().flatten();
     x[..shape.vocab_size]
         .iter()
-        .map(|&v| match p.options.temperature_dtype {
-            TemperatureDtype::Accumulation => acc.round_f64(v / t),
-            TemperatureDtype::Input => shape.dtype.scaled_input(v, t),
+        .map(|&v| {
+            let v = match (cap, p.options.softcap_dtype) {
+                (None, _) => v,
+                (Some(c), SoftcapDtype::Accumulation) => acc.softcapped_input(v, c),
+                (Some(c), SoftcapDtype::Input) => shape.dtype.softcapped_input(v, c),
+            };
+            match p.options.temperature_dtype {
+                TemperatureDtype::Accumulation => acc.round_f64(v / t),
+                TemperatureDtype::Input => shape.dtype.scaled_input(v, t),
+            }
         })
         .collect()
 }

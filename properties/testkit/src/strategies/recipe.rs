@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestRng;
 
 use logprobe_reference::spec::{
-    Dtype, EntropyLogits, Options, TemperatureDtype, DEFAULT_IGNORE_INDEX,
+    Dtype, EntropyLogits, Options, SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
 
 use super::*;
@@ -154,6 +154,10 @@ pub struct ProblemRecipe {
     pub temperature: f64,
     /// How `x / T` is materialised.
     pub temperature_dtype: TemperatureDtype,
+    /// Softcap `c` (`x' = c tanh(x / c)` before the temperature), if any.
+    pub softcap: Option<f64>,
+    /// How the softcap is materialised.
+    pub softcap_dtype: SoftcapDtype,
     /// Whether tokens (hence log-probs) are given.
     pub tokens: bool,
     /// Fraction of rows whose token is `ignore_index`.
@@ -184,6 +188,8 @@ impl ProblemRecipe {
             mask_rate: None,
             temperature: 1.0,
             temperature_dtype: TemperatureDtype::Accumulation,
+            softcap: None,
+            softcap_dtype: SoftcapDtype::Accumulation,
             tokens: true,
             ignore_rate: 0.0,
             ignore_index: DEFAULT_IGNORE_INDEX,
@@ -309,6 +315,8 @@ impl ProblemRecipe {
             // wherever a kernel supports them (Capabilities::lse).
             lse: true,
             z_loss_coef: Some(Z_LOSS_COEF),
+            softcap: self.softcap,
+            softcap_dtype: self.softcap_dtype,
             // The cross-entropy loss is not drawn yet.
             loss: None,
         };

@@ -4,7 +4,9 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype, DEFAULT_IGNORE_INDEX};
+use logprobe_reference::spec::{
+    Dtype, EntropyLogits, SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
+};
 
 use super::*;
 
@@ -104,8 +106,41 @@ pub fn temperature() -> impl Strategy<Value = f64> {
     prop_oneof![4 => Just(1.0), 1 => select(vec![0.5, 2.0, 0.7, 1.3, 0.6])]
 }
 
+/// Entries (`N * V_total`) up to which a case may carry a softcap: the
+/// exact softcap runs on the oracle's MPFR tier (its tanh enclosures: about 40
+/// us an entry in `verify`, 4 x 8192 softcapped bf16 rows in 1.3 s).
+pub const SOFTCAP_MAX_ENTRIES: usize = 1 << 15;
+
+/// The softcap of a recipe, derived from its seed so that drawing it takes
+/// nothing from the strategy's random stream (every other knob draws as
+/// before): 1 case in 8 where temperatures are drawn, `c` 30 or 50
+/// (Gemma 2's final-logit and attention caps), materialised in the input
+/// dtype 1 time in 3 (always with `TemperatureDtype::Input`: a model that
+/// materialised `z` materialised `x'` too), small enough cases only
+/// ([`SOFTCAP_MAX_ENTRIES`]).
+pub fn softcap_of(
+    seed: u64,
+    entries: usize,
+    temperature_dtype: TemperatureDtype,
+) -> (Option<f64>, SoftcapDtype) {
+    let h = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+    let c = match h % 16 {
+        3 => Some(30.0),
+        11 => Some(50.0),
+        _ => None,
+    };
+    let c = c.filter(|_| entries <= SOFTCAP_MAX_ENTRIES);
+    let dtype = if temperature_dtype == TemperatureDtype::Input || (h >> 8) % 3 == 0 {
+        SoftcapDtype::Input
+    } else {
+        SoftcapDtype::Accumulation
+    };
+    (c, dtype)
+}
+
 /// Problem recipes over `space`.
 pub fn problem_recipe(space: RecipeSpace) -> BoxedStrategy<ProblemRecipe> {
+    let temps = space.temperatures;
     let knobs = (
         any::<u64>(),
         vocab_and_rows(&space),
@@ -144,10 +179,15 @@ pub fn problem_recipe(space: RecipeSpace) -> BoxedStrategy<ProblemRecipe> {
     );
     (knobs, more)
         .prop_map(
-            |(
+            move |(
                 (seed, (v, n), dtype, kind, offset, mask_rate, (temperature, temperature_dtype)),
                 (padding, pad_fill, tokens, ignore_rate, ignore_index, topk, topk_true, entropy),
             )| {
+                let (softcap, softcap_dtype) = if temps {
+                    softcap_of(seed, n * (v + padding), temperature_dtype)
+                } else {
+                    (None, SoftcapDtype::Accumulation)
+                };
                 ProblemRecipe {
                     seed,
                     n,
@@ -160,6 +200,8 @@ pub fn problem_recipe(space: RecipeSpace) -> BoxedStrategy<ProblemRecipe> {
                     mask_rate,
                     temperature,
                     temperature_dtype,
+                    softcap,
+                    softcap_dtype,
                     tokens,
                     ignore_rate,
                     ignore_index,

@@ -8,7 +8,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{
     Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, Options, Output, PerOutput,
-    Reduction, SpecError, TemperatureDtype, DEFAULT_IGNORE_INDEX,
+    Reduction, SoftcapDtype, SpecError, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
 
 use super::*;
@@ -552,7 +552,61 @@ pub(crate) fn parse_options(
             })
         }
     };
+    parse_softcap(meta, dtype, &mut o)?;
     Ok(o)
+}
+
+/// `softcap` (a float `> 0`, finite and `> 0` once rounded to the
+/// accumulation dtype of `dtype` logits) and `softcap_dtype`
+/// (`accumulation` or `input`; only with `softcap`, and `input` whenever
+/// `temperature_dtype` is: a model that materialised `z = x' / T` in the
+/// logits' dtype materialised `x'` there too).
+fn parse_softcap(
+    meta: &HashMap<String, String>,
+    dtype: Dtype,
+    o: &mut Options,
+) -> Result<(), DumpError> {
+    let sdt = meta.get("softcap_dtype").map(|s| s.trim().to_string());
+    let Some(c) = parse_meta::<f64>(meta, "softcap", "not a number")? else {
+        if let Some(v) = sdt {
+            return Err(DumpError::BadMetadata {
+                key: "softcap_dtype",
+                value: v,
+                reason: "given without `softcap`",
+            });
+        }
+        return Ok(());
+    };
+    let r = dtype.accumulation().round_f64(c);
+    if !(c.is_finite() && c > 0.0 && r.is_finite() && r > 0.0) {
+        return Err(DumpError::BadMetadata {
+            key: "softcap",
+            value: meta["softcap"].clone(),
+            reason: "must be finite and > 0 (also once rounded to the accumulation dtype)",
+        });
+    }
+    o.softcap = Some(c);
+    o.softcap_dtype = match sdt.as_deref() {
+        None | Some("accumulation") => SoftcapDtype::Accumulation,
+        Some("input") => SoftcapDtype::Input,
+        Some(other) => {
+            return Err(DumpError::BadMetadata {
+                key: "softcap_dtype",
+                value: other.to_string(),
+                reason: "expected `accumulation` or `input`",
+            })
+        }
+    };
+    if o.softcap_dtype == SoftcapDtype::Accumulation
+        && o.temperature_dtype == TemperatureDtype::Input
+    {
+        return Err(DumpError::BadMetadata {
+            key: "softcap_dtype",
+            value: sdt.unwrap_or_else(|| "accumulation".into()),
+            reason: "must be `input` with temperature_dtype=input (z = x'/T was materialised in the logits' dtype, so x' was too)",
+        });
+    }
+    Ok(())
 }
 
 /// A checked safetensors file: its tensors, its `__metadata__` and the

@@ -17,6 +17,13 @@ use super::{ErrorBound, NoBound};
 /// anything in `[0, e^y (1 + eps_exp) + eta_sub]`.
 const FLUSH_MARGIN: f64 = 0.01;
 
+/// An upper bound of `max_{y >= 0} y sech^2(y)` (attained at `2 y tanh y
+/// = 1`, `y = 0.7717`, value `0.44778...`; unit test
+/// `sech2_y_max_bounds_the_maximum`): the most a relative error `delta` of
+/// `y = x / c` moves `tanh(y)`, in absolute terms, is `delta / (1 - delta)`
+/// times it (T18).
+pub(crate) const SECH2_Y_MAX: f64 = 0.4478;
+
 /// Upstream cotangents of one row for [`RowBounds::grad`]: `g` (log-prob),
 /// `h` (entropy), `G_k` (top-k, with their ids).
 #[derive(Clone, Copy, Debug, Default)]
@@ -117,6 +124,47 @@ struct Consts {
     n_s: usize,
     n_b: usize,
     n_p: usize,
+    /// (T18) Bound on `|z^_j - z_j|` from the kernel's own softcap (`x'`
+    /// error over `T`; 0 without one or for a materialised `x'`).
+    cap_z: Hi,
+    /// (T18) Bound on `|f^_j - f_j|` for the gradient factor `f = 1 - t^2`
+    /// (`None` without a softcap).
+    cap_df: Option<Hi>,
+}
+
+/// (T18) The softcap's error terms of a model: `(cap_z, cap_df)` (see
+/// [`Consts`]). `x'^ = fl(c fl_tanh(fl(x / c)))` with `x / c` one
+/// division or a multiply by a rounded `1 / c` (relative `gamma_2`),
+/// `tanh` within `k_t` ulps, one product: with `y = x / c` exact,
+/// `e_T = gamma_2 / (1 - gamma_2) SECH2_Y_MAX + 2 k_t u + k_t eta_sub`
+/// bounds `|t^ - tanh(y)|` and `|x'^ - x'| <= c (e_T (1 + u) + u)`; the
+/// factor `fl(1 - fl(t^ t^))` errs by at most
+/// `e_T (2 + e_T) + u (1 + e_T)^2 + u (1 + e_T (2 + e_T) + u (1 + e_T)^2)`
+/// (`|t| <= 1`, `f <= 1`). A materialised `x'` has `e_T = 0`.
+fn softcap_consts(model: &Model, ctx: &RowContext, u_f: f64) -> (Hi, Option<Hi>) {
+    let Some(s) = ctx.softcap else {
+        return (Hi::ZERO, None);
+    };
+    let u = Hi(u_f);
+    let e_t = if s.computed {
+        let g2 = gamma(2, u_f).unwrap_or(Hi(f64::INFINITY));
+        let kt = Hi(model.tanh_ulps.max(0.0));
+        g2 / (Lo(1.0) - g2) * Hi(SECH2_Y_MAX)
+            + Hi(2.0) * kt * u
+            + kt * Hi(model.accumulation.ulp(0.0))
+    } else {
+        Hi::ZERO
+    };
+    let cap_x = if s.computed {
+        Hi(s.c) * (e_t * (Hi::ONE + u) + u)
+    } else {
+        Hi::ZERO
+    };
+    let cap_z = cap_x / Lo(ctx.temperature);
+    let sq = (Hi::ONE + e_t) * (Hi::ONE + e_t);
+    let spread = e_t * (Hi(2.0) + e_t);
+    let df = spread + u * sq + u * (Hi::ONE + spread + u * sq);
+    (cap_z, Some(df))
 }
 
 /// Bounds of one logit set (T4-T6).
@@ -237,7 +285,16 @@ impl Consts {
                 (u + one_u * t_div, Hi(2.0) * one_u * t_div * z)
             }
         };
+        // (T18) The kernel's own softcap perturbs every z_j by at most
+        // cap_z: the shift's two operands by 2 cap_z, before its roundings.
+        let (cap_z, cap_df) = softcap_consts(model, ctx, u_f);
+        let b = if cap_z.0 > 0.0 {
+            b + (Hi::ONE + a) * Hi(2.0) * cap_z
+        } else {
+            b
+        };
         let (a_lp, b_lp) = match model.shift {
+            Shift::Raw if cap_z.0 > 0.0 => (t_div, t_div * z + Hi(2.0) * cap_z),
             Shift::Raw => (t_div, t_div * z),
             _ => (a, b),
         };
@@ -284,6 +341,8 @@ impl Consts {
             n_s,
             n_b,
             n_p,
+            cap_z,
+            cap_df,
         }
     }
 
@@ -667,7 +726,11 @@ impl<'a> RowBounds<'a> {
     /// magnitude bound `Z + ln S` of the value.
     fn lse_pre(&self) -> Result<(Hi, Hi), NoBound> {
         let set = self.p.as_ref().map_err(Clone::clone)?;
-        let pre = self.c.t_div * self.c.z + set.delta_ell;
+        let mut pre = self.c.t_div * self.c.z + set.delta_ell;
+        if self.c.cap_z.0 > 0.0 {
+            // (T18) the computed x'_max is off by T cap_z, scaled by 1/T.
+            pre = pre + (Hi::ONE + self.c.t_div) * self.c.cap_z;
+        }
         Ok((pre, self.c.z + Hi(set.ln_s.hi)))
     }
 
@@ -945,10 +1008,20 @@ impl<'a> RowBounds<'a> {
             ind + g_sum * (p_hi + p_dev) + h * (q_hi + q_dev) * (lpw_abs + h_hi + Hi(2.0) + dc);
         let inv_t = mg.inv_t;
         let pre = (main + gm * mags) * inv_t + floor;
-        let pre = finite(pre, "grad_logits")?;
+        let mut pre = finite(pre, "grad_logits")?;
+        // |dx'_j| (the gradient with respect to x'), bounding |dx_j| too.
+        let v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
+        if let Some(df) = c.cap_df {
+            // (T18) dx^ = fl(dx'^ f^) with f = 1 - t^2 <= 1:
+            // E' (1 + df) + |dx'| df + u (|dx'| + E') (1 + df).
+            let f_hi = Hi::ONE + df;
+            pre = finite(
+                pre * f_hi + v_abs * df + c.u * (v_abs + pre) * f_hi,
+                "grad_logits",
+            )?;
+        }
         let mut total = pre;
         if out.precision() < c.acc.precision() {
-            let v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
             total = total + half_ulp(out, v_abs + pre);
         }
         Ok(ErrorBound::Abs(finite(total, "grad_logits")?.0))

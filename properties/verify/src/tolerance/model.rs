@@ -4,7 +4,7 @@
 
 use logprobe_reference::oracle::RowStats;
 use logprobe_reference::spec::{
-    Algorithm, Dtype, Element, Problem, Shift, SpecError, Summation, TemperatureDtype,
+    Algorithm, Dtype, Element, Problem, Shift, SoftcapDtype, SpecError, Summation, TemperatureDtype,
 };
 use logprobe_reference::with_logits;
 
@@ -103,11 +103,14 @@ pub struct Model {
     pub shift: Shift,
     /// How the entropy is evaluated.
     pub entropy_form: EntropyForm,
+    /// Max error of `tanh` in ulps of the accumulation dtype at its result
+    /// (the softcap, T18; used only under `softcap_dtype = accumulation`).
+    pub tanh_ulps: f64,
 }
 
 impl Model {
     /// Foreign-kernel preset: `k` lanes summed in order (`h = ceil(V / k)`,
-    /// `L = ceil(log2 k)`), f32 accumulation, `exp` and `ln` within 1 ulp,
+    /// `L = ceil(log2 k)`), f32 accumulation, `exp`, `ln` and `tanh` within 1 ulp,
     /// two-pass (`rescaling_exps = 0`), subtract-then-scale, entropy form
     /// unknown. `verify`'s default is `lanes(8)`.
     pub fn lanes(k: usize) -> Model {
@@ -119,6 +122,7 @@ impl Model {
             rescaling_exps: 0,
             shift: Shift::SubtractThenScale,
             entropy_form: EntropyForm::Any,
+            tanh_ulps: 1.0,
         }
     }
 
@@ -151,6 +155,7 @@ impl Model {
             rescaling_exps: algorithm.rescaling_exps,
             shift: algorithm.shift,
             entropy_form: EntropyForm::Any,
+            tanh_ulps: algorithm.tanh_ulps,
         }
     }
 
@@ -180,6 +185,7 @@ impl Model {
             summation: self.order.summation(vocab_size),
             rescaling_exps: self.rescaling_exps,
             shift: self.shift,
+            tanh_ulps: self.tanh_ulps,
         }
     }
 
@@ -232,6 +238,20 @@ pub struct RowContext {
     /// scale-then-subtract and raw kernels lose digits to. Unused by
     /// subtract-then-scale bounds (they are offset-invariant).
     pub z_max_abs: f64,
+    /// The softcap, when the problem has one (T18).
+    pub softcap: Option<SoftcapContext>,
+}
+
+/// The softcap `x' = c tanh(x / c)` as the bounds see it (T18).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftcapContext {
+    /// `c` as the computation takes it (rounded to the accumulation dtype).
+    pub c: f64,
+    /// `true` for `softcap_dtype = accumulation`: the kernel computes `x'`
+    /// itself and its error (`x / c`, `tanh`, `* c`) perturbs every `z`;
+    /// `false` for `input`: `x'` is an exact input and only the gradient
+    /// factor `1 - t^2`'s roundings count.
+    pub computed: bool,
 }
 
 impl RowContext {
@@ -260,7 +280,7 @@ impl RowContext {
                 }
             }
         });
-        if max_all == f64::NEG_INFINITY {
+        if max_all == f64::NEG_INFINITY && problem.options.softcap.is_none() {
             return Err(SpecError::NoFiniteLogit {
                 tensor: "logits",
                 row,
@@ -272,6 +292,24 @@ impl RowContext {
         } else {
             0.0
         });
+        let acc = shape.dtype.accumulation();
+        let softcap = problem
+            .options
+            .effective_softcap(acc)?
+            .map(|c| SoftcapContext {
+                c,
+                computed: problem.options.softcap_dtype == SoftcapDtype::Accumulation,
+            });
+        // |x'| <= min(|x|, c): the computed x' within 16 u of c (T18's
+        // error is below 4 c u for tanh within a few ulps), the materialised
+        // one within a rounding of the input dtype.
+        let x_abs = match softcap {
+            Some(s) => {
+                x_abs.min(s.c)
+                    * (1.0 + 16.0 * acc.unit_roundoff() + 2.0 * shape.dtype.unit_roundoff())
+            }
+            None => x_abs,
+        };
         // |x / T| rounded up; materialised z adds one rounding of the input dtype.
         let mut z = x_abs / t * (1.0 + 4.0 * f64::EPSILON);
         if problem.options.temperature_dtype == TemperatureDtype::Input {
@@ -280,6 +318,7 @@ impl RowContext {
         Ok(RowContext {
             temperature: t,
             z_max_abs: z,
+            softcap,
         })
     }
 }

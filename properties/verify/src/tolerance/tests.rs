@@ -140,6 +140,7 @@ fn ctx1() -> RowContext {
     RowContext {
         temperature: 1.0,
         z_max_abs: 0.0,
+        softcap: None,
     }
 }
 
@@ -362,6 +363,7 @@ fn subtract_then_scale_bound_is_offset_invariant_and_raw_grows() {
                 &RowContext {
                     temperature: t,
                     z_max_abs: z,
+                    softcap: None,
                 },
             );
             (
@@ -392,6 +394,7 @@ fn subtract_then_scale_bound_is_offset_invariant_and_raw_grows() {
             &RowContext {
                 temperature: t,
                 z_max_abs: 1e30,
+                softcap: None,
             },
         )
         .entropy(Dtype::F32);
@@ -482,6 +485,7 @@ fn f32_two_pass_kernels_are_within_their_summation_models() {
             let ctx = RowContext {
                 temperature: t as f64,
                 z_max_abs: 0.0,
+                softcap: None,
             };
             let rb = model_for(how).row_bounds(&st, &ctx);
             let fused = model_for(how)
@@ -598,6 +602,7 @@ fn f32_autograd_gradients_are_within_the_element_bound() {
         let ctx = RowContext {
             temperature: t as f64,
             z_max_abs: 0.0,
+            softcap: None,
         };
         let rb = Model::lanes(8).row_bounds(&st, &ctx);
         let cot = GradCotangents {
@@ -1202,4 +1207,31 @@ fn detached_bounds_attach_only_to_their_own_row() {
         detached.attach(&copy).is_none(),
         "another object, same values"
     );
+}
+
+/// (T18) `SECH2_Y_MAX` bounds `max_{y >= 0} y sech^2(y)`: `g(y) = y
+/// sech^2(y)` rises while `2 y tanh(y) < 1` and falls after (`g' = sech^2
+/// (1 - 2 y tanh y)`), so its maximum is at the root, near 0.7717; a dense
+/// grid around it (and the root itself, by bisection) stays below the
+/// constant, with the grid spacing's slack (`|g'| <= 1`) added.
+#[test]
+fn sech2_y_max_bounds_the_maximum() {
+    let g = |y: f64| y / y.cosh().powi(2);
+    let (mut lo, mut hi) = (0.5f64, 1.0f64);
+    for _ in 0..100 {
+        let m = 0.5 * (lo + hi);
+        if 2.0 * m * m.tanh() < 1.0 {
+            lo = m;
+        } else {
+            hi = m;
+        }
+    }
+    assert!(g(lo) < super::bounds::SECH2_Y_MAX - 1e-5, "{}", g(lo));
+    let step = 1e-6;
+    let mut y = 0.0;
+    while y < 20.0 {
+        assert!(g(y) + step < super::bounds::SECH2_Y_MAX, "y = {y}");
+        y += step * 37.0;
+    }
+    assert!(g(lo) > 0.4477, "the constant is tight: {}", g(lo));
 }

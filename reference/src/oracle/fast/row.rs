@@ -186,7 +186,13 @@ impl<'a> FastRow<'a> {
                 && f.bounds.b.is_finite()
                 && f.bounds.t2.is_finite()
         };
-        let applicable = ok(&p) && q.as_ref().is_none_or(ok) && row.temperature.is_finite();
+        // Under an exact softcap (`SoftcapDtype::Accumulation`) `v` holds
+        // the raw logits, not exact inputs: this tier has no proven tanh
+        // enclosure here, so MPFR decides every such row (correctness first).
+        let applicable = ok(&p)
+            && q.as_ref().is_none_or(ok)
+            && row.temperature.is_finite()
+            && row.cap().is_none();
         FastRow {
             row,
             div,
@@ -212,8 +218,9 @@ impl<'a> FastRow<'a> {
     }
 
     /// Whether the f64 tier handles this row: `false` when a shift
-    /// overflows f64 (f64 logits more than `1.8e308` apart) or a bound is
-    /// not finite. Then nothing is decided here (every enclosure is still
+    /// overflows f64 (f64 logits more than `1.8e308` apart), a bound is
+    /// not finite, or the row has an exact softcap (`softcap` with
+    /// `softcap_dtype = accumulation`: MPFR takes `tanh` exactly). Then nothing is decided here (every enclosure is still
     /// sound but may be infinite).
     pub fn applicable(&self) -> bool {
         self.applicable
