@@ -5,7 +5,8 @@
 # exit 1 when a median is over 60 s (a seed that finds nothing within the
 # search budget counts as infinite) or a finding was not shrunk and written.
 #
-# Usage: scripts/fuzz-mutants.sh [MUTANT...]   (default: every mutant)
+# Usage: scripts/fuzz-mutants.sh [MUTANT...]   (default: every mutant of the
+# catalog, as `logprobe fuzz --list-mutants` prints them)
 # Env: FUZZ_SEEDS (default "1 2 3 4 5"), FUZZ_BUDGET (search budget per run,
 # default 120s), FUZZ_SHRINK (shrink budget, default 2s), LOGPROBE (binary;
 # default: build target/release/logprobe).
@@ -20,10 +21,12 @@ if [[ -z "${LOGPROBE:-}" ]]; then
 fi
 mutants=("$@")
 if [[ ${#mutants[@]} -eq 0 ]]; then
-    mutants=(nan-on-neg-inf bf16-accumulation dropped-chunk-remainder ignored-chunk-size
-        tp-vocab-offset padded-vocab-not-truncated temperature-ignored temperature-twice
-        entropy-wrong-logits grad-output-0-broadcast missing-max-shift in-place-corruption
-        raw-entropy-formula chunk-dependent-order)
+    # The catalog's names (logprobe_testkit::mutants::CATALOG), never a copy.
+    mapfile -t mutants < <("$LOGPROBE" fuzz --list-mutants)
+    if [[ ${#mutants[@]} -eq 0 ]]; then
+        echo "fuzz-mutants.sh: \`$LOGPROBE fuzz --list-mutants\` listed no mutant" >&2
+        exit 2
+    fi
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
