@@ -52,7 +52,8 @@ use logprobe_reference::spec::{
 
 use crate::gradient::{GradElement, Gradient};
 use crate::kernel::{
-    ceil_log2, Algorithm, Capabilities, EntropyForm, ForwardOutput, Kernel, KernelError, Summation,
+    ceil_log2, Algorithm, Capabilities, CrossEntropyOutput, EntropyForm, ForwardOutput, Kernel,
+    KernelError, Summation,
 };
 use crate::row::{rescaling_exps, shift, summation, Acc, Input, Source, BLOCK, LANES};
 use crate::stats::{
@@ -105,6 +106,7 @@ const CPU_CAPABILITIES: Capabilities = Capabilities {
     padded_vocab: true,
     f64_input: true,
     lse: true,
+    loss: true,
 };
 
 /// Per-row record bytes (forward or backward stats) with `k` top-k ids.
@@ -394,16 +396,6 @@ impl CpuKernel {
     }
 }
 
-/// The cross-entropy `loss` of [`CpuKernel::cross_entropy`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct CrossEntropyOutput {
-    /// Dtype the values are rounded to.
-    pub dtype: Dtype,
-    /// `[N]` under `none`, `[1]` under `sum` / `mean` (nats; exact f64s
-    /// holding values of `dtype`).
-    pub values: Vec<f64>,
-}
-
 /// The reduction of [`CpuKernel::cross_entropy`] in `A`.
 fn reduce<A: Acc>(
     rows: &[RowForward],
@@ -522,7 +514,13 @@ impl Kernel for CpuKernel {
             return Err(SpecError::ZeroChunkSize.into());
         }
         let shape = problem.validate_shapes()?;
-        let rows = self.forward_rows(problem, &shape, out, None)?;
+        // `loss` asked (Output::Loss): each row's term `w l`, as
+        // `cross_entropy` forms it before its reduction.
+        let eps = problem
+            .cross_entropy()
+            .map(|ce| ce.effective_label_smoothing(shape.dtype.accumulation()))
+            .transpose()?;
+        let rows = self.forward_rows(problem, &shape, out, eps)?;
         Ok(assemble(
             problem,
             &shape,
@@ -589,6 +587,16 @@ impl Kernel for CpuKernel {
             self.staging,
             self.shard_widths(),
         )?)
+    }
+
+    /// [`CpuKernel::cross_entropy`].
+    fn cross_entropy(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        out: Dtype,
+    ) -> Result<CrossEntropyOutput, KernelError> {
+        CpuKernel::cross_entropy(self, problem, ce, out)
     }
 }
 

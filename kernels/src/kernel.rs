@@ -4,7 +4,7 @@
 use ndarray::Array2;
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, PerOutput, Problem, ProblemMut, Shape, SpecError,
+    Cotangents, CrossEntropy, Dtype, PerOutput, Problem, ProblemMut, Shape, SpecError,
 };
 
 use crate::gradient::Gradient;
@@ -61,6 +61,9 @@ pub struct Capabilities {
     pub f64_input: bool,
     /// `lse` and `z_loss` ([`Options::lse`], [`Options::z_loss_coef`]).
     pub lse: bool,
+    /// The cross-entropy `loss` ([`Kernel::cross_entropy`]): every
+    /// reduction, label smoothing, `loss_weights`, `mean_all_ignored`.
+    pub loss: bool,
 }
 
 /// Forward outputs in the requested dtype. Values are stored as f64 and are
@@ -86,6 +89,16 @@ impl ForwardOutput {
             values: PerOutput::for_requested(problem, |o| Array2::zeros((shape.n, o.width(shape)))),
         }
     }
+}
+
+/// The cross-entropy `loss` of one call ([`Kernel::cross_entropy`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CrossEntropyOutput {
+    /// Dtype the values are rounded to.
+    pub dtype: Dtype,
+    /// `[N]` under `none`, `[1]` under `sum` / `mean` (nats; exact f64s
+    /// holding values of `dtype`).
+    pub values: Vec<f64>,
 }
 
 /// One log-prob / entropy / top-k algorithm with its VJP.
@@ -163,6 +176,28 @@ pub trait Kernel: Send + Sync {
         Err(KernelError::Unsupported {
             kernel: self.name(),
             what: "in-place backward",
+        })
+    }
+
+    /// The cross-entropy `loss` of `problem` under `ce` (DESIGN: "Loss
+    /// side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
+    /// (ignored rows 0), one value under `sum` / `mean`, nats. The default
+    /// refuses ([`Capabilities::loss`] false).
+    ///
+    /// # Errors
+    /// As [`Kernel::forward`]; [`CrossEntropy::validate`]'s errors;
+    /// [`SpecError::MissingTensor`] without `tokens`;
+    /// [`KernelError::Unsupported`].
+    fn cross_entropy(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        out: Dtype,
+    ) -> Result<CrossEntropyOutput, KernelError> {
+        let _ = (problem, ce, out);
+        Err(KernelError::Unsupported {
+            kernel: self.name(),
+            what: "cross-entropy loss",
         })
     }
 }

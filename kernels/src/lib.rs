@@ -20,8 +20,11 @@ mod row;
 mod stats;
 mod vjp;
 
-pub use cpu::{CpuKernel, CrossEntropyOutput, Sharding, Staging};
+pub use cpu::{CpuKernel, Sharding, Staging};
 pub use gradient::{GradElement, Gradient};
-pub use kernel::{Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation};
+pub use kernel::{
+    Algorithm, Capabilities, CrossEntropyOutput, ForwardOutput, Kernel, KernelError, Shift,
+    Summation,
+};
 pub use row::cpu_path;
 pub use stats::{pairwise_depth, PAIRWISE_LEAF};

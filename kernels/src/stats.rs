@@ -408,6 +408,24 @@ pub fn row_loss<A: Acc>(
     (A::ONE - eps) * nll + eps * mean
 }
 
+/// Row `row`'s cross-entropy term `w l` rounded to `out` (an exact 0 on an
+/// `ignore_index` row or for `w = 0`): `l` (the accumulation-dtype row loss
+/// of [`RowForward::loss`]) times the weight rounded to the accumulation
+/// dtype, one product in it: the term
+/// [`CpuKernel::cross_entropy`](crate::CpuKernel::cross_entropy) reduces, and
+/// under `reduction = none` its value.
+pub fn loss_term(problem: &Problem<'_>, shape: &Shape, row: usize, l: f64, out: Dtype) -> f64 {
+    let w = problem.loss_weight(row);
+    if !problem.has_target(row) || w == 0.0 {
+        return 0.0;
+    }
+    let t = match shape.dtype.accumulation() {
+        Dtype::F64 => w * l,
+        _ => f64::from(w as f32 * l as f32),
+    };
+    out.round_f64(if w == 1.0 { l } else { t })
+}
+
 /// Assembles per-row results (first error in row order wins) into a
 /// [`crate::ForwardOutput`].
 pub fn assemble(
@@ -435,6 +453,9 @@ pub fn assemble(
         }
         if let Some(z) = fo.values.get_mut(Output::ZLoss) {
             z[[r, 0]] = f.z_loss;
+        }
+        if let Some(l) = fo.values.get_mut(Output::Loss) {
+            l[[r, 0]] = loss_term(problem, shape, r, f.loss, out);
         }
     }
     Ok(fo)

@@ -813,6 +813,7 @@ pub(crate) fn backward_in_place(
         sampling_mask,
         topk_ids,
         options,
+        loss_weights,
     } = problem;
     macro_rules! go {
         ($lv:expr, $wrap:path) => {{
@@ -824,6 +825,7 @@ pub(crate) fn backward_in_place(
                     sampling_mask,
                     topk_ids,
                     options,
+                    loss_weights,
                 };
                 let shape = problem.validate_shapes()?;
                 problem.validate_cotangents(&shape, cot)?;

@@ -109,6 +109,7 @@ fn in_place_backward_equals_out_of_place() {
                     sampling_mask: None,
                     topk_ids: p.topk_ids,
                     options: p.options,
+                    loss_weights: p.loss_weights,
                 },
                 &cot,
             )
@@ -132,6 +133,7 @@ fn in_place_backward_equals_out_of_place() {
                     sampling_mask: None,
                     topk_ids: p.topk_ids,
                     options: p.options,
+                    loss_weights: p.loss_weights,
                 },
                 &cot,
             )

@@ -65,6 +65,11 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         &mut kills,
     );
     record(
+        "loss",
+        survey(&suite::loss(), &kernels[..], None, correct),
+        &mut kills,
+    );
+    record(
         "edges",
         survey(&suite::edges(), &kernels[..], None, correct),
         &mut kills,

@@ -18,6 +18,11 @@ fn log_probs_agree_with_oracle_within_bound() {
 }
 
 #[test]
+fn loss_agrees_with_oracle_within_bound() {
+    gate(&suite::loss(), &cpu_kernels(), REGRESSIONS);
+}
+
+#[test]
 fn chunk_size_is_bit_invariant() {
     gate(&suite::chunk_invariance(), &cpu_families(), REGRESSIONS);
 }
@@ -278,7 +283,7 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
 fn once_persisted_shrunk_cases_pass() {
     use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
     use logprobe_testkit::strategies::{
-        BadInput, CotangentRecipe, Offset, PadFill, ProblemRecipe, RowKind,
+        BadInput, CotangentRecipe, LossRecipe, Offset, PadFill, ProblemRecipe, RowKind,
     };
     let recipe = |n, dtype, kind, offset, temperature, temperature_dtype| ProblemRecipe {
         seed: 0,
@@ -358,5 +363,14 @@ fn once_persisted_shrunk_cases_pass() {
             &(r, no_cot, Some(BadInput::NoCotangent), 0, 0),
             &kernels[..],
         ),
+    );
+    // The loss property, N = 0 without tokens: a kernel that does not
+    // compute the loss is not asked for it, so the loss's own error (no
+    // tokens) is not expected of it.
+    let mut r = recipe(0, Dtype::F32, llm0, Offset::Zero, 1.0, acc);
+    r.tokens = false;
+    all_ok(
+        "loss",
+        (suite::loss().check)(&(r, LossRecipe::plain(0)), &kernels[..]),
     );
 }

@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 11, "{paths:?}");
+    assert_eq!(paths.len(), 17, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -46,7 +46,7 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         );
     }
     assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
-    assert_eq!(exit_status(&outcomes, None), 1, "four dumps fail");
+    assert_eq!(exit_status(&outcomes, None), 1, "five dumps fail");
 
     let reports: Vec<&FileReport> = outcomes
         .iter()
@@ -87,6 +87,33 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     for name in ["log_probs", "lse", "z_loss"] {
         assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
     }
+    // Cross-entropy: PyTorch's F.cross_entropy under each reduction (one
+    // element for sum / mean, [N] under none), the all-ignored mean's
+    // NaN, and #73205's leaked smoothing term far beyond the bound.
+    for (name, reduction, count) in [
+        ("cross_entropy_none_smoothing_bf16", "none", 16),
+        ("cross_entropy_sum_smoothing_bf16", "sum", 1),
+        ("cross_entropy_mean_smoothing_bf16", "mean", 1),
+        ("cross_entropy_all_ignored_mean", "mean", 1),
+        ("cross_entropy_weighted_mean", "mean", 1),
+    ] {
+        let l = output(by(name), "loss");
+        assert_eq!(
+            (l.verdict, l.reduction, l.count),
+            (ReportVerdict::Pass, Some(reduction), count),
+            "{name}"
+        );
+    }
+    assert!(
+        output(by("cross_entropy_all_ignored_mean"), "loss").worst[0]
+            .candidate
+            .is_nan()
+    );
+    let l = output(by("cross_entropy_smoothing_counts_ignored_rows"), "loss");
+    assert!(
+        l.verdict == ReportVerdict::Fail && l.max_ratio.unwrap() > 100.0,
+        "{l:?}"
+    );
 
     // Correct dumps: every output within bound, gradients included.
     let r = by("fp32_autograd_gradients");
@@ -123,8 +150,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the nine small dumps (three pass, two are SUSPECT, the
-/// four bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the fifteen small dumps (eight pass, two are SUSPECT, the
+/// five bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -133,7 +160,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 9);
+    assert_eq!(small.len(), 15);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -154,7 +181,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 9);
+    assert_eq!(files.len(), 15);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

@@ -36,6 +36,7 @@ fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f6
         sampling_mask: None,
         topk_ids: Some(ida.view()),
         options: Options::default(),
+        loss_weights: None,
     };
     let o = Oracle::default();
     let f = o.forward(&p, Dtype::F64).unwrap();

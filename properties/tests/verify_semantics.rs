@@ -84,6 +84,7 @@ impl Case {
             sampling_mask: mask.as_ref().map(|m| m.view()),
             topk_ids: Some(ids.view()),
             options: self.options,
+            loss_weights: None,
         };
         let oracle = Oracle::default();
         let fwd = oracle.forward(&p, self.out).unwrap();

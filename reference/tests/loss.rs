@@ -226,3 +226,148 @@ fn bad_input_is_typed() {
         SpecError::BadLossWeight { row: 0, .. }
     ));
 }
+
+/// `Output::Loss` through `Oracle::forward` (the seam): its per-row values
+/// are the terms `w_r l_r` of `cross_entropy` (the `none` output itself),
+/// on both tiers, with weights, a mask, smoothing and an ignored row; the
+/// per-row facts follow the reduction.
+#[test]
+fn forward_gives_the_loss_terms_per_row() {
+    use logprobe_reference::oracle::Tier;
+    use logprobe_reference::spec::{LossOptions, Output};
+    let x = array![
+        [0.5f32, -1.25, 3.0, 0.0, 2.5],
+        [1.0, 1.0, -2.0, 0.25, 7.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0],
+        [-3.0, 4.0, 0.5, 1.5, -0.75]
+    ];
+    let t = array![2i64, -100, 4, 1];
+    let w = array![0.5, 2.0, 0.0, 1.5];
+    let m = Array2::from_shape_fn((4, 5), |(r, j)| !(r == 3 && j == 0));
+    for (eps, weights) in [(0.0, false), (0.1, true), (1.0, true)] {
+        for reduction in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+            let mut p = Problem::new(Logits::F32(x.view()));
+            p.tokens = Some(t.view());
+            p.sampling_mask = Some(m.view());
+            p.loss_weights = weights.then(|| w.view());
+            p.options.loss = Some(LossOptions {
+                reduction,
+                label_smoothing: eps,
+                ..Default::default()
+            });
+            let ce = p.cross_entropy().unwrap();
+            let want = Oracle::default()
+                .cross_entropy(&p, &ce, Dtype::F32)
+                .unwrap();
+            for tier in [Tier::Fast, Tier::Mpfr] {
+                let o = Oracle {
+                    tier,
+                    ..Oracle::default()
+                };
+                let f = o.forward(&p, Dtype::F32).unwrap();
+                let got = &f.values[Output::Loss];
+                assert_eq!(got.dim(), (4, 1));
+                for r in 0..4 {
+                    let e = got[[r, 0]];
+                    let term = want.row_terms[r];
+                    assert!(
+                        e.enclosure.lo <= term.hi && term.lo <= e.enclosure.hi,
+                        "{reduction} eps {eps} row {r}: {e:?} vs {term:?}"
+                    );
+                    if tier == Tier::Fast {
+                        // The f64 tier's enclosure holds the exact term.
+                        assert!(
+                            e.enclosure.lo <= term.lo && term.hi <= e.enclosure.hi,
+                            "{reduction} eps {eps} row {r}: {e:?} vs {term:?}"
+                        );
+                    }
+                    if reduction == Reduction::None {
+                        assert_eq!(e.rounded.to_bits(), want.values[r].rounded.to_bits());
+                    }
+                    assert_eq!(Output::Loss.judged(&p, r), reduction == Reduction::None);
+                }
+                assert_eq!(got[[1, 0]].rounded, 0.0, "ignored row");
+                if tier == Tier::Fast {
+                    assert_eq!(f.fallback.rows_mpfr, 0, "decided on the f64 tier");
+                }
+                assert_eq!(Output::Loss.reduced(&p), reduction != Reduction::None);
+            }
+        }
+    }
+    // Without tokens the loss is not requested, and validation says why.
+    let mut p = Problem::new(Logits::F32(x.view()));
+    p.options.loss = Some(LossOptions::default());
+    assert!(!Output::Loss.requested(&p));
+    assert!(matches!(
+        p.validate(),
+        Err(SpecError::MissingTensor { output: "loss", .. })
+    ));
+    // A bad weight is the row's typed error.
+    let bad = array![1.0, f64::NAN, 1.0, 1.0];
+    p.tokens = Some(t.view());
+    p.loss_weights = Some(bad.view());
+    assert!(matches!(
+        p.validate(),
+        Err(SpecError::BadLossWeight { row: 1, value }) if value.is_nan()
+    ));
+}
+
+/// A reduction taken row by row (`LossSum` over the f64 tier's term
+/// enclosures, `MpfrLossSum` over `Oracle::loss_term`) gives the whole
+/// problem's `cross_entropy` value, the all-ignored mean included.
+#[test]
+fn row_by_row_reduction_matches_the_whole_problem() {
+    use logprobe_reference::oracle::{LossSum, MpfrLossSum, Rounder};
+    use logprobe_reference::spec::{LossOptions, Output};
+    let x = array![
+        [0.5f32, -1.25, 3.0, 0.0, 2.5],
+        [1.0, 1.0, -2.0, 0.25, 7.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0],
+        [-3.0, 4.0, 0.5, 1.5, -0.75]
+    ];
+    let w = array![0.5, 2.0, 0.25, 1.5];
+    for tokens in [array![2i64, -100, 4, 1], array![-100i64, -100, -100, -100]] {
+        for (eps, weights) in [(0.0, false), (0.25, true)] {
+            for reduction in [Reduction::Sum, Reduction::Mean] {
+                for mai in [MeanAllIgnored::Nan, MeanAllIgnored::Zero] {
+                    let mut p = Problem::new(Logits::F32(x.view()));
+                    p.tokens = Some(tokens.view());
+                    p.loss_weights = weights.then(|| w.view());
+                    p.options.loss = Some(LossOptions {
+                        reduction,
+                        label_smoothing: eps,
+                        mean_all_ignored: mai,
+                    });
+                    let ce = p.cross_entropy().unwrap();
+                    let o = Oracle::default();
+                    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F64] {
+                        let want = o.cross_entropy(&p, &ce, dtype).unwrap().values[0];
+                        let f = o.forward(&p, dtype).unwrap();
+                        let mut fast = LossSum::default();
+                        for r in 0..4 {
+                            let e = f.values[Output::Loss][[r, 0]];
+                            fast.add(e.enclosure, p.has_target(r), p.loss_weight(r));
+                        }
+                        let same = |a: f64, b: f64| {
+                            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+                        };
+                        if let Some(e) = fast.decide(reduction, mai, dtype) {
+                            assert!(same(e.rounded, want.rounded), "{e:?} vs {want:?}");
+                        } else {
+                            assert_eq!(dtype, Dtype::F64, "f32 / bf16 decided on the f64 tier");
+                        }
+                        let prec = o.precisions(dtype)[1];
+                        let mut m = MpfrLossSum::new(prec);
+                        for r in 0..4 {
+                            let t = o.loss_term(&p, r, prec).unwrap();
+                            m.add(&t, p.has_target(r), p.loss_weight(r));
+                        }
+                        let e = m.exact(reduction, mai, &mut Rounder::new(), dtype);
+                        assert!(e.decided);
+                        assert!(same(e.rounded, want.rounded), "{e:?} vs {want:?}");
+                    }
+                }
+            }
+        }
+    }
+}

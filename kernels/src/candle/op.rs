@@ -126,6 +126,7 @@ impl LogProbOp {
             sampling_mask: None,
             topk_ids: None,
             options: self.options,
+            loss_weights: None,
         })
     }
 

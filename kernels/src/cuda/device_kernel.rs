@@ -107,6 +107,7 @@ impl DeviceKernel {
             padded_vocab: true,
             f64_input: false,
             lse: false,
+            loss: false,
         }
     }
 

@@ -177,6 +177,7 @@ pub fn problem<'a>(c: &'a Case, logits: Logits<'a>) -> Problem<'a> {
         sampling_mask: c.mask.as_ref().map(|m| m.view()),
         topk_ids: Some(c.ids.view()),
         options: c.options,
+        loss_weights: None,
     }
 }
 
@@ -360,6 +361,7 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         sampling_mask: c.mask.as_ref().map(|m| m.slice(ndarray::s![4..9, ..])),
         topk_ids: Some(c.ids.slice(ndarray::s![4..9, ..])),
         options: c.options,
+        loss_weights: None,
     };
     let f_sub = fused.forward(&sub, Dtype::F32).map_err(err)?;
     let ent = f_ref.values.get(Output::Entropy).ok_or("no entropy")?;
@@ -446,6 +448,7 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
                     sampling_mask: c.mask.as_ref().map(|m| m.view()),
                     topk_ids: Some(c.ids.view()),
                     options: c.options,
+                    loss_weights: None,
                 },
                 &cot,
             )

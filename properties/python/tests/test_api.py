@@ -23,7 +23,8 @@ def test_keywords_are_the_table_names():
     assert logprobe.TENSOR_KEYWORDS[:2] == ("logits", "tokens")
     assert "log_probs" in logprobe.TENSOR_KEYWORDS and "temperature" in logprobe.METADATA_KEYWORDS
     assert "lse" in logprobe.TENSOR_KEYWORDS and "z_loss_coef" in logprobe.METADATA_KEYWORDS
-    assert "loss" not in logprobe.TENSOR_KEYWORDS  # reserved, not built
+    assert "loss" in logprobe.TENSOR_KEYWORDS and "reduction" in logprobe.METADATA_KEYWORDS
+    assert "grad_loss" not in logprobe.TENSOR_KEYWORDS  # reserved, not built
     assert "format_version" not in logprobe.METADATA_KEYWORDS  # set by verify
 
 

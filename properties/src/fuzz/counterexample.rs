@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, TemperatureDtype};
-use logprobe_testkit::checks::asked;
+use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, Reduction, TemperatureDtype};
+use logprobe_testkit::checks::{asked, loss_problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
@@ -41,7 +41,12 @@ pub fn dump_bytes(
     let kernel = target.kernel(case.chunk, &e.layout.widths);
     let k: &dyn Kernel = kernel.as_ref();
     let data = &e.data;
-    let full = data.problem();
+    // A loss finding's dump holds the loss problem (no other outputs asked).
+    let full = if matches!(finding.call, Call::Loss(_)) {
+        loss_problem(data)
+    } else {
+        data.problem()
+    };
     let a = asked(&full, &k.capabilities());
     let p = a.problem;
     let (n, vt) = data.logits.view().dim();
@@ -103,6 +108,7 @@ pub fn dump_bytes(
                         sampling_mask: p.sampling_mask,
                         topk_ids: p.topk_ids,
                         options: p.options,
+                        loss_weights: p.loss_weights,
                     },
                     &cv,
                 );
@@ -120,6 +126,23 @@ pub fn dump_bytes(
                     "grad_logits",
                     DumpTensor::floats(out, &[r, c], &g.iter().copied().collect::<Vec<_>>()),
                 ));
+            }
+        }
+        Call::Loss(out) => {
+            let ce = e.loss.ce();
+            if let Ok(lo) = k.cross_entropy(&p, &ce, out) {
+                let shape: Vec<usize> = match ce.reduction {
+                    Reduction::None => vec![lo.values.len()],
+                    Reduction::Sum | Reduction::Mean => vec![],
+                };
+                t.push(("loss", DumpTensor::floats(out, &shape, &lo.values)));
+                // Exact f64 weights (drawn in f64).
+                if let Some(w) = &e.loss.loss_weights {
+                    t.push((
+                        "loss_weights",
+                        DumpTensor::floats(Dtype::F64, &[w.len()], &w.to_vec()),
+                    ));
+                }
             }
         }
         Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec => {
@@ -162,6 +185,12 @@ pub fn dump_bytes(
     }
     if let Some(c) = o.z_loss_coef {
         meta.push(("z_loss_coef", num(c)));
+    }
+    if matches!(finding.call, Call::Loss(_)) {
+        let l = &e.loss;
+        meta.push(("reduction", l.reduction.name().into()));
+        meta.push(("label_smoothing", num(l.label_smoothing)));
+        meta.push(("mean_all_ignored", l.mean_all_ignored.name().into()));
     }
     if let Some(en) = o.entropy {
         meta.push((

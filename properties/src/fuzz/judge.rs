@@ -9,7 +9,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use logprobe_reference::spec::{Dtype, Output};
 use logprobe_testkit::cache::oracle_case;
 use logprobe_testkit::checks::{
-    check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Ratios,
+    check_chunk_sizes, check_loss_chunk_sizes, check_row_slicing, judge_backward, judge_forward,
+    judge_loss, LossOracle, Ratios,
 };
 use logprobe_testkit::memory::check_memory;
 use logprobe_testkit::strategies::chunk_sizes;
@@ -22,6 +23,8 @@ use super::target::Target;
 pub enum Call {
     /// Forward into this output dtype.
     Forward(Dtype),
+    /// The cross-entropy `loss` into this output dtype.
+    Loss(Dtype),
     /// Backward into a new buffer of this dtype.
     Backward(Dtype),
     /// In-place backward (output in the logits' dtype).
@@ -37,8 +40,8 @@ pub enum Call {
 /// A property a kernel failed on one case.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finding {
-    /// The property (`oracle agreement`, `gradient`, `in-place gradient`,
-    /// `chunk-size invariance`, `memory`).
+    /// The property (`oracle agreement`, `loss`, `gradient`, `in-place
+    /// gradient`, `chunk-size invariance`, `memory`).
     pub property: &'static str,
     /// The call.
     pub call: Call,
@@ -69,7 +72,8 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 }
 
 /// Judges `case` on `target`: forward against the oracle (output dtype
-/// [`FuzzCase::out`]), backward into a new buffer (the accumulation dtype)
+/// [`FuzzCase::out`]), the cross-entropy `loss` (same dtype, the case's
+/// [`FuzzCase::loss`]), backward into a new buffer (the accumulation dtype)
 /// and in place, against the oracle's VJP; then chunk-size invariance
 /// (`chunk` against `chunk_sizes(N, seed)`) and row-slicing invariance
 /// where the target has them; then memory where it has a model (valid
@@ -92,6 +96,9 @@ pub fn judge(target: &Target, case: &FuzzCase) -> Result<f64, Finding> {
     let out = case.out();
     let mut r = guarded(|| judge_forward(k, data, &oc, out, true))
         .map_err(|d| fail("oracle agreement", Call::Forward(out), d))?;
+    let lo = LossOracle::compute(data, &e.loss, oc.clone());
+    guarded(|| judge_loss(k, data, &e.loss, &lo, out))
+        .map_err(|d| fail("loss", Call::Loss(out), d))?;
     if !cot.is_empty() || case.bad.is_some() {
         let acc = case.recipe.dtype.accumulation();
         let q = guarded(|| judge_backward(k, data, cot, &oc, &key, acc, false, true))
@@ -109,6 +116,7 @@ pub fn judge(target: &Target, case: &FuzzCase) -> Result<f64, Finding> {
         let cut = (case.recipe.seed as usize) % (case.recipe.n + 1);
         guarded(|| {
             check_chunk_sizes(&make, data, cot, &sizes)?;
+            check_loss_chunk_sizes(&make, data, &e.loss, &sizes)?;
             check_row_slicing(k, data, cot, cut)
         })
         .map_err(|d| fail("chunk-size invariance", Call::Invariance, d))?;

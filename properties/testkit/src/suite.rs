@@ -18,17 +18,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use proptest::prelude::*;
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Output};
 
 use crate::cache::oracle_case;
 use crate::checks::{
-    check_chunk_sizes, check_row_slicing, judge_backward, judge_forward, Failure, KernelOutcome,
-    Property, Ratios,
+    check_chunk_sizes, check_loss_chunk_sizes, check_row_slicing, judge_backward, judge_forward,
+    judge_loss, Failure, KernelOutcome, LossOracle, Property, Ratios,
 };
 use crate::registry::{self, Backend, Entry};
 use crate::strategies::{
-    bad_input, chunk_sizes, cotangent_recipe, edge_recipe, problem_recipe, BadInput, CotangentData,
-    CotangentRecipe, ProblemRecipe, RecipeSpace,
+    bad_input, chunk_sizes, cotangent_recipe, edge_recipe, loss_recipe, problem_recipe, BadInput,
+    CotangentData, CotangentRecipe, LossRecipe, ProblemRecipe, RecipeSpace,
 };
 
 /// A kernel constructor by chunk size: chunked kernels use it, the others
@@ -173,8 +173,10 @@ fn check_agreement(r: &ProblemRecipe, kernels: &[Box<dyn Kernel>]) -> Vec<Kernel
 }
 
 /// Property 2: chunk-size invariance, bit for bit, forward and backward
-/// (chunk sizes 1, random, non-divisors of N, N, > N), and row-slicing
-/// invariance of every kernel.
+/// (chunk sizes 1, random, non-divisors of N, N, > N), the cross-entropy
+/// `loss` too (its recipe derived from the case's seed,
+/// [`LossRecipe::from_seed`], so the case stream is unchanged), and
+/// row-slicing invariance of every kernel.
 pub fn chunk_invariance() -> Property<(ProblemRecipe, CotangentRecipe, u64), [KernelFamily]> {
     Property {
         name: "chunk_size_is_bit_invariant",
@@ -203,6 +205,7 @@ fn check_chunks(
     let data = r.expand();
     let cot = cr.expand(&data);
     let sizes = chunk_sizes(r.n, *seed);
+    let loss = LossRecipe::from_seed(*seed).expand(r.n);
     let cut = (*seed as usize) % (r.n + 1);
     families
         .iter()
@@ -210,10 +213,82 @@ fn check_chunks(
             let k = (f.make)(sizes[0]);
             let res = guarded(|| {
                 check_chunk_sizes(f.make.as_ref(), &data, &cot, &sizes)?;
+                check_loss_chunk_sizes(f.make.as_ref(), &data, &loss, &sizes)?;
                 check_row_slicing((f.make)(sizes[sizes.len() / 2]).as_ref(), &data, &cot, cut)?;
                 Ok(Ratios::default())
             });
             verdict("chunk_size_is_bit_invariant", k.as_ref(), c, res)
+        })
+        .collect()
+}
+
+/// A case of the loss property: a problem recipe (its `ignore_rate`
+/// overridden when drawn: every row ignored at weight 1) and a loss recipe.
+pub type LossCase = (ProblemRecipe, LossRecipe);
+
+/// Property 1 for the cross-entropy `loss` (issue 17): every reduction,
+/// label smoothing (0, the edges, uniform in `[0, 1]`), `ignore_index`
+/// rows (every row ignored too), optional `loss_weights` (zeros, all zero)
+/// and `mean_all_ignored`, on f32, bf16 and f16 logits at small, medium and
+/// real vocabulary sizes, output in f32 and in the logits' dtype: each
+/// value within its (T17) bound ([`judge_loss`]).
+pub fn loss() -> Property<LossCase, [Box<dyn Kernel>]> {
+    Property {
+        name: "loss_agrees_with_oracle_within_bound",
+        cases: 64,
+        strategy: loss_cases,
+        check: check_loss,
+    }
+}
+
+fn loss_cases() -> BoxedStrategy<LossCase> {
+    let space = RecipeSpace {
+        dtypes: vec![Dtype::F32, Dtype::Bf16, Dtype::F16],
+        max_small_vocab: 2048,
+        ..RecipeSpace::default()
+    };
+    (
+        problem_recipe(space),
+        loss_recipe(),
+        prop_oneof![3 => Just(None), 1 => Just(Some(1.0)), 1 => Just(Some(0.5))],
+    )
+        .prop_map(|(mut r, l, ignore)| {
+            if let Some(rate) = ignore {
+                r.ignore_rate = rate;
+            }
+            (r, l)
+        })
+        .boxed()
+}
+
+fn check_loss(c: &LossCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
+    let (r, lr) = c;
+    let mut data = r.expand();
+    let loss = lr.expand(r.n);
+    // Asked of the forward too: its per-row terms judged in the shared walk.
+    loss.ask(&mut data);
+    let oc = oracle_case(&format!("{r:?} {lr:?}"), &data);
+    let oracle = LossOracle::compute(&data, &loss, oc.clone());
+    kernels
+        .iter()
+        .map(|k| {
+            let res = guarded(|| {
+                let mut q = Ratios::default();
+                for out in [Dtype::F32, r.dtype] {
+                    let record = out == Dtype::F32 && r.dtype == Dtype::F32;
+                    q.merge(
+                        &judge_forward(k.as_ref(), &data, &oc, out, record)
+                            .map_err(|e| format!("forward out {out}: {e}"))?,
+                    );
+                    let w = judge_loss(k.as_ref(), &data, &loss, &oracle, out)
+                        .map_err(|e| format!("out {out}: {e}"))?;
+                    if record {
+                        q.record(Output::Loss, w);
+                    }
+                }
+                Ok(q)
+            });
+            verdict("loss_agrees_with_oracle_within_bound", k.as_ref(), c, res)
         })
         .collect()
 }

@@ -100,14 +100,14 @@ pub const NAMES: &[Name] = &[
     t("lse", 2, true),
     t("z_loss", 2, true),
     m("z_loss_coef", 2, true),
+    t("loss", 2, true),
+    m("reduction", 2, true),
+    m("label_smoothing", 2, true),
+    m("mean_all_ignored", 2, true),
+    t("loss_weights", 2, true),
     // Version 2: reserved, not built yet.
     m("z_loss_rows", 2, false),
-    t("loss", 2, false),
-    m("reduction", 2, false),
-    m("mean_all_ignored", 2, false),
-    t("loss_weights", 2, false),
     m("loss_normalizer", 2, false),
-    m("label_smoothing", 2, false),
     m("softcap", 2, false),
     m("softcap_dtype", 2, false),
     t("teacher_topk_log_probs", 2, false),
@@ -274,9 +274,17 @@ mod tests {
             check_name("row_mask", Kind::Tensor, 1, NAMES),
             Err(NameError::NeedsVersion2 { .. })
         ));
+        assert!(check_name("loss", Kind::Tensor, 2, NAMES).is_ok());
         assert!(matches!(
-            check_name("loss", Kind::Tensor, 2, NAMES),
-            Err(NameError::NotSupported { name: "loss", .. })
+            check_name("loss", Kind::Tensor, 1, NAMES),
+            Err(NameError::NeedsVersion2 { .. })
+        ));
+        assert!(matches!(
+            check_name("grad_loss", Kind::Tensor, 2, NAMES),
+            Err(NameError::NotSupported {
+                name: "grad_loss",
+                ..
+            })
         ));
         // A tensor name used as a metadata key is unknown as a key.
         assert!(matches!(

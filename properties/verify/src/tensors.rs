@@ -160,7 +160,8 @@ mod tests {
         let tensors: Vec<_> = keyword_names(Kind::Tensor).collect();
         assert_eq!(tensors[0], "logits");
         assert!(tensors.contains(&"row_mask") && tensors.contains(&"lse"));
-        assert!(!tensors.contains(&"loss"), "reserved, not built");
+        assert!(tensors.contains(&"loss") && tensors.contains(&"loss_weights"));
+        assert!(!tensors.contains(&"grad_loss"), "reserved, not built");
         let meta: Vec<_> = keyword_names(Kind::Meta).collect();
         assert!(meta.contains(&"temperature") && meta.contains(&"chunk_size"));
         assert!(!meta.contains(&"format_version") && !meta.contains(&"fuzz_seed"));

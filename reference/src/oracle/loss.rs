@@ -21,7 +21,7 @@ use rug::Float;
 use super::mpfr_interval::MpfrInterval;
 use super::row::{self, Entry, ACC_EXTRA};
 use super::{first_error, Exact, Interval, Oracle, Rounder};
-use crate::spec::{CrossEntropy, Dtype, Problem, Reduction, SpecError};
+use crate::spec::{CrossEntropy, Dtype, MeanAllIgnored, Problem, Reduction, SpecError};
 
 /// The exact cross-entropy `loss` of a problem, in a target dtype.
 #[derive(Clone, Debug)]
@@ -53,16 +53,18 @@ impl Oracle {
     /// in parallel.
     ///
     /// # Errors
-    /// The spec's validation errors ([`Problem::validate`]),
-    /// [`CrossEntropy::validate`]'s, and [`SpecError::MissingTensor`]
-    /// without `tokens`.
+    /// In this order (the kernels'): shape errors
+    /// ([`Problem::validate_shapes`]), [`CrossEntropy::validate`]'s,
+    /// [`SpecError::MissingTensor`] without `tokens`, then the rows' errors
+    /// ([`Problem::validate`]).
     pub fn cross_entropy(
         &self,
         problem: &Problem<'_>,
         ce: &CrossEntropy<'_>,
         target: Dtype,
     ) -> Result<OracleLoss, SpecError> {
-        let shape = problem.validate()?;
+        // The kernels' order: shapes, the loss options, tokens, then rows.
+        let shape = problem.validate_shapes()?;
         ce.validate(shape.n)?;
         if problem.tokens.is_none() {
             return Err(SpecError::MissingTensor {
@@ -70,6 +72,7 @@ impl Oracle {
                 tensor: "tokens",
             });
         }
+        let shape = problem.validate()?;
         let eps = ce.effective_label_smoothing(shape.dtype.accumulation())?;
         let rows = first_error(
             (0..shape.n)
@@ -84,30 +87,17 @@ impl Oracle {
             let terms: Vec<MpfrInterval> = rows
                 .par_iter()
                 .enumerate()
-                .map(|(r, row)| row_term(row, eps, ce.weight(r), prec))
+                .map(|(r, row)| row_term(row, eps, ce.weight(r), prec, None))
                 .collect();
-            let acc = prec + 2 * ACC_EXTRA;
-            let divisor = {
-                let mut d = MpfrInterval::new(acc);
-                for (r, row) in rows.iter().enumerate() {
-                    if row.target.is_some() {
-                        d.lo.add_assign_round(ce.weight(r), Round::Down);
-                        d.hi.add_assign_round(ce.weight(r), Round::Up);
-                    }
-                }
-                d
-            };
+            let mut reduced = MpfrLossSum::new(prec);
+            for (r, (row, t)) in rows.iter().zip(&terms).enumerate() {
+                reduced.add(t, row.target.is_some(), ce.weight(r));
+            }
+            let divisor = reduced.divisor.interval();
             let values: Vec<Exact> = match ce.reduction {
                 Reduction::None => terms.iter().map(|t| rounder.exact(t, target)).collect(),
-                Reduction::Sum => vec![rounder.exact(&sum(&terms, acc), target)],
-                Reduction::Mean => {
-                    if divisor.hi.is_zero() {
-                        vec![Exact::point(ce.mean_all_ignored.value())]
-                    } else {
-                        let mut m = MpfrInterval::new(prec);
-                        m.div_pos(&sum(&terms, acc), &divisor);
-                        vec![rounder.exact(&m, target)]
-                    }
+                Reduction::Sum | Reduction::Mean => {
+                    vec![reduced.exact(ce.reduction, ce.mean_all_ignored, &mut rounder, target)]
                 }
             };
             let done = values.iter().all(|e| e.decided);
@@ -117,7 +107,7 @@ impl Oracle {
                 values,
                 row_terms: terms.iter().map(MpfrInterval::interval).collect(),
                 counted,
-                divisor: divisor.interval(),
+                divisor,
                 precision: prec,
             });
             if done {
@@ -128,19 +118,187 @@ impl Oracle {
     }
 }
 
-/// `sum_r terms_r` at `acc` bits, rounded outward.
-fn sum(terms: &[MpfrInterval], acc: u32) -> MpfrInterval {
-    let mut s = MpfrInterval::new(acc);
-    for t in terms {
-        s.lo.add_assign_round(&t.lo, Round::Down);
-        s.hi.add_assign_round(&t.hi, Round::Up);
+impl Oracle {
+    /// The MPFR enclosure at `prec` bits of row `row`'s loss term `w l`
+    /// (nats; an exact 0 on an `ignore_index` row or for `w = 0`) of a
+    /// `problem` that asks for a loss ([`Problem::cross_entropy`]): one
+    /// step of the Ziv loop of a reduction taken row by row
+    /// ([`MpfrLossSum`]), without holding the other rows.
+    ///
+    /// # Errors
+    /// The spec's validation errors for that row ([`Problem::validate_shapes`],
+    /// [`Problem::validate_row`], the `Input`-temperature errors); a row
+    /// index past `N` is [`SpecError::ShapeMismatch`] on tensor `row`.
+    pub fn loss_term(
+        &self,
+        problem: &Problem<'_>,
+        row: usize,
+        prec: u32,
+    ) -> Result<MpfrInterval, SpecError> {
+        let shape = problem.validate_shapes()?;
+        super::check_row(&shape, row)?;
+        problem.validate_row(&shape, row)?;
+        let prepared = row::prepare(problem, &shape, row, None)?;
+        Ok(row_term(
+            &prepared,
+            label_smoothing(problem),
+            prepared.weight,
+            prec.max(super::MIN_PREC),
+            None,
+        ))
     }
-    s
+}
+
+/// A `sum` / `mean` loss accumulated over row terms in row order at
+/// precision `prec` (sums at `prec + 2 ACC_EXTRA` bits, directed rounding):
+/// the MPFR side of a reduction that never holds the rows (`verify` adds
+/// each row's [`Oracle::loss_term`] as it comes).
+#[derive(Clone, Debug)]
+pub struct MpfrLossSum {
+    /// `sum_r w_r l_r` over every row (an ignored row's term is 0).
+    pub sum: MpfrInterval,
+    /// `sum_r w_r` over the counted rows (`|r|` without weights).
+    pub divisor: MpfrInterval,
+    prec: u32,
+}
+
+impl MpfrLossSum {
+    /// Nothing summed yet, for terms at `prec` bits.
+    pub fn new(prec: u32) -> Self {
+        MpfrLossSum {
+            sum: MpfrInterval::new(prec + 2 * ACC_EXTRA),
+            divisor: MpfrInterval::new(prec + 2 * ACC_EXTRA),
+            prec,
+        }
+    }
+
+    /// Adds one row: its term `w l` (nats), whether it is counted (token
+    /// not `ignore_index`) and its weight `w` (1 without weights).
+    pub fn add(&mut self, term: &MpfrInterval, counted: bool, weight: f64) {
+        self.sum.lo.add_assign_round(&term.lo, Round::Down);
+        self.sum.hi.add_assign_round(&term.hi, Round::Up);
+        if counted {
+            self.divisor.lo.add_assign_round(weight, Round::Down);
+            self.divisor.hi.add_assign_round(weight, Round::Up);
+        }
+    }
+
+    /// The reduced value correctly rounded to `target` (decided or not,
+    /// [`Exact::decided`]): the sum under `sum`, the sum over the divisor
+    /// under `mean` (a zero divisor gives `mean_all_ignored`'s exact value),
+    /// the sum as well under `none` (not a value of the output then).
+    pub fn exact(
+        &self,
+        reduction: Reduction,
+        mean_all_ignored: MeanAllIgnored,
+        rounder: &mut Rounder,
+        target: Dtype,
+    ) -> Exact {
+        if reduction != Reduction::Mean {
+            return rounder.exact(&self.sum, target);
+        }
+        if self.divisor.hi.is_zero() {
+            return Exact::point(mean_all_ignored.value());
+        }
+        let mut m = MpfrInterval::new(self.prec);
+        m.div_pos(&self.sum, &self.divisor);
+        rounder.exact(&m, target)
+    }
+}
+
+/// A `sum` / `mean` loss accumulated over row terms on the f64 tier: the
+/// terms' enclosures and the weights added in row order, each end rounded
+/// in its direction ([`Interval::add`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossSum {
+    /// Enclosure of `sum_r w_r l_r` (nats).
+    pub sum: Interval,
+    /// Enclosure of `sum_r w_r` over the counted rows.
+    pub divisor: Interval,
+    /// How many rows are counted.
+    pub counted: usize,
+}
+
+impl Default for LossSum {
+    fn default() -> Self {
+        LossSum {
+            sum: Interval::point(0.0),
+            divisor: Interval::point(0.0),
+            counted: 0,
+        }
+    }
+}
+
+impl LossSum {
+    /// Adds one row (as [`MpfrLossSum::add`]; `term` an enclosure `>= 0`).
+    pub fn add(&mut self, term: Interval, counted: bool, weight: f64) {
+        self.sum = self.sum.add(term);
+        if counted {
+            self.divisor = self.divisor.add(Interval::point(weight));
+            self.counted += 1;
+        }
+    }
+
+    /// The enclosure of the reduced value (as [`MpfrLossSum::exact`]; a
+    /// zero divisor under `mean` gives `mean_all_ignored`'s point), `None`
+    /// under `mean` when the divisor's enclosure touches 0 without being 0.
+    pub fn value(
+        &self,
+        reduction: Reduction,
+        mean_all_ignored: MeanAllIgnored,
+    ) -> Option<Interval> {
+        let s = self.sum;
+        if reduction != Reduction::Mean {
+            return Some(s);
+        }
+        let d = self.divisor;
+        if d.hi == 0.0 {
+            return Some(Interval::point(mean_all_ignored.value()));
+        }
+        if !(d.lo > 0.0) {
+            return None;
+        }
+        if s.lo == f64::INFINITY {
+            return Some(s);
+        }
+        Some(Interval {
+            lo: (s.lo / d.hi).next_down().max(0.0),
+            hi: if s.hi == f64::INFINITY {
+                f64::INFINITY
+            } else {
+                (s.hi / d.lo).next_up()
+            },
+        })
+    }
+
+    /// The reduced value decided in `target` on the f64 tier, `None` when
+    /// its enclosure does not round to one value there (MPFR decides:
+    /// [`MpfrLossSum`]). The declared NaN of an all-ignored mean is an
+    /// exact NaN.
+    pub fn decide(
+        &self,
+        reduction: Reduction,
+        mean_all_ignored: MeanAllIgnored,
+        target: Dtype,
+    ) -> Option<Exact> {
+        let v = self.value(reduction, mean_all_ignored)?;
+        if v.lo.is_nan() {
+            return Some(Exact::point(f64::NAN));
+        }
+        decide_term(v, target)
+    }
 }
 
 /// The enclosure of `w * l` for one row at precision `prec` (an exact 0 on
-/// an ignored row or for `w = 0`; see the module docs for `l`).
-fn row_term(row: &row::Row<'_>, eps: f64, w: f64, prec: u32) -> MpfrInterval {
+/// an ignored row or for `w = 0`; see the module docs for `l`). `s_p`: the
+/// row's `s = S - 1` at `prec` when already summed (else one pass here).
+pub(super) fn row_term(
+    row: &row::Row<'_>,
+    eps: f64,
+    w: f64,
+    prec: u32,
+    s_p: Option<&MpfrInterval>,
+) -> MpfrInterval {
     let Some(t) = row.target else {
         return MpfrInterval::point(prec, 0.0);
     };
@@ -152,9 +310,11 @@ fn row_term(row: &row::Row<'_>, eps: f64, w: f64, prec: u32) -> MpfrInterval {
     if eps > 0.0 && (0..row.v.len()).any(|j| row.allowed(j) && row.v[j] == f64::NEG_INFINITY) {
         return MpfrInterval::point(prec, f64::INFINITY);
     }
-    let sums = row::pass(row, prec, false, None);
     let mut big_l = MpfrInterval::new(prec);
-    big_l.ln_1p(&sums.s_p);
+    match s_p {
+        Some(s) => big_l.ln_1p(s),
+        None => big_l.ln_1p(&row::pass(row, prec, false, None).s_p),
+    }
     let mut en = Entry::new(prec);
     en.shift(&vmax, row.v[t], row.ts);
     let mut nll = MpfrInterval::new(prec);
@@ -207,4 +367,28 @@ impl AssignRoundSub for Float {
         let a = Float::with_val(53, a);
         self.assign_round(&a - b, round);
     }
+}
+
+/// The label smoothing of `problem`'s loss as the computation takes it
+/// (rounded to the accumulation dtype; 0 without a loss or when invalid,
+/// which validation has already refused).
+pub(super) fn label_smoothing(problem: &Problem<'_>) -> f64 {
+    problem
+        .cross_entropy()
+        .and_then(|ce| {
+            ce.effective_label_smoothing(problem.logits.dtype().accumulation())
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// The decision (F8) of an f64 enclosure of a loss term or reduced loss
+/// (`>= 0`, possibly `+inf`): an exact `[0, 0]` is `+0`, an exact `+inf`
+/// is `+inf`, otherwise [`super::fast::decide`] (an enclosure touching 0
+/// is left to MPFR).
+pub(crate) fn decide_term(l: Interval, target: Dtype) -> Option<Exact> {
+    if l.lo == l.hi && (l.lo == 0.0 || l.lo == f64::INFINITY) {
+        return Some(Exact::point(l.lo));
+    }
+    super::fast::decide(l, target)
 }

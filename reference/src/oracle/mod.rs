@@ -84,7 +84,7 @@ mod row;
 mod vjp;
 
 pub use fast::{Fallback, Tier};
-pub use loss::OracleLoss;
+pub use loss::{LossSum, MpfrLossSum, OracleLoss};
 pub use mpfr_interval::MpfrInterval;
 pub use round::{round_to_dtype, Rounder};
 
@@ -351,12 +351,14 @@ impl Oracle {
             rows_mpfr: 0,
         };
         let lse = ff.lse;
-        let values = fast_values(problem, ff, target);
-        // The loss side's values derived here (z_loss) may be undecided
-        // where the f64 tier's own outputs are not.
-        let derived = values
-            .get(Output::ZLoss)
-            .map_or(0, |v| v.iter().filter(|e| e.is_none()).count() as u64);
+        let values = fast_values(problem, fast, ff, target);
+        // The loss side's values derived here (z_loss, loss) may be
+        // undecided where the f64 tier's own outputs are not.
+        let derived = [Output::ZLoss, Output::Loss]
+            .into_iter()
+            .filter_map(|o| values.get(o))
+            .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
+            .sum::<u64>();
         fb.outputs_mpfr += derived;
         if undecided + derived == 0 {
             let rf = RowForward {
@@ -420,6 +422,11 @@ impl Oracle {
                 Output::GradLogits => Vec::new(),
                 Output::Lse => vec![lse],
                 Output::ZLoss => vec![z_loss_mpfr(problem, &vals.lse, prec, &mut rounder, target)],
+                Output::Loss => {
+                    let eps = loss::label_smoothing(problem);
+                    let t = loss::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
+                    vec![rounder.exact(&t, target)]
+                }
             });
             let rf = RowForward {
                 lse,
@@ -710,6 +717,7 @@ impl RowForward {
 /// the exact 0 of [`RowForward::values`].
 fn fast_values(
     problem: &Problem<'_>,
+    fast: &fast::FastRow<'_>,
     ff: fast::FastForward,
     target: Dtype,
 ) -> PerOutput<Vec<Option<Exact>>> {
@@ -723,6 +731,9 @@ fn fast_values(
         Output::GradLogits => Vec::new(),
         Output::Lse => vec![lse],
         Output::ZLoss => vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))],
+        Output::Loss => vec![fast
+            .loss_term(loss::label_smoothing(problem))
+            .and_then(|l| loss::decide_term(l, target))],
     })
 }
 

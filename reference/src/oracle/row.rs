@@ -79,6 +79,8 @@ pub(crate) struct Row<'a> {
     pub target: Option<usize>,
     /// Top-k ids `[K]`.
     pub topk: Vec<TopId>,
+    /// The row's `loss_weights` entry (1 without weights).
+    pub weight: f64,
 }
 
 impl Row<'_> {
@@ -177,6 +179,7 @@ pub(crate) fn prepare<'a>(
         shared,
         target,
         topk,
+        weight: problem.loss_weight(row),
     })
 }
 

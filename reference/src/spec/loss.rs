@@ -147,6 +147,35 @@ impl FromStr for MeanAllIgnored {
     }
 }
 
+/// The options of the cross-entropy `loss` held in
+/// [`Options::loss`](super::Options::loss) (`Some` = the loss is an output
+/// of the problem); the per-row weights are
+/// [`Problem::loss_weights`](super::Problem::loss_weights), and the two
+/// together are [`Problem::cross_entropy`](super::Problem::cross_entropy).
+/// Fields as in [`CrossEntropy`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossOptions {
+    /// The reduction over rows.
+    pub reduction: Reduction,
+    /// Label smoothing `eps` in `[0, 1]` (rounded to the accumulation dtype
+    /// before use). Default 0.
+    pub label_smoothing: f64,
+    /// The `mean` of zero rows.
+    pub mean_all_ignored: MeanAllIgnored,
+}
+
+impl LossOptions {
+    /// These options with per-row weights `[N]` (`None`: every weight 1).
+    pub fn with_weights<'a>(self, loss_weights: Option<ArrayView1<'a, f64>>) -> CrossEntropy<'a> {
+        CrossEntropy {
+            reduction: self.reduction,
+            label_smoothing: self.label_smoothing,
+            mean_all_ignored: self.mean_all_ignored,
+            loss_weights,
+        }
+    }
+}
+
 /// The cross-entropy `loss` of a problem (its logits, tokens, sampling
 /// mask, temperature, vocabulary and `ignore_index` are the
 /// [`Problem`](super::Problem)'s).

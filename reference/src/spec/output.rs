@@ -10,9 +10,20 @@
 //! `entropy`) have width 1, `topk_log_probs` width `K` (one column per id),
 //! `grad_logits` width `V_total` (one column per logit, padding included).
 //! An element is addressed by `(output, row, col)`.
+//!
+//! One output can be reduced over rows: the cross-entropy `loss` under
+//! `reduction = sum | mean` is one value for the whole problem (dump shape
+//! `[]`). [`Output::reduced`] says so; such an output is never judged per
+//! row ([`Output::judged`] is false for every row), and its one value is the
+//! element `(output, 0, 0)` of a one-row view: the verify engine judges it
+//! once per file, after the rows, from the rows' per-row terms. The per-row
+//! values an oracle or kernel gives for it (`[N, 1]`) are those terms
+//! (`w_r * l_r`, an exact 0 on ignored rows), which under `none` are the
+//! output itself.
 
 use ndarray::{Array2, ArrayView1, ArrayView2, Axis};
 
+use super::loss::Reduction;
 use super::problem::{Cotangents, Problem, Shape};
 
 /// One output of the problem (DESIGN: "The math"; names as in the dump
@@ -34,6 +45,13 @@ pub enum Output {
     /// `z_loss [N]` (stored `[N, 1]`): `z_loss_coef * lse^2` per row
     /// (DESIGN: "Loss side"; reduction `none`, every row).
     ZLoss,
+    /// `loss`: the cross-entropy (DESIGN: "Loss side";
+    /// [`crate::spec::CrossEntropy`]), nats. Under `reduction = none`
+    /// `[N]` (stored `[N, 1]`): `w_r * l_r`, exactly 0 on `ignore_index`
+    /// rows; under `sum` / `mean` one value for the problem
+    /// ([`Output::reduced`]), the per-row values `[N, 1]` being the terms
+    /// it reduces.
+    Loss,
 }
 
 /// What the second axis of an output indexes.
@@ -49,7 +67,7 @@ pub enum Columns {
 
 impl Output {
     /// How many outputs there are.
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
 
     /// Every output, in report order.
     pub const ALL: [Output; Output::COUNT] = [
@@ -59,15 +77,17 @@ impl Output {
         Output::GradLogits,
         Output::Lse,
         Output::ZLoss,
+        Output::Loss,
     ];
 
     /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 5] = [
+    pub const FORWARD: [Output; 6] = [
         Output::LogProbs,
         Output::Entropy,
         Output::TopkLogProbs,
         Output::Lse,
         Output::ZLoss,
+        Output::Loss,
     ];
 
     /// Position in [`Output::ALL`].
@@ -76,7 +96,7 @@ impl Output {
     }
 
     /// The tensor name (dump format, reports): `log_probs`, `entropy`,
-    /// `topk_log_probs`, `grad_logits`, `lse`, `z_loss`.
+    /// `topk_log_probs`, `grad_logits`, `lse`, `z_loss`, `loss`.
     pub fn name(self) -> &'static str {
         match self {
             Output::LogProbs => "log_probs",
@@ -85,19 +105,22 @@ impl Output {
             Output::GradLogits => "grad_logits",
             Output::Lse => "lse",
             Output::ZLoss => "z_loss",
+            Output::Loss => "loss",
         }
     }
 
     /// The tensor name of this output's upstream cotangent (`grad_<name>`),
     /// `None` for `grad_logits` (nothing is differentiated through it) and
-    /// for `lse` / `z_loss`, whose VJP is not built yet (`grad_lse`,
-    /// `grad_z_loss` stay reserved names, rejected as not supported).
+    /// for `lse`, `z_loss` and `loss`, whose VJP is not built yet
+    /// (`grad_lse`, `grad_z_loss`, `grad_loss` stay reserved names,
+    /// rejected as not supported: a cotangent read but not differentiated
+    /// would be ignored silently).
     pub fn cotangent_name(self) -> Option<&'static str> {
         match self {
             Output::LogProbs => Some("grad_log_probs"),
             Output::Entropy => Some("grad_entropy"),
             Output::TopkLogProbs => Some("grad_topk_log_probs"),
-            Output::GradLogits | Output::Lse | Output::ZLoss => None,
+            Output::GradLogits | Output::Lse | Output::ZLoss | Output::Loss => None,
         }
     }
 
@@ -109,7 +132,9 @@ impl Output {
     /// What the second axis indexes.
     pub fn columns(self) -> Columns {
         match self {
-            Output::LogProbs | Output::Entropy | Output::Lse | Output::ZLoss => Columns::One,
+            Output::LogProbs | Output::Entropy | Output::Lse | Output::ZLoss | Output::Loss => {
+                Columns::One
+            }
             Output::TopkLogProbs => Columns::TopK,
             Output::GradLogits => Columns::Vocabulary,
         }
@@ -128,7 +153,8 @@ impl Output {
     /// Whether a forward call on `problem` computes this output: log-probs
     /// with `tokens`, the entropy with `options.entropy`, top-k log-probs
     /// with `topk_ids`, `lse` with `options.lse`, `z_loss` with
-    /// `options.z_loss_coef`; never `grad_logits` (a backward call's output).
+    /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`; never
+    /// `grad_logits` (a backward call's output).
     pub fn requested(self, problem: &Problem<'_>) -> bool {
         match self {
             Output::LogProbs => problem.tokens.is_some(),
@@ -137,15 +163,31 @@ impl Output {
             Output::GradLogits => false,
             Output::Lse => problem.options.lse,
             Output::ZLoss => problem.options.z_loss_coef.is_some(),
+            Output::Loss => problem.options.loss.is_some() && problem.tokens.is_some(),
+        }
+    }
+
+    /// Whether this output is one value for the whole problem rather than
+    /// one per row: `loss` under `reduction = sum | mean` (module docs).
+    pub fn reduced(self, problem: &Problem<'_>) -> bool {
+        match self {
+            Output::Loss => problem
+                .options
+                .loss
+                .is_some_and(|l| l.reduction != Reduction::None),
+            _ => false,
         }
     }
 
     /// Whether row `row`'s values of this output are judged: every row but
     /// the log-prob of an `ignore_index` row ([`Problem::has_target`]),
-    /// whose value is defined as 0 and not checked (dump format).
+    /// whose value is defined as 0 and not checked (dump format), and a
+    /// [reduced](Output::reduced) output's (judged once for the problem).
+    /// An `ignore_index` row's `loss` under `none` is judged: it must be 0.
     pub fn judged(self, problem: &Problem<'_>, row: usize) -> bool {
         match self {
             Output::LogProbs => problem.has_target(row),
+            Output::Loss => !self.reduced(problem),
             Output::Entropy
             | Output::TopkLogProbs
             | Output::GradLogits
@@ -169,7 +211,7 @@ impl Output {
             Output::LogProbs => cotangents.grad_log_probs.map(|g| g.insert_axis(Axis(1))),
             Output::Entropy => cotangents.grad_entropy.map(|g| g.insert_axis(Axis(1))),
             Output::TopkLogProbs => cotangents.grad_topk_log_probs,
-            Output::GradLogits | Output::Lse | Output::ZLoss => None,
+            Output::GradLogits | Output::Lse | Output::ZLoss | Output::Loss => None,
         }
     }
 }

@@ -8,6 +8,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
+use super::loss::{CrossEntropy, LossOptions};
 
 /// PyTorch's default `ignore_index`.
 pub const DEFAULT_IGNORE_INDEX: i64 = -100;
@@ -172,6 +173,11 @@ pub struct Options {
     /// times `coef`; DESIGN: "Loss side"). `coef >= 0` and finite, rounded
     /// to the accumulation dtype as the temperature is. Default `None`.
     pub z_loss_coef: Option<f64>,
+    /// `Some`: compute the cross-entropy `loss` (needs `tokens`; DESIGN:
+    /// "Loss side") with this reduction, label smoothing and all-ignored
+    /// mean; its per-row weights are [`Problem::loss_weights`]. Default
+    /// `None`.
+    pub loss: Option<LossOptions>,
 }
 
 impl std::fmt::Debug for Options {
@@ -188,6 +194,9 @@ impl std::fmt::Debug for Options {
         if let Some(c) = self.z_loss_coef {
             d.field("z_loss_coef", &c);
         }
+        if let Some(l) = &self.loss {
+            d.field("loss", l);
+        }
         d.finish()
     }
 }
@@ -202,6 +211,7 @@ impl Default for Options {
             entropy: Some(EntropyLogits::Unmasked),
             lse: false,
             z_loss_coef: None,
+            loss: None,
         }
     }
 }
@@ -259,6 +269,10 @@ pub struct Problem<'a> {
     pub sampling_mask: Option<ArrayView2<'a, bool>>,
     /// Ids `[N, K]` whose log-probs to compute.
     pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// Per-row weights `[N]` of the cross-entropy `loss` (finite, `>= 0`,
+    /// exact f64 inputs; `None` = every weight 1). Read only when
+    /// `options.loss` is `Some`.
+    pub loss_weights: Option<ArrayView1<'a, f64>>,
     /// Options.
     pub options: Options,
 }
@@ -276,6 +290,8 @@ pub struct ProblemMut<'a> {
     pub sampling_mask: Option<ArrayView2<'a, bool>>,
     /// Ids `[N, K]` whose log-probs to compute.
     pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// Per-row weights `[N]` of the cross-entropy `loss`, as in [`Problem`].
+    pub loss_weights: Option<ArrayView1<'a, f64>>,
     /// Options.
     pub options: Options,
 }
@@ -288,6 +304,7 @@ impl<'a> ProblemMut<'a> {
             tokens: None,
             sampling_mask: None,
             topk_ids: None,
+            loss_weights: None,
             options: Options::default(),
         }
     }
@@ -299,6 +316,7 @@ impl<'a> ProblemMut<'a> {
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
+            loss_weights: self.loss_weights,
             options: self.options,
         }
     }
@@ -311,6 +329,7 @@ impl<'a> ProblemMut<'a> {
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
+            loss_weights: self.loss_weights,
             options: self.options,
         }
     }
@@ -355,20 +374,39 @@ impl<'a> Problem<'a> {
             tokens: None,
             sampling_mask: None,
             topk_ids: None,
+            loss_weights: None,
             options: Options::default(),
         }
     }
 
-    /// Checks shapes, `vocab_size` and temperature; O(1) in N and V.
+    /// Checks shapes, `vocab_size`, temperature, the z-loss coefficient and
+    /// the loss options (label smoothing, `loss_weights [N]`); O(1) in N and
+    /// V (each row's weight is checked by [`Problem::validate_row`]).
     ///
     /// # Errors
     /// [`SpecError::ShapeMismatch`], [`SpecError::BadVocabSize`],
-    /// [`SpecError::BadTemperature`].
+    /// [`SpecError::BadTemperature`], [`SpecError::BadZLossCoef`],
+    /// [`SpecError::BadLabelSmoothing`], [`SpecError::MissingTensor`]
+    /// (`loss` without `tokens`).
     pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
         let temperature = self.options.effective_temperature(dtype.accumulation())?;
         self.options.effective_z_loss_coef(dtype.accumulation())?;
+        if let Some(ce) = self.cross_entropy() {
+            ce.effective_label_smoothing(dtype.accumulation())?;
+            if self.tokens.is_none() {
+                return Err(SpecError::MissingTensor {
+                    output: "loss",
+                    tensor: "tokens",
+                });
+            }
+            if let Some(w) = ce.loss_weights {
+                if w.len() != n {
+                    return Err(shape_err("loss_weights", vec![n], w.shape()));
+                }
+            }
+        }
         let vocab_size = self.options.vocab_size.unwrap_or(v_total);
         if vocab_size > v_total {
             return Err(SpecError::BadVocabSize {
@@ -474,9 +512,17 @@ impl<'a> Problem<'a> {
     /// # Errors
     /// [`SpecError::NonFiniteLogit`], [`SpecError::NoFiniteLogit`],
     /// [`SpecError::TokenOutOfRange`], [`SpecError::TokenMasked`],
-    /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`].
+    /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`],
+    /// [`SpecError::BadLossWeight`] (the row's `loss_weights` entry, when
+    /// the loss is computed).
     pub fn validate_row(&self, shape: &Shape, row: usize) -> Result<(), SpecError> {
         let v = shape.vocab_size;
+        if let (Some(_), Some(w)) = (self.options.loss, self.loss_weights) {
+            let value = w[row];
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(SpecError::BadLossWeight { row, value });
+            }
+        }
         let mask = self.sampling_mask.map(|m| m.index_axis_move(Axis(0), row));
         let any_allowed_finite = with_logits!(self.logits, lv => {
             let r = lv.row(row);
@@ -600,6 +646,17 @@ impl<'a> Problem<'a> {
             self.validate_row(&shape, r)?;
         }
         Ok(shape)
+    }
+
+    /// The cross-entropy `loss` this problem asks for (`options.loss` with
+    /// [`Problem::loss_weights`]); `None` when it asks for none.
+    pub fn cross_entropy(&self) -> Option<CrossEntropy<'a>> {
+        self.options.loss.map(|l| l.with_weights(self.loss_weights))
+    }
+
+    /// The weight of row `row` in the loss (1 without `loss_weights`).
+    pub fn loss_weight(&self, row: usize) -> f64 {
+        self.loss_weights.map_or(1.0, |w| w[row])
     }
 
     /// Whether row `row`'s log-prob is wanted (tokens present and the token

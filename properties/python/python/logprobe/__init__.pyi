@@ -48,6 +48,8 @@ def verify(
     row_mask: Optional[TensorLike] = None,
     lse: Optional[TensorLike] = None,
     z_loss: Optional[TensorLike] = None,
+    loss: Optional[TensorLike] = None,
+    loss_weights: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -59,6 +61,9 @@ def verify(
     topk_sorted: Optional[MetaValue] = None,
     chunk_size: Optional[MetaValue] = None,
     z_loss_coef: Optional[MetaValue] = None,
+    reduction: Optional[MetaValue] = None,
+    label_smoothing: Optional[MetaValue] = None,
+    mean_all_ignored: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

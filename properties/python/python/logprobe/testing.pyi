@@ -27,6 +27,8 @@ def assert_verified(
     row_mask: Optional[TensorLike] = None,
     lse: Optional[TensorLike] = None,
     z_loss: Optional[TensorLike] = None,
+    loss: Optional[TensorLike] = None,
+    loss_weights: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -37,6 +39,9 @@ def assert_verified(
     topk_sorted: Optional[MetaValue] = None,
     chunk_size: Optional[MetaValue] = None,
     z_loss_coef: Optional[MetaValue] = None,
+    reduction: Optional[MetaValue] = None,
+    label_smoothing: Optional[MetaValue] = None,
+    mean_all_ignored: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

@@ -19,11 +19,12 @@ pub use space::Space;
 
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::strategies::{
-    BadInput, CotangentData, CotangentRecipe, ProblemData, ProblemRecipe, ShardLayout,
+    BadInput, CotangentData, CotangentRecipe, LossData, LossRecipe, ProblemData, ProblemRecipe,
+    ShardLayout,
 };
 
 /// Every key of the grammar, in recipe order.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 28] = [
     "seed",
     "dtype",
     "vocab",
@@ -41,6 +42,10 @@ pub const KEYS: [&str; 24] = [
     "topk",
     "topk_ids",
     "entropy",
+    "reduction",
+    "label_smoothing",
+    "mean_all_ignored",
+    "loss_weights",
     "chunk",
     "shards",
     "out",
@@ -61,6 +66,9 @@ pub struct FuzzCase {
     pub recipe: ProblemRecipe,
     /// The cotangents of the backward calls.
     pub cot: CotangentRecipe,
+    /// The cross-entropy `loss` asked of the kernel (its weights drawn from
+    /// the recipe's seed, whatever `loss.seed` holds).
+    pub loss: LossRecipe,
     /// `chunk_size` of chunked kernels (>= 1); chunk-size invariance compares
     /// it with `chunk_sizes(N, seed)`.
     pub chunk: usize,
@@ -80,6 +88,8 @@ pub struct Expanded {
     pub cot: CotangentData,
     /// The shard layout of vocab-parallel kernels.
     pub layout: ShardLayout,
+    /// The loss options and weights `[N]`.
+    pub loss: LossData,
 }
 
 impl FuzzCase {
@@ -93,6 +103,7 @@ impl FuzzCase {
                 entropy: true,
                 topk: true,
             },
+            loss: LossRecipe::plain(seed),
             chunk: 1,
             shards: 1,
             out_input: false,
@@ -122,7 +133,17 @@ impl FuzzCase {
         if let Some((b, row, col)) = self.bad {
             b.apply(&mut data, &mut cot, row, col);
         }
-        Expanded { data, cot, layout }
+        let loss = LossRecipe {
+            seed: r.seed,
+            ..self.loss.clone()
+        }
+        .expand(r.n);
+        Expanded {
+            data,
+            cot,
+            layout,
+            loss,
+        }
     }
 
     /// A key for the oracle cache: every field.

@@ -3,7 +3,7 @@
 //! each key takes ([`set`]), and the names of the bad inputs.
 
 use logprobe_reference::spec::{Dtype, EntropyLogits, TemperatureDtype};
-use logprobe_testkit::strategies::{BadInput, Offset, PadFill, RowKind};
+use logprobe_testkit::strategies::{BadInput, LossWeights, Offset, PadFill, RowKind};
 
 use super::super::grammar::{num, parse_f64, GrammarError, Pairs};
 use super::{FuzzCase, KEYS};
@@ -73,6 +73,13 @@ impl FuzzCase {
             format!("topk={}", r.topk),
             format!("topk_ids={}", if r.topk_true { "true" } else { "random" }),
             format!("entropy={}", entropy_name(r.entropy)),
+            format!("reduction={}", self.loss.reduction.name()),
+            format!("label_smoothing={}", num(self.loss.label_smoothing)),
+            format!("mean_all_ignored={}", self.loss.mean_all_ignored.name()),
+            format!(
+                "loss_weights={}",
+                self.loss.weights.map_or("none", LossWeights::name)
+            ),
             format!("chunk={}", self.chunk),
             format!("shards={}", self.shards),
             format!("out={}", if self.out_input { "input" } else { "acc" }),
@@ -335,6 +342,27 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
                 "unmasked" | "on" => Some(EntropyLogits::Unmasked),
                 "masked" => Some(EntropyLogits::Masked),
                 _ => return Err(bad_value(key, v, "unmasked, masked or none")),
+            }
+        }
+        "reduction" => {
+            c.loss.reduction = v
+                .parse()
+                .map_err(|_| bad_value(key, v, "none, sum or mean"))?
+        }
+        // Any number: outside [0, 1] the kernel must give the typed error.
+        "label_smoothing" => c.loss.label_smoothing = float(key, v)?,
+        "mean_all_ignored" => {
+            c.loss.mean_all_ignored = v.parse().map_err(|_| bad_value(key, v, "nan or zero"))?
+        }
+        "loss_weights" => {
+            c.loss.weights = match v {
+                "none" | "off" => None,
+                _ => Some(
+                    LossWeights::ALL
+                        .into_iter()
+                        .find(|w| w.name() == v)
+                        .ok_or_else(|| bad_value(key, v, "none, zeros, allzero or constant"))?,
+                ),
             }
         }
         "chunk" => {

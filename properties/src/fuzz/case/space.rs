@@ -8,7 +8,7 @@ use proptest::sample::select;
 use logprobe_reference::spec::{Dtype, EntropyLogits};
 use logprobe_reference::splitmix::SplitMix64;
 use logprobe_testkit::strategies::{
-    cotangent_recipe, problem_recipe, RecipeSpace, REAL_VOCAB_SIZES,
+    cotangent_recipe, problem_recipe, LossRecipe, RecipeSpace, REAL_VOCAB_SIZES,
 };
 
 use super::super::grammar::{num, parse_f64, Alt, GrammarError, Pairs};
@@ -102,6 +102,9 @@ impl Space {
         )
             .prop_map(move |(recipe, cot, chunk, shards, out_input, bad)| {
                 space.pin(FuzzCase {
+                    // From the seed, no draw of its own (the case stream
+                    // is the one before the loss was asked).
+                    loss: LossRecipe::from_seed(recipe.seed),
                     recipe,
                     cot,
                     chunk,
@@ -182,6 +185,7 @@ impl Space {
             "chunk" => Some(c.chunk as f64),
             "shards" => Some(c.shards as f64),
             "grad_seed" => Some(c.cot.seed as f64),
+            "label_smoothing" => Some(c.loss.label_smoothing),
             _ => None,
         };
         if let Some(x) = x {
@@ -231,7 +235,7 @@ impl Space {
 }
 
 /// Keys that take numbers (and so ranges).
-const NUMERIC: [&str; 13] = [
+const NUMERIC: [&str; 14] = [
     "seed",
     "vocab",
     "rows",
@@ -245,6 +249,7 @@ const NUMERIC: [&str; 13] = [
     "chunk",
     "shards",
     "grad_seed",
+    "label_smoothing",
 ];
 
 /// Numeric keys whose values are integers.

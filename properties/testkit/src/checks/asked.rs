@@ -11,7 +11,7 @@ use crate::cache::OracleCase;
 use crate::strategies::{CotangentData, OwnedLogits, ProblemData};
 
 /// What a kernel is asked: the problem with the outputs it cannot compute
-/// left out (entropy, masked entropy, top-k), and the input features it
+/// left out (entropy, masked entropy, top-k, lse and z_loss, the loss), and the input features it
 /// cannot take (mask, temperature, padding, f64), for which it must answer
 /// [`KernelError::Unsupported`].
 pub struct Asked<'a> {
@@ -35,6 +35,10 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
     if !caps.lse {
         p.options.lse = false;
         p.options.z_loss_coef = None;
+    }
+    if !caps.loss {
+        p.options.loss = None;
+        p.loss_weights = None;
     }
     let (_, v_total) = p.logits.dim();
     let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
@@ -83,6 +87,16 @@ pub(crate) fn expected_error(problem: &Problem<'_>, oracle: &OracleCase) -> Opti
             // Errors only the values reveal (`round_input(x / T)` overflowing);
             // a top-k error of ids the kernel was not given does not count.
             Err(SpecError::TopkIdOutOfRange { .. }) if problem.topk_ids.is_none() => None,
+            // Nor a loss error where the kernel was not asked the loss.
+            Err(
+                SpecError::MissingTensor { output: "loss", .. }
+                | SpecError::BadLabelSmoothing { .. }
+                | SpecError::BadLossWeight { .. }
+                | SpecError::ShapeMismatch {
+                    tensor: "loss_weights",
+                    ..
+                },
+            ) if problem.options.loss.is_none() => None,
             Err(e) => Some(e.clone()),
             Ok(_) => None,
         },

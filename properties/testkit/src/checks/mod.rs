@@ -220,7 +220,9 @@ fn seed_bytes(seed: u64) -> [u8; 32] {
 mod asked;
 mod invariance;
 mod judge;
+mod loss;
 
 pub use asked::*;
 pub use invariance::*;
 pub use judge::*;
+pub use loss::*;

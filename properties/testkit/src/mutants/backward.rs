@@ -116,6 +116,7 @@ impl PlantedBug for InPlaceCorruption {
                     .map(|m| m.slice_move(s![r.clone(), ..])),
                 topk_ids: problem.topk_ids.map(|k| k.slice_move(s![r.clone(), ..])),
                 options: problem.options,
+                loss_weights: problem.loss_weights.map(|w| w.slice_move(s![r.clone()])),
             };
             FUSED.backward_in_place(sub, &c)?;
         }

@@ -27,6 +27,9 @@
 //! | `in-place-corruption` | [`InPlaceCorruption`] | fused | in-place backward over input with a bad row after a good one: earlier rows already overwritten |
 //! | `raw-entropy-formula` | [`RawEntropyFormula`] | fused | every entropy computed as `lse - sum p z` on raw logits in f32 (exact enough at small offsets, digits lost at large ones) |
 //! | `chunk-dependent-order` | [`ChunkDependentOrder`] | chunked | rows in odd-numbered chunks reduced in reverse column order |
+//! | `label-smoothing-counts-ignored` | [`LabelSmoothingCountsIgnored`] | fused | `loss` with `label_smoothing > 0` and an ignored row: the uniform (smoothing) term summed and averaged over every row, ignored ones included (pytorch/pytorch #73205) |
+//! | `chunked-mean-times-chunks` | [`ChunkedMeanTimesChunks`] | chunked | `loss` under `mean` with more than one chunk: multiplied by the chunk count (NVIDIA-NeMo/Automodel #3803) |
+//! | `all-ignored-mean-nan` | [`AllIgnoredMeanNan`] | fused | `loss` under `mean` with every row ignored (or of weight 0) and `mean_all_ignored = zero`: `0 / 0 = NaN` (linkedin/Liger-Kernel #177) |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -36,12 +39,15 @@ use ndarray::Array2;
 use logprobe_kernels::CpuKernel;
 
 use logprobe_kernels::kernel::{
-    Algorithm, Capabilities, EntropyForm, ForwardOutput, Kernel, KernelError,
+    Algorithm, Capabilities, CrossEntropyOutput, EntropyForm, ForwardOutput, Kernel, KernelError,
 };
-use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Options, Problem, ProblemMut, Shape};
+use logprobe_reference::spec::{
+    Cotangents, CrossEntropy, Dtype, LogitsMut, Options, Problem, ProblemMut, Shape,
+};
 
 mod backward;
 mod chunks;
+mod loss;
 mod options;
 mod rewired;
 #[cfg(test)]
@@ -51,6 +57,7 @@ mod values;
 
 pub use backward::{GradOutput0Broadcast, InPlaceCorruption};
 pub use chunks::{ChunkDependentOrder, DroppedChunkRemainder, IgnoredChunkSize};
+pub use loss::{AllIgnoredMeanNan, ChunkedMeanTimesChunks, LabelSmoothingCountsIgnored};
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
@@ -106,6 +113,18 @@ pub trait PlantedBug: Send + Sync {
         let _ = (problem, shape, cotangents, grad);
     }
 
+    /// Replaces, in the correct kernel's cross-entropy `loss` (`[N]` or
+    /// `[1]`), the values the bug changes (called after a successful
+    /// [`Kernel::cross_entropy`] on valid input).
+    fn corrupt_loss(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        lo: &mut CrossEntropyOutput,
+    ) {
+        let _ = (problem, ce, lo);
+    }
+
     /// As [`Kernel::capabilities`]: the wrapped kernel's.
     fn capabilities(&self) -> Capabilities {
         self.inner().capabilities()
@@ -141,6 +160,26 @@ pub trait PlantedBug: Send + Sync {
         let shape = problem.validate_shapes()?;
         self.corrupt_forward(problem, &shape, out, &mut fo);
         Ok(fo)
+    }
+
+    /// As [`Kernel::cross_entropy`]: the wrapped kernel with
+    /// [`PlantedBug::wrong_options`] when given, else the wrapped kernel's
+    /// loss through [`PlantedBug::corrupt_loss`].
+    ///
+    /// # Errors
+    /// The wrapped kernel's.
+    fn cross_entropy(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        out: Dtype,
+    ) -> Result<CrossEntropyOutput, KernelError> {
+        if let Some(q) = with_wrong_options(self, problem)? {
+            return self.inner().cross_entropy(&q, ce, out);
+        }
+        let mut lo = self.inner().cross_entropy(problem, ce, out)?;
+        self.corrupt_loss(problem, ce, &mut lo);
+        Ok(lo)
     }
 
     /// As [`Kernel::backward`]: the wrapped kernel with
@@ -293,6 +332,15 @@ impl Kernel for Mutant {
     ) -> Result<(), KernelError> {
         self.bug.backward_in_place(problem, cotangents)
     }
+
+    fn cross_entropy(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        out: Dtype,
+    ) -> Result<CrossEntropyOutput, KernelError> {
+        self.bug.cross_entropy(problem, ce, out)
+    }
 }
 
 /// The correct kernel a mutant wraps (its twin in reports and fuzz).
@@ -378,6 +426,9 @@ pub static CATALOG: &[Entry] = &[
     entry!(InPlaceCorruption, Fused, memory: false),
     entry!(RawEntropyFormula, Fused, memory: false),
     entry!(ChunkDependentOrder, Chunked, memory: false),
+    entry!(LabelSmoothingCountsIgnored, Fused, memory: true),
+    entry!(ChunkedMeanTimesChunks, Chunked, memory: true),
+    entry!(AllIgnoredMeanNan, Fused, memory: true),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

@@ -73,6 +73,7 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
             sampling_mask: p.sampling_mask,
             topk_ids: p.topk_ids,
             options: p.options,
+            loss_weights: p.loss_weights,
         },
         &cot.view(),
     )
@@ -92,4 +93,67 @@ fn forward_bits_eq_except_lp(a: &ForwardOutput, b: &ForwardOutput) -> bool {
         .into_iter()
         .filter(|&o| o != Output::LogProbs)
         .all(|o| a.values.get(o).map(bits) == b.values.get(o).map(bits))
+}
+
+/// Each loss mutant is its twin bit for bit where its bug is not
+/// triggered and differs where it is.
+#[test]
+fn loss_mutants_differ_from_their_twin_only_where_triggered() {
+    use logprobe_reference::spec::{CrossEntropy, MeanAllIgnored, Reduction};
+    let mut r = ProblemRecipe::plain(3, 7, 50);
+    r.ignore_rate = 0.0;
+    let mut data = r.expand();
+    let ii = data.options.ignore_index;
+    data.tokens.as_mut().unwrap()[2] = ii;
+    data.tokens.as_mut().unwrap()[5] = ii;
+    let p = data.problem();
+    let mut none = data.clone();
+    none.tokens.as_mut().unwrap().fill(ii);
+    let pn = none.problem();
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let same = |m: &dyn Kernel, twin: &dyn Kernel, p: &Problem<'_>, ce: &CrossEntropy<'_>| {
+        bits(&m.cross_entropy(p, ce, Dtype::F32).unwrap().values)
+            == bits(&twin.cross_entropy(p, ce, Dtype::F32).unwrap().values)
+    };
+    let (fused, chunked) = (CpuKernel::fused(), CpuKernel::chunked(3));
+    let ls = Mutant::new(
+        LabelSmoothingCountsIgnored::NAME,
+        LabelSmoothingCountsIgnored::new(3),
+    );
+    let cm = Mutant::new(ChunkedMeanTimesChunks::NAME, ChunkedMeanTimesChunks::new(3));
+    let ai = Mutant::new(AllIgnoredMeanNan::NAME, AllIgnoredMeanNan::new(3));
+    for reduction in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+        for eps in [0.0, 0.25] {
+            for mean_all_ignored in [MeanAllIgnored::Nan, MeanAllIgnored::Zero] {
+                let ce = CrossEntropy {
+                    reduction,
+                    label_smoothing: eps,
+                    mean_all_ignored,
+                    loss_weights: None,
+                };
+                assert_eq!(same(&ls, &fused, &p, &ce), eps == 0.0, "{ce:?}");
+                assert!(same(&ls, &fused, &pn, &ce), "{ce:?}");
+                assert_eq!(
+                    same(&cm, &chunked, &p, &ce),
+                    reduction != Reduction::Mean,
+                    "{ce:?}"
+                );
+                assert!(same(&ai, &fused, &p, &ce), "{ce:?}");
+                let hit = reduction == Reduction::Mean && mean_all_ignored == MeanAllIgnored::Zero;
+                assert_eq!(same(&ai, &fused, &pn, &ce), !hit, "{ce:?}");
+            }
+        }
+    }
+    // Under `none` only the ignored rows change.
+    let ce = CrossEntropy {
+        label_smoothing: 0.25,
+        ..Default::default()
+    };
+    let (m, c) = (
+        ls.cross_entropy(&p, &ce, Dtype::F32).unwrap().values,
+        fused.cross_entropy(&p, &ce, Dtype::F32).unwrap().values,
+    );
+    for row in 0..7 {
+        assert_eq!(m[row] != c[row], row == 2 || row == 5, "row {row}");
+    }
 }

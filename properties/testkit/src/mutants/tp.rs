@@ -3,9 +3,11 @@
 
 use ndarray::Array2;
 
-use logprobe_kernels::kernel::{Algorithm, ForwardOutput, Kernel, KernelError};
+use logprobe_kernels::kernel::{Algorithm, CrossEntropyOutput, ForwardOutput, Kernel, KernelError};
 use logprobe_kernels::CpuKernel;
-use logprobe_reference::spec::{Cotangents, Dtype, Output, Problem, ProblemMut, Shape};
+use logprobe_reference::spec::{
+    Cotangents, CrossEntropy, Dtype, Output, Problem, ProblemMut, Shape,
+};
 
 use super::rewired::{gatherable, tp_triggers, with_tokens, wrong_targets};
 use super::{write_over, PlantedBug};
@@ -55,6 +57,18 @@ impl PlantedBug for TpVocabOffset {
 
     fn workspace_bytes(&self, shape: &Shape) -> usize {
         self.kernel(shape.v_total).workspace_bytes(shape)
+    }
+
+    /// The loss of the real vocab-parallel kernel over this call's shards
+    /// (the bug is planted in the log-prob gather of forward and backward).
+    fn cross_entropy(
+        &self,
+        problem: &Problem<'_>,
+        ce: &CrossEntropy<'_>,
+        out: Dtype,
+    ) -> Result<CrossEntropyOutput, KernelError> {
+        let shape = problem.validate_shapes()?;
+        self.kernel(shape.v_total).cross_entropy(problem, ce, out)
     }
 
     fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {

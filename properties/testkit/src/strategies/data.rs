@@ -106,6 +106,9 @@ pub struct ProblemData {
     pub sampling_mask: Option<Array2<bool>>,
     /// Top-k ids `[N, K]`.
     pub topk_ids: Option<Array2<i64>>,
+    /// Per-row weights `[N]` of the cross-entropy `loss` (read when
+    /// `options.loss` is `Some`).
+    pub loss_weights: Option<Array1<f64>>,
     /// Options.
     pub options: Options,
 }
@@ -119,6 +122,7 @@ impl ProblemData {
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|k| k.view()),
             options: self.options,
+            loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }
     }
 

@@ -20,11 +20,13 @@
 //! Files: `recipe` (the problem recipe and its expansion), `rows` (row
 //! values), `data` (owned data, cotangent recipe), `sampler` (the recipe
 //! spaces: sampler and shrink steps), `space` (the proptest strategies, a
-//! thin wrapper), `layouts` (chunk sizes, shard layouts), `bad_input`.
+//! thin wrapper), `layouts` (chunk sizes, shard layouts), `loss` (the
+//! cross-entropy loss recipe and its space), `bad_input`.
 
 mod bad_input;
 mod data;
 mod layouts;
+mod loss;
 mod recipe;
 mod rows;
 mod sampler;
@@ -35,6 +37,7 @@ mod tests;
 pub use bad_input::*;
 pub use data::*;
 pub use layouts::*;
+pub use loss::*;
 pub use recipe::*;
 pub use rows::*;
 pub use sampler::*;

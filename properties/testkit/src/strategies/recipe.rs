@@ -308,12 +308,15 @@ impl ProblemRecipe {
             // wherever a kernel supports them (Capabilities::lse).
             lse: true,
             z_loss_coef: Some(Z_LOSS_COEF),
+            // The cross-entropy loss is not drawn yet.
+            loss: None,
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),
             tokens: self.tokens.then_some(tokens),
             sampling_mask: mask,
             topk_ids: (self.topk > 0).then_some(ids),
+            loss_weights: None,
             options,
         }
     }

@@ -189,3 +189,32 @@ fn drawn_strategy_shrinks_through_the_steps() {
     }
     assert!(found > 5, "{found}");
 }
+
+#[test]
+fn loss_space_draws_every_reduction_and_shrinks_to_the_plainest() {
+    use logprobe_reference::spec::{MeanAllIgnored, Reduction};
+    use logprobe_reference::splitmix::SplitMix64;
+    let mut seen = Vec::new();
+    for s in 0..60 {
+        let mut l = LossSpace.sample(&mut SplitMix64::new(s));
+        assert_eq!(l, LossSpace.sample(&mut SplitMix64::new(s)));
+        assert!((0.0..=1.0).contains(&l.label_smoothing), "{l:?}");
+        if !seen.contains(&l.reduction) {
+            seen.push(l.reduction);
+        }
+        while let Some(next) = LossSpace.shrink(&l).into_iter().next() {
+            l = next;
+        }
+        assert_eq!(
+            (
+                l.seed,
+                l.reduction,
+                l.label_smoothing,
+                l.mean_all_ignored,
+                l.weights
+            ),
+            (0, Reduction::None, 0.0, MeanAllIgnored::Nan, None)
+        );
+    }
+    assert_eq!(seen.len(), 3);
+}

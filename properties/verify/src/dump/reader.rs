@@ -7,8 +7,8 @@ use ndarray::{Array1, Array2};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{
-    Columns, Dtype, EntropyLogits, Options, Output, PerOutput, SpecError, TemperatureDtype,
-    DEFAULT_IGNORE_INDEX,
+    Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, Options, Output, PerOutput,
+    Reduction, SpecError, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
 
 use super::*;
@@ -26,8 +26,12 @@ pub struct Dump<'a> {
     /// The candidate outputs, `[N, width]` each (`log_probs [N]` and
     /// `entropy [N]` as width 1, `topk_log_probs [N, K]`, `grad_logits
     /// [N, V_total]`), left in the file and decoded row by row, each with
-    /// the dtype it was dumped in (ulps are counted in it).
+    /// the dtype it was dumped in (ulps are counted in it). A
+    /// [reduced](Output::reduced) output (`loss` under `sum` / `mean`,
+    /// stored `[]` or `[1]`) is `[1, 1]`: one value for the whole dump.
     pub candidates: PerOutput<FloatMatrix<'a>>,
+    /// `loss_weights [N]` as exact f64 (only with a `loss` candidate).
+    pub loss_weights: Option<Array1<f64>>,
     /// The upstream cotangents (`grad_log_probs [N]`, `grad_entropy [N]`,
     /// `grad_topk_log_probs [N, K]`) as exact f64 `[N, width]`, keyed by the
     /// output they are the cotangent of.
@@ -248,11 +252,57 @@ impl<'a> Dump<'a> {
             )))
         };
         let mut candidates = PerOutput::new();
-        for o in Output::ALL {
+        for o in Output::ALL.into_iter().filter(|&o| o != Output::Loss) {
             if let Some((m, _)) = float(o.name(), o.columns(), false)? {
                 candidates.insert(o, m);
             }
         }
+        // `loss`: `[N]` under `none`, one value under `sum` / `mean`.
+        let loss_options = parse_loss_options(&meta)?;
+        if let Some(t) = get("loss") {
+            let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
+                tensor: "loss",
+                found: format!("{:?}", t.dtype()),
+                expected: "F64, F32, BF16 or F16",
+            })?;
+            let rows = match loss_options.reduction {
+                Reduction::None => {
+                    rs.expect("loss", t.shape(), &[])?;
+                    n
+                }
+                r => {
+                    r.check_shape(t.shape(), n)?;
+                    1
+                }
+            };
+            candidates.insert(
+                Output::Loss,
+                FloatMatrix {
+                    dtype,
+                    rows,
+                    cols: 1,
+                    data: t.data(),
+                },
+            );
+        }
+        let loss_weights = match get("loss_weights") {
+            None => None,
+            Some(_) if !candidates.contains(Output::Loss) => {
+                return Err(DumpError::MissingTensor {
+                    tensor: "loss",
+                    why: " (loss_weights weigh it)",
+                })
+            }
+            Some(t) => {
+                let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
+                    tensor: "loss_weights",
+                    found: format!("{:?}", t.dtype()),
+                    expected: "F64, F32, BF16 or F16",
+                })?;
+                rs.expect("loss_weights", t.shape(), &[])?;
+                Some(Array1::from(decode_floats(dtype, t.data())))
+            }
+        };
         let mut cotangents = PerOutput::new();
         for o in Output::ALL {
             if let Some(name) = o.cotangent_name() {
@@ -297,10 +347,14 @@ impl<'a> Dump<'a> {
 
         // Inputs each candidate needs.
         let needs_tokens = |per: &PerOutput<_>| per.contains(Output::LogProbs);
-        if (needs_tokens(&candidates) || cotangents.contains(Output::LogProbs)) && tokens.is_none()
+        let loss = candidates.contains(Output::Loss);
+        if (needs_tokens(&candidates) || loss || cotangents.contains(Output::LogProbs))
+            && tokens.is_none()
         {
             let why = if needs_tokens(&candidates) {
                 " (needed by log_probs)"
+            } else if loss {
+                " (needed by loss)"
             } else {
                 " (needed by grad_log_probs)"
             };
@@ -326,12 +380,14 @@ impl<'a> Dump<'a> {
         if candidates.contains(Output::ZLoss) {
             options.z_loss_coef = Some(parse_z_loss_coef(&meta, ldtype)?);
         }
+        options.loss = loss.then_some(loss_options);
         Ok(Dump {
             logits,
             tokens,
             sampling_mask,
             topk_ids,
             candidates,
+            loss_weights,
             cotangents,
             options,
             ignored_tensors,
@@ -375,6 +431,10 @@ impl<'a> Dump<'a> {
                 .as_ref()
                 .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
             options: self.options,
+            loss_weights: self
+                .loss_weights
+                .as_ref()
+                .map(|w| Array1::from(vec![w[row]])),
             cotangents: self
                 .cotangents
                 .as_ref()
@@ -389,6 +449,32 @@ impl<'a> Dump<'a> {
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
     }
+}
+
+/// The loss options from the metadata (read whether or not the dump holds
+/// a `loss`, so a bad value is reported either way): `reduction` (`none`
+/// default, `sum`, `mean`), `label_smoothing` (a number in `[0, 1]`,
+/// default 0), `mean_all_ignored` (`nan` default, `zero`).
+///
+/// # Errors
+/// [`DumpError::Spec`] with [`SpecError::UnknownReduction`],
+/// [`SpecError::BadLabelSmoothing`] or [`SpecError::UnknownMeanAllIgnored`];
+/// [`DumpError::BadMetadata`] for a `label_smoothing` that is not a number.
+fn parse_loss_options(meta: &HashMap<String, String>) -> Result<LossOptions, DumpError> {
+    let mut o = LossOptions::default();
+    if let Some(r) = meta.get("reduction") {
+        o.reduction = r.trim().parse::<Reduction>()?;
+    }
+    if let Some(e) = parse_meta::<f64>(meta, "label_smoothing", "not a number")? {
+        if !(0.0..=1.0).contains(&e) {
+            return Err(SpecError::BadLabelSmoothing { label_smoothing: e }.into());
+        }
+        o.label_smoothing = e;
+    }
+    if let Some(m) = meta.get("mean_all_ignored") {
+        o.mean_all_ignored = m.trim().parse::<MeanAllIgnored>()?;
+    }
+    Ok(o)
 }
 
 /// `z_loss_coef` (required with a `z_loss` tensor): a float `>= 0`,

@@ -23,6 +23,8 @@ pub struct RowInputs {
     pub topk_ids: Option<Array2<i64>>,
     /// Options of the dump.
     pub options: Options,
+    /// The row's `loss_weights` entry `[1]`.
+    pub loss_weights: Option<Array1<f64>>,
     /// The row's cotangents `[1, width]`, keyed by their output.
     pub cotangents: PerOutput<Array2<f64>>,
 }
@@ -36,6 +38,7 @@ impl RowInputs {
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|m| m.view()),
             options: self.options,
+            loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }
     }
 
@@ -101,6 +104,7 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
             vocab_size,
         },
         NoFiniteLogit { tensor, which, .. } => NoFiniteLogit { tensor, row, which },
+        BadLossWeight { value, .. } => BadLossWeight { row, value },
         NonFiniteCotangent {
             tensor,
             index,

@@ -298,6 +298,16 @@ impl Consts {
         self.lp_err_pre(set, d_abs) * (Hi::ONE + self.u) + self.u * lp_abs
     }
 
+    /// `sum_j lambda_j` over `n` entries with `sum_j |d_j| <= sum_abs`:
+    /// `lambda` is affine in `|d|` with nonnegative coefficients, so the
+    /// sum is `lambda` of the summed magnitudes with its constant terms
+    /// taken `n` times (upward rounding throughout: an upper bound).
+    fn lambda_sum(&self, set: &SetBounds, sum_abs: Hi, n: Hi) -> Hi {
+        let lp_abs = sum_abs + n * Hi(set.ln_s.hi);
+        let pre = self.a_lp * sum_abs + n * (self.b_lp + set.lse_err);
+        pre * (Hi::ONE + self.u) + self.u * lp_abs
+    }
+
     /// The final roundings (T8): `A + 1/2 ulp_acc(|v| + A)`, then
     /// `+ 1/2 ulp_out(|v| + A + 1/2 ulp_acc)` when `out` is narrower than
     /// the accumulation dtype.
@@ -601,6 +611,54 @@ impl<'a> RowBounds<'a> {
             Output::GradLogits => self.grad(col, &targets.grad_cotangents(), out),
             Output::Lse => self.lse(out),
             Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
+            Output::Loss => self.loss(targets, out),
+        }
+    }
+
+    /// Bound (nats) on `|loss^ - loss|` of this row's cross-entropy term
+    /// `w l` under `reduction = none` for a candidate in `out` (T17:
+    /// [`RowBounds::loss_row`] through [`loss_bounds`] for one row): 0 on
+    /// a row not counted or of weight 0 (exactly 0) and for an exact
+    /// `+inf`.
+    pub fn loss(&self, targets: &RowTargets, out: Dtype) -> ErrorBound {
+        let Some(l) = &targets.loss else {
+            return ErrorBound::None {
+                reason: NoBound::MissingStatistic {
+                    what: "loss options",
+                },
+            };
+        };
+        loss_bounds(
+            &[self.loss_row_of(l)],
+            &[l.counted],
+            Some(&[l.weight]),
+            logprobe_reference::spec::Reduction::None,
+            1.0,
+            self.c.acc,
+            out,
+        )
+        .pop()
+        .expect("one row, one bound")
+    }
+
+    /// [`RowBounds::loss_row`] for the row `l` describes: a zero bound
+    /// (exactly 0) on a row not counted or of weight 0.
+    ///
+    /// # Errors
+    /// Those of [`RowBounds::loss_row`].
+    pub fn loss_row_of(&self, l: &super::LossTarget) -> Result<LossRowBound, NoBound> {
+        if !(l.counted && l.weight != 0.0) {
+            return Ok(LossRowBound {
+                err: 0.0,
+                mag: 0.0,
+                infinite: false,
+            });
+        }
+        match &l.sums {
+            Some(s) => self.loss_row_with(l.label_smoothing, s),
+            None => self.loss_row(l.label_smoothing, |j| {
+                l.allowed.as_ref().is_none_or(|a| a[j])
+            }),
         }
     }
 
@@ -1423,6 +1481,42 @@ fn entropy_finish(
     (pre, any)
 }
 
+/// The per-entry sums the smoothed row-loss bound (T17) needs, the same
+/// for every summation model: one O(V) pass per row
+/// ([`LossSums::of`]), then each model's bound is O(1)
+/// ([`RowBounds::loss_row_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossSums {
+    /// `|A|`: the allowed entries `j < V`.
+    pub count: usize,
+    /// Upper bound (nats) of `sum_{j in A} |d_j|`.
+    pub sum_abs_d: f64,
+    /// An allowed entry is `-inf` (the smoothed loss is `+inf`).
+    pub infinite: bool,
+}
+
+impl LossSums {
+    /// The sums over the allowed entries (`allowed(j)`, `j < V`) of a
+    /// row's statistics `d [V]`.
+    pub fn of(stats: &RowStats, allowed: impl Fn(usize) -> bool) -> LossSums {
+        let mut out = LossSums::default();
+        let mut sum = Hi::ZERO;
+        for (j, d) in stats.d.iter().enumerate() {
+            if !allowed(j) {
+                continue;
+            }
+            if d.hi == f64::NEG_INFINITY {
+                out.infinite = true;
+                return out;
+            }
+            sum = sum + mag(d);
+            out.count += 1;
+        }
+        out.sum_abs_d = sum.0;
+        out
+    }
+}
+
 /// One row's cross-entropy loss in the accumulation dtype, as the
 /// reduction bound ([`loss_bounds`]) takes it (T17).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1456,6 +1550,20 @@ impl RowBounds<'_> {
         eps: f64,
         allowed: impl Fn(usize) -> bool,
     ) -> Result<LossRowBound, NoBound> {
+        let sums = if eps == 0.0 {
+            LossSums::default()
+        } else {
+            LossSums::of(self.stats, allowed)
+        };
+        self.loss_row_with(eps, &sums)
+    }
+
+    /// [`RowBounds::loss_row`] from the row's [`LossSums`] (computed once
+    /// for every model; unused when `eps = 0`).
+    ///
+    /// # Errors
+    /// As [`RowBounds::loss_row`].
+    pub fn loss_row_with(&self, eps: f64, sums: &LossSums) -> Result<LossRowBound, NoBound> {
         let set = self.p.as_ref().map_err(Clone::clone)?;
         let d_t = self.stats.d_t.ok_or(NoBound::MissingStatistic {
             what: "d_t (no target)",
@@ -1472,22 +1580,17 @@ impl RowBounds<'_> {
             });
         }
         let v = self.stats.d.len();
-        let (mut s_err, mut s_abs, mut count) = (Hi::ZERO, Hi::ZERO, 0usize);
-        for (j, d) in self.stats.d.iter().enumerate() {
-            if !allowed(j) {
-                continue;
-            }
-            if d.hi == f64::NEG_INFINITY {
-                return Ok(LossRowBound {
-                    err: 0.0,
-                    mag: f64::INFINITY,
-                    infinite: true,
-                });
-            }
-            s_err = s_err + lam(d);
-            s_abs = s_abs + mag(d) + ln_s;
-            count += 1;
+        if sums.infinite {
+            return Ok(LossRowBound {
+                err: 0.0,
+                mag: f64::INFINITY,
+                infinite: true,
+            });
         }
+        let count = sums.count;
+        let (sum_d, n_a) = (Hi(sums.sum_abs_d), Hi(count as f64));
+        let s_err = self.c.lambda_sum(set, sum_d, n_a);
+        let s_abs = sum_d + n_a * ln_s;
         let u = self.c.u;
         let g_sum = gamma(logprobe_kernels::pairwise_depth(v), u.0)?;
         let e_s = s_err + g_sum * (s_abs + s_err);

@@ -50,7 +50,9 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
-pub use bounds::{loss_bounds, DetachedBounds, GradCotangents, GradRow, LossRowBound, RowBounds};
+pub use bounds::{
+    loss_bounds, DetachedBounds, GradCotangents, GradRow, LossRowBound, LossSums, RowBounds,
+};
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext};
@@ -58,7 +60,7 @@ pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,
 };
-pub use walk::{walk_row, Element, RowTargets};
+pub use walk::{walk_row, Element, LossTarget, RowTargets};
 
 /// Why a model certifies nothing for a value.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

@@ -103,7 +103,8 @@ impl<'a> StatisticalBounds<'a> {
 
     /// The threshold of column `col` of `output` (as [`RowBounds::bound`]),
     /// `None` for an output without a statistical tier (not
-    /// [`Output::is_forward`]: gradients).
+    /// [`Output::is_forward`]: gradients; and the cross-entropy `loss`,
+    /// whose bound (T17) has no probabilistic counterpart derived yet).
     pub fn bound(
         &self,
         output: Output,
@@ -111,8 +112,7 @@ impl<'a> StatisticalBounds<'a> {
         targets: &RowTargets,
         out: Dtype,
     ) -> Option<ErrorBound> {
-        output
-            .is_forward()
+        (output.is_forward() && output != Output::Loss)
             .then(|| self.0.bound(output, col, targets, out))
     }
 

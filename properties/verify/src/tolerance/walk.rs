@@ -34,6 +34,39 @@ pub struct RowTargets {
     /// accumulation dtype, [`logprobe_reference::spec::Options::effective_z_loss_coef`]);
     /// 0 without `z_loss`.
     pub z_loss_coef: f64,
+    /// The row's cross-entropy `loss` (`None` when the problem has none).
+    pub loss: Option<LossTarget>,
+}
+
+/// What the bound of one row's cross-entropy `loss` needs besides the row
+/// statistics (TOLERANCE.md (T17)).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LossTarget {
+    /// `eps` as the computation takes it (rounded to the accumulation dtype).
+    pub label_smoothing: f64,
+    /// The row's `loss_weights` entry (1 without weights).
+    pub weight: f64,
+    /// Whether the row is counted (token not `ignore_index`).
+    pub counted: bool,
+    /// Which entries `j < V` the sampling mask allows (`None`: all).
+    pub allowed: Option<Vec<bool>>,
+    /// The row's [`super::LossSums`] when already computed (once for every
+    /// model: [`LossTarget::with_sums`]); `None`: each bound computes them.
+    pub sums: Option<super::LossSums>,
+}
+
+impl LossTarget {
+    /// Fills [`LossTarget::sums`] from the row's statistics (when the
+    /// smoothed bound needs them: label smoothing `> 0`, a counted row of
+    /// weight `!= 0`).
+    pub fn with_sums(&mut self, stats: &logprobe_reference::oracle::RowStats) {
+        if self.label_smoothing > 0.0 && self.counted && self.weight != 0.0 {
+            let allowed = &self.allowed;
+            self.sums = Some(super::LossSums::of(stats, |j| {
+                allowed.as_ref().is_none_or(|a| a[j])
+            }));
+        }
+    }
 }
 
 impl RowTargets {
@@ -76,6 +109,17 @@ impl RowTargets {
                 .ok()
                 .flatten()
                 .unwrap_or(0.0),
+            loss: problem.cross_entropy().map(|ce| LossTarget {
+                label_smoothing: ce
+                    .effective_label_smoothing(problem.logits.dtype().accumulation())
+                    .unwrap_or(0.0),
+                weight: problem.loss_weight(row),
+                counted: has_target,
+                allowed: problem
+                    .sampling_mask
+                    .map(|m| m.row(row).iter().take(vocab_size).copied().collect()),
+                sums: None,
+            }),
         }
     }
 

@@ -9,8 +9,12 @@ use rayon::prelude::*;
 
 use ndarray::ArrayView1;
 
-use logprobe_reference::oracle::{Exact, Fallback};
-use logprobe_reference::spec::{Columns, Dtype, Output, PerOutput, SpecError};
+use logprobe_reference::oracle::{
+    Exact, Fallback, Interval, LossSum, MpfrLossSum, Oracle, Rounder,
+};
+use logprobe_reference::spec::{
+    Columns, Dtype, LossOptions, Output, PerOutput, Reduction, SpecError,
+};
 
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::row_oracle::RowOracle;
@@ -281,7 +285,7 @@ pub fn verify_dump(
     };
     let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
     let keep = config.worst;
-    let results: Vec<Result<(RowAcc, Fallback), DumpError>> = rows
+    let results: Vec<Result<RowResult, DumpError>> = rows
         .par_iter()
         .map(|&r| {
             let out = verify_row(dump, r, acc_dtype, config, keep);
@@ -293,9 +297,11 @@ pub fn verify_dump(
 
     let mut totals: RowAcc = PerOutput::new();
     let mut fallback = Fallback::default();
+    let mut loss_rows = Vec::new();
     for res in results {
-        let (acc, fb) = res?;
+        let (acc, fb, loss_row) = res?;
         fallback += fb;
+        loss_rows.extend(loss_row);
         for (o, mut part) in acc {
             match totals.get_mut(o) {
                 Some(t) => t.merge(part, keep),
@@ -307,15 +313,42 @@ pub fn verify_dump(
         }
     }
 
+    // A reduced loss: one element for the whole dump, after the rows.
+    let reduced = reduced_loss(dump);
+    if let Some(lo) = reduced {
+        if rows.len() == n {
+            let (acc, fb) = judge_reduced_loss(dump, &loss_rows, lo, acc_dtype, config, keep)?;
+            fallback += fb;
+            totals.insert(Output::Loss, acc);
+        }
+    }
+
     let mut outputs = Vec::new();
     for (o, candidate) in dump.candidates.iter() {
         let acc = totals.take(o).unwrap_or_else(OutputAcc::new);
         let mut report = output_report(o.name(), candidate.dtype, acc);
+        if o == Output::Loss {
+            report.reduction = dump.options.loss.map(|l| l.reduction.name());
+        }
+        let whole = o == Output::Loss && reduced.is_some();
         for j in &mut report.worst {
-            j.position = dump.row_shape.position(j.row);
+            j.position = if whole {
+                None
+            } else {
+                dump.row_shape.position(j.row)
+            };
         }
         if report.count == 0 {
-            report.nothing_checked = Some(nothing_checked_reason(o, dump, &rows));
+            report.nothing_checked = Some(if whole {
+                format!(
+                    "a {} loss is over every row: the row selection / row_mask leave out {} of {} rows",
+                    reduced.map_or("", |l| l.reduction.name()),
+                    n - rows.len(),
+                    n
+                )
+            } else {
+                nothing_checked_reason(o, dump, &rows)
+            });
             if report.verdict == ReportVerdict::Pass {
                 report.verdict = ReportVerdict::Unchecked;
             }
@@ -428,6 +461,7 @@ fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputRepo
         }),
         worst: acc.worst,
         nothing_checked: None,
+        reduction: None,
     }
 }
 
@@ -490,7 +524,7 @@ fn verify_row(
     acc_dtype: Dtype,
     config: &VerifyConfig,
     keep: usize,
-) -> Result<(RowAcc, Fallback), DumpError> {
+) -> Result<RowResult, DumpError> {
     let inputs: RowInputs = dump.row(r)?;
     let p = inputs.problem();
     let cot = inputs.cotangents();
@@ -510,7 +544,10 @@ fn verify_row(
         &ctx,
         keys.as_deref(),
     );
-    let targets = tolerance::RowTargets::new(&p, 0, &cot);
+    let mut targets = tolerance::RowTargets::new(&p, 0, &cot);
+    if let Some(l) = targets.loss.as_mut() {
+        l.with_sums(&stats);
+    }
 
     let forwards = forward_dtypes(dump)
         .into_iter()
@@ -533,9 +570,12 @@ fn verify_row(
         .map(|g| oracle.vjp(&cot, g.dtype))
         .transpose()
         .map_err(spec)?;
+    // A reduced output is judged once for the dump (after the rows), from
+    // each row's term: not in the row's walk.
     let exact: PerOutput<ArrayView1<'_, Exact>> = dump
         .candidates
         .iter()
+        .filter(|(o, _)| !o.reduced(&p))
         .filter_map(|(o, c)| {
             let values = match &grad {
                 Some(g) if o == Output::GradLogits => g,
@@ -548,7 +588,12 @@ fn verify_row(
             Some((o, values.row(0)))
         })
         .collect();
-    let rows = dump.candidates.as_ref().map(|_, c| (c.dtype, c.row_f64(r)));
+    let rows: PerOutput<(Dtype, Vec<f64>)> = dump
+        .candidates
+        .iter()
+        .filter(|(o, _)| !o.reduced(&p))
+        .map(|(o, c)| (o, (c.dtype, c.row_f64(r))))
+        .collect();
     let candidates = rows
         .as_ref()
         .map(|_, (dtype, v)| (*dtype, ArrayView1::from(&v[..])));
@@ -614,12 +659,191 @@ fn verify_row(
         },
     );
     let Ok(()) = walked;
+    // What this row adds to a reduced loss: its term's enclosure (from the
+    // forward in the loss's dtype) and its T17 row bound per model.
+    let loss_row = dump
+        .candidates
+        .get(Output::Loss)
+        .filter(|_| Output::Loss.reduced(&p))
+        .map(|c| {
+            let l = targets.loss.as_ref().expect("a problem with a loss");
+            let term = forwards
+                .iter()
+                .find(|f| f.dtype == c.dtype)
+                .and_then(|f| f.values.get(Output::Loss))
+                .map_or(
+                    Interval {
+                        lo: 0.0,
+                        hi: f64::INFINITY,
+                    },
+                    |v| v[[0, 0]].enclosure,
+                );
+            LossRow {
+                term,
+                counted: l.counted,
+                weight: l.weight,
+                bounds: rb.each_ref().map(|b| b.loss_row_of(l)),
+            }
+        });
     let fallback = oracle.finish();
     // The row's statistics buffers go back to this worker's pool.
     drop((rb, st));
     crate::scratch::give_iv(std::mem::take(&mut stats.d));
     crate::scratch::give_iv(std::mem::take(&mut stats.e));
-    Ok((out, fallback))
+    Ok((out, fallback, loss_row))
+}
+
+/// One row's judgements, oracle counts, and its part of a reduced loss.
+type RowResult = (RowAcc, Fallback, Option<LossRow>);
+
+/// What one row contributes to a reduced loss (`sum` / `mean`), judged
+/// after the rows ([`judge_reduced_loss`]).
+#[derive(Clone, Debug)]
+struct LossRow {
+    /// Enclosure of the row's term `w l` (nats; exactly 0 when not counted).
+    term: Interval,
+    /// Token not `ignore_index`.
+    counted: bool,
+    /// The row's `loss_weights` entry (1 without weights).
+    weight: f64,
+    /// The row's T17 bound under `[chosen, tree, lanes=8, sequential]`.
+    bounds: [Result<tolerance::LossRowBound, tolerance::NoBound>; 4],
+}
+
+/// The loss options of a dump whose `loss` is reduced (`sum` / `mean`).
+fn reduced_loss(dump: &Dump<'_>) -> Option<LossOptions> {
+    dump.options
+        .loss
+        .filter(|l| l.reduction != Reduction::None && dump.candidates.contains(Output::Loss))
+}
+
+/// Judges a reduced `loss` (one value for the dump) from every row's
+/// [`LossRow`] (in row order, every row of the dump): the exact value is
+/// the rows' terms reduced on the f64 tier ([`LossSum`]) when that decides
+/// it in the candidate's dtype, else by MPFR row by row ([`mpfr_reduced_loss`]);
+/// the bound is [`tolerance::loss_bounds`] over the rows' T17 bounds. The
+/// declared NaN of an all-ignored `mean` (`mean_all_ignored = nan`) is its
+/// own rule: only a NaN candidate is right (error 0 against bound 0), any
+/// other value is wrong (error `inf`).
+///
+/// # Errors
+/// The spec's errors of a row, on the MPFR path (validated already).
+fn judge_reduced_loss(
+    dump: &Dump<'_>,
+    rows: &[LossRow],
+    lo: LossOptions,
+    acc_dtype: Dtype,
+    config: &VerifyConfig,
+    keep: usize,
+) -> Result<(OutputAcc, Fallback), DumpError> {
+    let c = &dump.candidates[Output::Loss];
+    let (dtype, candidate) = (c.dtype, c.row_f64(0)[0]);
+    let mut sum = LossSum::default();
+    for l in rows {
+        sum.add(l.term, l.counted, l.weight);
+    }
+    let mut fb = Fallback {
+        outputs: 1,
+        ..Fallback::default()
+    };
+    let exact = match sum.decide(lo.reduction, lo.mean_all_ignored, dtype) {
+        Some(e) => e,
+        None => {
+            fb.outputs_mpfr = 1;
+            mpfr_reduced_loss(dump, lo, dtype, &config.oracle)?
+        }
+    };
+    let counted: Vec<bool> = rows.iter().map(|l| l.counted).collect();
+    let weights: Option<Vec<f64>> = dump
+        .loss_weights
+        .is_some()
+        .then(|| rows.iter().map(|l| l.weight).collect());
+    let bounds: [tolerance::ErrorBound; 4] = std::array::from_fn(|i| {
+        let per_row: Vec<_> = rows.iter().map(|l| l.bounds[i].clone()).collect();
+        tolerance::loss_bounds(
+            &per_row,
+            &counted,
+            weights.as_deref(),
+            lo.reduction,
+            sum.divisor.lo,
+            acc_dtype,
+            dtype,
+        )
+        .pop()
+        .expect("one bound for a reduced loss")
+    });
+    let mut acc = OutputAcc::new();
+    if let tolerance::ErrorBound::None { reason } = &bounds[0] {
+        acc.no_bound_reason = Some(reason.to_string());
+    }
+    let (judged, reference) = if exact.rounded.is_nan() {
+        // The declared NaN: right only as a NaN.
+        let error = if candidate.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+        let judged = Judged {
+            row: 0,
+            position: None,
+            col: None,
+            candidate,
+            exact: f64::NAN,
+            exact_rounded: f64::NAN,
+            error,
+            ulps: error,
+            bound: Some(0.0),
+            ratio: error,
+        };
+        (judged, [Some(error); 3])
+    } else {
+        let (judged, _, reference) = judge4(0, None, candidate, &exact, dtype, &bounds);
+        (judged, reference)
+    };
+    acc.push(judged, reference, keep);
+    Ok((acc, fb))
+}
+
+/// The exact reduced loss of `dump` in `target` by MPFR, row by row: Ziv's
+/// loop over the whole dump, each step every row's term at the step's
+/// precision ([`Oracle::loss_term`], rows in parallel, one row's inputs in
+/// memory at a time per worker) summed in row order ([`MpfrLossSum`]),
+/// until the reduced value is decided (or the cap: undecided, judged by
+/// its far end).
+///
+/// # Errors
+/// The spec's errors of a row (validated already).
+fn mpfr_reduced_loss(
+    dump: &Dump<'_>,
+    lo: LossOptions,
+    target: Dtype,
+    oracle: &Oracle,
+) -> Result<Exact, DumpError> {
+    let n = dump.n();
+    let mut rounder = Rounder::new();
+    let mut last = None;
+    for prec in oracle.precisions(target) {
+        let terms: Vec<Result<_, DumpError>> = (0..n)
+            .into_par_iter()
+            .map(|r| {
+                let inputs = dump.row(r)?;
+                oracle
+                    .loss_term(&inputs.problem(), 0, prec)
+                    .map_err(|e| DumpError::Spec(at_row(e, r)))
+            })
+            .collect();
+        let mut m = MpfrLossSum::new(prec);
+        for (r, t) in terms.into_iter().enumerate() {
+            let w = dump.loss_weights.as_ref().map_or(1.0, |w| w[r]);
+            m.add(&t?, dump.has_target(r), w);
+        }
+        let e = m.exact(lo.reduction, lo.mean_all_ignored, &mut rounder, target);
+        if e.decided {
+            return Ok(e);
+        }
+        last = Some(e);
+    }
+    Ok(last.expect("at least one precision"))
 }
 
 /// The grouping keys of row 0 of `p` for the bounds' per-entry sums

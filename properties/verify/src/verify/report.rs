@@ -184,6 +184,10 @@ pub struct OutputReport {
     /// `None` when some element was. Such an output is valid but certifies
     /// nothing: the table says "unchecked".
     pub nothing_checked: Option<String>,
+    /// The `loss`'s reduction (`none`, `sum`, `mean`; `None` for other
+    /// outputs). Under `sum` / `mean` the output is one element for the
+    /// whole dump: its `worst` entry has `row` 0 and no position.
+    pub reduction: Option<&'static str>,
 }
 
 /// The judgement of one dump.

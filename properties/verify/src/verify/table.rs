@@ -86,10 +86,15 @@ pub fn render_table(report: &FileReport) -> String {
         "vs f32"
     );
     for o in &report.outputs {
+        // `loss (mean)`: one element for the whole dump.
+        let label = match o.reduction {
+            Some(r) if r != "none" => format!("{} ({r})", o.output),
+            _ => o.output.to_string(),
+        };
         let _ = writeln!(
             s,
             "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
-            o.output,
+            label,
             o.dtype,
             o.count,
             if o.nothing_checked.is_some() {
@@ -167,8 +172,11 @@ pub fn render_table(report: &FileReport) -> String {
             continue;
         }
         let _ = writeln!(s, "  worst {}:", o.output);
+        let whole = o.reduction.filter(|r| *r != "none");
         for j in &o.worst {
             let at = match (j.position, j.col) {
+                // One element for the whole dump.
+                _ if whole.is_some() => format!("({})", whole.unwrap_or_default()),
                 (Some((b, t)), Some(c)) => format!("({b}, {t}), {c}"),
                 (Some((b, t)), None) => format!("({b}, {t})"),
                 (None, Some(c)) => format!("[{}, {}]", j.row, c),

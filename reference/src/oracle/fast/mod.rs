@@ -119,6 +119,7 @@
 //! - `entries.rs`: the per-entry enclosures (`d_j`, `e_j`, `p_j`, `q_j`)
 //!   and the row statistics;
 //! - `grad.rs`: the VJP enclosures (F7) ([`FastVjp`]);
+//! - `loss.rs`: the cross-entropy row term ([`FastRow::loss_term`]);
 //! - `decide.rs`: the decision (F8);
 //! - `ival.rs`: the directed-rounding primitives.
 
@@ -126,6 +127,7 @@ mod decide;
 mod entries;
 mod grad;
 pub(crate) mod ival;
+mod loss;
 mod pass;
 mod row;
 

@@ -1,0 +1,82 @@
+//! The f64-tier enclosure of one row's cross-entropy term `w l` (DESIGN:
+//! "Loss side"; [`crate::spec::CrossEntropy`]), from the same pass as the
+//! log-probs: with `a_j = (v_max - v_j) / ts >= 0` (F1, the tight
+//! enclosure) and `L = ln S` (F4), `-log p_j = a_j + L`, so
+//! `l = (1 - eps)(a_t + L) + eps (L + sum_{j in A} a_j / |A|)` over the
+//! allowed entries `A` of the real vocabulary. The sum of the `a_j` is
+//! taken twice by TwoSum (F3), once over the lower ends and once over the
+//! upper ends, each widened by its bound `gamma_n n u H`; every other
+//! operation is one f64 operation moved one ulp outward (or exact), so the
+//! result encloses the exact `w l`.
+
+use super::ival::{add_dn, add_up, div_dn, div_up};
+use super::pass::{a_tight, Dd};
+use super::FastRow;
+use crate::oracle::Interval;
+
+impl FastRow<'_> {
+    /// The enclosure of this row's loss term `w l` (nats; `w` the row's
+    /// `loss_weights` entry) for label smoothing `eps` in `[0, 1]` as the
+    /// computation takes it (rounded to the accumulation dtype): an exact 0
+    /// on an `ignore_index` row or for `w = 0`, an exact `+inf` when
+    /// `eps > 0` and an allowed logit of the real vocabulary is `-inf`.
+    /// `None` when the row is not [`FastRow::applicable`] (the MPFR path
+    /// then decides).
+    pub fn loss_term(&self, eps: f64) -> Option<Interval> {
+        let row = &self.row;
+        let (Some(t), w) = (row.target, row.weight) else {
+            return Some(Interval::point(0.0));
+        };
+        if w == 0.0 {
+            return Some(Interval::point(0.0));
+        }
+        let v = row.v.len();
+        if eps > 0.0 && (0..v).any(|j| row.allowed(j) && row.v[j] == f64::NEG_INFINITY) {
+            return Some(Interval::point(f64::INFINITY));
+        }
+        if !self.applicable {
+            return None;
+        }
+        let ln_s = self.p.bounds.ln_s;
+        let nonneg = |i: Interval| Interval {
+            lo: i.lo.max(0.0),
+            hi: i.hi,
+        };
+        let nll = nonneg(a_tight(self.p.vmax, row.v[t], self.div, self.mutant).add(ln_s));
+        let l = if eps == 0.0 {
+            nll
+        } else {
+            let (mut lo, mut hi, mut n) = (Dd::default(), Dd::default(), 0u64);
+            for j in (0..v).filter(|&j| row.in_p(j)) {
+                let a = a_tight(self.p.vmax, row.v[j], self.div, self.mutant);
+                lo.add(a.lo);
+                hi.add(a.hi);
+                n += 1;
+            }
+            let sum = Interval {
+                lo: lo.enclose(lo.err(n), 0.0).lo,
+                hi: hi.enclose(0.0, hi.err(n)).hi,
+            };
+            let count = n.max(1) as f64;
+            let mean_a = Interval {
+                lo: div_dn(sum.lo, count).max(0.0),
+                hi: div_up(sum.hi, count),
+            };
+            let smooth = nonneg(ln_s.add(mean_a));
+            let one_minus = Interval {
+                lo: add_dn(1.0, -eps).max(0.0),
+                hi: add_up(1.0, -eps),
+            };
+            nonneg(
+                one_minus
+                    .mul_nonneg(nll)
+                    .add(Interval::point(eps).mul_nonneg(smooth)),
+            )
+        };
+        Some(if w == 1.0 {
+            l
+        } else {
+            l.mul_nonneg(Interval::point(w))
+        })
+    }
+}
