@@ -156,7 +156,7 @@ fn halfway(x: f64, low: f64, scale: f64) -> Option<f64> {
     ((x - low).abs() > 0.01 * scale).then_some(low + 0.5 * (x - low))
 }
 
-/// Smaller sizes `0`-based: `low`, `x / 2`, `x - 1` (those in `low..x`).
+/// Smaller sizes: `low`, `x / 2`, `x - 1` (those in `low..x`).
 fn smaller(x: usize, low: usize) -> Vec<usize> {
     let mut out = Vec::new();
     for c in [low, x / 2, x.saturating_sub(1)] {

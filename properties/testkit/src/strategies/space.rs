@@ -106,10 +106,9 @@ impl<S: Recipes> ValueTree for RecipeTree<S> {
         if self.done {
             return false;
         }
-        if self.advance() {
-            return true;
-        }
-        // Back at the failing recipe: changed from the passing step.
+        // The next step, or (none left) back at the failing recipe: the
+        // value changed from the passing step either way.
+        self.advance();
         true
     }
 }
