@@ -357,3 +357,59 @@ fn planted_bugs_are_found_and_their_dumps_reproduce() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--outputs` naming `lse` and `z_loss` asks for them (with `z_loss_coef`;
+/// protocol v1 never asks them by default): the correct numpy kernel
+/// passes; one whose lse leaves out the max it shifted by is found, its
+/// dump fails `logprobe verify` and its replay still fails.
+#[test]
+fn lse_and_z_loss_are_judged_when_named() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let out = out_dir("numpy-lse");
+    let outputs = "log_probs,lse,z_loss";
+    let o = fuzz(
+        "--exec-persistent",
+        &kernel_cmd(&py, true, "none"),
+        &out,
+        &["--cases", "20", "--vocab", "1..64", "--outputs", outputs],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(!t.contains("FOUND"), "{t}");
+    let cmd = kernel_cmd(&py, true, "lse-missing-max");
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd,
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "3s",
+            "--vocab",
+            "1..64",
+            "--outputs",
+            outputs,
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec-persistent: oracle agreement"), "{t}");
+    let dump = format!("{out}/fuzz-exec-persistent-seed1.safetensors");
+    let v = logprobe(&["verify", &dump]);
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    assert!(text(&v).contains("lse"), "{}", text(&v));
+    let r = logprobe(&[
+        "fuzz",
+        "--replay",
+        &dump,
+        "--exec-persistent",
+        &cmd,
+        "--outputs",
+        outputs,
+    ]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    let _ = std::fs::remove_dir_all(&out);
+}

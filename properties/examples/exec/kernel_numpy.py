@@ -24,7 +24,7 @@ Planted bugs (make_kernel(bug)):
 import numpy as np
 
 BUGS = ("none", "entropy-no-max-shift", "padded-vocab-not-truncated",
-        "dropped-chunk-remainder", "batch-dependent")
+        "dropped-chunk-remainder", "batch-dependent", "lse-missing-max")
 
 
 def round_bf16(x):
@@ -92,8 +92,20 @@ def run(inputs, meta, bug):
             d = (xc - m) / T
         return np.where(allowed, d, -np.inf)
 
+    def top(xc, allowed):
+        """The max allowed scaled logit (what shifted() subtracted), so lse = top + ln S."""
+        if meta["temperature_dtype"] == "input":
+            z = xc / T
+            if dtype == "bf16":
+                z = round_bf16(z)
+            elif dtype == "f16":
+                z = z.astype(np.float16).astype(np.float32)
+            return np.where(allowed, z, -np.inf).max(axis=1)
+        return np.where(allowed, xc, -np.inf).max(axis=1) / T
+
     out = {"log_probs": np.zeros(n, acc), "entropy": np.zeros(n, acc),
-           "topk_log_probs": np.zeros((n, k), acc), "grad_logits": np.zeros((n, vt), acc)}
+           "topk_log_probs": np.zeros((n, k), acc), "grad_logits": np.zeros((n, vt), acc),
+           "lse": np.zeros(n, acc), "z_loss": np.zeros(n, acc)}
     end = n - n % chunk if bug == "dropped-chunk-remainder" else n
     for s in range(0, end, chunk):
         r = slice(s, min(s + chunk, end))
@@ -107,6 +119,12 @@ def run(inputs, meta, bug):
         lnS = log(S)
         p = ed / S[:, None]
         dx = np.zeros_like(xc)
+        if "lse" in wanted or "z_loss" in wanted:
+            # The bug: the max subtracted for the shift never added back.
+            lse = lnS if bug == "lse-missing-max" else top(xc, allowed) + lnS
+            out["lse"][r] = lse
+            if "z_loss" in wanted:
+                out["z_loss"][r] = acc(float(meta["z_loss_coef"])) * lse * lse
         if tokens is not None:
             t = tokens[r]
             keep = t != ii

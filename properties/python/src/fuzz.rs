@@ -79,6 +79,7 @@ fn value_error(e: impl std::fmt::Display) -> PyErr {
 /// Everything `logprobe.fuzz` passes, as the CLI's strings.
 struct Settings {
     gradients: bool,
+    loss_side: Vec<logprobe_verify::protocol::Output>,
     budget: Duration,
     cases: Option<u64>,
     shrink_budget: Duration,
@@ -96,6 +97,7 @@ fn settings(
 ) -> PyResult<Settings> {
     Ok(Settings {
         gradients: outputs.iter().any(|o| o.trim() == "grad_logits"),
+        loss_side: exec::loss_side_outputs(&outputs.iter().map(String::as_str).collect::<Vec<_>>()),
         budget: parse_duration(budget)
             .map_err(|e| value_error(format!("budget={budget:?}: {e}")))?,
         cases,
@@ -128,6 +130,7 @@ fn target(k: &Arc<PyKernel>, s: &Settings) -> ExecTarget {
         require: s.require.clone(),
         seed: s.seed,
         gradients: s.gradients,
+        loss_side: s.loss_side.clone(),
     }
 }
 

@@ -89,8 +89,8 @@ struct FuzzArgs {
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     timeout: std::time::Duration,
     /// Outputs the external kernel computes: log_probs, entropy, topk_log_probs, grad_logits
-    /// (comma-separated; default all). The others are never asked for (also give it with
-    /// --replay).
+    /// (comma-separated; default those four), and lse, z_loss (asked only when named). The
+    /// others are never asked for (also give it with --replay).
     #[arg(long)]
     outputs: Option<String>,
     /// Invariances of the external kernel whose lack is a failure: padding-invariant,
@@ -340,11 +340,16 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         .outputs
         .as_ref()
         .is_none_or(|o| o.split(',').any(|x| x.trim() == "grad_logits"));
+    let named: Vec<&str> = args
+        .outputs
+        .as_deref()
+        .map_or(Vec::new(), |o| o.split(',').collect());
     let mut target = ExecTarget {
         runner: Runner::new(transport, args.timeout),
         require,
         seed,
         gradients,
+        loss_side: exec::loss_side_outputs(&named),
     };
     if let Some(path) = &args.replay {
         return match exec::replay(path, &mut target) {

@@ -63,6 +63,9 @@ pub struct RequestMeta {
     pub entropy_logits: EntropyLogits,
     /// `chunk_size` (>= 1), for kernels that chunk rows.
     pub chunk_size: usize,
+    /// `z_loss_coef` (text that parses back to the same f64), sent only
+    /// when `z_loss` is wanted.
+    pub z_loss_coef: Option<String>,
 }
 
 /// The inputs of one call, owned, values stored as f64 (each exactly
@@ -207,6 +210,9 @@ impl Request {
             ),
             ("chunk_size".into(), m.chunk_size.to_string()),
         ];
+        if let Some(c) = &m.z_loss_coef {
+            v.push(("z_loss_coef".into(), c.clone()));
+        }
         v.extend(extra.iter().map(|(k, x)| (k.to_string(), x.clone())));
         v
     }
@@ -465,6 +471,7 @@ mod tests {
                 ignore_index: -100,
                 entropy_logits: EntropyLogits::Unmasked,
                 chunk_size: 3,
+                z_loss_coef: None,
             },
         }
     }

@@ -30,7 +30,7 @@
 pub mod target;
 pub mod transport;
 
-pub use target::{request, Dumps, ExecFinding, ExecTarget, Judged, Lack};
+pub use target::{loss_side_outputs, request, Dumps, ExecFinding, ExecTarget, Judged, Lack};
 pub use transport::{shell_quote, CommandFailure, InProcessKernel, Runner, Transport};
 
 use std::path::{Path, PathBuf};
@@ -117,24 +117,30 @@ pub fn outputs_pins(outputs: &[&str], options: &str) -> Result<String, String> {
     use logprobe_verify::protocol::Output;
     let mut want = Vec::new();
     for &o in outputs {
-        // Protocol v1's outputs (`lse` and `z_loss` are not asked for yet).
+        // Protocol v1's outputs; `lse` and `z_loss` only when named here
+        // (ExecTarget::loss_side), never by default.
         let out = [
             Output::LogProbs,
             Output::Entropy,
             Output::TopkLogProbs,
             Output::GradLogits,
+            Output::Lse,
+            Output::ZLoss,
         ]
         .into_iter()
         .find(|x| x.name() == o.trim())
         .ok_or_else(|| {
             format!(
-                "outputs: unknown output `{o}` (protocol v1: log_probs, entropy, topk_log_probs, grad_logits)"
+                "outputs: unknown output `{o}` (protocol v1: log_probs, entropy, topk_log_probs, grad_logits, lse, z_loss)"
             )
         })?;
         want.push(out);
     }
-    if want == [Output::GradLogits] || want.is_empty() {
-        return Err("outputs: name at least one of log_probs, entropy, topk_log_probs (grad_logits is d(sum of cotangent * output) / d logits over them)".into());
+    let grad_sources = [Output::LogProbs, Output::Entropy, Output::TopkLogProbs];
+    if !want.iter().any(|o| o.is_forward())
+        || (want.contains(&Output::GradLogits) && !want.iter().any(|o| grad_sources.contains(o)))
+    {
+        return Err("outputs: name at least one of log_probs, entropy, topk_log_probs, lse, z_loss (grad_logits is d(sum of cotangent * output) / d logits over log_probs, entropy, topk_log_probs)".into());
     }
     let pinned =
         super::grammar::Pairs::parse(options, &super::case::KEYS).map_err(|e| e.to_string())?;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use logprobe_reference::spec::Dtype;
-use logprobe_testkit::strategies::chunk_sizes;
+use logprobe_testkit::strategies::{chunk_sizes, Z_LOSS_COEF};
 use logprobe_verify::dump::Dump;
 use logprobe_verify::protocol::{Output, Request, RequestMeta, Response};
 use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict as Verdict, VerifyConfig};
@@ -64,6 +64,7 @@ pub fn request(case: &FuzzCase) -> Request {
             ignore_index: d.options.ignore_index,
             entropy_logits: d.options.entropy.unwrap_or_default(),
             chunk_size: case.chunk,
+            z_loss_coef: None,
         },
     }
 }
@@ -159,6 +160,19 @@ pub struct ExecTarget {
     /// without it: no cotangents are sent; the recipe's `grad=none` alone
     /// still gives one, as the gate's backward checks want).
     pub gradients: bool,
+    /// The loss-side outputs the kernel computes, asked only when named in
+    /// `--outputs` ([`loss_side_outputs`]): `lse`, `z_loss` (with its
+    /// `z_loss_coef`, the case's).
+    pub loss_side: Vec<Output>,
+}
+
+/// The loss-side outputs named in an `--outputs` list (`lse`, `z_loss`;
+/// never asked by default, so protocol version 1 holds).
+pub fn loss_side_outputs(outputs: &[&str]) -> Vec<Output> {
+    [Output::Lse, Output::ZLoss]
+        .into_iter()
+        .filter(|o| outputs.iter().any(|x| x.trim() == o.name()))
+        .collect()
 }
 
 /// Whether an invariance held: `Err` with what differed and the dumps.
@@ -176,9 +190,18 @@ struct Answer {
 
 impl ExecTarget {
     /// The request of `case` for this kernel: [`request`], without
-    /// cotangents and `grad_logits` when the kernel computes no gradient.
+    /// cotangents and `grad_logits` when the kernel computes no gradient,
+    /// with the loss-side outputs it computes ([`ExecTarget::loss_side`]).
     pub fn request(&self, case: &FuzzCase) -> Request {
         let mut r = request(case);
+        // Every expanded case has `lse` and `z_loss` (coefficient Z_LOSS_COEF).
+        if self.loss_side.contains(&Output::Lse) {
+            r.meta.outputs.push(Output::Lse);
+        }
+        if self.loss_side.contains(&Output::ZLoss) {
+            r.meta.outputs.push(Output::ZLoss);
+            r.meta.z_loss_coef = Some(num(Z_LOSS_COEF));
+        }
         if !self.gradients {
             r.grad_log_probs = None;
             r.grad_entropy = None;
