@@ -112,3 +112,26 @@ fn fuzz_runs_clean_finds_a_mutant_and_replays_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn list_mutants_prints_the_catalog() {
+    // scripts/fuzz-mutants.sh reads this list: it must be the catalog, whole.
+    let o = logprobe(&["fuzz", "--list-mutants"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let listed: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let catalog: Vec<String> = logprobe_testkit::mutants::CATALOG
+        .iter()
+        .map(|e| e.name.to_string())
+        .collect();
+    assert_eq!(listed, catalog);
+    // Every listed name is a fuzz target.
+    for name in &listed {
+        assert!(
+            logprobe_properties::fuzz::target::parse_target(&format!("mutant:{name}")).is_ok(),
+            "{name}"
+        );
+    }
+}

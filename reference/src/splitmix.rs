@@ -1,7 +1,8 @@
 //! SplitMix64 (G. Steele, D. Lea, C. Flood, "Fast splittable pseudorandom
 //! number generators", OOPSLA 2014): the workspace's one small
-//! deterministic stream for test rows, examples and benchmarks, so they
-//! need no `rand` dependency. Not cryptographic; neither the oracle nor the
+//! deterministic stream for test rows, examples, benchmarks and the test
+//! kit's recipes (their sampler and expansion), so they need
+//! no `rand` dependency. Not cryptographic; neither the oracle nor the
 //! kernels draw from it.
 //!
 //! # Example
@@ -14,6 +15,10 @@
 //!     (0..4).map(|_| again.normal()).collect::<Vec<_>>()
 //! });
 //! assert!((0.0..1.0).contains(&rng.uniform()));
+//! assert!((2.0..3.0).contains(&rng.uniform_in(2.0, 3.0)));
+//! assert!(rng.chance(1.0) && !rng.chance(0.0));
+//! let (mut a, mut b) = (SplitMix64::for_stream(7, 1), SplitMix64::for_stream(7, 2));
+//! assert_ne!(a.next_u64(), b.next_u64());
 //! ```
 
 /// A SplitMix64 stream: 64-bit state advanced by the golden-ratio gamma,
@@ -32,6 +37,17 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
 
+    /// Stream number `stream` of `seed`: the state is the first output of
+    /// the stream seeded `seed` xor the first output of the stream seeded
+    /// `stream`, so streams of one seed start at unrelated states (two
+    /// plain seeds `s` and `s + GAMMA` would give the same stream shifted by
+    /// one draw).
+    pub fn for_stream(seed: u64, stream: u64) -> Self {
+        let a = SplitMix64::new(seed).next_u64();
+        let b = SplitMix64::new(stream ^ 0x5851_F42D_4C95_7F2D).next_u64();
+        SplitMix64::new(a ^ b)
+    }
+
     /// The next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(Self::GAMMA);
@@ -44,6 +60,22 @@ impl SplitMix64 {
     /// Uniform in `[0, 1)`: the top 53 bits as a multiple of `2^-53`.
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[lo, hi)` (`lo + (hi - lo) u`; `lo` when `hi <= lo`).
+    pub fn uniform_in(&mut self, lo: f64, hi: f64) -> f64 {
+        let u = self.uniform();
+        if hi > lo {
+            lo + (hi - lo) * u
+        } else {
+            lo
+        }
+    }
+
+    /// `true` with probability `p` (`p <= 0`: never, `p >= 1`: always;
+    /// one draw either way).
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.uniform() < p
     }
 
     /// An index in `[0, n)` (`n >= 1`; the modulo bias is below `n / 2^64`).

@@ -165,8 +165,9 @@ impl DeviceKernel {
         cot: &Cotangents<'_>,
         out: Dtype,
     ) -> Result<Array2<f64>, KernelError> {
+        // The oracle's order (`Oracle::vjp`): shapes, cotangents, then values.
+        problem.validate_cotangents(&problem.validate_shapes()?, cot)?;
         let shape = self.validate(problem)?;
-        problem.validate_cotangents(&shape, cot)?;
         match backward(
             &*self.rt,
             &self.tracker,
@@ -204,8 +205,8 @@ impl DeviceKernel {
         }
         let new_contents = {
             let problem = problem.view();
+            problem.validate_cotangents(&problem.validate_shapes()?, cot)?;
             let shape = self.validate(&problem)?;
-            problem.validate_cotangents(&shape, cot)?;
             match backward(
                 &*self.rt,
                 &self.tracker,

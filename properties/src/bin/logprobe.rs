@@ -127,12 +127,22 @@ struct FuzzArgs {
     /// Never show progress.
     #[arg(long)]
     no_progress: bool,
+    /// Print the planted mutants' names (for `--kernel mutant:NAME`), one a line, and exit.
+    #[arg(long)]
+    list_mutants: bool,
 }
 
 use logprobe_properties::fuzz::grammar::parse_duration;
 
 fn fuzz(args: FuzzArgs) -> u8 {
     use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    if args.list_mutants {
+        // The catalog's names (scripts/fuzz-mutants.sh reads this list).
+        for e in logprobe_testkit::mutants::CATALOG {
+            println!("{}", e.name);
+        }
+        return 0;
+    }
     if args.exec.is_some() || args.exec_persistent.is_some() {
         return fuzz_exec(args);
     }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config, TestRunner};
 
-use logprobe_testkit::strategies::rng_for;
+use logprobe_testkit::strategies::runner_rng;
 
 use case::{FuzzCase, Space};
 use judge::{judge, Finding};
@@ -115,7 +115,7 @@ pub fn case_tree(
     index: u64,
 ) -> Box<dyn ValueTree<Value = FuzzCase>> {
     let mut runner =
-        TestRunner::new_with_rng(Config::default(), rng_for(seed, 0xF022_0000 + index));
+        TestRunner::new_with_rng(Config::default(), runner_rng(seed, 0xF022_0000 + index));
     // The strategy has no filters: drawing a tree cannot be rejected.
     strategy
         .new_tree(&mut runner)

@@ -6,8 +6,9 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 use logprobe_reference::spec::{Dtype, EntropyLogits};
+use logprobe_reference::splitmix::SplitMix64;
 use logprobe_testkit::strategies::{
-    cotangent_recipe, problem_recipe, rng_for, LossRecipe, RecipeSpace, REAL_VOCAB_SIZES,
+    cotangent_recipe, problem_recipe, LossRecipe, RecipeSpace, REAL_VOCAB_SIZES,
 };
 
 use super::super::grammar::{num, parse_f64, Alt, GrammarError, Pairs};
@@ -119,7 +120,7 @@ impl Space {
     /// alternatives (drawn from the recipe's seed), then kept affordable:
     /// `N <= 2` above [`MAX_MEDIUM_VOCAB`] unless `rows` is pinned.
     pub fn pin(&self, mut c: FuzzCase) -> FuzzCase {
-        let mut rng = rng_for(c.recipe.seed, 0xF022);
+        let mut rng = SplitMix64::for_stream(c.recipe.seed, 0xF022);
         for (key, alts) in &self.pins.0 {
             if key == "bad_at" {
                 continue;
@@ -127,8 +128,8 @@ impl Space {
             if self.holds(&c, key, alts) {
                 continue;
             }
-            let a = &alts[rng.random_range(0..alts.len())];
-            let u: f64 = rng.random();
+            let a = &alts[rng.below(alts.len())];
+            let u = rng.uniform();
             let value = match a {
                 Alt::Range(lo, hi) => {
                     let x = lo + (hi - lo) * u;
@@ -139,7 +140,7 @@ impl Space {
                     }
                 }
                 Alt::Word(w) if key == "vocab" && w == "real" => {
-                    REAL_VOCAB_SIZES[rng.random_range(0..REAL_VOCAB_SIZES.len())].to_string()
+                    REAL_VOCAB_SIZES[rng.below(REAL_VOCAB_SIZES.len())].to_string()
                 }
                 Alt::Word(w) if key == "kind" => {
                     c.recipe.kind = parse_kind(w, u).unwrap_or(c.recipe.kind);

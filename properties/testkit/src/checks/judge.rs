@@ -228,12 +228,16 @@ pub fn judge_backward(
     if fingerprint(data) != before {
         return Err("backward changed its inputs".into());
     }
-    let expected = expected_error(&a.problem, oracle).or_else(|| {
-        a.problem
-            .validate_shapes()
-            .ok()
-            .and_then(|shape| a.problem.validate_cotangents(&shape, &cv).err())
-    });
+    // The oracle's VJP order (`Oracle::vjp_counted`, every kernel's too):
+    // shapes, then cotangents, then the problem's rows and values.
+    let expected = match a.problem.validate_shapes() {
+        Err(e) => Some(e),
+        Ok(shape) => a
+            .problem
+            .validate_cotangents(&shape, &cv)
+            .err()
+            .or_else(|| expected_error(&a.problem, oracle)),
+    };
     let grad = match (result, expected, a.unsupported) {
         (Err(KernelError::Unsupported { .. }), _, Some(_)) => return Ok(Ratios::default()),
         (Err(KernelError::Spec(e)), Some(x), _) if same_error(&e, &x) => {

@@ -3,7 +3,6 @@
 
 use half::{bf16, f16};
 use ndarray::{Array1, Array2};
-use proptest::prelude::*;
 
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, LogitsMut, Options, Problem};
 
@@ -216,13 +215,13 @@ impl CotangentRecipe {
         }
         let mut rng = rng_for(self.seed, 0xC07A);
         let mut draw = move || -> f64 {
-            let u: f64 = rng.random();
+            let u = rng.uniform();
             if u < 0.1 {
                 0.0
             } else if u < 0.2 {
                 1.0
             } else {
-                Dtype::F32.round_f64(rng.random_range(-2.0..2.0))
+                Dtype::F32.round_f64(rng.uniform_in(-2.0, 2.0))
             }
         };
         let grad_log_probs = lp.then(|| Array1::from_shape_fn(n, |_| draw()));

@@ -2,8 +2,6 @@
 
 use std::ops::Range;
 
-use proptest::prelude::*;
-
 use super::*;
 
 /// Chunk sizes to compare for `n` rows: 1, a random size in `1..=n`, a
@@ -11,15 +9,9 @@ use super::*;
 /// deduplicated, all >= 1.
 pub fn chunk_sizes(n: usize, seed: u64) -> Vec<usize> {
     let mut rng = rng_for(seed, 0xC4_0C);
-    let mut c = vec![
-        1,
-        n.max(1),
-        n + 1,
-        n + 1 + rng.random_range(0..64usize),
-        2 * n + 3,
-    ];
+    let mut c = vec![1, n.max(1), n + 1, n + 1 + rng.below(64), 2 * n + 3];
     if n >= 1 {
-        c.push(rng.random_range(1..=n));
+        c.push(int_in(&mut rng, 1, n));
     }
     if let Some(nd) = (2..n).find(|&d| !n.is_multiple_of(d)) {
         c.push(nd);
@@ -28,7 +20,7 @@ pub fn chunk_sizes(n: usize, seed: u64) -> Vec<usize> {
         // A random non-divisor as well.
         let nds: Vec<usize> = (2..n).filter(|&d| !n.is_multiple_of(d)).collect();
         if !nds.is_empty() {
-            c.push(nds[rng.random_range(0..nds.len())]);
+            c.push(nds[rng.below(nds.len())]);
         }
     }
     c.sort_unstable();
@@ -61,7 +53,7 @@ impl ShardLayout {
         let mut rng = rng_for(seed, 0x5BA2D);
         let count = count.max(1);
         let mut cuts: Vec<usize> = (0..count - 1)
-            .map(|_| rng.random_range(0..=v_total))
+            .map(|_| int_in(&mut rng, 0, v_total))
             .collect();
         cuts.sort_unstable();
         let mut widths = Vec::with_capacity(count + 1);
@@ -71,14 +63,14 @@ impl ShardLayout {
             prev = c;
         }
         widths.push(v_total - prev);
-        if rng.random_bool(0.25) {
-            if rng.random_bool(0.5) {
+        if rng.chance(0.25) {
+            if rng.chance(0.5) {
                 widths.insert(0, 0);
             } else {
                 widths.push(0);
             }
         }
-        let masked_shard = (mask && widths.len() > 1).then(|| rng.random_range(0..widths.len()));
+        let masked_shard = (mask && widths.len() > 1).then(|| rng.below(widths.len()));
         ShardLayout {
             widths,
             masked_shard,

@@ -4,9 +4,9 @@
 
 use ndarray::Array1;
 use proptest::prelude::*;
-use proptest::sample::select;
 
 use logprobe_reference::spec::{CrossEntropy, LossOptions, MeanAllIgnored, Reduction};
+use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
 
@@ -127,18 +127,18 @@ impl LossRecipe {
     /// [`LABEL_SMOOTHING_EDGES`] or uniform, weights half the time.
     pub fn from_seed(seed: u64) -> LossRecipe {
         let mut rng = rng_for(seed, 0x1055);
-        let reduction = [Reduction::None, Reduction::Sum, Reduction::Mean][rng.random_range(0..3)];
-        let label_smoothing = if rng.random_bool(0.5) {
-            LABEL_SMOOTHING_EDGES[rng.random_range(0..LABEL_SMOOTHING_EDGES.len())]
+        let reduction = REDUCTIONS[rng.below(3)];
+        let label_smoothing = if rng.chance(0.5) {
+            LABEL_SMOOTHING_EDGES[rng.below(LABEL_SMOOTHING_EDGES.len())]
         } else {
-            rng.random::<f64>()
+            rng.uniform()
         };
-        let mean_all_ignored = if rng.random_bool(0.5) {
+        let mean_all_ignored = if rng.chance(0.5) {
             MeanAllIgnored::Nan
         } else {
             MeanAllIgnored::Zero
         };
-        let weights = match rng.random_range(0..6u32) {
+        let weights = match rng.below(6) {
             0 => Some(LossWeights::WithZeros),
             1 => Some(LossWeights::Constant),
             2 => Some(LossWeights::AllZero),
@@ -161,10 +161,10 @@ impl LossRecipe {
                 LossWeights::AllZero => 0.0,
                 LossWeights::Constant => 0.3,
                 LossWeights::WithZeros => {
-                    if rng.random_bool(0.25) {
+                    if rng.chance(0.25) {
                         0.0
                     } else {
-                        2.0 * rng.random::<f64>()
+                        2.0 * rng.uniform()
                     }
                 }
             })
@@ -178,34 +178,80 @@ impl LossRecipe {
     }
 }
 
+/// The reductions, plainest first.
+const REDUCTIONS: [Reduction; 3] = [Reduction::None, Reduction::Sum, Reduction::Mean];
+
 /// Loss recipes: each reduction alike; `eps` 0 at weight 2, an edge value
 /// ([`LABEL_SMOOTHING_EDGES`]) at 2, uniform in `[0, 1]` at 1;
 /// `mean_all_ignored` either way; no weights at weight 3, each
-/// [`LossWeights`] kind at 1.
-pub fn loss_recipe() -> impl Strategy<Value = LossRecipe> {
-    (
-        any::<u64>(),
-        select(vec![Reduction::None, Reduction::Sum, Reduction::Mean]),
-        prop_oneof![
-            2 => Just(0.0),
-            2 => select(LABEL_SMOOTHING_EDGES.to_vec()),
-            1 => 0.0..=1.0f64,
-        ],
-        prop_oneof![Just(MeanAllIgnored::Nan), Just(MeanAllIgnored::Zero)],
-        prop_oneof![
-            3 => Just(None),
-            1 => Just(Some(LossWeights::WithZeros)),
-            1 => Just(Some(LossWeights::Constant)),
-            1 => Just(Some(LossWeights::AllZero)),
-        ],
-    )
-        .prop_map(
-            |(seed, reduction, label_smoothing, mean_all_ignored, weights)| LossRecipe {
-                seed,
-                reduction,
-                label_smoothing,
-                mean_all_ignored,
-                weights,
-            },
-        )
+/// [`LossWeights`] kind at 1. Shrinks towards `none`, `eps = 0`, `nan`, no
+/// weights and seed 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossSpace;
+
+impl Recipes for LossSpace {
+    type Recipe = LossRecipe;
+
+    fn sample(&self, rng: &mut SplitMix64) -> LossRecipe {
+        let seed = rng.next_u64();
+        let reduction = REDUCTIONS[rng.below(3)];
+        let label_smoothing = match weighted(rng, &[2, 2, 1]) {
+            0 => 0.0,
+            1 => LABEL_SMOOTHING_EDGES[rng.below(LABEL_SMOOTHING_EDGES.len())],
+            // Uniform in [0, 1]: 1 itself is an edge value.
+            _ => rng.uniform(),
+        };
+        let mean_all_ignored = if rng.chance(0.5) {
+            MeanAllIgnored::Nan
+        } else {
+            MeanAllIgnored::Zero
+        };
+        let weights = match weighted(rng, &[3, 1, 1, 1]) {
+            0 => None,
+            1 => Some(LossWeights::WithZeros),
+            2 => Some(LossWeights::Constant),
+            _ => Some(LossWeights::AllZero),
+        };
+        LossRecipe {
+            seed,
+            reduction,
+            label_smoothing,
+            mean_all_ignored,
+            weights,
+        }
+    }
+
+    fn shrink(&self, r: &LossRecipe) -> Vec<LossRecipe> {
+        let mut out: Vec<LossRecipe> = Vec::new();
+        let mut push = |c: LossRecipe| {
+            if c != *r && !out.contains(&c) {
+                out.push(c);
+            }
+        };
+        push(LossRecipe {
+            reduction: Reduction::None,
+            ..r.clone()
+        });
+        push(LossRecipe {
+            label_smoothing: 0.0,
+            ..r.clone()
+        });
+        push(LossRecipe {
+            mean_all_ignored: MeanAllIgnored::Nan,
+            ..r.clone()
+        });
+        push(LossRecipe {
+            weights: None,
+            ..r.clone()
+        });
+        for seed in [0, r.seed / 2] {
+            push(LossRecipe { seed, ..r.clone() });
+        }
+        out
+    }
+}
+
+/// Loss recipes ([`LossSpace`]).
+pub fn loss_recipe() -> BoxedStrategy<LossRecipe> {
+    Drawn(LossSpace).boxed()
 }

@@ -1,11 +1,11 @@
-//! Proptest generators: small *recipes* expanded deterministically into
+//! Generators: small *recipes* expanded deterministically into
 //! problems (logits `[N, V_total]`, tokens `[N]`, sampling masks, top-k ids,
 //! options), cotangents, chunk sizes and vocabulary-shard layouts.
 //!
 //! A recipe holds a seed and a handful of knobs (row distribution, `V`,
-//! offset, mask rate, dtype, temperature, `ignore_index` rate); proptest
-//! shrinks the recipe, never a 152064-wide vector, so a failing real-vocabulary
-//! row shrinks in seconds. Every logit is generated in f64 and rounded once
+//! offset, mask rate, dtype, temperature, `ignore_index` rate); shrinking
+//! steps through recipes, never a 152064-wide vector, so a failing
+//! real-vocabulary row shrinks in seconds. Every logit is generated in f64 and rounded once
 //! with [`Dtype::round_f64`], so it is exactly representable in the dtype
 //! under test (DESIGN: "The properties", generators).
 //!
@@ -13,10 +13,15 @@
 //! vocabulary sizes [`REAL_VOCAB_SIZES`] at low ones (with `N <= 2`, since the
 //! oracle costs about 1 us per vocabulary entry).
 //!
+//! Every draw of a recipe, its expansion and its shrink steps is plain Rust
+//! over the workspace's one RNG ([`logprobe_reference::splitmix::SplitMix64`]);
+//! proptest's RNG only seeds a recipe's draw (`space`).
+//!
 //! Files: `recipe` (the problem recipe and its expansion), `rows` (row
-//! values), `data` (owned data, cotangent recipe), `space` (the proptest
-//! strategies), `layouts` (chunk sizes, shard layouts), `loss` (the
-//! cross-entropy loss recipe), `bad_input`.
+//! values), `data` (owned data, cotangent recipe), `sampler` (the recipe
+//! spaces: sampler and shrink steps), `space` (the proptest strategies, a
+//! thin wrapper), `layouts` (chunk sizes, shard layouts), `loss` (the
+//! cross-entropy loss recipe and its space), `bad_input`.
 
 mod bad_input;
 mod data;
@@ -24,6 +29,7 @@ mod layouts;
 mod loss;
 mod recipe;
 mod rows;
+mod sampler;
 mod space;
 #[cfg(test)]
 mod tests;
@@ -34,4 +40,5 @@ pub use layouts::*;
 pub use loss::*;
 pub use recipe::*;
 pub use rows::*;
+pub use sampler::*;
 pub use space::*;

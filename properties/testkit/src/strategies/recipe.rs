@@ -5,12 +5,11 @@
 use std::ops::Range;
 
 use ndarray::{Array1, Array2};
-use proptest::prelude::*;
-use proptest::test_runner::TestRng;
 
 use logprobe_reference::spec::{
     Dtype, EntropyLogits, Options, SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
+use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
 
@@ -232,7 +231,7 @@ impl ProblemRecipe {
                     mrow.fill(false);
                 } else {
                     for j in 0..vt {
-                        mrow[j] = !rng.random_bool(rate.max(0.0));
+                        mrow[j] = !rng.chance(rate);
                     }
                 }
                 if let Some(r) = &masked_cols {
@@ -253,7 +252,7 @@ impl ProblemRecipe {
                     } else {
                         &outside
                     };
-                    mrow[pool[rng.random_range(0..pool.len())]] = true;
+                    mrow[pool[rng.below(pool.len())]] = true;
                 }
             }
             let allowed: Vec<usize> = finite
@@ -262,17 +261,17 @@ impl ProblemRecipe {
                 .filter(|&j| mask.as_ref().is_none_or(|m| m[[i, j]]))
                 .collect();
             // Target.
-            let ignore = rng.random_bool(self.ignore_rate.clamp(0.0, 1.0));
+            let ignore = rng.chance(self.ignore_rate);
             tokens[i] = if ignore {
                 self.ignore_index
             } else {
-                match rng.random_range(0..3u32) {
+                match rng.below(3) {
                     0 => *allowed
                         .iter()
                         .max_by(|&&a, &&b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
                         .unwrap() as i64,
                     1 => sample_softmax(&mut rng, &row, &allowed) as i64,
-                    _ => allowed[rng.random_range(0..allowed.len())] as i64,
+                    _ => allowed[rng.below(allowed.len())] as i64,
                 }
             };
             // Top-k ids.
@@ -282,7 +281,7 @@ impl ProblemRecipe {
                     order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
                     (0..self.topk).map(|k| order[k % v]).collect()
                 } else {
-                    (0..self.topk).map(|_| rng.random_range(0..v)).collect()
+                    (0..self.topk).map(|_| rng.below(v)).collect()
                 };
                 for (k, &c) in chosen.iter().enumerate() {
                     ids[[i, k]] = c as i64;
@@ -338,13 +337,13 @@ impl ProblemRecipe {
 
 /// Draws an index from `allowed` with probability proportional to
 /// `exp(row[j] - max)` (f64; generator only).
-pub(crate) fn sample_softmax(rng: &mut TestRng, row: &[f64], allowed: &[usize]) -> usize {
+pub(crate) fn sample_softmax(rng: &mut SplitMix64, row: &[f64], allowed: &[usize]) -> usize {
     let m = allowed
         .iter()
         .map(|&j| row[j])
         .fold(f64::NEG_INFINITY, f64::max);
     let total: f64 = allowed.iter().map(|&j| (row[j] - m).exp()).sum();
-    let mut u = rng.random::<f64>() * total;
+    let mut u = rng.uniform() * total;
     for &j in allowed {
         u -= (row[j] - m).exp();
         if u <= 0.0 {

@@ -2,29 +2,22 @@
 //! Gaussians, subnormals, mixed rows, each value exact in its dtype.
 
 use ndarray::Array2;
-use proptest::prelude::*;
-use proptest::test_runner::{RngAlgorithm, TestRng};
 
 use logprobe_reference::spec::Dtype;
 use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
 
-/// A deterministic RNG for `(seed, stream)`: ChaCha seeded by SplitMix64.
-pub fn rng_for(seed: u64, stream: u64) -> TestRng {
-    let mut s = SplitMix64::new(seed ^ stream.wrapping_mul(SplitMix64::GAMMA));
-    let mut bytes = [0u8; 32];
-    for chunk in bytes.chunks_mut(8) {
-        chunk.copy_from_slice(&s.next_u64().to_le_bytes());
-    }
-    TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
+/// The deterministic stream `(seed, stream)` of a recipe's expansion:
+/// [`SplitMix64::for_stream`] (the workspace's one RNG; proptest's RNG
+/// never reaches a recipe).
+pub fn rng_for(seed: u64, stream: u64) -> SplitMix64 {
+    SplitMix64::for_stream(seed, stream)
 }
 
-/// A standard normal draw (Box-Muller).
-pub(crate) fn gaussian(rng: &mut TestRng) -> f64 {
-    let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
-    let u2: f64 = rng.random();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+/// An integer uniform in `lo..=hi` (`lo` when `hi < lo`).
+pub(crate) fn int_in(rng: &mut SplitMix64, lo: usize, hi: usize) -> usize {
+    lo + rng.below(hi.saturating_sub(lo) + 1)
 }
 
 /// Softmax entropy (nats) of `beta * b`, in f64 (for the generator's
@@ -44,15 +37,15 @@ pub(crate) fn entropy_f64(b: &[f64], beta: f64) -> f64 {
 /// LLM-like shifted logits (`<= 0`, max 0) of width `v` with entropy about
 /// `entropy` nats: Zipf ranks over a random permutation plus noise, scaled
 /// by bisection on the scale.
-pub(crate) fn llm_like_shape(rng: &mut TestRng, v: usize, entropy: f64) -> Vec<f64> {
+pub(crate) fn llm_like_shape(rng: &mut SplitMix64, v: usize, entropy: f64) -> Vec<f64> {
     let mut ranks: Vec<usize> = (1..=v).collect();
     for i in (1..v).rev() {
-        let j = rng.random_range(0..=i);
+        let j = int_in(rng, 0, i);
         ranks.swap(i, j);
     }
     let mut b: Vec<f64> = ranks
         .iter()
-        .map(|&r| -(r as f64).ln() + 0.25 * gaussian(rng))
+        .map(|&r| -(r as f64).ln() + 0.25 * rng.normal())
         .collect();
     // The dominant token (rank 1) stays 1 nat (times the scale) above the rest.
     if let Some(top) = ranks.iter().position(|&r| r == 1) {
@@ -81,23 +74,23 @@ pub(crate) fn llm_like_shape(rng: &mut TestRng, v: usize, entropy: f64) -> Vec<f
 }
 
 /// The concrete kinds [`RowKind::Mixed`] draws from.
-pub(crate) fn mixed_kind(rng: &mut TestRng) -> RowKind {
-    match rng.random_range(0..8u32) {
+pub(crate) fn mixed_kind(rng: &mut SplitMix64) -> RowKind {
+    match rng.below(8) {
         0 | 1 => RowKind::LlmLike {
-            entropy: rng.random_range(0.0..5.0),
+            entropy: rng.uniform_in(0.0, 5.0),
         },
         2 => RowKind::WideGaussian {
-            sigma: rng.random_range(0.5..30.0),
+            sigma: rng.uniform_in(0.5, 30.0),
         },
         3 => RowKind::AllEqual,
         4 => RowKind::Ties {
-            levels: rng.random_range(1..4u8),
+            levels: 1 + rng.below(3) as u8,
         },
         5 => RowKind::OneHotish {
-            gap: rng.random_range(5.0..60.0),
+            gap: rng.uniform_in(5.0, 60.0),
         },
         6 => RowKind::NegInf {
-            rate: rng.random_range(0.1..0.9),
+            rate: rng.uniform_in(0.1, 0.9),
         },
         _ => RowKind::OneFinite,
     }
@@ -107,7 +100,7 @@ pub(crate) fn mixed_kind(rng: &mut TestRng) -> RowKind {
 /// `offset`, rounded to `dtype` and clamped to its finite range (`-inf`
 /// entries stay `-inf`).
 pub fn row_values(
-    rng: &mut TestRng,
+    rng: &mut SplitMix64,
     v: usize,
     dtype: Dtype,
     kind: RowKind,
@@ -120,38 +113,36 @@ pub fn row_values(
     };
     let mut d: Vec<f64> = match kind {
         RowKind::LlmLike { entropy } => llm_like_shape(rng, v, entropy),
-        RowKind::WideGaussian { sigma } => (0..v).map(|_| sigma * gaussian(rng)).collect(),
+        RowKind::WideGaussian { sigma } => (0..v).map(|_| sigma * rng.normal()).collect(),
         RowKind::AllEqual => vec![0.0; v],
         RowKind::Ties { levels } => (0..v)
-            .map(|_| -(rng.random_range(0..levels.max(1) as u32) as f64))
+            .map(|_| -(rng.below(levels.max(1) as usize) as f64))
             .collect(),
         RowKind::OneHotish { gap } => {
-            let hot = rng.random_range(0..v);
+            let hot = rng.below(v);
             (0..v)
-                .map(|j| if j == hot { gap } else { gaussian(rng) })
+                .map(|j| if j == hot { gap } else { rng.normal() })
                 .collect()
         }
         RowKind::NegInf { rate } => {
             let mut d = llm_like_shape(rng, v, 2.0);
             for x in d.iter_mut() {
                 // The argmax (0) stays finite.
-                if *x < 0.0 && rng.random_bool(rate.clamp(0.0, 1.0)) {
+                if *x < 0.0 && rng.chance(rate) {
                     *x = f64::NEG_INFINITY;
                 }
             }
             d
         }
         RowKind::OneFinite => {
-            let hot = rng.random_range(0..v);
+            let hot = rng.below(v);
             (0..v)
                 .map(|j| if j == hot { 0.0 } else { f64::NEG_INFINITY })
                 .collect()
         }
         RowKind::Subnormals => {
             let q = logprobe_reference::spec::pow2(dtype.min_subnormal_exp());
-            return (0..v)
-                .map(|_| rng.random_range(-8..=8i32) as f64 * q)
-                .collect();
+            return (0..v).map(|_| (rng.below(17) as f64 - 8.0) * q).collect();
         }
         RowKind::Mixed => unreachable!("resolved above"),
     };
@@ -176,7 +167,7 @@ pub fn row_values(
 /// benches and fixtures.
 pub fn llm_like_row(seed: u64, v: usize, dtype: Dtype) -> Vec<f64> {
     let mut rng = rng_for(seed, 0x11A);
-    let entropy = rng.random_range(0.0..5.0);
+    let entropy = rng.uniform_in(0.0, 5.0);
     row_values(
         &mut rng,
         v,
