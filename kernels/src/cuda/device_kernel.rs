@@ -130,6 +130,12 @@ impl DeviceKernel {
                 what: "lse / z_loss",
             });
         }
+        if problem.options.loss.is_some() {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "cross-entropy loss",
+            });
+        }
         if problem.options.softcap.is_some() {
             return Err(KernelError::Unsupported {
                 kernel: self.name(),

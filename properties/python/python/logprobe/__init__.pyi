@@ -64,6 +64,8 @@ def verify(
     reduction: Optional[MetaValue] = None,
     label_smoothing: Optional[MetaValue] = None,
     mean_all_ignored: Optional[MetaValue] = None,
+    softcap: Optional[MetaValue] = None,
+    softcap_dtype: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

@@ -42,6 +42,8 @@ def assert_verified(
     reduction: Optional[MetaValue] = None,
     label_smoothing: Optional[MetaValue] = None,
     mean_all_ignored: Optional[MetaValue] = None,
+    softcap: Optional[MetaValue] = None,
+    softcap_dtype: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""
