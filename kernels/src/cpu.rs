@@ -370,15 +370,7 @@ impl CpuKernel {
         ce: &CrossEntropy<'_>,
         out: Dtype,
     ) -> Result<CrossEntropyOutput, KernelError> {
-        let shape = problem.validate_shapes()?;
-        ce.validate(shape.n)?;
-        if problem.tokens.is_none() {
-            return Err(SpecError::MissingTensor {
-                output: "loss",
-                tensor: "tokens",
-            }
-            .into());
-        }
+        let shape = problem.validate_cross_entropy(ce)?;
         let acc = shape.dtype.accumulation();
         let eps = ce.effective_label_smoothing(acc)?;
         // Only the loss: no entropy, lse, z-loss or top-k work.

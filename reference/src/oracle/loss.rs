@@ -64,14 +64,7 @@ impl Oracle {
         target: Dtype,
     ) -> Result<OracleLoss, SpecError> {
         // The kernels' order: shapes, the loss options, tokens, then rows.
-        let shape = problem.validate_shapes()?;
-        ce.validate(shape.n)?;
-        if problem.tokens.is_none() {
-            return Err(SpecError::MissingTensor {
-                output: "loss",
-                tensor: "tokens",
-            });
-        }
+        problem.validate_cross_entropy(ce)?;
         let shape = problem.validate()?;
         let eps = ce.effective_label_smoothing(shape.dtype.accumulation())?;
         let rows = first_error(

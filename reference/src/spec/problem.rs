@@ -431,6 +431,27 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// The checks of an explicit cross-entropy call (`Oracle::cross_entropy`,
+    /// `CpuKernel::cross_entropy`), in the order both report them: shapes
+    /// ([`Problem::validate_shapes`]), `ce`'s options for `N` rows
+    /// ([`CrossEntropy::validate`]), then `tokens` present. Rows are not
+    /// checked here. O(1) in N and V.
+    ///
+    /// # Errors
+    /// Those of [`Problem::validate_shapes`] and [`CrossEntropy::validate`];
+    /// [`SpecError::MissingTensor`] (output `loss`, tensor `tokens`).
+    pub fn validate_cross_entropy(&self, ce: &super::CrossEntropy<'_>) -> Result<Shape, SpecError> {
+        let shape = self.validate_shapes()?;
+        ce.validate(shape.n)?;
+        if self.tokens.is_none() {
+            return Err(SpecError::MissingTensor {
+                output: "loss",
+                tensor: "tokens",
+            });
+        }
+        Ok(shape)
+    }
+
     /// Checks shapes, `vocab_size`, temperature, the z-loss coefficient and
     /// the loss options (label smoothing, `loss_weights [N]`); O(1) in N and
     /// V (each row's weight is checked by [`Problem::validate_row`]).
