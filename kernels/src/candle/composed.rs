@@ -375,31 +375,27 @@ mod tests {
 
     #[test]
     fn bad_input_gives_typed_errors() {
-        let x = array![[0.0f32, f32::NAN]];
-        let t = array![0i64];
-        let p = Problem {
-            tokens: Some(t.view()),
-            options: lp_options(),
-            ..Problem::new(Logits::F32(x.view()))
+        // The composed forward's error on one row of f32 logits and its target.
+        let forward_error = |x: ndarray::Array2<f32>, token: i64| {
+            let t = array![token];
+            let p = Problem {
+                tokens: Some(t.view()),
+                options: lp_options(),
+                ..Problem::new(Logits::F32(x.view()))
+            };
+            CandleComposed.forward(&p, Dtype::F32).err()
         };
         assert!(matches!(
-            CandleComposed.forward(&p, Dtype::F32),
-            Err(KernelError::Spec(SpecError::NonFiniteLogit {
+            forward_error(array![[0.0f32, f32::NAN]], 0),
+            Some(KernelError::Spec(SpecError::NonFiniteLogit {
                 row: 0,
                 col: 1,
                 ..
             }))
         ));
-        let x = array![[0.0f32, 1.0]];
-        let t = array![2i64];
-        let p = Problem {
-            tokens: Some(t.view()),
-            options: lp_options(),
-            ..Problem::new(Logits::F32(x.view()))
-        };
         assert!(matches!(
-            CandleComposed.forward(&p, Dtype::F32),
-            Err(KernelError::Spec(SpecError::TokenOutOfRange {
+            forward_error(array![[0.0f32, 1.0]], 2),
+            Some(KernelError::Spec(SpecError::TokenOutOfRange {
                 row: 0,
                 token: 2,
                 ..

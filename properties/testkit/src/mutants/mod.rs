@@ -156,13 +156,16 @@ pub trait PlantedBug: Send + Sync {
     /// # Errors
     /// The wrapped kernel's.
     fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
-        if let Some(q) = with_wrong_options(self, problem)? {
-            return self.inner().forward(&q, out);
-        }
-        let mut fo = self.inner().forward(problem, out)?;
-        let shape = problem.validate_shapes()?;
-        self.corrupt_forward(problem, &shape, out, &mut fo);
-        Ok(fo)
+        planted(
+            self,
+            problem,
+            |k, p| k.forward(p, out),
+            |fo| {
+                let shape = problem.validate_shapes()?;
+                self.corrupt_forward(problem, &shape, out, fo);
+                Ok(())
+            },
+        )
     }
 
     /// As [`Kernel::cross_entropy`]: the wrapped kernel with
@@ -177,12 +180,15 @@ pub trait PlantedBug: Send + Sync {
         ce: &CrossEntropy<'_>,
         out: Dtype,
     ) -> Result<CrossEntropyOutput, KernelError> {
-        if let Some(q) = with_wrong_options(self, problem)? {
-            return self.inner().cross_entropy(&q, ce, out);
-        }
-        let mut lo = self.inner().cross_entropy(problem, ce, out)?;
-        self.corrupt_loss(problem, ce, &mut lo);
-        Ok(lo)
+        planted(
+            self,
+            problem,
+            |k, p| k.cross_entropy(p, ce, out),
+            |lo| {
+                self.corrupt_loss(problem, ce, lo);
+                Ok(())
+            },
+        )
     }
 
     /// As [`Kernel::backward`]: the wrapped kernel with
@@ -197,13 +203,16 @@ pub trait PlantedBug: Send + Sync {
         cotangents: &Cotangents<'_>,
         out: Dtype,
     ) -> Result<Array2<f64>, KernelError> {
-        if let Some(q) = with_wrong_options(self, problem)? {
-            return self.inner().backward(&q, cotangents, out);
-        }
-        let mut grad = self.inner().backward(problem, cotangents, out)?;
-        let shape = problem.validate_shapes()?;
-        self.corrupt_backward(problem, &shape, cotangents, &mut grad);
-        Ok(grad)
+        planted(
+            self,
+            problem,
+            |k, p| k.backward(p, cotangents, out),
+            |grad| {
+                let shape = problem.validate_shapes()?;
+                self.corrupt_backward(problem, &shape, cotangents, grad);
+                Ok(())
+            },
+        )
     }
 
     /// As [`Kernel::backward_in_place`]: the wrapped kernel's in-place
@@ -229,6 +238,23 @@ pub trait PlantedBug: Send + Sync {
         write_over(problem.logits, &grad);
         Ok(())
     }
+}
+
+/// The pass-through of [`PlantedBug`]'s defaults: `call` on the wrapped
+/// kernel with the bug's wrong options when it has them, else `call` on the
+/// call's own problem with its result through `corrupt` (the bug's hook).
+fn planted<B: PlantedBug + ?Sized, R>(
+    bug: &B,
+    problem: &Problem<'_>,
+    call: impl Fn(&dyn Kernel, &Problem<'_>) -> Result<R, KernelError>,
+    corrupt: impl FnOnce(&mut R) -> Result<(), KernelError>,
+) -> Result<R, KernelError> {
+    if let Some(q) = with_wrong_options(bug, problem)? {
+        return call(bug.inner(), &q);
+    }
+    let mut r = call(bug.inner(), problem)?;
+    corrupt(&mut r)?;
+    Ok(r)
 }
 
 /// `problem` with the bug's wrong options, validated as the correct kernel
