@@ -4,7 +4,8 @@
 //! `error / bound` (the chosen model's maximum, the worst elements, each
 //! reference model's maximum) and its pass. [`GradScreen::lower`] gives a
 //! lower bound `L_m <= E_m` under every model `m`, so
-//! `fl(err / E_m) <= fl(err / L_m) =: U_m` (rounding is monotone). A first
+//! `fl(err / E_m) <= fl(err / L_m) =: U_m` (rounding is monotone; `U_m`
+//! is kept rounded up to f32, still an upper bound). A first
 //! pass over the row picks *seeds*: the elements of largest `U`. Their exact
 //! bounds give the thresholds `T_m`, each the largest ratio of a seed under
 //! model `m`, and `T_keep`, the `keep`-th largest chosen ratio among the
@@ -39,9 +40,20 @@ pub(super) struct RowScreen<const M: usize> {
     /// Seed columns, ascending.
     seeds: Vec<usize>,
     next_seed: usize,
-    /// Per column `j < v`, from the first pass: `(err, U)` when the element
-    /// passes by `L_chosen`.
-    uppers: Vec<Option<(f64, [f64; M])>>,
+    /// Per column `j < v`, from the first pass: `U` rounded up to f32 (4
+    /// bytes a model: the row's buffer stays small), NaN when the element
+    /// does not pass by `L_chosen`.
+    uppers: Vec<[f32; M]>,
+}
+
+/// `x` rounded up to f32 (NaN stays NaN).
+fn up_f32(x: f64) -> f32 {
+    let f = x as f32;
+    if f64::from(f) < x {
+        f.next_up()
+    } else {
+        f
+    }
 }
 
 /// The candidate's error as the judge measures it (`None` unless finite).
@@ -105,10 +117,10 @@ impl<const M: usize> RowScreen<M> {
         for j in 0..v {
             let eu = error_of(&exact[j], candidates[j]).and_then(|err| {
                 let l = screen.lower(all, j, cot)?;
-                Some((err, ratio_uppers(err, &l)?))
+                ratio_uppers(err, &l)
             });
-            uppers.push(eu);
-            let Some((_, u)) = eu else {
+            uppers.push(eu.map_or([f32::NAN; M], |u| u.map(up_f32)));
+            let Some(u) = eu else {
                 continue;
             };
             offer(&mut top0, keep + EXTRA_SEEDS, u[0], j);
@@ -165,17 +177,22 @@ impl<const M: usize> RowScreen<M> {
     }
 
     /// The error of gradient element `j` (columns asked in ascending
-    /// order) when it is screened, `None` when it needs its exact bounds.
-    /// The error is the one the judge measures (`Exact::error`).
-    pub(super) fn screened(&mut self, j: usize) -> Option<f64> {
+    /// order; `exact`, `candidate` as given to [`RowScreen::new`]) when it is
+    /// screened, `None` when it needs its exact bounds. The error is the one
+    /// the judge measures (`Exact::error`).
+    pub(super) fn screened(&mut self, j: usize, exact: &Exact, candidate: f64) -> Option<f64> {
         while self.seeds.get(self.next_seed).is_some_and(|&s| s < j) {
             self.next_seed += 1;
         }
         if self.seeds.get(self.next_seed) == Some(&j) {
             return None;
         }
-        let (err, u) = (*self.uppers.get(j)?)?;
-        let under = u.iter().zip(&self.t_max).all(|(u, t)| u <= t);
-        (under && u[0] < self.t_keep).then_some(err)
+        let u = self.uppers.get(j)?;
+        // NaN (not screenable) fails every comparison.
+        let under = u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t);
+        if !(under && f64::from(u[0]) < self.t_keep) {
+            return None;
+        }
+        error_of(exact, candidate)
     }
 }
