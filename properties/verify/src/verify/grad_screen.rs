@@ -42,8 +42,15 @@ pub(super) struct RowScreen<const M: usize> {
     next_seed: usize,
     /// Per column `j < v`, from the first pass: `U` rounded up to f32 (4
     /// bytes a model: the row's buffer stays small), NaN when the element
-    /// does not pass by `L_chosen`.
-    uppers: Vec<[f32; M]>,
+    /// does not pass by `L_chosen`; `[v * M]`, from this worker's pool
+    /// ([`crate::scratch`]), given back on drop.
+    uppers: Vec<f32>,
+}
+
+impl<const M: usize> Drop for RowScreen<M> {
+    fn drop(&mut self) {
+        crate::scratch::give_f32(std::mem::take(&mut self.uppers));
+    }
 }
 
 /// `x` rounded up to f32 (NaN stays NaN).
@@ -113,13 +120,17 @@ impl<const M: usize> RowScreen<M> {
         // Pass 1: the elements of largest U, per model.
         let mut top0 = Vec::new();
         let mut top: [Vec<(f64, usize)>; M] = std::array::from_fn(|_| Vec::new());
-        let mut uppers = Vec::with_capacity(v);
+        let mut uppers = crate::scratch::take_f32();
+        uppers.reserve(v * M);
         for j in 0..v {
             let eu = error_of(&exact[j], candidates[j]).and_then(|err| {
                 let l = screen.lower(all, j, cot)?;
                 ratio_uppers(err, &l)
             });
-            uppers.push(eu.map_or([f32::NAN; M], |u| u.map(up_f32)));
+            match eu {
+                Some(u) => uppers.extend(u.map(up_f32)),
+                None => uppers.extend([f32::NAN; M]),
+            }
             let Some(u) = eu else {
                 continue;
             };
@@ -187,7 +198,7 @@ impl<const M: usize> RowScreen<M> {
         if self.seeds.get(self.next_seed) == Some(&j) {
             return None;
         }
-        let u = self.uppers.get(j)?;
+        let u = self.uppers.get(j * M..(j + 1) * M)?;
         // NaN (not screenable) fails every comparison.
         let under = u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t);
         if !(under && f64::from(u[0]) < self.t_keep) {
