@@ -15,6 +15,7 @@ const KEEP: usize = 8;
 thread_local! {
     static F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
     static IV: RefCell<Vec<Vec<Interval>>> = const { RefCell::new(Vec::new()) };
+    static F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An empty `Vec<f64>` with the capacity of a buffer given back earlier on
@@ -49,6 +50,25 @@ pub(crate) fn give_iv(mut v: Vec<Interval>) {
     }
     v.clear();
     IV.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < KEEP {
+            p.push(v);
+        }
+    });
+}
+
+/// [`take_f64`] for f32 values (the gradient screen's ratio bounds).
+pub(crate) fn take_f32() -> Vec<f32> {
+    F32.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+}
+
+/// [`give_f64`] for f32 values.
+pub(crate) fn give_f32(mut v: Vec<f32>) {
+    if v.capacity() == 0 {
+        return;
+    }
+    v.clear();
+    F32.with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < KEEP {
             p.push(v);

@@ -8,27 +8,9 @@
 use std::path::Path;
 
 use logprobe_reference::spec::Dtype;
+use logprobe_reference::splitmix::SplitMix64;
 use logprobe_verify::dump::{serialize_dump, Dump, DumpTensor};
 use logprobe_verify::verify::{set_grad_screen, verify_dump, ReportVerdict, VerifyConfig};
-
-/// xorshift64* (Vigna 2016), as the scale generator (`examples/gen_dump.rs`).
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (a, b) = (self.uniform(), self.uniform());
-        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-    }
-}
 
 /// How the candidate gradients are wrong.
 #[derive(Clone, Copy)]
@@ -45,7 +27,7 @@ enum Wrong {
 /// An f32 dump `[n, v]` with log_probs, entropy and grad_logits (and,
 /// with `extras`, top-k ids with their cotangents and `temperature = 0.7`); candidates from f64 math rounded to f32.
 fn dump_bytes(n: usize, v: usize, seed: u64, wrong: Wrong, extras: bool) -> Vec<u8> {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let (k, temp) = if extras { (3, 0.7) } else { (0, 1.0) };
     let r32 = |x: f64| x as f32 as f64;
     let (mut logits, mut tokens, mut lp, mut ent) = (vec![], vec![], vec![], vec![]);

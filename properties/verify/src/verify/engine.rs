@@ -661,7 +661,10 @@ fn verify_row(
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
             if e.output == Output::GradLogits && e.col < targets.vocab_size {
-                if let Some(err) = screen.as_mut().and_then(|s| s.screened(e.col)) {
+                if let Some(err) = screen
+                    .as_mut()
+                    .and_then(|s| s.screened(e.col, e.exact, e.candidate))
+                {
                     acc.push_screened(err, e.exact.error_ulps(e.candidate, e.dtype));
                     return Ok(());
                 }

@@ -4,7 +4,8 @@
 //! `error / bound` (the chosen model's maximum, the worst elements, each
 //! reference model's maximum) and its pass. [`GradScreen::lower`] gives a
 //! lower bound `L_m <= E_m` under every model `m`, so
-//! `fl(err / E_m) <= fl(err / L_m) =: U_m` (rounding is monotone). A first
+//! `fl(err / E_m) <= fl(err / L_m) =: U_m` (rounding is monotone; `U_m`
+//! is kept rounded up to f32, still an upper bound). A first
 //! pass over the row picks *seeds*: the elements of largest `U`. Their exact
 //! bounds give the thresholds `T_m`, each the largest ratio of a seed under
 //! model `m`, and `T_keep`, the `keep`-th largest chosen ratio among the
@@ -39,9 +40,27 @@ pub(super) struct RowScreen<const M: usize> {
     /// Seed columns, ascending.
     seeds: Vec<usize>,
     next_seed: usize,
-    /// Per column `j < v`, from the first pass: `(err, U)` when the element
-    /// passes by `L_chosen`.
-    uppers: Vec<Option<(f64, [f64; M])>>,
+    /// Per column `j < v`, from the first pass: `U` rounded up to f32 (4
+    /// bytes a model: the row's buffer stays small), NaN when the element
+    /// does not pass by `L_chosen`; `[v * M]`, from this worker's pool
+    /// ([`crate::scratch`]), given back on drop.
+    uppers: Vec<f32>,
+}
+
+impl<const M: usize> Drop for RowScreen<M> {
+    fn drop(&mut self) {
+        crate::scratch::give_f32(std::mem::take(&mut self.uppers));
+    }
+}
+
+/// `x` rounded up to f32 (NaN stays NaN).
+fn up_f32(x: f64) -> f32 {
+    let f = x as f32;
+    if f64::from(f) < x {
+        f.next_up()
+    } else {
+        f
+    }
 }
 
 /// The candidate's error as the judge measures it (`None` unless finite).
@@ -101,14 +120,18 @@ impl<const M: usize> RowScreen<M> {
         // Pass 1: the elements of largest U, per model.
         let mut top0 = Vec::new();
         let mut top: [Vec<(f64, usize)>; M] = std::array::from_fn(|_| Vec::new());
-        let mut uppers = Vec::with_capacity(v);
+        let mut uppers = crate::scratch::take_f32();
+        uppers.reserve(v * M);
         for j in 0..v {
             let eu = error_of(&exact[j], candidates[j]).and_then(|err| {
                 let l = screen.lower(all, j, cot)?;
-                Some((err, ratio_uppers(err, &l)?))
+                ratio_uppers(err, &l)
             });
-            uppers.push(eu);
-            let Some((_, u)) = eu else {
+            match eu {
+                Some(u) => uppers.extend(u.map(up_f32)),
+                None => uppers.extend([f32::NAN; M]),
+            }
+            let Some(u) = eu else {
                 continue;
             };
             offer(&mut top0, keep + EXTRA_SEEDS, u[0], j);
@@ -165,17 +188,22 @@ impl<const M: usize> RowScreen<M> {
     }
 
     /// The error of gradient element `j` (columns asked in ascending
-    /// order) when it is screened, `None` when it needs its exact bounds.
-    /// The error is the one the judge measures (`Exact::error`).
-    pub(super) fn screened(&mut self, j: usize) -> Option<f64> {
+    /// order; `exact`, `candidate` as given to [`RowScreen::new`]) when it is
+    /// screened, `None` when it needs its exact bounds. The error is the one
+    /// the judge measures (`Exact::error`).
+    pub(super) fn screened(&mut self, j: usize, exact: &Exact, candidate: f64) -> Option<f64> {
         while self.seeds.get(self.next_seed).is_some_and(|&s| s < j) {
             self.next_seed += 1;
         }
         if self.seeds.get(self.next_seed) == Some(&j) {
             return None;
         }
-        let (err, u) = (*self.uppers.get(j)?)?;
-        let under = u.iter().zip(&self.t_max).all(|(u, t)| u <= t);
-        (under && u[0] < self.t_keep).then_some(err)
+        let u = self.uppers.get(j * M..(j + 1) * M)?;
+        // NaN (not screenable) fails every comparison.
+        let under = u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t);
+        if !(under && f64::from(u[0]) < self.t_keep) {
+            return None;
+        }
+        error_of(exact, candidate)
     }
 }
