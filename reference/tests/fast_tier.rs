@@ -853,3 +853,52 @@ fn llm_rows_are_decided_on_the_f64_tier() {
         assert!(s.hi - s.lo <= 8.0 * f64::EPSILON * s.hi, "{s:?}");
     }
 }
+
+/// Softcapped (exact, c = 30) bf16 rows at V = 152064 are decided on the
+/// f64 tier (F9): every forward output in bf16 and f32.
+#[test]
+fn softcapped_real_vocab_rows_are_decided_on_the_f64_tier() {
+    let mut rng = Rng(0xFA57_0006);
+    let (n, v) = (2usize, 152_064usize);
+    let x: Vec<bf16> = (0..n * v)
+        .map(|_| bf16::from_f64(3.0 * rng.normal() + if rng.unit() < 1e-4 { 12.0 } else { 0.0 }))
+        .collect();
+    let x = Array2::from_shape_vec((n, v), x).unwrap();
+    let t = Array1::from_iter((0..n).map(|r| (r * 37 % v) as i64));
+    let mut p = Problem::new(Logits::Bf16(x.view()));
+    p.tokens = Some(t.view());
+    p.options.softcap = Some(30.0);
+    p.options.entropy = Some(EntropyLogits::Unmasked);
+    for r in 0..n {
+        let fr = FastRow::new(
+            &p,
+            r,
+            FastOptions {
+                entropy: Some(EntropyLogits::Unmasked),
+                m2: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(fr.applicable(), "row {r} not applicable");
+        assert!(
+            fr.stats_decided(),
+            "row {r}: stats {:?} {:?} {:?}",
+            fr.sum(),
+            fr.ln_s(),
+            fr.m2()
+        );
+        for target in [Dtype::Bf16, Dtype::F32] {
+            let f = fr.forward(target);
+            assert!(
+                f.decided(),
+                "row {r} {target}: {f:?}; lse {:?} lp {:?} H {:?}",
+                fr.lse(),
+                fr.log_prob(),
+                fr.entropy()
+            );
+        }
+    }
+    let f = Oracle::default().forward(&p, Dtype::Bf16).unwrap();
+    assert_eq!(f.fallback.outputs_mpfr, 0, "{:?}", f.fallback);
+}

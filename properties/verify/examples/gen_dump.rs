@@ -123,7 +123,10 @@ fn main() {
         ));
     }
     let c_text = softcap.map(|c| c.to_string());
-    let meta: Vec<(&str, &str)> = c_text.iter().map(|c| ("softcap", c.as_str())).collect();
+    let meta: Vec<(&str, &str)> = match &c_text {
+        Some(c) => vec![("format_version", "2"), ("softcap", c.as_str())],
+        None => Vec::new(),
+    };
     let bytes = serialize_dump(&tensors, &meta).expect("consistent shapes");
     std::fs::write(out, &bytes).expect("write the dump");
     eprintln!(
