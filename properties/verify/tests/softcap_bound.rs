@@ -192,6 +192,7 @@ fn cot(c: &Case) -> Cotangents<'_> {
         grad_log_probs: Some(c.g.view()),
         grad_entropy: Some(c.h.view()),
         grad_topk_log_probs: Some(c.gk.view()),
+        ..Default::default()
     }
 }
 

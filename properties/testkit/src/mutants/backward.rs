@@ -42,6 +42,7 @@ impl PlantedBug for GradOutput0Broadcast {
             grad_log_probs: g.as_ref().map(|a| a.view()),
             grad_entropy: h.as_ref().map(|a| a.view()),
             grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
+            ..Default::default()
         };
         FUSED.backward(problem, &c, out)
     }
@@ -56,6 +57,7 @@ impl PlantedBug for GradOutput0Broadcast {
             grad_log_probs: g.as_ref().map(|a| a.view()),
             grad_entropy: h.as_ref().map(|a| a.view()),
             grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
+            ..Default::default()
         };
         FUSED.backward_in_place(problem, &c)
     }

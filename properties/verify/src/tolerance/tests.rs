@@ -933,6 +933,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
             grad_log_probs: Some(g.view()),
             grad_entropy: None,
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         };
         let st = oracle.row_stats(&problem, 0).unwrap();
         let ctx = RowContext::from_problem(&problem, 0).unwrap();
