@@ -130,6 +130,7 @@ impl RowTargets {
             h: self.h,
             token: self.token,
             topk: &self.live_topk,
+            loss: None,
         }
     }
 }
