@@ -412,7 +412,30 @@ pub struct Cotangents<'a> {
     pub grad_loss: Option<ArrayView1<'a, f64>>,
 }
 
-impl Cotangents<'_> {
+impl<'a> Cotangents<'a> {
+    /// The cotangents of rows `rows` of an `[N, ..]` problem (`n` = `N`):
+    /// every per-row tensor sliced; `grad_loss` sliced when it is `[N]`
+    /// (`none`), kept when it is the scalar's `[1]` (right for `sum`; a
+    /// `mean`'s row slice has its own divisor, so it is not a slice of
+    /// the whole mean's VJP).
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>, n: usize) -> Cotangents<'a> {
+        let one =
+            |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
+        Cotangents {
+            grad_log_probs: one(self.grad_log_probs),
+            grad_entropy: one(self.grad_entropy),
+            grad_topk_log_probs: self
+                .grad_topk_log_probs
+                .map(|g| g.slice_move(ndarray::s![rows.clone(), ..])),
+            grad_lse: one(self.grad_lse),
+            grad_z_loss: one(self.grad_z_loss),
+            grad_loss: match self.grad_loss {
+                Some(g) if g.len() == n && n != 1 => one(Some(g)),
+                g => g,
+            },
+        }
+    }
+
     /// Whether no cotangent is given.
     pub fn is_empty(&self) -> bool {
         self.grad_log_probs.is_none()

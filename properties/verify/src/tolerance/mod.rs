@@ -62,7 +62,7 @@ pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,
 };
-pub use walk::{walk_row, Element, LossTarget, RowTargets};
+pub use walk::{walk_row, Element, LossGradRow, LossTarget, RowTargets};
 
 /// Why a model certifies nothing for a value.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
