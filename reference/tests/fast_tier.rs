@@ -4,7 +4,8 @@
 //! `M2`, `lse`, log-prob, entropy, top-k, `d_j`, `e_j`, `p_j`, `q_j` and
 //! the VJP elements) must contain the exact value, over offsets up to
 //! `1e30`, subnormals, near-uniform rows at real V, one-hot rows, masks,
-//! ties, `-inf` and temperatures. Planted mutants of the tier must break
+//! ties, `-inf`, temperatures and exact softcaps (`x' = c tanh(x / c)`,
+//! taken here at 700 bits; module docs of `oracle::fast`, (F9)). Planted mutants of the tier must break
 //! that property on small-V rows, and the public oracle must return the
 //! same correctly rounded values on both tiers.
 
@@ -58,6 +59,9 @@ struct Case {
     g: f64,
     h: f64,
     gk: Vec<f64>,
+    /// An exact softcap `c` (`softcap_dtype = accumulation`; never with
+    /// `t_input`, which the spec refuses with it).
+    softcap: Option<f64>,
 }
 
 fn clamp_round(d: Dtype, x: f64) -> f64 {
@@ -173,6 +177,11 @@ fn gen(rng: &mut Rng, v: usize) -> Case {
     } else {
         0.0
     };
+    // Drawn last: the other knobs keep their draws.
+    let softcap = (!t_input && rng.below(3) == 0).then(|| {
+        let c = [30.0, 50.0, 2.5, 1000.0, 0.01, 1e6][rng.below(6)];
+        dtype.accumulation().round_f64(c)
+    });
     Case {
         kind,
         dtype,
@@ -186,6 +195,7 @@ fn gen(rng: &mut Rng, v: usize) -> Case {
         g,
         h,
         gk,
+        softcap,
     }
 }
 
@@ -253,6 +263,7 @@ impl Data {
         p.sampling_mask = self.mask.as_ref().map(|m| m.view());
         p.topk_ids = self.topk.as_ref().map(|t| t.view());
         p.options.temperature = c.temperature;
+        p.options.softcap = c.softcap;
         p.options.entropy = c.entropy;
         if c.t_input {
             p.options.temperature_dtype = TemperatureDtype::Input;
@@ -302,11 +313,8 @@ struct RefFamily {
     t2: Ref,
 }
 
-fn ref_family(v: &[f64], members: Vec<bool>, ts: f64) -> RefFamily {
-    let vmax = (0..v.len())
-        .filter(|&j| members[j])
-        .map(|j| v[j])
-        .fold(f64::NEG_INFINITY, f64::max);
+fn ref_family(v: &[Float], members: Vec<bool>, ts: f64) -> RefFamily {
+    let vmax = max_of(v, &members);
     let argmax = (0..v.len()).find(|&j| members[j] && v[j] == vmax).unwrap();
     let (mut s, mut b, mut t2) = (Float::new(P), Float::new(P), Float::new(P));
     let mut a_all = Vec::with_capacity(v.len());
@@ -318,7 +326,7 @@ fn ref_family(v: &[f64], members: Vec<bool>, ts: f64) -> RefFamily {
             e_all.push(Float::new(P));
             continue;
         }
-        let diff = Float::with_val(2200, Float::with_val(2200, vmax) - v[j]);
+        let diff = Float::with_val(2200, &vmax - &v[j]);
         let a = Float::with_val(P, diff / ts);
         let e = if a > HUGE {
             n_huge += 1;
@@ -373,16 +381,43 @@ fn holds_f(iv: Interval, x: &Float, margin: &Float) -> bool {
     )
 }
 
-/// The exact inputs `v_j`, the divisor `ts`, the temperature.
-fn exact_inputs(c: &Case) -> (Vec<f64>, f64, f64) {
+/// The largest member of `v` (`-inf` without members).
+fn max_of(v: &[Float], members: &[bool]) -> Float {
+    let mut m = Float::with_val(53, f64::NEG_INFINITY);
+    for (x, _) in v.iter().zip(members).filter(|(_, &b)| b) {
+        if *x > m {
+            m = x.clone();
+        }
+    }
+    m
+}
+
+/// The exact inputs `v_j` (f64 values exactly; under an exact softcap
+/// `x'_j = c tanh(x_j / c)` at 700 bits, `-c` for a `-inf` logit), the
+/// divisor `ts`, the temperature.
+fn exact_inputs(c: &Case) -> (Vec<Float>, f64, f64) {
     let acc = c.dtype.accumulation();
     let t = acc.round_f64(c.temperature);
+    let f = |x: f64| Float::with_val(53, x);
     if c.t_input {
         // The spec's z = round_input(round_acc(x / T)), as the oracle's.
-        let v = c.x.iter().map(|&x| c.dtype.scaled_input(x, t)).collect();
+        let v = c.x.iter().map(|&x| f(c.dtype.scaled_input(x, t))).collect();
         (v, 1.0, t)
+    } else if let Some(cap) = c.softcap {
+        let v =
+            c.x.iter()
+                .map(|&x| {
+                    if x == f64::NEG_INFINITY {
+                        f(-cap)
+                    } else {
+                        let y = Float::with_val(700, Float::with_val(700, x) / cap).tanh();
+                        Float::with_val(700, y * cap)
+                    }
+                })
+                .collect();
+        (v, t, t)
     } else {
-        (c.x.clone(), t, t)
+        (c.x.iter().map(|&x| f(x)).collect(), t, t)
     }
 }
 
@@ -451,11 +486,8 @@ fn violations(c: &Case, mutant: Option<Mutant>) -> Vec<String> {
         fr.entropy().unwrap(),
         &Ref::rel(Float::with_val(P, &ln_sw + &r.v)),
     );
-    let vmax = (0..n)
-        .filter(|&j| pf.members[j])
-        .map(|j| v[j])
-        .fold(f64::NEG_INFINITY, f64::max);
-    let lse = Float::with_val(P, Float::with_val(P, vmax) / ts) + &ln_s.v;
+    let vmax = max_of(&v, &pf.members);
+    let lse = Float::with_val(P, Float::with_val(P, &vmax / ts) + &ln_s.v);
     check(&mut bad, "lse".into(), fr.lse(), &Ref::rel(lse));
     let lp_of = |j: usize| -> Ref {
         if !pf.members[j] {
@@ -523,6 +555,11 @@ fn violations(c: &Case, mutant: Option<Mutant>) -> Vec<String> {
         mutant,
     };
     let fv_row = FastRow::new(&p, 0, vjp_opts).unwrap();
+    if !fv_row.vjp_applicable() {
+        // The softcap's VJP is MPFR's (F9).
+        assert!(c.softcap.is_some(), "VJP not applicable without a softcap");
+        return bad;
+    }
     let gt = if c.token >= 0 { c.g } else { 0.0 };
     let rc = RowCotangents {
         g: gt,
@@ -594,6 +631,13 @@ fn violations(c: &Case, mutant: Option<Mutant>) -> Vec<String> {
     bad
 }
 
+/// Whether the f64 tier takes `c`'s row (its enclosures are then checked).
+fn applicable(c: &Case) -> bool {
+    let data = c.data();
+    let p = data.problem(c);
+    FastRow::new(&p, 0, FastOptions::default()).is_ok_and(|r| r.applicable())
+}
+
 fn cases(seed: u64, count: usize, v_choices: &[usize]) -> Vec<Case> {
     let mut rng = Rng(seed);
     (0..count)
@@ -607,10 +651,14 @@ fn cases(seed: u64, count: usize, v_choices: &[usize]) -> Vec<Case> {
 #[test]
 fn every_enclosure_contains_the_exact_value() {
     let mut failed = Vec::new();
-    for (i, c) in cases(0xFA57_0001, 1500, &[1, 2, 3, 5, 8, 17, 64])
+    let all = cases(0xFA57_0001, 1500, &[1, 2, 3, 5, 8, 17, 64]);
+    // Exact softcaps are on the tier (F9), not left to MPFR.
+    let capped = all
         .iter()
-        .enumerate()
-    {
+        .filter(|c| c.softcap.is_some() && applicable(c))
+        .count();
+    assert!(capped >= 300, "{capped} softcapped rows on the f64 tier");
+    for (i, c) in all.iter().enumerate() {
         let bad = violations(c, None);
         if !bad.is_empty() {
             failed.push(format!(
@@ -633,7 +681,7 @@ fn every_enclosure_contains_the_exact_value() {
 fn every_enclosure_contains_the_exact_value_at_real_vocabulary_sizes() {
     let mut rng = Rng(0xFA57_0002);
     let v = 152_064;
-    for kind in ["uniform", "llm"] {
+    for kind in ["uniform", "llm", "llm_softcap"] {
         let mut c = gen(&mut rng, 8);
         c.kind = kind;
         c.dtype = Dtype::F32;
@@ -641,6 +689,9 @@ fn every_enclosure_contains_the_exact_value_at_real_vocabulary_sizes() {
             .map(|_| {
                 if kind == "uniform" {
                     7.0 + 1e-4 * rng.normal()
+                } else if kind == "llm_softcap" {
+                    // Gemma 2's c = 30 over logits reaching its saturation.
+                    12.0 * rng.normal() - 2.0
                 } else {
                     2.5 * rng.normal() - 2.0
                 }
@@ -655,6 +706,7 @@ fn every_enclosure_contains_the_exact_value_at_real_vocabulary_sizes() {
         c.h = 0.3;
         c.temperature = if kind == "uniform" { 1.0 } else { 0.7 };
         c.t_input = false;
+        c.softcap = (kind == "llm_softcap").then_some(30.0);
         let bad = violations(&c, None);
         assert!(bad.is_empty(), "{kind}: {:?}", &bad[..bad.len().min(4)]);
     }
@@ -669,11 +721,15 @@ fn planted_mutants_are_killed() {
         Mutant::ExpNotWidened,
         Mutant::ShiftNotWidened,
         Mutant::SMinusOne,
+        Mutant::TanhNotWidened,
     ] {
+        // The softcap's mutant can only show on softcapped rows.
         let killed = small
             .iter()
+            .filter(|c| m != Mutant::TanhNotWidened || c.softcap.is_some())
             .filter(|c| !violations(c, Some(m)).is_empty())
             .count();
+        eprintln!("{m:?}: killed on {killed} rows");
         assert!(
             killed >= 5,
             "{m:?} survived: killed on {killed} of {} rows",

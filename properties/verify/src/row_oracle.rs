@@ -158,7 +158,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         };
         let v = fast.vocab_size();
         let (mut out, mut pending) = (Vec::with_capacity(shape.v_total), Vec::new());
-        if fast.applicable() {
+        if fast.vjp_applicable() {
             fast.vjp(&rc).decide_into(target, &mut out, &mut pending);
         } else {
             out = vec![Exact::point(0.0); v];

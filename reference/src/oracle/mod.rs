@@ -596,7 +596,7 @@ impl Oracle {
             topk: &cot.gk,
         };
         let mut pending = Vec::new();
-        if fast.applicable() {
+        if fast.vjp_applicable() {
             fast.vjp(&rc).decide_slice(target, out, &mut pending);
         } else {
             out.fill(Exact::point(0.0));

@@ -101,7 +101,8 @@ impl Rounder {
             self.mid >>= 1u32;
             (self.round(&self.mid.clone(), dtype), rl == rh)
         };
-        let offset = if rounded.is_finite() && b.lo.is_finite() && b.hi.is_finite() {
+        let finite = rounded.is_finite() && b.lo.is_finite() && b.hi.is_finite();
+        let offset = finite.then(|| {
             // Directed roundings at 64 bits, then to f64 in the same
             // direction: still outward.
             self.diff.assign_round(&b.lo - rounded, Round::Down);
@@ -109,15 +110,8 @@ impl Rounder {
             self.diff.assign_round(&b.hi - rounded, Round::Up);
             let hi = self.diff.to_f64_round(Round::Up);
             Interval { lo, hi }
-        } else {
-            UNKNOWN_OFFSET
-        };
-        Exact {
-            enclosure,
-            rounded,
-            decided,
-            offset,
-        }
+        });
+        Exact::with_offset(enclosure, rounded, decided, offset)
     }
 }
 
@@ -175,19 +169,28 @@ impl Exact {
     /// enclosure: the MPFR path's [`Rounder::exact`] gives a finer one).
     pub fn new(enclosure: Interval, rounded: f64, decided: bool) -> Self {
         let Interval { lo, hi } = enclosure;
-        let offset = if rounded.is_finite() && lo.is_finite() && hi.is_finite() {
-            Interval {
-                lo: add_dn(lo, -rounded),
-                hi: add_up(hi, -rounded),
-            }
-        } else {
-            UNKNOWN_OFFSET
-        };
+        let finite = rounded.is_finite() && lo.is_finite() && hi.is_finite();
+        let offset = finite.then(|| Interval {
+            lo: add_dn(lo, -rounded),
+            hi: add_up(hi, -rounded),
+        });
+        Exact::with_offset(enclosure, rounded, decided, offset)
+    }
+
+    /// The one constructor of both paths ([`Exact::new`], [`Rounder::exact`]):
+    /// `offset` is `enclosure - rounded` rounded outward, `None` when
+    /// nothing finite is known ([`UNKNOWN_OFFSET`]).
+    fn with_offset(
+        enclosure: Interval,
+        rounded: f64,
+        decided: bool,
+        offset: Option<Interval>,
+    ) -> Self {
         Exact {
             enclosure,
             rounded,
             decided,
-            offset,
+            offset: offset.unwrap_or(UNKNOWN_OFFSET),
         }
     }
 

@@ -1449,66 +1449,19 @@ fn logsoftmax_sums(
 }
 
 /// Entropy errors (T11-T13): the one the model's form needs before the
-/// final rounding, and the one a gradient may see.
+/// final rounding, and the one a gradient may see. One model's case of
+/// the shared walks ([`entropy_shared`], [`logsoftmax_sums`]): the same
+/// bits as that model's bounds built together with others.
 fn entropy_errors(
     c: &Consts,
     model: &Model,
     st: &RowStats,
     ws: &SetBounds,
 ) -> (Result<Hi, NoBound>, Result<Hi, NoBound>) {
-    let ell = Hi(ws.ln_s.hi);
-    // One pass over w: the fused sums (T11) and the log-softmax sums (T12).
-    let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
-        (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
-    let (mut s_dem, mut s_em, mut s_lam, mut fl_d, mut fl_1, mut sdl) =
-        (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
-    let mut n_fin = 0usize;
-    for e in &st.e {
-        if e.hi == f64::NEG_INFINITY {
-            continue;
-        }
-        n_fin += 1;
-        let d_abs = mag(e);
-        let lw = Hi(e.hi) - Lo(ws.ln_s.lo);
-        let alpha = c.a * d_abs + c.b;
-        let wm = w_expm1(lw, alpha);
-        e1 = e1 + wm;
-        e2 = e2 + d_abs * wm;
-        sd = sd + d_abs;
-        if (Hi(e.hi) + alpha).0 < c.ln_min_normal {
-            let we = (lw + alpha).exp();
-            fl = fl + we;
-            fl2 = fl2 + d_abs * we;
-        }
-        let lam = c.lambda(ws, d_abs);
-        let dl = d_abs + ell;
-        let wl = w_expm1(lw, lam);
-        let wel = (lw + lam).exp();
-        s_dem = s_dem + dl * wl;
-        s_em = s_em + wl;
-        s_lam = s_lam + wel * lam;
-        sdl = sdl + dl + lam;
-        if (lw + lam).0 < c.ln_min_normal {
-            fl_d = fl_d + dl * wel;
-            fl_1 = fl_1 + wel;
-        }
-    }
-    let sh = EntropyShared {
-        set: SetSums { e1, fl, n_fin },
-        e2,
-        fl2,
-        sd,
-        ew: Vec::new(),
-    };
-    let ls = LsSums {
-        s_dem,
-        s_em,
-        s_lam,
-        fl_d,
-        fl_1,
-        sdl,
-    };
-    entropy_finish(c, model, st, ws, &sh, &ls)
+    let entries = Entries::All(st.e.len());
+    let sh = entropy_shared(c, st, entries);
+    let ls = logsoftmax_sums(std::slice::from_ref(c), &[Ok(*ws)], st, &sh, entries);
+    entropy_finish(c, model, st, ws, &sh, &ls[0])
 }
 
 /// [`entropy_errors`] from the shared and per-model sums.

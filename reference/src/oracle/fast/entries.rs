@@ -4,7 +4,7 @@
 //! entry point of the VJP.
 
 use super::pass::{self, a_interval, a_tight, exp_interval};
-use super::row::Fam;
+use super::row::{nonneg, nonpos, widen_abs, widen_rel, Fam};
 use super::{FastRow, FastVjp, RowCotangents};
 use crate::oracle::{Interval, RowStats};
 
@@ -15,7 +15,7 @@ impl<'a> FastRow<'a> {
         match &fam.cache {
             Some(c) => (c.a[j], c.r[j], c.exact[j]),
             None => {
-                let (a, exact) = pass::shift(fam.vmax, self.row.v[j], self.div);
+                let (a, exact) = pass::shift(fam.vmax, self.vals()[j], self.div);
                 let r = if j == fam.argmax {
                     1.0
                 } else {
@@ -30,7 +30,11 @@ impl<'a> FastRow<'a> {
     #[inline(always)]
     pub(crate) fn exp_p(&self, j: usize) -> Interval {
         let (a, r, exact) = self.entry(&self.p, j);
-        exp_interval(r, a, exact, self.mutant)
+        let e = exp_interval(r, a, exact, self.mutant);
+        if j == self.p.argmax {
+            return e;
+        }
+        widen_rel(e, self.k_p())
     }
 
     /// `(exp(e_j), |e_j|)` of a member `j` of the entropy family.
@@ -38,17 +42,27 @@ impl<'a> FastRow<'a> {
     pub(crate) fn exp_a_q(&self, j: usize) -> (Interval, Interval) {
         let fam = self.qfam().expect("entropy family");
         let (a, r, exact) = self.entry(fam, j);
-        (
+        let (e, a) = (
             exp_interval(r, a, exact, self.mutant),
             a_interval(a, exact, self.mutant),
-        )
+        );
+        match self.k_of(fam) {
+            0.0 => (e, a),
+            _ if j == fam.argmax => (e, a),
+            k => (widen_rel(e, k), nonneg(widen_abs(a, k))),
+        }
     }
 
     /// `d'_j = z'_j - max z'` of column `j < V` (nats, `<= 0`; `-inf` where
     /// masked or `-inf`).
     pub fn d(&self, j: usize) -> Interval {
         if j < self.row.v.len() && self.row.in_p(j) {
-            a_tight(self.p.vmax, self.row.v[j], self.div, self.mutant).neg()
+            let d = a_tight(self.p.vmax, self.vals()[j], self.div, self.mutant).neg();
+            match self.k_p() {
+                0.0 => d,
+                _ if j == self.p.argmax => d,
+                k => nonpos(widen_abs(d, k)),
+            }
         } else {
             Interval::point(f64::NEG_INFINITY)
         }
@@ -59,7 +73,12 @@ impl<'a> FastRow<'a> {
     pub fn e(&self, j: usize) -> Interval {
         match self.qfam() {
             Some(q) if j < self.row.v.len() && self.row.in_q(j) => {
-                a_tight(q.vmax, self.row.v[j], self.div, self.mutant).neg()
+                let e = a_tight(q.vmax, self.vals()[j], self.div, self.mutant).neg();
+                match self.k_of(q) {
+                    0.0 => e,
+                    _ if j == q.argmax => e,
+                    k => nonpos(widen_abs(e, k)),
+                }
             }
             _ => Interval::point(f64::NEG_INFINITY),
         }
@@ -68,7 +87,7 @@ impl<'a> FastRow<'a> {
     /// `p_j = softmax(z')_j` of column `j < V` (0 where masked or `-inf`).
     pub fn p(&self, j: usize) -> Interval {
         if j < self.row.v.len() && self.row.in_p(j) {
-            self.exp_p(j).div_nonneg(self.p.bounds.big_s)
+            self.exp_p(j).div_nonneg(self.sum())
         } else {
             Interval::ZERO
         }
@@ -77,9 +96,10 @@ impl<'a> FastRow<'a> {
     /// `q_j = softmax(w)_j` of column `j < V` (0 outside the entropy family).
     pub fn q(&self, j: usize) -> Interval {
         match self.qfam() {
-            Some(q) if j < self.row.v.len() && self.row.in_q(j) => {
-                self.exp_a_q(j).0.div_nonneg(q.bounds.big_s)
-            }
+            Some(_) if j < self.row.v.len() && self.row.in_q(j) => self
+                .exp_a_q(j)
+                .0
+                .div_nonneg(self.sum_w().expect("entropy family")),
             _ => Interval::ZERO,
         }
     }

@@ -42,23 +42,6 @@ fn sum_interval(terms: impl Iterator<Item = f64>) -> Interval {
     acc
 }
 
-/// `x * e` for `e >= 0`, `x` of any sign.
-#[inline(always)]
-fn mul_nonneg_rhs(x: Interval, e: Interval) -> Interval {
-    Interval {
-        lo: if x.lo >= 0.0 {
-            mul_dn(x.lo, e.lo)
-        } else {
-            mul_dn(x.lo, e.hi)
-        },
-        hi: if x.hi >= 0.0 {
-            mul_up(x.hi, e.hi)
-        } else {
-            mul_up(x.hi, e.lo)
-        },
-    }
-}
-
 /// The VJP of one row on the f64 tier: row constants, then per-element
 /// enclosures of grad logits `dx_j` (nats per logit unit, real vocabulary
 /// `j < V`). Built by [`FastRow::vjp`].
@@ -277,17 +260,17 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             }
         } else if in_p && self.c_nonzero {
             any = true;
-            dx = mul_nonneg_rhs(self.k1, fr.exp_p(j)).neg();
+            dx = self.k1.mul_by_nonneg(fr.exp_p(j)).neg();
         }
         if in_q {
             any = true;
             let (ew, aw) = fr.exp_a_q(j);
             let c = self.r.sub(aw);
-            let m = mul_nonneg_rhs(c, ew);
+            let m = c.mul_by_nonneg(ew);
             let tq = if self.h > 0.0 {
-                mul_nonneg_rhs(m, self.k2)
+                m.mul_by_nonneg(self.k2)
             } else {
-                mul_nonneg_rhs(m, self.k2.neg()).neg()
+                m.mul_by_nonneg(self.k2.neg()).neg()
             };
             dx = dx.sub(tq);
         }
@@ -389,7 +372,7 @@ mod tests {
             Interval { lo: -1.0, hi: 4.0 },
             Interval { lo: 1.0, hi: 4.0 },
         ] {
-            let m = mul_nonneg_rhs(x, e);
+            let m = x.mul_by_nonneg(e);
             let prods = [x.lo * e.lo, x.lo * e.hi, x.hi * e.lo, x.hi * e.hi];
             let lo = prods.iter().cloned().fold(f64::INFINITY, f64::min);
             let hi = prods.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

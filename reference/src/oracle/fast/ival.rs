@@ -174,17 +174,33 @@ impl Interval {
     #[inline(always)]
     pub(crate) fn div_pos(self, o: Interval) -> Interval {
         debug_assert!(o.lo > 0.0);
+        // Dividing by the larger end shrinks the magnitude.
+        self.by_nonneg(o.hi, o.lo, div_dn, div_up)
+    }
+
+    /// `self * e` for `e.lo >= 0`, `self` of any sign.
+    #[inline(always)]
+    pub(crate) fn mul_by_nonneg(self, e: Interval) -> Interval {
+        self.by_nonneg(e.lo, e.hi, mul_dn, mul_up)
+    }
+
+    /// `self op y` over `y` in a nonnegative range, for an `op` increasing
+    /// in the magnitude of `y` (`*`) or decreasing (`/`, with the ends
+    /// swapped): `shrink` is the end of that range that gives the smaller
+    /// magnitude, `grow` the larger. The lower end of the result comes from
+    /// `self.lo` (a nonnegative `self.lo` with `shrink`, a negative one with
+    /// `grow`) rounded down, the upper end likewise from `self.hi` rounded up.
+    #[inline(always)]
+    fn by_nonneg(
+        self,
+        shrink: f64,
+        grow: f64,
+        op_dn: impl Fn(f64, f64) -> f64,
+        op_up: impl Fn(f64, f64) -> f64,
+    ) -> Interval {
         Interval {
-            lo: if self.lo >= 0.0 {
-                div_dn(self.lo, o.hi)
-            } else {
-                div_dn(self.lo, o.lo)
-            },
-            hi: if self.hi >= 0.0 {
-                div_up(self.hi, o.lo)
-            } else {
-                div_up(self.hi, o.hi)
-            },
+            lo: op_dn(self.lo, if self.lo >= 0.0 { shrink } else { grow }),
+            hi: op_up(self.hi, if self.hi >= 0.0 { grow } else { shrink }),
         }
     }
 

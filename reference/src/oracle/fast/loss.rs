@@ -11,6 +11,7 @@
 
 use super::ival::{add_dn, add_up, div_dn, div_up};
 use super::pass::{a_tight, Dd};
+use super::row::widen_abs;
 use super::FastRow;
 use crate::oracle::Interval;
 
@@ -31,7 +32,8 @@ impl FastRow<'_> {
             return Some(Interval::point(0.0));
         }
         let v = row.v.len();
-        if eps > 0.0 && (0..v).any(|j| row.allowed(j) && row.v[j] == f64::NEG_INFINITY) {
+        // Under an exact softcap a `-inf` logit is the finite `x' = -c`.
+        if eps > 0.0 && (0..v).any(|j| row.allowed(j) && !row.finite(j)) {
             return Some(Interval::point(f64::INFINITY));
         }
         if !self.applicable {
@@ -42,13 +44,19 @@ impl FastRow<'_> {
             lo: i.lo.max(0.0),
             hi: i.hi,
         };
-        let nll = nonneg(a_tight(self.p.vmax, row.v[t], self.div, self.mutant).add(ln_s));
+        // (F9): each `-log p_j` moves by at most `k` under an exact softcap.
+        let k = self.k_p();
+        let vals = self.vals();
+        let nll = nonneg(widen_abs(
+            a_tight(self.p.vmax, vals[t], self.div, self.mutant).add(ln_s),
+            k,
+        ));
         let l = if eps == 0.0 {
             nll
         } else {
             let (mut lo, mut hi, mut n) = (Dd::default(), Dd::default(), 0u64);
             for j in (0..v).filter(|&j| row.in_p(j)) {
-                let a = a_tight(self.p.vmax, row.v[j], self.div, self.mutant);
+                let a = a_tight(self.p.vmax, vals[j], self.div, self.mutant);
                 lo.add(a.lo);
                 hi.add(a.hi);
                 n += 1;
@@ -62,7 +70,7 @@ impl FastRow<'_> {
                 lo: div_dn(sum.lo, count).max(0.0),
                 hi: div_up(sum.hi, count),
             };
-            let smooth = nonneg(ln_s.add(mean_a));
+            let smooth = nonneg(widen_abs(ln_s.add(mean_a), k));
             let one_minus = Interval {
                 lo: add_dn(1.0, -eps).max(0.0),
                 hi: add_up(1.0, -eps),

@@ -95,6 +95,33 @@
 //!   almost never happens (the enclosures are a few f64 ulps wide): those
 //!   outputs fall back to MPFR.
 //!
+//! - (F9) Exact softcap (`softcap_dtype = accumulation`, DESIGN "Loss
+//!   side": `x'_j = c tanh(x_j / c)`, then `z = x' / T` exactly). The pass
+//!   runs (F1)-(F8) on `y_j = RN(c RN(tanh(RN(x_j / c))))` (`-c` for a
+//!   `-inf` logit, exact: PyTorch's value) as if exact, then widens each
+//!   result for `|x'_j - y_j| <= e = 3 u c + c 2^-1074 + 2^-1074`: (a) the
+//!   quotient `q = RN(x / c)`, `|q - x / c| <= u |q| + eta`, moves `tanh`
+//!   by at most that times `sech^2` between them, `<= 2 u |xi| sech^2(xi)
+//!   + eta <= 0.9 u + eta` (`|xi| >= |q| / 2` for `|q| >= 2^-1000`, and
+//!   `max xi sech^2 xi < 0.449`; below, `u |q| <= u 2^-1000`; `q = inf`
+//!   moves `tanh` by `< 2 e^{-2 MAX}`); (b) CORE-MATH's `tanh` is
+//!   correctly rounded, `<= u |t| + eta <= u + eta`; (c) the product, `<=
+//!   u |y| + eta <= u c + eta` (`|c t| <= c`). All three rounding steps are
+//!   monotone, so the argmax of `x` maximises `y` and `x'` alike and the
+//!   top-k ids (taken on `x`) are those of `x'`. With `eta_z = e / ts`
+//!   (rounded up) bounding `|z'_j - y_j / ts|`, and `k = 2 eta_z` (0 for
+//!   a family with one member: then `s = 0` and `ln S = 0` exactly):
+//!   `lse` moves by `<= eta_z`; every `d_j`, `e_j`, `ln S`, `ln S_w`,
+//!   log-prob, top-k log-prob and `-log p_j` (the loss) by `<= k` (each is
+//!   a difference of two `z'` or of `z'` and `lse`); `s`, `S`, `E_j`, `p_j`
+//!   (through `E_j` and `S`), `q_j` by a factor in `[e^-k, e^k]`, enclosed
+//!   in `[1 - k, 1 + k + k^2]` (`k <= 1`); `R = sum q_j |e_j|` lies in
+//!   `[e^-k (R^ - k)^+, e^k (R^ + k)]` and `M2 = sum q_j e_j^2` in `[e^-k
+//!   (M2^ - 2 k R^)^+, e^k (M2^ + 2 k R^ + k^2)]`, so `entropy = ln S_w +
+//!   R` and `B = R S_w` follow. The row is left to MPFR when `4 eta_z >
+//!   1/2` (a huge `c / T`). The VJP (its `sech^2` factor) stays on MPFR
+//!   for every softcapped row ([`FastRow::vjp_applicable`]).
+//!
 //! Every bound is a function of computed f64 values only, evaluated with
 //! upward rounding. The property test `reference/tests/fast_tier.rs` checks
 //! every enclosure against a 320-bit MPFR evaluation over offsets up to
@@ -105,7 +132,7 @@
 //!
 //! [`Mutant`] (hidden from the docs) switches off one widening of this tier
 //! at run time: the exp result not widened, `d_j` not widened, `S - 1` used
-//! in place of `s`. A run-time switch, not a `cfg`: the default
+//! in place of `s`, the softcap's f64 `tanh` taken as exact. A run-time switch, not a `cfg`: the default
 //! `cargo test` then tests the very code that ships (integration tests link
 //! the library built without `cfg(test)`, and a custom `cfg` would rebuild
 //! the dependency graph), and the switch is read outside the inner loop
@@ -188,6 +215,8 @@ pub enum Mutant {
     ShiftNotWidened,
     /// `s` taken as `fl(1 + s) - 1`.
     SMinusOne,
+    /// The exact softcap's f64 `c tanh(x / c)` taken as exact (`eta = 0`, (F9)).
+    TanhNotWidened,
 }
 
 /// Fallback counters: how many outputs (and rows) were computed, and how

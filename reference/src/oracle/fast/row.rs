@@ -3,9 +3,10 @@
 //! row-level enclosures and the forward values decided from them (F8).
 
 use super::decide::{decide, decide_signed};
+use super::ival::{add_dn, add_up, div_up, mul_dn, mul_up, TINY, U};
 use super::pass::{a_tight, accumulate, family_bounds, Cache, Div, FamilyBounds, Sums};
 use super::Mutant;
-use crate::oracle::row::{self, Row, TopId};
+use crate::oracle::row::{self, Row, RowSoftcap, TopId};
 use crate::oracle::{Exact, Interval};
 use crate::spec::{Dtype, EntropyLogits, Problem, SpecError};
 
@@ -71,6 +72,56 @@ pub struct FastRow<'a> {
     pub(super) q_is_p: bool,
     /// Whether `sum E_j a_j^2` was accumulated.
     pub(super) m2: bool,
+    /// Under an exact softcap, `y_j = RN(c RN(tanh(RN(x_j / c))))` `[V]`,
+    /// the pass's inputs in place of the raw `row.v` (F9).
+    pub(super) vy: Option<Vec<f64>>,
+    /// `eta_z >= |z'_j - y_j / ts|` (F9; 0 without an exact softcap).
+    pub(super) eta: f64,
+    /// Whether the VJP runs on this tier (no softcap at all).
+    pub(super) vjp_ok: bool,
+}
+
+/// The f64 softcap `y = RN(c RN(tanh(RN(x / c))))` (CORE-MATH `tanh`),
+/// `-c` for `x = -inf` (exact); within [`softcap_err`] of `c tanh(x / c)`
+/// (module docs of [`super`], (F9)).
+#[inline(always)]
+pub(crate) fn softcap_f64(x: f64, c: f64) -> f64 {
+    if x == f64::NEG_INFINITY {
+        -c
+    } else {
+        c * core_math::tanh(x / c)
+    }
+}
+
+/// `e = 3 u c + c 2^-1074 + 2^-1074` rounded up: the bound on `|softcap_f64(x,
+/// c) - c tanh(x / c)|` for every `x` (F9).
+pub(crate) fn softcap_err(c: f64) -> f64 {
+    add_up(add_up(mul_up(c, 3.0 * U), mul_up(c, TINY)), TINY)
+}
+
+/// `iv +- k`.
+#[inline(always)]
+pub(super) fn widen_abs(iv: Interval, k: f64) -> Interval {
+    if k == 0.0 {
+        return iv;
+    }
+    Interval {
+        lo: add_dn(iv.lo, -k),
+        hi: add_up(iv.hi, k),
+    }
+}
+
+/// `iv` (nonnegative) times `[e^-k, e^k]`, enclosed by `[1 - k, 1 + k +
+/// k^2]` (`0 <= k <= 1`).
+#[inline(always)]
+pub(super) fn widen_rel(iv: Interval, k: f64) -> Interval {
+    if k == 0.0 {
+        return iv;
+    }
+    Interval {
+        lo: mul_dn(iv.lo, add_dn(1.0, -k)).max(0.0),
+        hi: mul_up(iv.hi, add_up(add_up(1.0, k), mul_up(k, k))),
+    }
 }
 
 /// Forward values of one row decided on the f64 tier: `Some(exact)` when
@@ -133,7 +184,15 @@ impl<'a> FastRow<'a> {
 
     pub(crate) fn from_row(row: Row<'a>, options: FastOptions) -> FastRow<'a> {
         let div = Div::new(row.ts);
-        let v = &row.v[..];
+        let cap = row.cap();
+        let vy: Option<Vec<f64>> = cap.map(|c| row.v.iter().map(|&x| softcap_f64(x, c)).collect());
+        let eta = match cap {
+            Some(c) if options.mutant != Some(Mutant::TanhNotWidened) => {
+                div_up(softcap_err(c), row.ts)
+            }
+            _ => 0.0,
+        };
+        let v = vy.as_deref().unwrap_or(&row.v[..]);
         let mask_buf: Option<Vec<bool>>;
         let mask: Option<&[bool]> = match row.mask {
             None => None,
@@ -174,9 +233,13 @@ impl<'a> FastRow<'a> {
                 cache,
             }
         };
-        let p = run(row.p.vmax, row.p.argmax, true, want_b);
+        // Under an exact softcap the family's max is `y` at its argmax (F9).
+        let top = |vmax: f64, argmax: usize| vy.as_ref().map_or(vmax, |y| y[argmax]);
+        let p = run(top(row.p.vmax, row.p.argmax), row.p.argmax, true, want_b);
         let q = match row.q {
-            Some(qf) if !q_is_p => Some(run(qf.vmax, qf.argmax, row.q_masked, true)),
+            Some(qf) if !q_is_p => {
+                Some(run(top(qf.vmax, qf.argmax), qf.argmax, row.q_masked, true))
+            }
             _ => None,
         };
         let ok = |f: &Fam| {
@@ -186,13 +249,12 @@ impl<'a> FastRow<'a> {
                 && f.bounds.b.is_finite()
                 && f.bounds.t2.is_finite()
         };
-        // Under an exact softcap (`SoftcapDtype::Accumulation`) `v` holds
-        // the raw logits, not exact inputs: this tier has no proven tanh
-        // enclosure here, so MPFR decides every such row (correctness first).
+        // An exact softcap's widening needs `k = 2 eta_z <= 1/4` (F9).
         let applicable = ok(&p)
             && q.as_ref().is_none_or(ok)
             && row.temperature.is_finite()
-            && row.cap().is_none();
+            && mul_up(4.0, eta) <= 0.5;
+        let vjp_ok = applicable && row.softcap == RowSoftcap::None;
         FastRow {
             row,
             div,
@@ -202,7 +264,58 @@ impl<'a> FastRow<'a> {
             q,
             q_is_p,
             m2,
+            vy,
+            eta,
+            vjp_ok,
         }
+    }
+
+    /// The pass's inputs `[V]`: `y_j` under an exact softcap, else the
+    /// row's exact `v_j`.
+    #[inline(always)]
+    pub(super) fn vals(&self) -> &[f64] {
+        self.vy.as_deref().unwrap_or(&self.row.v[..])
+    }
+
+    /// The softcap's widening `k = 2 eta_z` of shifts in `fam` (F9): 0
+    /// without an exact softcap or when `fam` has one member.
+    #[inline(always)]
+    pub(super) fn k_of(&self, fam: &Fam) -> f64 {
+        if self.eta == 0.0 || fam.sums.n == 0 {
+            0.0
+        } else {
+            mul_up(2.0, self.eta)
+        }
+    }
+
+    /// `k` of `p`'s family.
+    #[inline(always)]
+    pub(super) fn k_p(&self) -> f64 {
+        self.k_of(&self.p)
+    }
+
+    /// `R = sum q_j |e_j|` of the entropy family, widened for an exact
+    /// softcap (F9).
+    fn r_of(&self, q: &Fam) -> Interval {
+        let r = q.bounds.b.div_nonneg(q.bounds.big_s);
+        let k = self.k_of(q);
+        if k == 0.0 {
+            return r;
+        }
+        widen_rel(
+            Interval {
+                lo: add_dn(r.lo, -k).max(0.0),
+                hi: add_up(r.hi, k),
+            },
+            k,
+        )
+    }
+
+    /// Whether the VJP ([`FastRow::vjp`]) may run on this tier: the row is
+    /// [`FastRow::applicable`] and has no softcap (the softcap's factor
+    /// `dx'/dx` is taken on MPFR).
+    pub fn vjp_applicable(&self) -> bool {
+        self.vjp_ok
     }
 
     pub(crate) fn prepared(&self) -> &Row<'a> {
@@ -219,9 +332,9 @@ impl<'a> FastRow<'a> {
 
     /// Whether the f64 tier handles this row: `false` when a shift
     /// overflows f64 (f64 logits more than `1.8e308` apart), a bound is
-    /// not finite, or the row has an exact softcap (`softcap` with
-    /// `softcap_dtype = accumulation`: MPFR takes `tanh` exactly). Then nothing is decided here (every enclosure is still
-    /// sound but may be infinite).
+    /// not finite, or an exact softcap's `4 e / T > 1/2` ((F9): `c / T`
+    /// above about `1.5e14`). Then nothing is decided here (every enclosure
+    /// is still sound but may be infinite).
     pub fn applicable(&self) -> bool {
         self.applicable
     }
@@ -233,42 +346,47 @@ impl<'a> FastRow<'a> {
 
     /// `s = S - 1 = sum_{j != argmax} exp(d'_j)` (dimensionless).
     pub fn s(&self) -> Interval {
-        self.p.bounds.s
+        widen_rel(self.p.bounds.s, self.k_p())
     }
 
     /// `S = sum_j exp(d'_j)` (dimensionless, `>= 1`).
     pub fn sum(&self) -> Interval {
-        self.p.bounds.big_s
+        one_plus(self.s())
     }
 
     /// `ln S` (nats).
     pub fn ln_s(&self) -> Interval {
-        self.p.bounds.ln_s
+        nonneg(widen_abs(self.p.bounds.ln_s, self.k_p()))
     }
 
     /// `s_w = S_w - 1` of the entropy's logits (`None` without entropy family).
     pub fn s_w(&self) -> Option<Interval> {
-        self.qfam().map(|q| q.bounds.s)
+        self.qfam().map(|q| widen_rel(q.bounds.s, self.k_of(q)))
     }
 
     /// `S_w` (`None` without entropy family).
     pub fn sum_w(&self) -> Option<Interval> {
-        self.qfam().map(|q| q.bounds.big_s)
+        self.s_w().map(one_plus)
     }
 
     /// `ln S_w` (nats; `None` without entropy family).
     pub fn ln_s_w(&self) -> Option<Interval> {
-        self.qfam().map(|q| q.bounds.ln_s)
+        self.qfam()
+            .map(|q| nonneg(widen_abs(q.bounds.ln_s, self.k_of(q))))
     }
 
     /// `B = sum_j exp(e_j) |e_j|` (nats; `None` without entropy family).
     pub fn b(&self) -> Option<Interval> {
-        self.qfam().map(|q| q.bounds.b)
+        let q = self.qfam()?;
+        if self.k_of(q) == 0.0 {
+            return Some(q.bounds.b);
+        }
+        Some(self.r_of(q).mul_nonneg(self.sum_w()?))
     }
 
     /// `R = B / S_w = sum_j q_j |e_j|` (nats; `None` without entropy family).
     pub fn r(&self) -> Option<Interval> {
-        self.qfam().map(|q| q.bounds.b.div_nonneg(q.bounds.big_s))
+        self.qfam().map(|q| self.r_of(q))
     }
 
     /// `M2 = sum_j q_j e_j^2` (nats squared; `None` without entropy family
@@ -277,7 +395,23 @@ impl<'a> FastRow<'a> {
         if !self.m2 {
             return None;
         }
-        self.qfam().map(|q| q.bounds.t2.div_nonneg(q.bounds.big_s))
+        self.qfam().map(|q| {
+            let m2 = q.bounds.t2.div_nonneg(q.bounds.big_s);
+            let k = self.k_of(q);
+            if k == 0.0 {
+                return m2;
+            }
+            // (F9): [e^-k (M2 - 2 k R)^+, e^k (M2 + 2 k R + k^2)].
+            let r = q.bounds.b.div_nonneg(q.bounds.big_s);
+            let kr = mul_up(mul_up(2.0, k), r.hi);
+            widen_rel(
+                Interval {
+                    lo: add_dn(m2.lo, -kr).max(0.0),
+                    hi: add_up(add_up(m2.hi, kr), mul_up(k, k)),
+                },
+                k,
+            )
+        })
     }
 
     /// `lse(z') = v_max / ts + ln S` (nats).
@@ -297,18 +431,23 @@ impl<'a> FastRow<'a> {
                 }
             }
         };
-        m.add(self.p.bounds.ln_s)
+        // (F9): lse moves by at most eta_z.
+        widen_abs(m.add(self.p.bounds.ln_s), self.eta)
     }
 
     /// `-(a_c + ln S)` for a live column `c`, `-inf` for a `-inf` logit.
     fn log_prob_of(&self, c: usize) -> Interval {
-        let x = self.row.v[c];
+        let x = self.vals()[c];
         if x == f64::NEG_INFINITY {
             return Interval::point(f64::NEG_INFINITY);
         }
-        a_tight(self.p.vmax, x, self.div, self.mutant)
+        let lp = a_tight(self.p.vmax, x, self.div, self.mutant)
             .add(self.p.bounds.ln_s)
-            .neg()
+            .neg();
+        match self.k_p() {
+            0.0 => lp,
+            k => nonpos(widen_abs(lp, k)),
+        }
     }
 
     /// Log-prob of the target (nats; `None` without tokens or on
@@ -331,8 +470,11 @@ impl<'a> FastRow<'a> {
 
     /// Entropy `ln S_w + R` (nats; `None` without entropy family).
     pub fn entropy(&self) -> Option<Interval> {
-        self.qfam()
-            .map(|q| q.bounds.ln_s.add(q.bounds.b.div_nonneg(q.bounds.big_s)))
+        let q = self.qfam()?;
+        if self.k_of(q) == 0.0 {
+            return Some(q.bounds.ln_s.add(q.bounds.b.div_nonneg(q.bounds.big_s)));
+        }
+        Some(self.ln_s_w()?.add(self.r_of(q)))
     }
 
     /// The forward values decided in `target` ([`decide`]); all `None`
@@ -370,5 +512,29 @@ impl<'a> FastRow<'a> {
             entropy: self.entropy().map(d(0.0, n_q > 0)),
             topk: self.topk().into_iter().map(d(-0.0, n_p > 0)).collect(),
         }
+    }
+}
+
+/// `1 + s` rounded outward.
+fn one_plus(s: Interval) -> Interval {
+    Interval {
+        lo: add_dn(1.0, s.lo),
+        hi: add_up(1.0, s.hi),
+    }
+}
+
+/// `iv` with its lower end kept `>= 0` (a nonnegative quantity).
+pub(super) fn nonneg(iv: Interval) -> Interval {
+    Interval {
+        lo: iv.lo.max(0.0),
+        hi: iv.hi,
+    }
+}
+
+/// `iv` with its upper end kept `<= 0` (a nonpositive quantity).
+pub(super) fn nonpos(iv: Interval) -> Interval {
+    Interval {
+        lo: iv.lo,
+        hi: iv.hi.min(0.0),
     }
 }
