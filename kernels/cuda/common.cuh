@@ -79,28 +79,27 @@ struct LoadF32 {
     }
 };
 
+// One tile of four 16-bit elements by one 8-byte load, each widened by
+// `L::widen` (the bf16 and f16 loaders' shared tile).
+template <typename L>
+__device__ __forceinline__ void lp_tile_u16(const lp_u16* p, float* v) {
+    uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = L::widen((lp_u16)(q.x & 0xffffu));
+    v[1] = L::widen((lp_u16)(q.x >> 16));
+    v[2] = L::widen((lp_u16)(q.y & 0xffffu));
+    v[3] = L::widen((lp_u16)(q.y >> 16));
+}
+
 struct LoadBf16 {
     typedef lp_u16 T;
     static __device__ __forceinline__ float widen(T v) { return lp_bf16_to_f32(v); }
-    static __device__ __forceinline__ void tile(const T* p, float* v) {
-        uint2 q = *reinterpret_cast<const uint2*>(p);
-        v[0] = lp_bf16_to_f32((lp_u16)(q.x & 0xffffu));
-        v[1] = lp_bf16_to_f32((lp_u16)(q.x >> 16));
-        v[2] = lp_bf16_to_f32((lp_u16)(q.y & 0xffffu));
-        v[3] = lp_bf16_to_f32((lp_u16)(q.y >> 16));
-    }
+    static __device__ __forceinline__ void tile(const T* p, float* v) { lp_tile_u16<LoadBf16>(p, v); }
 };
 
 struct LoadF16 {
     typedef lp_u16 T;
     static __device__ __forceinline__ float widen(T v) { return lp_f16_to_f32(v); }
-    static __device__ __forceinline__ void tile(const T* p, float* v) {
-        uint2 q = *reinterpret_cast<const uint2*>(p);
-        v[0] = lp_f16_to_f32((lp_u16)(q.x & 0xffffu));
-        v[1] = lp_f16_to_f32((lp_u16)(q.x >> 16));
-        v[2] = lp_f16_to_f32((lp_u16)(q.y & 0xffffu));
-        v[3] = lp_f16_to_f32((lp_u16)(q.y >> 16));
-    }
+    static __device__ __forceinline__ void tile(const T* p, float* v) { lp_tile_u16<LoadF16>(p, v); }
 };
 
 // Stores of the backward's grad logits: f32, or rounded to the logits' dtype

@@ -237,25 +237,26 @@ mod tests {
         assert_eq!(exp_f32(100.0), f32::INFINITY);
     }
 
+    /// The kernels' exp domain: `0`, `-0`, `-inf`, the underflow edge
+    /// (`-110`, `-104`), `extra`, and every `step`-th f32 bit pattern in
+    /// `[-120, -0]`, padded with `-1` to a multiple of `width`.
+    fn nonpos_sweep(extra: &[f32], step: u32, width: usize) -> Vec<f32> {
+        let mut xs = vec![0.0f32, -0.0, f32::NEG_INFINITY, -110.0, -104.0];
+        xs.extend_from_slice(extra);
+        let mut b = (-0.0f32).to_bits();
+        while b <= (-120.0f32).to_bits() {
+            xs.push(f32::from_bits(b));
+            b += step;
+        }
+        xs.resize(xs.len().div_ceil(width) * width, -1.0);
+        xs
+    }
+
     /// The clamp-free and the `N`-wide forms give `exp_f32`'s bits on the
     /// kernels' domain `[-inf, 0]` (and NaN stays NaN).
     #[test]
     fn exp_f32_nonpos_n_is_exp_f32() {
-        let mut xs = vec![
-            0.0f32,
-            -0.0,
-            f32::NEG_INFINITY,
-            -110.0,
-            -104.0,
-            -1e-30,
-            -88.0,
-        ];
-        let mut b = (-0.0f32).to_bits();
-        while b <= (-120.0f32).to_bits() {
-            xs.push(f32::from_bits(b));
-            b += 9973;
-        }
-        xs.resize(xs.len().div_ceil(64) * 64, -1.0);
+        let xs = nonpos_sweep(&[-1e-30, -88.0], 9973, 64);
         for c in xs.chunks_exact(64) {
             let c: &[f32; 64] = c.try_into().unwrap();
             let fast = exp_f32_nonpos_n(c);
@@ -277,21 +278,7 @@ mod tests {
             if !std::is_x86_feature_detected!("avx512f") {
                 return;
             }
-            let mut xs = vec![
-                0.0f32,
-                -0.0,
-                f32::NEG_INFINITY,
-                -110.0,
-                -104.0,
-                -103.9,
-                -87.5,
-            ];
-            let mut b = (-0.0f32).to_bits();
-            while b <= (-120.0f32).to_bits() {
-                xs.push(f32::from_bits(b));
-                b += 997;
-            }
-            xs.resize(xs.len().div_ceil(128) * 128, -1.0);
+            let xs = nonpos_sweep(&[-103.9, -87.5], 997, 128);
             for c in xs.chunks_exact(128) {
                 let c: &[f32; 128] = c.try_into().unwrap();
                 let want = exp_f32_nonpos_n(c);

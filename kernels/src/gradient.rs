@@ -150,8 +150,58 @@ unsafe fn narrow_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
     narrow_bf16_body(src, dst)
 }
 
+/// [`bf16_bits`] by `vcvtneps2bf16` (AVX512-BF16), 16 values at a time:
+/// the instruction rounds to nearest even, turns a NaN into
+/// `(x >> 16) | 0x40` and overflows to infinity as [`bf16_bits`] does,
+/// but flushes subnormal inputs to zero (Intel SDM, VCVTNEPS2BF16), so a
+/// group of 16 holding a subnormal (`vfpclassps`, one compare) takes
+/// [`bf16_bits`] instead. One conversion per 16 values against ~10 integer
+/// operations: the bf16 gradient's rounding on the write pass's two FP
+/// ports (BENCHMARKS.md, issue 16).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512DQ and AVX512-BF16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl,avx2,avx")]
+unsafe fn narrow_bf16_avx512bf16(src: &[f32], dst: &mut [bf16]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let mut k = 0;
+    while k + 16 <= n {
+        // SAFETY: `k + 16 <= n` values lie in `src` and `dst`.
+        unsafe {
+            let v = _mm512_loadu_ps(src.as_ptr().add(k));
+            // Class 0x20: subnormal.
+            if _mm512_fpclass_ps_mask::<0x20>(v) == 0 {
+                let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+                _mm256_storeu_si256(dst.as_mut_ptr().add(k) as *mut __m256i, b);
+            } else {
+                narrow_bf16_body(&src[k..k + 16], &mut dst[k..k + 16]);
+            }
+        }
+        k += 16;
+    }
+    narrow_bf16_body(&src[k..n], &mut dst[k..n]);
+}
+
+/// Whether this CPU has what [`narrow_bf16_avx512bf16`] needs (detected once).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512bf16() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        path() == Path::Avx512
+            && std::is_x86_feature_detected!("avx512dq")
+            && std::is_x86_feature_detected!("avx512bf16")
+    })
+}
+
 /// f32 values rounded to bf16 ([`bf16_bits`]), vectorised for this CPU.
 fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512bf16() {
+        // SAFETY: the features were detected at run time.
+        return unsafe { narrow_bf16_avx512bf16(src, dst) };
+    }
     match path() {
         // SAFETY: the features were detected at run time by `path()`.
         #[cfg(target_arch = "x86_64")]
@@ -215,6 +265,29 @@ mod tests {
             {
                 // SAFETY: feature detected above.
                 check(&|s, d| unsafe { narrow_bf16_avx512(s, d) }, "avx512");
+            }
+            if has_avx512bf16() {
+                // SAFETY: features detected by `has_avx512bf16`.
+                check(
+                    &|s, d| unsafe { narrow_bf16_avx512bf16(s, d) },
+                    "avx512bf16",
+                );
+                // Subnormals beside normals in one group of 16, and alone.
+                let mut xs: Vec<f32> = (0..4096u32)
+                    .map(|i| f32::from_bits(i.wrapping_mul(0x9E37_79B9) >> (i % 9)))
+                    .collect();
+                xs.extend((1..=64u32).map(|i| f32::from_bits(i * 0x1_0001)));
+                let mut got = vec![bf16::ZERO; xs.len()];
+                // SAFETY: as above.
+                unsafe { narrow_bf16_avx512bf16(&xs, &mut got) };
+                for (x, g) in xs.iter().zip(&got) {
+                    assert_eq!(
+                        g.to_bits(),
+                        bf16::from_f32(*x).to_bits(),
+                        "{:#010x}",
+                        x.to_bits()
+                    );
+                }
             }
         }
     }

@@ -146,6 +146,22 @@ impl<A: Acc> RowCot<A> {
     }
 }
 
+/// One block of a row's write pass ([`RowIo::block`]): columns `start ..
+/// start + n`, of the row's columns `.. end` (the next block, which may be
+/// prefetched, lies in `start + n .. end`).
+#[derive(Clone, Copy, Debug)]
+pub struct BlockCols {
+    /// First column.
+    pub start: usize,
+    /// Columns in the block (at most [`BLOCK`]).
+    pub n: usize,
+    /// End of the row's computed columns.
+    pub end: usize,
+}
+
+/// The write pass over one block ([`RowIo::block`]): `f(z, out)`.
+pub type BlockFn<'f, A> = dyn FnMut(&[A], BlockOut<'_, A>) + 'f;
+
 /// Reads and writes one row of the write pass.
 pub trait RowIo<A: Acc> {
     /// Values of columns `start .. start + dst.len()`.
@@ -166,21 +182,14 @@ pub trait RowIo<A: Acc> {
         false
     }
     /// One block of the write pass: `f(z, out)` with `z` the values of
-    /// columns `start .. start + n` (`zbuf` holds them unless the row can
-    /// lend them in place) and `out` where the gradients of those columns
-    /// go (the output row itself when it holds the accumulation dtype,
-    /// else stored piece by piece); an implementation may prefetch the next
-    /// block (`start + n .. end`) as pieces are emitted.
+    /// the block's columns (`zbuf` holds them unless the row can lend them
+    /// in place) and `out` where the gradients of those columns go (the
+    /// output row itself when it holds the accumulation dtype, else stored
+    /// piece by piece); an implementation may prefetch the next block
+    /// ([`BlockCols::end`]) as pieces are emitted.
     #[inline(always)]
-    fn block(
-        &mut self,
-        start: usize,
-        n: usize,
-        end: usize,
-        zbuf: &mut [A],
-        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
-    ) {
-        let _ = end;
+    fn block(&mut self, at: BlockCols, zbuf: &mut [A], f: &mut BlockFn<'_, A>) {
+        let BlockCols { start, n, .. } = at;
         self.load(start, &mut zbuf[..n]);
         f(
             &zbuf[..n],
@@ -374,14 +383,8 @@ impl<A: Acc, S: Source<A> + ?Sized, K: GradSink<A>> RowIo<A> for ToSink<'_, A, S
         self.dst[range].fill(self.sink.zero());
     }
     #[inline(always)]
-    fn block(
-        &mut self,
-        start: usize,
-        n: usize,
-        end: usize,
-        zbuf: &mut [A],
-        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
-    ) {
+    fn block(&mut self, at: BlockCols, zbuf: &mut [A], f: &mut BlockFn<'_, A>) {
+        let BlockCols { start, n, end } = at;
         let (src, sink) = (self.src, self.sink);
         let (dst, rest) = self.dst[start..].split_at_mut(n);
         let rest = &rest[..rest.len().min(end - start - n)];
@@ -442,14 +445,8 @@ impl<A: Acc> RowIo<A> for ToBuffer<'_, A> {
         self.dst[range].fill(A::ZERO);
     }
     #[inline(always)]
-    fn block(
-        &mut self,
-        start: usize,
-        n: usize,
-        end: usize,
-        _zbuf: &mut [A],
-        f: &mut dyn FnMut(&[A], BlockOut<'_, A>),
-    ) {
+    fn block(&mut self, at: BlockCols, _zbuf: &mut [A], f: &mut BlockFn<'_, A>) {
+        let BlockCols { start, n, end } = at;
         let src = self.src;
         f(
             &src[start..start + n],
@@ -606,7 +603,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         };
         if io.softcap_factors(start, &mut fbuf[..n]) {
             let fac = &fbuf[..n];
-            io.block(start, n, v, &mut zbuf, &mut |z, out| {
+            io.block(BlockCols { start, n, end: v }, &mut zbuf, &mut |z, out| {
                 let BlockOut { direct, emit } = out;
                 match direct {
                     Some(d) => {
@@ -644,7 +641,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
                 }
             });
         } else {
-            io.block(start, n, v, &mut zbuf, &mut |z, out| {
+            io.block(BlockCols { start, n, end: v }, &mut zbuf, &mut |z, out| {
                 grad_block(&consts, z, mk, out)
             });
         }

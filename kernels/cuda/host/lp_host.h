@@ -116,26 +116,18 @@ void lp_host_fault(const char* what);
 
 // ------------------------------------------------------------- arithmetic
 
-static inline float __int_as_float(int i) {
-    float f;
-    memcpy(&f, &i, sizeof f);
-    return f;
+// The bit casts: one memcpy between same-sized types.
+template <typename To, typename From>
+static inline To lp_host_bit_cast(From x) {
+    static_assert(sizeof(To) == sizeof(From), "bit cast between same sizes");
+    To y;
+    memcpy(&y, &x, sizeof y);
+    return y;
 }
-static inline int __float_as_int(float f) {
-    int i;
-    memcpy(&i, &f, sizeof i);
-    return i;
-}
-static inline float __uint_as_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline unsigned __float_as_uint(float f) {
-    unsigned u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
+static inline float __int_as_float(int i) { return lp_host_bit_cast<float>(i); }
+static inline int __float_as_int(float f) { return lp_host_bit_cast<int>(f); }
+static inline float __uint_as_float(unsigned u) { return lp_host_bit_cast<float>(u); }
+static inline unsigned __float_as_uint(float f) { return lp_host_bit_cast<unsigned>(f); }
 // One IEEE operation each, round to nearest even (SSE; no contraction).
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }

@@ -9,7 +9,7 @@ use logprobe_reference::spec::{Cotangents, Dtype, Problem, Shape};
 use super::backend::{Arg, DeviceBuffer, Launcher};
 use super::error::CudaError;
 use super::forward::{
-    check_sizes, item_config, launch_row_stats, launch_widen, row_config, DeviceMask,
+    check_sizes, item_config, launch_chunk_stats, launch_row_stats, row_config, DeviceMask,
 };
 use super::inputs::{dtype_suffix, host_logits, DeviceLogits, HostLogits, RowParams};
 use super::launch::{chunks, STATE_WORDS};
@@ -188,20 +188,7 @@ pub(crate) fn backward(
                 };
                 for range in chunks(n, c) {
                     let rows = range.len();
-                    launch_widen(rt, &x, range.start, rows, v, &params, &w)?;
-                    launch_row_stats(
-                        rt,
-                        &w,
-                        0,
-                        rows,
-                        v,
-                        0,
-                        &mask,
-                        range.start,
-                        &wparams,
-                        &state,
-                        0,
-                    )?;
+                    launch_chunk_stats(rt, &x, range.clone(), v, &mask, &params, &w, &state)?;
                     wpass.launch(
                         &w,
                         rows,

@@ -271,23 +271,9 @@ pub(crate) fn forward(
             let w =
                 DeviceLogits::from_f32(rt.zeros::<f32>(tracker, AllocKind::Workspace, c * v)?, v);
             let ls = rt.zeros::<f32>(tracker, AllocKind::Workspace, c * v)?;
-            let wparams = params.on_widened();
             for range in chunks(n, c) {
                 let rows = range.len();
-                launch_widen(rt, &x, range.start, rows, v, &params, &w)?;
-                launch_row_stats(
-                    rt,
-                    &w,
-                    0,
-                    rows,
-                    v,
-                    0,
-                    &mask,
-                    range.start,
-                    &wparams,
-                    &state,
-                    0,
-                )?;
+                launch_chunk_stats(rt, &x, range.clone(), v, &mask, &params, &w, &state)?;
                 let args = [
                     Arg::Ptr(w.row_ptr(0)),
                     Arg::I32(v as i32),
@@ -387,7 +373,28 @@ pub(crate) fn launch_gather(
 
 /// `lp_widen_*`: rows `[row0, row0 + rows)` of `x`, real columns `cols`,
 /// into the f32 chunk buffer `w` (`[rows, cols]`), z formed per `params`.
-pub(crate) fn launch_widen(
+/// One chunk of the chunked staging: rows `range` of `x` widened into `w`
+/// (`[chunk, V]`, from its row 0; [`launch_widen`]), then their row stats
+/// over the widened values ([`RowParams::on_widened`]) into `state` from
+/// its row 0; the mask's rows are the logits' (`range.start` on).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_chunk_stats(
+    rt: &dyn Launcher,
+    x: &DeviceLogits,
+    range: std::ops::Range<usize>,
+    v: usize,
+    mask: &DeviceMask,
+    params: &RowParams,
+    w: &DeviceLogits,
+    state: &DeviceBuffer<f32>,
+) -> Result<(), CudaError> {
+    let rows = range.len();
+    launch_widen(rt, x, range.start, rows, v, params, w)?;
+    let wparams = params.on_widened();
+    launch_row_stats(rt, w, 0, rows, v, 0, mask, range.start, &wparams, state, 0)
+}
+
+fn launch_widen(
     rt: &dyn Launcher,
     x: &DeviceLogits,
     row0: usize,

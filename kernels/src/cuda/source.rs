@@ -33,32 +33,24 @@ pub struct Source {
     pub text: &'static str,
 }
 
+/// The [`Source`] of `kernels/cuda/<name>.cu`.
+macro_rules! cuda_source {
+    ($name:literal) => {
+        Source {
+            name: $name,
+            text: include_str!(concat!("../../cuda/", $name, ".cu")),
+        }
+    };
+}
+
 /// Every kernel source, in load order.
 pub const SOURCES: [Source; 6] = [
-    Source {
-        name: "row_stats",
-        text: include_str!("../../cuda/row_stats.cu"),
-    },
-    Source {
-        name: "forward",
-        text: include_str!("../../cuda/forward.cu"),
-    },
-    Source {
-        name: "chunked",
-        text: include_str!("../../cuda/chunked.cu"),
-    },
-    Source {
-        name: "backward",
-        text: include_str!("../../cuda/backward.cu"),
-    },
-    Source {
-        name: "vocab_parallel",
-        text: include_str!("../../cuda/vocab_parallel.cu"),
-    },
-    Source {
-        name: "fill",
-        text: include_str!("../../cuda/fill.cu"),
-    },
+    cuda_source!("row_stats"),
+    cuda_source!("forward"),
+    cuda_source!("chunked"),
+    cuda_source!("backward"),
+    cuda_source!("vocab_parallel"),
+    cuda_source!("fill"),
 ];
 
 /// Virtual architectures PTX is produced for, newest first: the runtime

@@ -178,9 +178,7 @@ impl<T: Input> Source<T::Acc> for TypedRow<'_, T> {
     fn load(&self, start: usize, dst: &mut [T::Acc]) {
         let n = dst.len();
         if let (Some(sl), true) = (self.row.as_slice(), self.plain()) {
-            for (d, &x) in dst.iter_mut().zip(&sl[start..start + n]) {
-                *d = x.widen();
-            }
+            T::widen_slice(&sl[start..start + n], dst);
         } else {
             for (i, d) in dst.iter_mut().enumerate() {
                 *d = self.conv(self.row[start + i]);

@@ -192,3 +192,24 @@ fn every_cpu_path_gives_the_same_bits() {
         }
     }
 }
+
+/// The vectorised bf16 widening is `bf16::to_f32` for every bf16 bit
+/// pattern but NaNs, which keep their bits (`half` quiets a signalling
+/// one; either way the row is bad input), ragged lengths included.
+#[test]
+fn widen_bf16_is_to_f32_for_every_bf16() {
+    let xs: Vec<half::bf16> = (0..=u16::MAX).map(half::bf16::from_bits).collect();
+    for len in [xs.len(), 17, 5] {
+        let src = &xs[xs.len() - len..];
+        let mut got = vec![0f32; len];
+        elem::widen_bf16(src, &mut got);
+        for (x, g) in src.iter().zip(&got) {
+            let want = if x.is_nan() {
+                (x.to_bits() as u32) << 16
+            } else {
+                x.to_f32().to_bits()
+            };
+            assert_eq!(g.to_bits(), want, "{:#06x}", x.to_bits());
+        }
+    }
+}

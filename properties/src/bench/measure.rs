@@ -40,18 +40,44 @@ pub(crate) fn time(reps: usize, mut f: impl FnMut()) -> Timing {
 /// (`CLOCK_PROCESS_CPUTIME_ID`; `None` where unavailable). Unlike wall
 /// time it excludes time spent preempted by other processes.
 fn process_cpu_s() -> Option<f64> {
+    cpu_clock_s(CpuClock::Process)
+}
+
+/// CPU seconds consumed so far by the calling thread
+/// (`CLOCK_THREAD_CPUTIME_ID`, nanosecond resolution; `None` where
+/// unavailable). `/proc/thread-self/schedstat`, read before, is only
+/// brought up to date at the scheduler tick, so a call shorter than a tick
+/// (the oracle's forward on one row: ~3 ms) could read as 0 CPU seconds.
+pub(crate) fn thread_cpu_s() -> Option<f64> {
+    cpu_clock_s(CpuClock::Thread)
+}
+
+#[derive(Clone, Copy)]
+enum CpuClock {
+    Process,
+    Thread,
+}
+
+fn cpu_clock_s(clock: CpuClock) -> Option<f64> {
     #[cfg(unix)]
     {
+        let id = match clock {
+            CpuClock::Process => libc::CLOCK_PROCESS_CPUTIME_ID,
+            CpuClock::Thread => libc::CLOCK_THREAD_CPUTIME_ID,
+        };
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
         // SAFETY: `ts` is a valid, writable timespec.
-        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        let rc = unsafe { libc::clock_gettime(id, &mut ts) };
         (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
     }
     #[cfg(not(unix))]
-    None
+    {
+        let _ = clock;
+        None
+    }
 }
 
 /// Sum of `x` widened by `w`: 64 independent f32 lanes (4 AVX-512

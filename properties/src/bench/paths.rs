@@ -336,20 +336,15 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
     })
 }
 
-/// CPU time of the calling thread so far, seconds (Linux:
-/// `/proc/thread-self/schedstat`, nanoseconds on the CPU; `None` elsewhere).
-fn thread_cpu_seconds() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
-    Some(ns as f64 * 1e-9)
-}
-
 /// `(result, wall seconds, CPU seconds of this thread)` of `f`.
 fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, Option<f64>) {
-    let (c0, t0) = (thread_cpu_seconds(), Instant::now());
+    let (c0, t0) = (super::measure::thread_cpu_s(), Instant::now());
     let out = f();
     let wall = t0.elapsed().as_secs_f64();
-    let cpu = c0.zip(thread_cpu_seconds()).map(|(a, b)| b - a);
+    let cpu = c0
+        .zip(super::measure::thread_cpu_s())
+        .map(|(a, b)| b - a)
+        .filter(|&c| c > 0.0);
     (out, wall, cpu)
 }
 

@@ -13,13 +13,20 @@ pub(crate) fn targets(
         target,
         measured,
         threshold,
-        met: Some(measured >= threshold),
+        met: measured_at_all(measured).then_some(measured >= threshold),
     };
     let at_most = |target: String, measured: f64, threshold: f64| TargetResult {
         target,
         measured,
         threshold,
-        met: Some(measured <= threshold),
+        met: measured_at_all(measured).then_some(measured <= threshold),
+    };
+    // A memory figure of 0 is a measurement (nothing allocated).
+    let at_most_bytes = |target: String, measured: f64, threshold: f64| TargetResult {
+        target,
+        measured,
+        threshold,
+        met: (measured >= 0.0).then_some(measured <= threshold),
     };
     if let Some(p) = paths
         .iter()
@@ -59,7 +66,7 @@ pub(crate) fn targets(
     }
     for m in memory {
         if let Some(peak) = m.peak_extra_bytes {
-            t.push(at_most(
+            t.push(at_most_bytes(
                 format!(
                     "{} {} forward peak extra memory / budget",
                     m.kernel, m.dtype
@@ -101,6 +108,13 @@ pub(crate) fn targets(
         ));
     }
     t
+}
+
+/// Whether a time-derived figure is a measurement: positive and finite. A
+/// time, ratio or fraction of 0 (a clock that did not advance, nothing timed) or NaN
+/// meets no target: its `met` is `None` ("n/a"), never "yes".
+pub(crate) fn measured_at_all(measured: f64) -> bool {
+    measured.is_finite() && measured > 0.0
 }
 
 /// The report as text tables: machine, paths, candle ratios, memory,

@@ -6,11 +6,15 @@
 //! candidate `grad_logits [N, V]`, all in the logits' dtype. The candidates
 //! are computed in f64 (log_softmax, entropy `ln S + R`, VJP
 //! `g (1[j=t] - p_j) - h q_j (e_j + R)`) and rounded once: a correct
-//! implementation, so verify should pass them.
+//! implementation, so verify should pass them. With `--softcap C` the
+//! dump carries the meta `softcap = C` (`softcap_dtype` accumulation) and
+//! the candidates are those of `x' = C tanh(x / C)` (Gemma 2's final-logit
+//! softcap; the VJP times `1 - tanh^2(x / C)`).
 //!
 //! ```sh
 //! cargo run --release -p logprobe-verify --example gen_dump -- /tmp/fwd.safetensors 256 152064 bf16
 //! cargo run --release -p logprobe-verify --example gen_dump -- /tmp/grad.safetensors 128 152064 f32 --grad
+//! cargo run --release -p logprobe-verify --example gen_dump -- /tmp/cap.safetensors 64 152064 bf16 --softcap 30
 //! ```
 //! Large files: do not commit them.
 
@@ -49,7 +53,7 @@ fn round(dtype: Dtype, x: f64) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 4 {
-        eprintln!("usage: gen_dump OUT N V f32|bf16|f16|f64 [--grad]");
+        eprintln!("usage: gen_dump OUT N V f32|bf16|f16|f64 [--grad] [--softcap C]");
         std::process::exit(2);
     }
     let out = &args[0];
@@ -60,6 +64,13 @@ fn main() {
         .find(|d| d.name() == args[3])
         .expect("dtype: f64, f32, bf16 or f16");
     let grad = args.iter().any(|a| a == "--grad");
+    let softcap: Option<f64> = args.iter().position(|a| a == "--softcap").map(|i| {
+        args.get(i + 1)
+            .expect("--softcap C")
+            .parse()
+            .expect("C > 0")
+    });
+    let cap = |x: f64| softcap.map_or(x, |c| c * (x / c).tanh());
 
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut logits = Vec::with_capacity(n * v);
@@ -75,6 +86,8 @@ fn main() {
             })
             .collect();
         let t = (rng.next_u64() % v as u64) as usize;
+        let raw = row;
+        let row: Vec<f64> = raw.iter().map(|&x| cap(x)).collect();
         let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let s: f64 = row.iter().map(|&x| (x - m).exp()).sum();
         let ln_s = s.ln();
@@ -89,10 +102,11 @@ fn main() {
             for (j, &x) in row.iter().enumerate() {
                 let p = (x - m).exp() / s;
                 let ind = if j == t { 1.0 } else { 0.0 };
-                grad_logits.push(round(dtype, g * (ind - p) - h * p * (x - m + r)));
+                let factor = softcap.map_or(1.0, |c| 1.0 - (raw[j] / c).tanh().powi(2));
+                grad_logits.push(round(dtype, (g * (ind - p) - h * p * (x - m + r)) * factor));
             }
         }
-        logits.extend(row);
+        logits.extend(raw);
     }
     let mut tensors = vec![
         ("logits", DumpTensor::floats(dtype, &[n, v], &logits)),
@@ -108,7 +122,9 @@ fn main() {
             DumpTensor::floats(dtype, &[n, v], &grad_logits),
         ));
     }
-    let bytes = serialize_dump(&tensors, &[]).expect("consistent shapes");
+    let c_text = softcap.map(|c| c.to_string());
+    let meta: Vec<(&str, &str)> = c_text.iter().map(|c| ("softcap", c.as_str())).collect();
+    let bytes = serialize_dump(&tensors, &meta).expect("consistent shapes");
     std::fs::write(out, &bytes).expect("write the dump");
     eprintln!(
         "wrote {out}: [{n}, {v}] {} logits{}, {} bytes",

@@ -293,30 +293,21 @@ fn shrink_recipe(
     out
 }
 
-/// Entries (`N * V_total`) up to which a case may carry a softcap: the
-/// exact softcap runs on the oracle's MPFR tier (its tanh enclosures: about 40
-/// us an entry in `verify`, 4 x 8192 softcapped bf16 rows in 1.3 s).
-pub const SOFTCAP_MAX_ENTRIES: usize = 1 << 15;
-
 /// The softcap of a recipe, derived from its seed so that drawing it takes
 /// nothing from the strategy's random stream (every other knob draws as
 /// before): 1 case in 8 where temperatures are drawn, `c` 30 or 50
 /// (Gemma 2's final-logit and attention caps), materialised in the input
 /// dtype 1 time in 3 (always with `TemperatureDtype::Input`: a model that
-/// materialised `z` materialised `x'` too), small enough cases only
-/// ([`SOFTCAP_MAX_ENTRIES`]).
-pub fn softcap_of(
-    seed: u64,
-    entries: usize,
-    temperature_dtype: TemperatureDtype,
-) -> (Option<f64>, SoftcapDtype) {
+/// materialised `z` materialised `x'` too), at every size, real
+/// vocabularies included (the oracle's f64 tier encloses the exact softcap,
+/// `oracle::fast` (F9); its VJP stays on MPFR).
+pub fn softcap_of(seed: u64, temperature_dtype: TemperatureDtype) -> (Option<f64>, SoftcapDtype) {
     let h = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
     let c = match h % 16 {
         3 => Some(30.0),
         11 => Some(50.0),
         _ => None,
     };
-    let c = c.filter(|_| entries <= SOFTCAP_MAX_ENTRIES);
     let dtype = if temperature_dtype == TemperatureDtype::Input || (h >> 8) % 3 == 0 {
         SoftcapDtype::Input
     } else {
@@ -408,11 +399,7 @@ impl Recipes for RecipeSpace {
         };
         settle(&mut r);
         if self.temperatures {
-            (r.softcap, r.softcap_dtype) = softcap_of(
-                r.seed,
-                r.n * (r.vocab_size + r.padding),
-                r.temperature_dtype,
-            );
+            (r.softcap, r.softcap_dtype) = softcap_of(r.seed, r.temperature_dtype);
         }
         r
     }

@@ -13,6 +13,9 @@ use super::upward::{Hi, Lo};
 use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
+mod screen;
+pub use screen::GradScreen;
+
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
 /// anything in `[0, e^y (1 + eps_exp) + eta_sub]`.

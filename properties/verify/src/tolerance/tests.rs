@@ -1246,3 +1246,65 @@ fn sech2_y_max_bounds_the_maximum() {
     }
     assert!(g(lo) > 0.4477, "the constant is tight: {}", g(lo));
 }
+
+/// (T14s): the screen's lower bounds are at most every model's (T14)
+/// bound of the same element, each of those a finite `Abs`; the screen
+/// answers for every non-indicator element of these rows, and is tight
+/// (within a factor 2 of the bound; `verify` judges in full whatever it
+/// cannot rule out, so a loose screen would only be slow).
+#[test]
+fn grad_screen_lower_bounds_are_below_every_models_bound() {
+    let mut rng = SplitMix64::new(11);
+    for kind in 0..6 {
+        let x = row(&mut rng, 1500, kind);
+        let mut mask = vec![true; x.len()];
+        for j in (0..x.len()).step_by(7) {
+            mask[j] = false;
+        }
+        for m in [None, Some(&mask[..])] {
+            let st = stats_f64(&x, 1.0, m, Some(3));
+            let [a, b, c] = foreign_presets(Dtype::F32);
+            let models = [Model::lanes(8), a, b, c];
+            let all = RowBounds::new_all(&models, &st, &ctx1());
+            for (g, h, topk) in [
+                (0.7, -1.3, &[(6, 0.25)][..]),
+                (-1.0, 0.0, &[][..]),
+                (0.0, 0.5, &[][..]),
+            ] {
+                let cot = GradCotangents {
+                    g,
+                    h,
+                    token: Some(3),
+                    topk,
+                };
+                let row_c = RowBounds::grad_row(&all, &cot);
+                let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {
+                    panic!("{kind}: no screen for this row");
+                };
+                let (mut answered, mut tight) = (0usize, 0usize);
+                for j in 0..x.len() {
+                    let exact = RowBounds::grad_many_with(&all, &row_c, j, &cot, Dtype::F32);
+                    let Some(lower) = screen.lower(&all, j, &cot) else {
+                        continue;
+                    };
+                    answered += 1;
+                    let mut all_tight = true;
+                    for (l, e) in lower.iter().zip(&exact) {
+                        let ErrorBound::Abs(e) = *e else {
+                            panic!("{kind} {j}: screened but no bound: {e}");
+                        };
+                        assert!(e.is_finite() && *l <= e, "{kind} {j}: {l} > {e}");
+                        all_tight &= 2.0 * l >= e;
+                    }
+                    tight += usize::from(all_tight);
+                }
+                let live = x.len() - m.map_or(0, |m| m.iter().filter(|a| !**a).count());
+                assert!(
+                    answered + 2 >= live,
+                    "{kind}: {answered} of {live} answered"
+                );
+                assert!(2 * tight >= answered, "{kind}: {tight} of {answered} tight");
+            }
+        }
+    }
+}

@@ -146,6 +146,15 @@ impl Add for Lo {
     }
 }
 
+/// For lower bounds of nonnegative reals: a result at most their product
+/// (a negative lower bound times a nonnegative one stays `<= 0`).
+impl Mul for Lo {
+    type Output = Lo;
+    fn mul(self, o: Lo) -> Lo {
+        Lo(dn(self.0 * o.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,26 @@ use crate::row_oracle::RowOracle;
 use crate::tolerance;
 use logprobe_kernels::{CpuKernel, Kernel};
 
+use super::grad_screen::RowScreen;
 use super::*;
+
+/// Whether verify screens gradient elements ([`super::grad_screen`]):
+/// on unless [`set_grad_screen`] turned it off or the environment sets
+/// `LOGPROBE_GRAD_SCREEN=0`. The report is the same bits either way (the
+/// switch exists to show that, and to time both).
+fn grad_screen_on() -> bool {
+    GRAD_SCREEN.load(std::sync::atomic::Ordering::Relaxed)
+        && std::env::var_os("LOGPROBE_GRAD_SCREEN").is_none_or(|v| v != "0")
+}
+
+static GRAD_SCREEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the gradient screen on or off for this process (tests and
+/// benchmarks compare both; the report does not depend on it).
+#[doc(hidden)]
+pub fn set_grad_screen(on: bool) {
+    GRAD_SCREEN.store(on, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Opens, parses and verifies `path`.
 ///
@@ -113,6 +132,21 @@ impl OutputAcc {
             if self.worst.len() > 4 * keep {
                 self.trim(keep);
             }
+        }
+    }
+
+    /// Adds one gradient element screened by [`super::grad_screen`] (its
+    /// error and ulps as the judge measures them): it passes, and each of
+    /// its ratios is at most that of a seed of the same row, which is pushed
+    /// in full, so only the count and the error maxima can move (the
+    /// ratio maxima become `Some` as that seed makes them).
+    fn push_screened(&mut self, error: f64, ulps: f64) {
+        self.count += 1;
+        self.max_abs = max_nan(self.max_abs, error);
+        self.max_ulps = max_nan(self.max_ulps, ulps);
+        self.max_ratio = Some(self.max_ratio.unwrap_or(0.0));
+        for acc in self.reference.iter_mut() {
+            acc.0 = Some(acc.0.unwrap_or(0.0));
         }
     }
 
@@ -600,6 +634,24 @@ fn verify_row(
 
     let grad_cot = targets.grad_cotangents();
     let grad_row = tolerance::RowBounds::grad_row(&rb, &grad_cot);
+    let mut screen = match (
+        exact.get(Output::GradLogits),
+        candidates.get(Output::GradLogits),
+    ) {
+        (Some(ex), Some((dtype, cand))) if grad_screen_on() && Output::GradLogits.judged(&p, 0) => {
+            RowScreen::new(
+                &rb,
+                &grad_row,
+                &grad_cot,
+                ex.view(),
+                cand.view(),
+                *dtype,
+                targets.vocab_size,
+                keep,
+            )
+        }
+        _ => None,
+    };
     let mut naive = tolerance::NaiveRow::new(&p, 0);
     let mut out: RowAcc = PerOutput::new();
     let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
@@ -608,6 +660,12 @@ fn verify_row(
         |o| o.judged(&p, 0),
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
+            if e.output == Output::GradLogits && e.col < targets.vocab_size {
+                if let Some(err) = screen.as_mut().and_then(|s| s.screened(e.col)) {
+                    acc.push_screened(err, e.exact.error_ulps(e.candidate, e.dtype));
+                    return Ok(());
+                }
+            }
             let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
                 tolerance::RowBounds::grad_many_with(&rb, &grad_row, e.col, &grad_cot, e.dtype)
             } else {
@@ -659,6 +717,7 @@ fn verify_row(
         },
     );
     let Ok(()) = walked;
+    drop(screen);
     // What this row adds to a reduced loss: its term's enclosure (from the
     // forward in the loss's dtype) and its T17 row bound per model.
     let loss_row = dump

@@ -25,6 +25,7 @@
 mod config;
 mod engine;
 mod expect;
+mod grad_screen;
 mod report;
 mod table;
 

@@ -1,0 +1,181 @@
+//! Which gradient elements of a row need their exact bound (T14).
+//!
+//! An element's bound matters to the report only through its ratios
+//! `error / bound` (the chosen model's maximum, the worst elements, each
+//! reference model's maximum) and its pass. [`GradScreen::lower`] gives a
+//! lower bound `L_m <= E_m` under every model `m`, so
+//! `fl(err / E_m) <= fl(err / L_m) =: U_m` (rounding is monotone). A first
+//! pass over the row picks *seeds*: the elements of largest `U`. Their exact
+//! bounds give the thresholds `T_m`, each the largest ratio of a seed under
+//! model `m`, and `T_keep`, the `keep`-th largest chosen ratio among the
+//! seeds. Seeds are always judged in full.
+//!
+//! Any other element with `err <= L_chosen`, `U_m <= T_m` for every `m`
+//! and `U_chosen < T_keep` is *screened*: it passes (`err <= L <= E`), each
+//! of its ratios is at most a seed's ratio in the same row, so no maximum
+//! moves, and `keep` seeds rank strictly above it, so it is in no list of
+//! the `keep` worst (nor, at an intermediate trim, can it push out an
+//! element that ranks above it). It is counted, with its error and ulps,
+//! exactly as if its bounds had been computed: the report is the same bits.
+
+use ndarray::ArrayView1;
+
+use logprobe_reference::oracle::Exact;
+use logprobe_reference::spec::Dtype;
+
+use crate::tolerance::{self, GradCotangents, GradRow, RowBounds};
+
+/// How many seeds the first pass keeps beyond `keep` (chosen model), and
+/// per reference model.
+const EXTRA_SEEDS: usize = 4;
+const SEEDS_PER_MODEL: usize = 2;
+
+/// One row's screen of its gradient elements, walked in column order.
+pub(super) struct RowScreen<const M: usize> {
+    /// `T_m`.
+    t_max: [f64; M],
+    /// `T_keep` (`+inf` when no worst elements are kept).
+    t_keep: f64,
+    /// Seed columns, ascending.
+    seeds: Vec<usize>,
+    next_seed: usize,
+    /// Per column `j < v`, from the first pass: `(err, U)` when the element
+    /// passes by `L_chosen`.
+    uppers: Vec<Option<(f64, [f64; M])>>,
+}
+
+/// The candidate's error as the judge measures it (`None` unless finite).
+fn error_of(exact: &Exact, candidate: f64) -> Option<f64> {
+    if !candidate.is_finite() {
+        return None;
+    }
+    let e = exact.error(candidate);
+    e.is_finite().then_some(e)
+}
+
+/// `U_m` of one element, `None` unless it passes by `L_chosen`.
+fn ratio_uppers<const M: usize>(err: f64, lower: &[f64; M]) -> Option<[f64; M]> {
+    if !(err <= lower[0]) {
+        return None;
+    }
+    let mut u = [0.0; M];
+    for (u, &l) in u.iter_mut().zip(lower) {
+        *u = if err == 0.0 {
+            0.0
+        } else if l > 0.0 {
+            err / l
+        } else {
+            return None;
+        };
+    }
+    Some(u)
+}
+
+/// Keeps the `n` largest `(value, col)` (ties: the earlier column).
+fn offer(top: &mut Vec<(f64, usize)>, n: usize, value: f64, col: usize) {
+    if top.len() == n && top.last().is_some_and(|&(v, _)| !(value > v)) {
+        return;
+    }
+    let at = top.partition_point(|&(v, _)| v >= value);
+    top.insert(at, (value, col));
+    top.truncate(n);
+}
+
+impl<const M: usize> RowScreen<M> {
+    /// The screen of a row's gradient elements `j < v` (`exact`, `candidates`:
+    /// the row's `[V_total]` values, candidates of `dtype`), with `keep`
+    /// worst elements reported; `None` when nothing can be screened.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        all: &[RowBounds<'_>; M],
+        row: &GradRow<M>,
+        cot: &GradCotangents<'_>,
+        exact: ArrayView1<'_, Exact>,
+        candidates: ArrayView1<'_, f64>,
+        dtype: Dtype,
+        v: usize,
+        keep: usize,
+    ) -> Option<Self> {
+        let screen = RowBounds::grad_screen(all, row, cot)?;
+        let v = v.min(exact.len()).min(candidates.len());
+        // Pass 1: the elements of largest U, per model.
+        let mut top0 = Vec::new();
+        let mut top: [Vec<(f64, usize)>; M] = std::array::from_fn(|_| Vec::new());
+        let mut uppers = Vec::with_capacity(v);
+        for j in 0..v {
+            let eu = error_of(&exact[j], candidates[j]).and_then(|err| {
+                let l = screen.lower(all, j, cot)?;
+                Some((err, ratio_uppers(err, &l)?))
+            });
+            uppers.push(eu);
+            let Some((_, u)) = eu else {
+                continue;
+            };
+            offer(&mut top0, keep + EXTRA_SEEDS, u[0], j);
+            for (t, &u) in top.iter_mut().zip(&u) {
+                offer(t, SEEDS_PER_MODEL, u, j);
+            }
+        }
+        let mut seeds: Vec<usize> = top0
+            .iter()
+            .chain(top.iter().flatten())
+            .map(|&(_, j)| j)
+            .collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        // The seeds' exact ratios, as the judge computes them.
+        let mut t_max = [f64::NEG_INFINITY; M];
+        let mut chosen = Vec::with_capacity(seeds.len());
+        for &s in &seeds {
+            let bounds = RowBounds::grad_many_with(all, row, s, cot, dtype);
+            let j = tolerance::judge(&exact[s], candidates[s], dtype, &bounds[0]);
+            for (i, (t, b)) in t_max.iter_mut().zip(&bounds).enumerate() {
+                let r = if i == 0 {
+                    j.ratio
+                } else {
+                    tolerance::ratio_pass(j.error_abs, b).0
+                };
+                if let Some(r) = r {
+                    *t = if r.is_nan() || t.is_nan() {
+                        f64::NAN
+                    } else {
+                        t.max(r)
+                    };
+                }
+            }
+            if let Some(r) = j.ratio {
+                chosen.push(r);
+            }
+        }
+        let t_keep = if keep == 0 {
+            f64::INFINITY
+        } else if chosen.iter().any(|r| r.is_nan()) || chosen.len() < keep {
+            f64::NEG_INFINITY
+        } else {
+            chosen.sort_by(|a, b| b.total_cmp(a));
+            chosen[keep - 1]
+        };
+        Some(RowScreen {
+            t_max,
+            t_keep,
+            seeds,
+            next_seed: 0,
+            uppers,
+        })
+    }
+
+    /// The error of gradient element `j` (columns asked in ascending
+    /// order) when it is screened, `None` when it needs its exact bounds.
+    /// The error is the one the judge measures (`Exact::error`).
+    pub(super) fn screened(&mut self, j: usize) -> Option<f64> {
+        while self.seeds.get(self.next_seed).is_some_and(|&s| s < j) {
+            self.next_seed += 1;
+        }
+        if self.seeds.get(self.next_seed) == Some(&j) {
+            return None;
+        }
+        let (err, u) = (*self.uppers.get(j)?)?;
+        let under = u.iter().zip(&self.t_max).all(|(u, t)| u <= t);
+        (under && u[0] < self.t_keep).then_some(err)
+    }
+}

@@ -1,0 +1,184 @@
+//! The gradient screen (`verify/grad_screen.rs`, (T14s) in TOLERANCE.md)
+//! changes no bit of a report: every dump with `grad_logits` is verified
+//! with the screen on and off and the JSON reports (less `seconds`) must be
+//! equal, on a correct dump, on dumps whose gradients are wrong (a few
+//! elements, or every element by a little), with top-k ids and a
+//! temperature, and on the shipped PyTorch gradient dump.
+
+use std::path::Path;
+
+use logprobe_reference::spec::Dtype;
+use logprobe_verify::dump::{serialize_dump, Dump, DumpTensor};
+use logprobe_verify::verify::{set_grad_screen, verify_dump, ReportVerdict, VerifyConfig};
+
+/// xorshift64* (Vigna 2016), as the scale generator (`examples/gen_dump.rs`).
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (a, b) = (self.uniform(), self.uniform());
+        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+    }
+}
+
+/// How the candidate gradients are wrong.
+#[derive(Clone, Copy)]
+enum Wrong {
+    /// Correct: f64 VJP rounded once.
+    None,
+    /// Every 97th element off by `2e-4` relative.
+    Few,
+    /// Every element off by `3e-6` relative (tens of f32 ulps): near the
+    /// bound, the ratios spread over a wide range.
+    All,
+}
+
+/// An f32 dump `[n, v]` with log_probs, entropy and grad_logits (and,
+/// with `extras`, top-k ids with their cotangents and `temperature = 0.7`); candidates from f64 math rounded to f32.
+fn dump_bytes(n: usize, v: usize, seed: u64, wrong: Wrong, extras: bool) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    let (k, temp) = if extras { (3, 0.7) } else { (0, 1.0) };
+    let r32 = |x: f64| x as f32 as f64;
+    let (mut logits, mut tokens, mut lp, mut ent) = (vec![], vec![], vec![], vec![]);
+    let (mut g_lp, mut g_ent, mut grad) = (vec![], vec![], vec![]);
+    let (mut ids, mut g_topk, mut topk_lp) = (vec![], vec![], vec![]);
+    for _ in 0..n {
+        let row: Vec<f64> = (0..v).map(|_| r32(3.0 * rng.normal())).collect();
+        let allowed: Vec<bool> = vec![true; v];
+        let t = (rng.next_u64() % v as u64) as usize;
+        let t = if allowed[t] { t } else { t ^ 1 };
+        let z: Vec<f64> = row.iter().map(|&x| x / temp).collect();
+        let m = z
+            .iter()
+            .zip(&allowed)
+            .filter(|(_, &a)| a)
+            .map(|(&z, _)| z)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let e = |j: usize| if allowed[j] { (z[j] - m).exp() } else { 0.0 };
+        let s: f64 = (0..v).map(e).sum();
+        let ln_s = s.ln();
+        let r: f64 = (0..v)
+            .filter(|&j| allowed[j])
+            .map(|j| e(j) * (m - z[j]))
+            .sum::<f64>()
+            / s;
+        let lpj = |j: usize| z[j] - m - ln_s;
+        tokens.push(t as i64);
+        lp.push(r32(lpj(t)));
+        ent.push(r32(ln_s + r));
+        let row_ids: Vec<usize> = (0..k).map(|i| (t + 1 + 7 * i) % v).collect();
+        let row_ids: Vec<usize> = row_ids
+            .into_iter()
+            .map(|j| if allowed[j] { j } else { (j + 1) % v })
+            .collect();
+        let gk: Vec<f64> = (0..k).map(|_| r32(0.5 * rng.normal())).collect();
+        for (&id, &g) in row_ids.iter().zip(&gk) {
+            ids.push(id as i64);
+            g_topk.push(g);
+            topk_lp.push(r32(lpj(id)));
+        }
+        let (g, h) = (r32(-1.0 + 0.1 * rng.normal()), r32(0.01));
+        g_lp.push(g);
+        g_ent.push(h);
+        let g_all = g + gk.iter().sum::<f64>();
+        for j in 0..v {
+            let dx = if allowed[j] {
+                let p = e(j) / s;
+                let mut ind = if j == t { g } else { 0.0 };
+                for (&id, &gk) in row_ids.iter().zip(&gk) {
+                    if id == j {
+                        ind += gk;
+                    }
+                }
+                (ind - g_all * p - h * p * (z[j] - m + r)) / temp
+            } else {
+                0.0
+            };
+            let off = match wrong {
+                Wrong::None => 0.0,
+                Wrong::Few if j % 97 == 3 => 2e-4,
+                Wrong::Few => 0.0,
+                Wrong::All => 3e-6,
+            };
+            grad.push(r32(dx * (1.0 + off)));
+        }
+        logits.extend(row);
+    }
+    let f = |shape: &[usize], x: &[f64]| DumpTensor::floats(Dtype::F32, shape, x);
+    let mut tensors = vec![
+        ("logits", f(&[n, v], &logits)),
+        ("tokens", DumpTensor::i64s(&[n], &tokens)),
+        ("log_probs", f(&[n], &lp)),
+        ("entropy", f(&[n], &ent)),
+        ("grad_log_probs", f(&[n], &g_lp)),
+        ("grad_entropy", f(&[n], &g_ent)),
+        ("grad_logits", f(&[n, v], &grad)),
+    ];
+    let mut meta = vec![];
+    if extras {
+        tensors.push(("topk_ids", DumpTensor::i64s(&[n, k], &ids)));
+        tensors.push(("topk_log_probs", f(&[n, k], &topk_lp)));
+        tensors.push(("grad_topk_log_probs", f(&[n, k], &g_topk)));
+        meta.push(("temperature", "0.7".to_string()));
+    }
+    let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    serialize_dump(&tensors, &meta).expect("consistent shapes")
+}
+
+/// The report as JSON without its timing.
+fn report_json(dump: &Dump<'_>, screen: bool) -> (serde_json::Value, ReportVerdict) {
+    set_grad_screen(screen);
+    let config = VerifyConfig {
+        worst: 5,
+        ..VerifyConfig::default()
+    };
+    let report = verify_dump(dump, Path::new("grad"), &config).expect("verifies");
+    set_grad_screen(true);
+    let mut json = serde_json::to_value(&report).expect("serializes");
+    json.as_object_mut().expect("an object").remove("seconds");
+    (json, report.verdict)
+}
+
+fn assert_screen_changes_nothing(bytes: &[u8], what: &str) -> ReportVerdict {
+    let dump = Dump::parse(bytes).expect("parses");
+    let (off, verdict) = report_json(&dump, false);
+    let (on, _) = report_json(&dump, true);
+    assert_eq!(off, on, "{what}: the screen changed the report");
+    verdict
+}
+
+#[test]
+fn grad_screen_leaves_every_report_bit_for_bit_the_same() {
+    for (seed, wrong, extras, expect) in [
+        (1, Wrong::None, false, Some(ReportVerdict::Pass)),
+        (2, Wrong::Few, false, Some(ReportVerdict::Fail)),
+        (3, Wrong::All, false, None),
+        (4, Wrong::None, true, Some(ReportVerdict::Pass)),
+        (5, Wrong::All, true, None),
+        (6, Wrong::Few, true, Some(ReportVerdict::Fail)),
+    ] {
+        let bytes = dump_bytes(4, 3000, seed, wrong, extras);
+        let verdict = assert_screen_changes_nothing(&bytes, &format!("seed {seed}"));
+        if let Some(expect) = expect {
+            if verdict != expect {
+                let dump = Dump::parse(&bytes).expect("parses");
+                let r = verify_dump(&dump, Path::new("grad"), &VerifyConfig::default()).unwrap();
+                eprintln!("{}", logprobe_verify::verify::render_table(&r));
+            }
+            assert_eq!(verdict, expect, "seed {seed}");
+        }
+    }
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/torch/fp32_autograd_gradients.safetensors");
+    let bytes = std::fs::read(&shipped).expect("the shipped gradient dump");
+    assert_screen_changes_nothing(&bytes, "fp32_autograd_gradients");
+}
