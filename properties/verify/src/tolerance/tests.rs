@@ -1276,6 +1276,7 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
                     h,
                     token: Some(3),
                     topk,
+                    loss: None,
                 };
                 let row_c = RowBounds::grad_row(&all, &cot);
                 let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {
