@@ -65,6 +65,7 @@ fn main() {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: None,
+        ..Default::default()
     };
     let logits = match dtype.as_str() {
         "bf16" => Logits::Bf16(xb.view()),

@@ -74,6 +74,7 @@ fn main() {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: None,
+            ..Default::default()
         };
         let hk = CudaFused::host();
         let fwd_host = best(|| drop(hk.forward(&p, Dtype::F32).unwrap()));

@@ -692,6 +692,7 @@ mod tests {
             grad_log_probs: Some(c.g.view()),
             grad_entropy: Some(c.h.view()),
             grad_topk_log_probs: Some(c.gk.view()),
+            ..Default::default()
         };
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
@@ -752,6 +753,7 @@ mod tests {
             grad_log_probs: Some(c.g.view()),
             grad_entropy: Some(c.h.view()),
             grad_topk_log_probs: Some(c.gk.view()),
+            ..Default::default()
         };
         for k in kernels(130) {
             let mut xb = c.x.mapv(bf16::from_f32);
@@ -790,6 +792,7 @@ mod tests {
             grad_log_probs: None,
             grad_entropy: None,
             grad_topk_log_probs: None,
+            ..Default::default()
         };
         let zero = CpuKernel::chunked(0);
         let zc = KernelError::Spec(SpecError::ZeroChunkSize);

@@ -2,10 +2,12 @@
 //! gradient of every non-source entry (DESIGN "The math"; the formula and
 //! its cancellation-free source entries are in [`crate::vjp`]),
 //!
-//! `dx_j = ( -(W p_j) - h t_j ) / T`, `p_j = exp(d_j - ell)`,
+//! `dx_j = ( u - W p_j - h t_j ) / T`, `p_j = exp(d_j - ell)`,
 //! `t_j = q_j (e_j + R)` (`0` where `q_j = 0`), then `+ 0` (zeros are `+0`),
 //!
-//! with `W` the sum of the row's source weights, `d_j = (z_j - m) / T`
+//! with `W` the sum of the row's source weights (less the loss side's
+//! weight of `p_j`), `u` the smoothed loss's constant on allowed entries
+//! (0 without one; a row constant, no branch), `d_j = (z_j - m) / T`
 //! (subtract, then scale), `e_j = (w_j - m_w) / T`, `q_j = exp(e_j - ell_w)`.
 //!
 //! # Order of operations
@@ -81,8 +83,11 @@ pub(crate) struct BlockConsts<A> {
     pub scale: Option<A>,
     /// Final division by `T` (`None`: none).
     pub grad_scale: Option<A>,
-    /// Sum of the source weights `W`.
+    /// Sum of the source weights `W` (less the loss side's weight of `p_j`).
     pub total: A,
+    /// The constant every allowed entry gains (the smoothed loss's `u`,
+    /// before the division by `T`; 0 without one).
+    pub u: A,
     /// The entropy term.
     pub entropy: EntropyTerm<A>,
 }
@@ -126,9 +131,12 @@ fn step<
         a[i] = d[i] - c.ell;
     }
     let p = exp_n::<A, W, X>(&a);
+    // `u - W p_j` (a masked entry: `0 - W 0`); with `u = 0` this is
+    // `-(W p_j)` but for the sign of a zero, which the final `+ 0` drops.
     let mut g = [A::ZERO; W];
     for i in 0..W {
-        g[i] = -(c.total * p[i]);
+        let u = if MK && !mk[i] { A::ZERO } else { c.u };
+        g[i] = u - c.total * p[i];
     }
     if ENT == ENT_OWN {
         for i in 0..W {
@@ -188,6 +196,7 @@ struct Consts<A> {
     t: A,
     gt: A,
     total: A,
+    u: A,
     h: A,
     r: A,
     wm: A,
@@ -320,6 +329,7 @@ fn dispatch<A: Acc, const X: bool>(
         t: c.scale.unwrap_or(A::ONE),
         gt: c.grad_scale.unwrap_or(A::ONE),
         total: c.total,
+        u: c.u,
         h,
         r,
         wm,
@@ -419,7 +429,8 @@ mod tests {
         };
         let z = if allowed { x } else { f32::NEG_INFINITY };
         let pj = (sh(z, c.m) - c.ell).exp_like();
-        let mut g = -(c.total * pj);
+        let u = if allowed { c.u } else { 0.0 };
+        let mut g = u - c.total * pj;
         let (h, e, q, r) = match c.entropy {
             EntropyTerm::None => (None, 0.0, 0.0, 0.0),
             EntropyTerm::Own { h, r } => {
@@ -488,7 +499,7 @@ mod tests {
                 (Some(1e-30), Some(1e-30)),
             ] {
                 for entropy in ents {
-                    for masked in [false, true] {
+                    for (masked, u) in [(false, 0.0), (true, 0.0), (false, 0.03125), (true, -0.1)] {
                         if matches!(entropy, EntropyTerm::Unmasked { .. }) && !masked {
                             continue;
                         }
@@ -498,13 +509,14 @@ mod tests {
                             scale,
                             grad_scale,
                             total: -0.875,
+                            u,
                             entropy,
                         };
                         let mk = masked.then_some(&mask[..]);
                         let want: Vec<u32> = (0..n)
                             .map(|j| scalar(&c, z[j], !masked || mask[j]).to_bits())
                             .collect();
-                        let what = format!("n {n} scale {scale:?} {entropy:?} mask {masked}");
+                        let what = format!("n {n} scale {scale:?} {entropy:?} mask {masked} u {u}");
                         // Each build, emitting pieces and writing a direct slice.
                         let collect = |f: &dyn Fn(BlockOut<'_, f32>)| {
                             let mut got = Vec::new();

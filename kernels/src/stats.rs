@@ -52,6 +52,21 @@ pub struct CallParams<A> {
     /// Label smoothing `eps` in the accumulation dtype when the cross-entropy
     /// row loss is wanted ([`CpuKernel::cross_entropy`](crate::CpuKernel::cross_entropy)).
     pub label_smoothing: Option<A>,
+    /// The loss's constants in a backward with `grad_loss`
+    /// ([`crate::vjp`]); `None` otherwise.
+    pub loss_grad: Option<LossGrad<A>>,
+}
+
+/// The cross-entropy loss's call constants of a backward (DESIGN: "Loss
+/// side"), in the accumulation dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossGrad<A> {
+    /// Label smoothing `eps`.
+    pub eps: A,
+    /// The mean's divisor `W` (the forward's: [`pairwise_sum`] of the
+    /// counted rows' weights, or their count), `None` under `none` / `sum`
+    /// and when `W = 0` (every row ignored: no row has a coefficient).
+    pub divisor: Option<A>,
 }
 
 impl<A: Acc> CallParams<A> {
@@ -75,6 +90,7 @@ impl<A: Acc> CallParams<A> {
             ignore_index: problem.options.ignore_index,
             z_loss_coef: problem.options.z_loss_coef.map(A::from_f64),
             label_smoothing: None,
+            loss_grad: None,
         }
     }
 }

@@ -30,7 +30,7 @@ use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use rayon::prelude::*;
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, ProblemMut, Shape, SpecError,
+    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, ProblemMut, Reduction, Shape, SpecError,
 };
 
 use crate::cpu::Staging;
@@ -38,27 +38,80 @@ use crate::grad_block::{grad_block, BlockConsts, BlockOut, EntropyTerm};
 use crate::gradient::GradElement;
 use crate::row::{shift, Acc, Input, Softcap, Source, TypedRow, BLOCK};
 use crate::stats::{
-    ids_suspect, mask_row, row_error, row_stats, shard_ranges, typed_row, CallParams, RowStats,
+    ids_suspect, mask_row, pairwise_sum, row_error, row_stats, shard_ranges, typed_row, CallParams,
+    LossGrad, RowStats,
 };
 
 /// The cotangents of one row, in the accumulation dtype.
 #[derive(Clone, Debug)]
 pub struct RowCot<A> {
-    /// Sources `(column, weight)`: the target first, then top-k ids in order.
+    /// Sources `(column, weight)`: the target first (its log-prob
+    /// cotangent, then the loss's `-(1 - eps) ell`), then top-k ids in order.
     pub sources: Vec<(usize, A)>,
     /// Entropy cotangent `h` (None = absent or zero: no entropy term).
     pub h: Option<A>,
+    /// The loss side (`None`: no `lse`, `z_loss` or `loss` cotangent).
+    pub loss: Option<LossSide<A>>,
+}
+
+/// The loss-side terms of one row (DESIGN: "Loss side"), folded into the
+/// write pass's row constants: the total weight of `-p_j` loses `(a +
+/// zb lse) + ell eps` (the kernel's own `lse = m / T + ln S`), and every
+/// allowed entry gains the constant `u`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossSide<A> {
+    /// `a`, the cotangent of `lse`.
+    pub a: A,
+    /// `zb = (coef b) 2`, `b` the cotangent of `z_loss`.
+    pub zb: A,
+    /// `ell eps`: the loss's smoothing share of `p_j`'s weight.
+    pub ell_eps: A,
+    /// `u = -(ell eps / |A|)` (before the division by `T`).
+    pub u: A,
+}
+
+impl<A: Acc> LossSide<A> {
+    /// The weight these terms add to `p_j`: `(a + zb lse) + ell eps`, with
+    /// `lse = m / T + ln S` from the row's statistics (as the forward's).
+    fn p_weight(&self, st: &RowStats<A>, p: &CallParams<A>) -> A {
+        let m = match p.scale {
+            Some(t) => st.m / t,
+            None => st.m,
+        };
+        (self.a + self.zb * (m + st.ell)) + self.ell_eps
+    }
 }
 
 impl<A: Acc> RowCot<A> {
-    /// Row `row`'s cotangents.
-    pub fn new(problem: &Problem<'_>, cot: &Cotangents<'_>, row: usize) -> Self {
+    /// Row `row`'s cotangents; `p` holds the call's loss constants
+    /// ([`CallParams::loss_grad`]).
+    pub fn new(problem: &Problem<'_>, cot: &Cotangents<'_>, row: usize, p: &CallParams<A>) -> Self {
         let mut sources = Vec::new();
         if let (Some(g), true) = (cot.grad_log_probs, problem.has_target(row)) {
             sources.push((
                 problem.tokens.map_or(0, |t| t[row]) as usize,
                 A::from_f64(g[row]),
             ));
+        }
+        // The loss's row coefficient `ell = g w` (`/ W` under `mean`).
+        let mut ell_eps = A::ZERO;
+        let mut u = A::ZERO;
+        if let (Some((g, w)), Some(lg)) = (problem.loss_cotangent(cot, row), p.loss_grad) {
+            let gw = A::from_f64(g) * A::from_f64(w);
+            let ell = match lg.divisor {
+                Some(d) => gw / d,
+                None => gw,
+            };
+            let t = problem.tokens.map_or(0, |t| t[row]) as usize;
+            sources.push((t, -(ell * (A::ONE - lg.eps))));
+            if lg.eps != A::ZERO {
+                let count = match problem.sampling_mask {
+                    None => p.v,
+                    Some(_) => (0..p.v).filter(|&j| problem.allowed(row, j)).count(),
+                };
+                ell_eps = ell * lg.eps;
+                u = -(ell_eps / A::from_f64(count as f64));
+            }
         }
         if let (Some(gk), Some(ids)) = (cot.grad_topk_log_probs, problem.topk_ids) {
             for (k, &id) in ids.row(row).iter().enumerate() {
@@ -72,12 +125,24 @@ impl<A: Acc> RowCot<A> {
             .grad_entropy
             .map(|h| A::from_f64(h[row]))
             .filter(|&h| h != A::ZERO);
-        RowCot { sources, h }
+        let a = cot.grad_lse.map_or(A::ZERO, |a| A::from_f64(a[row]));
+        let zb = match (cot.grad_z_loss, p.z_loss_coef) {
+            (Some(b), Some(c)) => c * A::from_f64(b[row]) * A::from_f64(2.0),
+            _ => A::ZERO,
+        };
+        let any = cot.grad_lse.is_some() || cot.grad_z_loss.is_some() || cot.grad_loss.is_some();
+        let loss = any.then_some(LossSide { a, zb, ell_eps, u });
+        RowCot { sources, h, loss }
     }
 
-    /// Sum of all weights, in source order.
-    fn total(&self) -> A {
-        self.sources.iter().fold(A::ZERO, |a, &(_, w)| a + w)
+    /// Sum of all weights, in source order, less the loss side's weight
+    /// of `p_j` (then also the constant `u`; `0` without a loss side).
+    fn total(&self, st: &RowStats<A>, p: &CallParams<A>) -> (A, A) {
+        let s = self.sources.iter().fold(A::ZERO, |a, &(_, w)| a + w);
+        match &self.loss {
+            None => (s, A::ZERO),
+            Some(l) => (s - l.p_weight(st, p), l.u),
+        }
     }
 }
 
@@ -494,7 +559,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     masked_entropy: bool,
 ) {
     let v = p.v;
-    let total = rc.total();
+    let (total, u) = rc.total(st, p);
     let h = rc.h;
     // Source columns: read before the block pass (it may overwrite them),
     // with their softcap factors.
@@ -513,6 +578,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         scale: p.scale,
         grad_scale: p.grad_scale,
         total,
+        u,
         entropy: entropy_term(st, h, mask.is_some(), masked_entropy),
     };
     let mask_slice = mask.and_then(|m| m.to_slice());
@@ -599,7 +665,13 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         } else {
             A::ONE - pj
         };
-        let mut g = c * one_minus_p - o * pj;
+        // The others' weight of `p_j` less the loss side's (`total - c`);
+        // `u` is every allowed entry's (a source is allowed).
+        let o = match &rc.loss {
+            None => o,
+            Some(l) => o - l.p_weight(st, p),
+        };
+        let mut g = c * one_minus_p - o * pj + u;
         if let (Some(h), Some(w)) = (h, st.w.as_ref()) {
             let zw = if allowed(j) || !masked_entropy {
                 zj
@@ -658,6 +730,31 @@ fn params<A: Acc>(
     p.ranges = shard_ranges(widths, shape.vocab_size);
     if cot.grad_entropy.is_none() {
         p.entropy = None;
+    }
+    if let (Some(_), Some(ce)) = (cot.grad_loss, problem.cross_entropy()) {
+        // Validated before (`Problem::validate`): eps in [0, 1].
+        let eps = ce
+            .effective_label_smoothing(shape.dtype.accumulation())
+            .unwrap_or(0.0);
+        let divisor = (ce.reduction == Reduction::Mean)
+            .then(|| {
+                let counted = |r: usize| problem.has_target(r);
+                match ce.loss_weights {
+                    Some(_) => pairwise_sum(0..shape.n, &|r| {
+                        if counted(r) {
+                            A::from_f64(ce.weight(r))
+                        } else {
+                            A::ZERO
+                        }
+                    }),
+                    None => A::from_f64((0..shape.n).filter(|&r| counted(r)).count() as f64),
+                }
+            })
+            .filter(|&d| d != A::ZERO);
+        p.loss_grad = Some(LossGrad {
+            eps: A::from_f64(eps),
+            divisor,
+        });
     }
     p
 }
@@ -722,7 +819,7 @@ fn backward_rows<T: Input, K: GradSink<T::Acc>>(
                     }
                     let mask = mask_row(problem.sampling_mask, r);
                     let st = row_stats(&src, mask, &p).map_err(|_| row_error(problem, shape, r))?;
-                    let rc = RowCot::new(problem, cot, r);
+                    let rc = RowCot::new(problem, cot, r, &p);
                     let mut io = ToSink {
                         src: &src,
                         dst,
@@ -816,7 +913,7 @@ fn chunked_grad_chunk<T: Input>(
             }
             let mask = mask_row(problem.sampling_mask, r);
             let st = row_stats(z, mask, p).map_err(|_| row_error(problem, shape, r))?;
-            let rc = RowCot::new(problem, cot, r);
+            let rc = RowCot::new(problem, cot, r, &p);
             grad_row(&mut ToBuffer { src: z, dst: g }, mask, &st, p, &rc, v, me);
             apply_softcap_factors(p.softcap, lv.row(r), g);
             Ok(())
@@ -955,7 +1052,9 @@ fn plan_in_place<T: Input>(
         return Err(row_error(problem, shape, 0));
     }
     let stats = all_stats(problem, shape, &lv, &p)?;
-    let cots = (0..shape.n).map(|r| RowCot::new(problem, cot, r)).collect();
+    let cots = (0..shape.n)
+        .map(|r| RowCot::new(problem, cot, r, &p))
+        .collect();
     Ok(InPlacePlan {
         shape: *shape,
         p,

@@ -284,6 +284,7 @@ fn op_gradient_is_the_fused_vjp() {
                 grad_log_probs: Some(g.view()),
                 grad_entropy: ent.as_ref().map(|_| h.view()),
                 grad_topk_log_probs: None,
+                ..Default::default()
             };
             let want = CpuKernel::fused()
                 .backward(&problem, &cot, owned.logits().dtype())

@@ -38,6 +38,7 @@ fn chunk_size_is_bit_invariant() {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     for masked in [false, true] {
         let mut p = Problem::new(Logits::F32(x.view()));
@@ -91,6 +92,7 @@ fn in_place_backward_equals_out_of_place() {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     let opts_t = [1.0, 0.6];
     for t in opts_t {

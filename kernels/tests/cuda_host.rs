@@ -594,6 +594,7 @@ fn host_built_backward_gives_the_cpu_bits_where_both_are_exact() {
                     grad_log_probs: Some(g.view()),
                     grad_entropy: Some(h.view()),
                     grad_topk_log_probs: Some(gk.view()),
+                    ..Default::default()
                 };
                 let owned = Owned::new(&c.x, dtype);
                 let p = cuda_common::problem(&c, owned.view());

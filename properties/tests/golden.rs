@@ -104,6 +104,7 @@ fn snapshots(name: &str, bytes: &[u8]) -> (String, String) {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
 
     let oracle = Oracle::default();

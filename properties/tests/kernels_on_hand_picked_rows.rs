@@ -278,6 +278,7 @@ fn grads_match_oracle_vjp() {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         },
     ];
     for logits in [
@@ -428,6 +429,7 @@ fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     let layouts: Vec<Box<dyn Kernel>> = vec![
         Box::new(CpuKernel::vocab_parallel(vec![6])),

@@ -102,6 +102,7 @@ impl Case {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         };
         let grad: Vec<f64> = oracle
             .vjp(&p, &cot, self.out)

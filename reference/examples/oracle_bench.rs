@@ -111,6 +111,7 @@ fn main() {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: None,
+            ..Default::default()
         };
         for target in [Dtype::F32, Dtype::Bf16] {
             let mut line = format!("{name:11} -> {target:4}:");

@@ -276,6 +276,7 @@ impl Data {
             grad_log_probs: Some(self.g.view()),
             grad_entropy: c.entropy.map(|_| self.h.view()),
             grad_topk_log_probs: self.gk.as_ref().map(|g| g.view()),
+            ..Default::default()
         }
     }
 }

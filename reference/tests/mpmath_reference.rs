@@ -155,6 +155,7 @@ fn run_case(b: &HashMap<&str, &str>) {
         grad_log_probs: Some(g.view()),
         grad_entropy: p.options.entropy.map(|_| h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     for target in [Dtype::F64, Dtype::F32, Dtype::Bf16] {
         let f = Oracle::default().forward(&p, target).unwrap();

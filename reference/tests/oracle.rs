@@ -115,6 +115,7 @@ fn one_hot_limits_are_exact_and_end_the_loop_at_once() {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     let grad = o.vjp(&p, &c, Dtype::F64).unwrap();
     // Column 0 is a live top-k id with a -inf logit: G / T from the formula;
@@ -140,6 +141,7 @@ fn all_outputs(p: &Problem<'_>, target: Dtype) -> (OracleForward, Array2<Exact>)
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     (
         Oracle::default().forward(p, target).unwrap(),
@@ -354,6 +356,7 @@ fn vjp_agrees_with_a_256_bit_central_difference() {
             grad_log_probs: Some(ga.view()),
             grad_entropy: Some(ha.view()),
             grad_topk_log_probs: Some(gka.view()),
+            ..Default::default()
         };
         let grad = Oracle::default().vjp(&p, &c, Dtype::F64).unwrap();
         let t_inv = Float::with_val(256, 1) / Float::with_val(256, temp);
@@ -405,6 +408,7 @@ fn two_working_precisions_agree() {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: None,
+        ..Default::default()
     };
     let low = Oracle {
         start_precision: 64,

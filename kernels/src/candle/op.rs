@@ -221,6 +221,7 @@ impl CustomOp2 for LogProbOp {
             grad_log_probs: Some(glp.view()),
             grad_entropy: gent.as_ref().map(|h| h.view()),
             grad_topk_log_probs: None,
+            ..Default::default()
         };
         let (ls, ll) = logits.storage_and_layout();
         let (ts, tl) = tokens.storage_and_layout();

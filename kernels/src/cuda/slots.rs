@@ -152,6 +152,7 @@ mod tests {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         };
         let s = grad_slots(&p, &shape, &cot);
         assert_eq!(s.k1, 4);

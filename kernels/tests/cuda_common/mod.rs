@@ -333,6 +333,7 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     let err = |e: logprobe_kernels::KernelError| e.to_string();
     let fused = CudaFused::on(l.clone());
@@ -393,6 +394,7 @@ pub fn gradients_vs_oracle(l: &Arc<dyn Launcher>) -> Check {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         };
         let exact = Oracle::default()
             .vjp(&p, &cot, Dtype::F32)
@@ -435,6 +437,7 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
             grad_log_probs: Some(g.view()),
             grad_entropy: Some(h.view()),
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         };
         let owned = Owned::new(&c.x, dtype);
         let p = problem(&c, owned.view());
@@ -506,6 +509,7 @@ pub fn workspace_within_declared_bound(l: &Arc<dyn Launcher>) -> Check {
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: Some(gk.view()),
+        ..Default::default()
     };
     for chunk in [1, 8, 40] {
         let k = chunked(l, chunk);

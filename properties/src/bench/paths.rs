@@ -107,6 +107,7 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: None,
+        ..Default::default()
     };
     let with_entropy = Options {
         entropy: Some(EntropyLogits::Unmasked),
@@ -365,6 +366,7 @@ pub(crate) fn oracle_costs(v: usize, reps: usize) -> Result<Vec<OracleResult>, B
         grad_log_probs: Some(g.view()),
         grad_entropy: Some(h.view()),
         grad_topk_log_probs: None,
+        ..Default::default()
     };
     let err = |e: logprobe_reference::spec::SpecError| BenchError::Kernel {
         kernel: "oracle".into(),

@@ -136,6 +136,7 @@ fn judge(
             h: cot.grad_entropy.unwrap()[r],
             token: Some(p.tokens.unwrap()[r] as usize),
             topk: &live,
+            loss: None,
         };
         for j in 0..V {
             wg.add(&dx[[r, j]], grad[[r, j]], rb.grad(j, &gc, out), "grad");
@@ -192,6 +193,7 @@ fn cot(c: &Case) -> Cotangents<'_> {
         grad_log_probs: Some(c.g.view()),
         grad_entropy: Some(c.h.view()),
         grad_topk_log_probs: Some(c.gk.view()),
+        ..Default::default()
     }
 }
 

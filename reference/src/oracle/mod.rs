@@ -489,10 +489,36 @@ impl Oracle {
         let shape = problem.validate()?;
         let (n, vt, v) = (shape.n, shape.v_total, shape.vocab_size);
         let precs = self.precisions(target);
+        let acc = shape.dtype.accumulation();
+        let z_loss_coef = problem.options.effective_z_loss_coef(acc)?.unwrap_or(0.0);
+        let eps = match problem.cross_entropy() {
+            Some(ce) => ce.effective_label_smoothing(acc)?,
+            None => 0.0,
+        };
+        // The mean's divisor `W`, summed exactly (every f64 term fits).
+        let den = match (cotangents.grad_loss, problem.loss_divisor_terms()) {
+            (Some(_), Some(terms)) => {
+                let mut w = rug::Float::new(vjp::EXACT_SUM_PREC);
+                for x in terms {
+                    w += x;
+                }
+                Some(std::sync::Arc::new(w))
+            }
+            _ => None,
+        };
         // Each row writes its `[V]` elements straight into the `[N, V_total]`
         // result (padded columns stay 0): no per-row buffer, no copy.
         let mut flat = vec![Exact::point(0.0); n * vt];
         let row_vjp = |r: usize, out: &mut [Exact]| -> Result<Fallback, SpecError> {
+            let loss = problem
+                .loss_cotangent(cotangents, r)
+                .map(|(g, w)| vjp::RowLoss {
+                    g,
+                    w,
+                    den: den.clone(),
+                    eps,
+                    count: (0..v).filter(|&j| problem.allowed(r, j)).count() as u64,
+                });
             let cot = vjp::RowCot {
                 g: match (cotangents.grad_log_probs, problem.has_target(r)) {
                     (Some(g), true) => g[r],
@@ -502,6 +528,10 @@ impl Oracle {
                 gk: cotangents
                     .grad_topk_log_probs
                     .map_or(Vec::new(), |gk| gk.row(r).to_vec()),
+                lse: cotangents.grad_lse.map_or(0.0, |a| a[r]),
+                z_loss: cotangents.grad_z_loss.map_or(0.0, |b| b[r]),
+                z_loss_coef,
+                loss,
             };
             let entropy = if cot.h != 0.0 {
                 problem.options.entropy
@@ -540,7 +570,10 @@ impl Oracle {
         out: &mut [Exact],
     ) -> Fallback {
         let v = row.v.len() as u64;
-        let Some(mutant) = self.tier.fast_vjp() else {
+        // The f64 tier encloses the log-prob, entropy and top-k terms only:
+        // a loss-side cotangent takes the MPFR path for the row.
+        let fast_mutant = self.tier.fast_vjp().filter(|_| !cot.has_loss_side());
+        let Some(mutant) = fast_mutant else {
             out.copy_from_slice(&vjp::vjp_row(&row, cot, target, precs, None));
             return Fallback {
                 outputs: v,
@@ -602,6 +635,7 @@ impl Oracle {
             g: cotangents.g,
             h: cotangents.h,
             gk: cotangents.topk.to_vec(),
+            ..Default::default()
         };
         vjp::vjp_row(
             fast.prepared(),

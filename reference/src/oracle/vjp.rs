@@ -13,6 +13,14 @@
 //! `s / S`; otherwise `1 + (s - e^{d'_j})`, or the direct sum when
 //! `e^{d'_j} > s / 2` would make the subtraction cancel) and
 //! `e_j + R = R - |e_j|`. Entries with no term are exactly 0.
+//!
+//! The loss side (DESIGN: "Loss side") folds into the same form: `lse`'s
+//! cotangent `a` and `z_loss`'s `b` add `(a + 2 coef b lse) p_j`, so `C`
+//! loses `a + 2 coef b lse` (an enclosure: `lse` is not exact); the loss's
+//! row coefficient `ell` (`g w`, or `g w / W` under `mean`, exact) adds
+//! `ell (p_j - (1 - eps)[j = t] - eps [j in A] / |A|)`: `C` loses `ell`,
+//! the target's `A_t` gains `-(1 - eps) ell`, and every allowed entry
+//! (a `-inf` logit too: `p_j = 0`) gains the constant `u = -ell eps / |A|`.
 
 use std::collections::BTreeMap;
 
@@ -31,10 +39,10 @@ use crate::spec::Dtype;
 
 /// Precision at which sums of f64 cotangents are exact (f64 values span
 /// 2^-1074 .. 2^1024; the rest is carry room).
-const EXACT_SUM_PREC: u32 = 2300;
+pub(crate) const EXACT_SUM_PREC: u32 = 2300;
 
 /// The row's cotangents, read from the caller's views.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct RowCot {
     /// `g` (0 on `ignore_index` rows or without a log-prob cotangent).
     pub g: f64,
@@ -42,10 +50,68 @@ pub(crate) struct RowCot {
     pub h: f64,
     /// `G_k`, `[K]`.
     pub gk: Vec<f64>,
+    /// `a`, the cotangent of `lse` (`d lse / dz_j = p_j`).
+    pub lse: f64,
+    /// `b`, the cotangent of `z_loss`, and the effective `z_loss_coef`
+    /// (`d z_loss / dz_j = 2 coef lse p_j`).
+    pub z_loss: f64,
+    /// The effective `z_loss_coef` (0 without one).
+    pub z_loss_coef: f64,
+    /// The cross-entropy loss's term of this row, if any.
+    pub loss: Option<RowLoss>,
+}
+
+impl RowCot {
+    /// Whether any term beyond the log-prob / entropy / top-k ones is given.
+    pub(crate) fn has_loss_side(&self) -> bool {
+        self.lse != 0.0 || (self.z_loss != 0.0 && self.z_loss_coef != 0.0) || self.loss.is_some()
+    }
+}
+
+/// The loss's cotangent of one counted row: `ell = g w` (`/ W` under
+/// `mean`), exact, and the label smoothing over `count` allowed entries.
+/// The row's gradient gains `ell ((1 - eps)(p_j - [j = t]) + eps (p_j -
+/// [j in A] / |A|)) / T` (DESIGN: "Loss side").
+#[derive(Debug)]
+pub(crate) struct RowLoss {
+    /// The upstream cotangent `g` of the row's term.
+    pub g: f64,
+    /// The row's weight `w`.
+    pub w: f64,
+    /// The mean's divisor `W`, exact (`None` under `none` / `sum`).
+    pub den: Option<std::sync::Arc<Float>>,
+    /// Effective label smoothing `eps`.
+    pub eps: f64,
+    /// `|A|`: allowed entries of the real vocabulary.
+    pub count: u64,
+}
+
+impl RowLoss {
+    /// `ell` enclosed at `prec` bits (a point without a divisor).
+    fn ell(&self, prec: u32) -> MpfrInterval {
+        let gw = Float::with_val(EXACT_SUM_PREC, self.g) * self.w;
+        match &self.den {
+            None => {
+                let mut out = MpfrInterval::new(prec.max(110));
+                out.lo.assign(&gw);
+                out.hi.assign(&gw);
+                out
+            }
+            Some(d) => {
+                let mut out = MpfrInterval::new(prec);
+                out.lo.assign_round(&gw / &**d, Round::Down);
+                out.hi.assign_round(&gw / &**d, Round::Up);
+                out
+            }
+        }
+    }
 }
 
 /// Row constants at one precision.
 struct Consts {
+    /// The loss's uniform term `u / T = -ell eps / (|A| T)` on every
+    /// allowed entry (`None`: no such term).
+    u: Option<MpfrInterval>,
     /// `s = S - 1` (accumulator precision).
     s: MpfrInterval,
     /// `S T`.
@@ -78,7 +144,7 @@ pub(crate) fn vjp_row(
 ) -> Vec<Exact> {
     let v = row.v.len();
     let mut out = vec![Exact::point(0.0); v];
-    // Exact coefficient sums.
+    // Exact coefficient sums of the log-prob and top-k sources.
     let mut a_map: BTreeMap<usize, Float> = BTreeMap::new();
     let mut c = Float::new(EXACT_SUM_PREC);
     if let (Some(t), true) = (row.target, cot.g != 0.0) {
@@ -93,37 +159,22 @@ pub(crate) fn vjp_row(
             c += gk;
         }
     }
-    let specials: Specials = a_map
-        .into_iter()
-        .map(|(j, a)| {
-            let rest = Float::with_val(EXACT_SUM_PREC, &c - &a);
-            (
-                j,
-                (
-                    MpfrInterval {
-                        lo: a.clone(),
-                        hi: a,
-                    },
-                    MpfrInterval {
-                        lo: rest.clone(),
-                        hi: rest,
-                    },
-                ),
-            )
-        })
-        .collect();
-    if c.is_zero() && cot.h == 0.0 && specials.is_empty() {
+    // The loss's target is a source too (its coefficient is set per precision).
+    let loss = cot.loss.as_ref().filter(|_| row.target.is_some());
+    if let (Some(t), Some(_)) = (row.target, loss) {
+        a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
+    }
+    let loss_side = cot.has_loss_side();
+    if c.is_zero() && cot.h == 0.0 && a_map.is_empty() && !loss_side {
         return out;
     }
-    let c_nonzero = !c.is_zero();
-    let c = MpfrInterval {
-        lo: c.clone(),
-        hi: c,
-    };
+    let uniform = loss.is_some_and(|l| l.eps != 0.0);
     let mut pending: Vec<usize> = match only {
         Some(only) => only,
         None => (0..v)
-            .filter(|&j| row.in_p(j) || row.in_q(j) || specials.contains_key(&j))
+            .filter(|&j| {
+                row.in_p(j) || row.in_q(j) || a_map.contains_key(&j) || (uniform && row.allowed(j))
+            })
             .collect(),
     };
     let mut cache = Cache::default();
@@ -135,8 +186,85 @@ pub(crate) fn vjp_row(
         let mut st = MpfrInterval::new(prec);
         st.lo.assign_round(&sp.lo * row.temperature, Round::Down);
         st.hi.assign_round(&sp.hi * row.temperature, Round::Up);
+        // `C`: the total coefficient of `-p_j`: `g + sum_k G_k - a - 2 coef
+        // b lse - ell`; the sources' `A_j` (the loss's target `-(1 - eps)
+        // ell`) and `C - A_j`.
+        let mut cc = MpfrInterval::new(acc);
+        cc.lo.assign_round(&c, Round::Down);
+        cc.hi.assign_round(&c, Round::Up);
+        let mut t = Float::new(acc);
+        let mut tmp = MpfrInterval::new(acc);
+        if cot.lse != 0.0 {
+            tmp.assign_outward(&cc);
+            cc.sub(&tmp, &MpfrInterval::point(acc.max(53), cot.lse));
+        }
+        if cot.z_loss != 0.0 && cot.z_loss_coef != 0.0 {
+            let mut l = MpfrInterval::new(acc);
+            l.ln_1p(&sums.s_p);
+            let mut lse = MpfrInterval::new(acc);
+            lse.add(&row.top(row.p.vmax, acc).z_max(acc), &l);
+            // 2 coef b is exact at 110 bits.
+            let two_cb = Float::with_val(110, cot.z_loss_coef) * cot.z_loss * 2u32;
+            let zb = MpfrInterval {
+                lo: two_cb.clone(),
+                hi: two_cb,
+            };
+            let mut term = MpfrInterval::new(acc);
+            term.mul(&zb, &lse, &mut t);
+            tmp.assign_outward(&cc);
+            cc.sub(&tmp, &term);
+        }
+        let mut loss_target: Option<(usize, MpfrInterval)> = None;
+        let mut u = None;
+        if let Some(l) = loss {
+            let ell = l.ell(acc);
+            tmp.assign_outward(&cc);
+            cc.sub(&tmp, &ell);
+            let mut one_minus = MpfrInterval::new(acc);
+            one_minus
+                .lo
+                .assign_round(1.0 - Float::with_val(53, l.eps), Round::Down);
+            one_minus
+                .hi
+                .assign_round(1.0 - Float::with_val(53, l.eps), Round::Up);
+            let mut at = MpfrInterval::new(acc);
+            at.mul(&one_minus, &ell, &mut t);
+            at.neg();
+            loss_target = row.target.map(|tcol| (tcol, at));
+            if l.eps != 0.0 {
+                let mut ue = MpfrInterval::new(acc);
+                ue.mul(&ell, &MpfrInterval::point(53, l.eps), &mut t);
+                let mut ut = MpfrInterval::new(acc);
+                let count = Float::with_val(64, l.count);
+                ut.lo.assign_round(&count * row.temperature, Round::Down);
+                ut.hi.assign_round(&count * row.temperature, Round::Up);
+                let mut uu = MpfrInterval::new(prec);
+                uu.div_pos(&ue, &ut);
+                uu.neg();
+                u = Some(uu);
+            }
+        }
+        let specials: Specials = a_map
+            .iter()
+            .map(|(&j, a)| {
+                let mut aj = MpfrInterval::new(acc);
+                aj.lo.assign_round(a, Round::Down);
+                aj.hi.assign_round(a, Round::Up);
+                if let Some((tcol, at)) = &loss_target {
+                    if *tcol == j {
+                        let mut x = MpfrInterval::new(acc);
+                        x.add(&aj, at);
+                        aj = x;
+                    }
+                }
+                let mut rest = MpfrInterval::new(acc);
+                rest.sub(&cc, &aj);
+                (j, (aj, rest))
+            })
+            .collect();
+        let c_nonzero = !(cc.lo.is_zero() && cc.hi.is_zero());
         let mut k1 = MpfrInterval::new(prec);
-        k1.div_pos(&c, &st);
+        k1.div_pos(&cc, &st);
         let mut k2 = MpfrInterval::new(prec);
         let mut r = MpfrInterval::new(prec);
         if row.q.is_some() {
@@ -150,6 +278,7 @@ pub(crate) fn vjp_row(
         }
         let top_q = row.top(row.q.map_or(0.0, |q| q.vmax), prec);
         let consts = Consts {
+            u,
             s: sums.s_p,
             st,
             k1,
@@ -251,6 +380,12 @@ fn entry(
         // -C p_j / T = -K1 e^{d'_j}
         sc.dx.mul(&k.k1, &cache.p[j], &mut sc.t);
         sc.dx.neg();
+    }
+    // The loss's smoothing term `u / T` on every allowed entry.
+    if let (Some(u), true) = (&k.u, row.allowed(j)) {
+        any = true;
+        sc.tp.assign_outward(&sc.dx);
+        sc.dx.add(&sc.tp, u);
     }
     // q part: -h q_j (e_j + R) / T = -K2 e^{e_j} (R - |e_j|).
     if in_q {

@@ -110,17 +110,16 @@ impl Output {
     }
 
     /// The tensor name of this output's upstream cotangent (`grad_<name>`),
-    /// `None` for `grad_logits` (nothing is differentiated through it) and
-    /// for `lse`, `z_loss` and `loss`, whose VJP is not built yet
-    /// (`grad_lse`, `grad_z_loss`, `grad_loss` stay reserved names,
-    /// rejected as not supported: a cotangent read but not differentiated
-    /// would be ignored silently).
+    /// `None` for `grad_logits` (nothing is differentiated through it).
     pub fn cotangent_name(self) -> Option<&'static str> {
         match self {
             Output::LogProbs => Some("grad_log_probs"),
             Output::Entropy => Some("grad_entropy"),
             Output::TopkLogProbs => Some("grad_topk_log_probs"),
-            Output::GradLogits | Output::Lse | Output::ZLoss | Output::Loss => None,
+            Output::GradLogits => None,
+            Output::Lse => Some("grad_lse"),
+            Output::ZLoss => Some("grad_z_loss"),
+            Output::Loss => Some("grad_loss"),
         }
     }
 
@@ -205,13 +204,18 @@ impl Output {
         }
     }
 
-    /// This output's upstream cotangent in `cotangents`, as `[N, width]`.
+    /// This output's upstream cotangent in `cotangents`, as `[N, width]`
+    /// (`[1, 1]` for a [reduced](Output::reduced) `loss`).
     pub fn cotangent<'a>(self, cotangents: &Cotangents<'a>) -> Option<ArrayView2<'a, f64>> {
+        let col = |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.insert_axis(Axis(1)));
         match self {
-            Output::LogProbs => cotangents.grad_log_probs.map(|g| g.insert_axis(Axis(1))),
-            Output::Entropy => cotangents.grad_entropy.map(|g| g.insert_axis(Axis(1))),
+            Output::LogProbs => col(cotangents.grad_log_probs),
+            Output::Entropy => col(cotangents.grad_entropy),
             Output::TopkLogProbs => cotangents.grad_topk_log_probs,
-            Output::GradLogits | Output::Lse | Output::ZLoss | Output::Loss => None,
+            Output::GradLogits => None,
+            Output::Lse => col(cotangents.grad_lse),
+            Output::ZLoss => col(cotangents.grad_z_loss),
+            Output::Loss => col(cotangents.grad_loss),
         }
     }
 }
@@ -231,6 +235,9 @@ impl<'a> Cotangents<'a> {
             grad_log_probs: one(Output::LogProbs),
             grad_entropy: one(Output::Entropy),
             grad_topk_log_probs: per.get(Output::TopkLogProbs).map(|a| a.view()),
+            grad_lse: one(Output::Lse),
+            grad_z_loss: one(Output::ZLoss),
+            grad_loss: one(Output::Loss),
         }
     }
 }

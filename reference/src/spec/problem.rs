@@ -8,7 +8,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
-use super::loss::{CrossEntropy, LossOptions};
+use super::loss::{CrossEntropy, LossOptions, Reduction};
 
 /// PyTorch's default `ignore_index`.
 pub const DEFAULT_IGNORE_INDEX: i64 = -100;
@@ -390,7 +390,11 @@ impl<'a> ProblemMut<'a> {
 /// Upstream cotangents (VJP inputs), all f64 (every f32/bf16/f16 value is
 /// exact in f64). Absent = zero.
 ///
-/// Shapes: `grad_log_probs [N]`, `grad_entropy [N]`, `grad_topk_log_probs [N, K]`.
+/// Shapes: `grad_log_probs [N]`, `grad_entropy [N]`, `grad_topk_log_probs [N, K]`,
+/// `grad_lse [N]`, `grad_z_loss [N]`, `grad_loss [N]` under `reduction =
+/// none`, `[1]` under `sum` / `mean` (the scalar's cotangent; DESIGN:
+/// "Loss side"). Build one with `..Cotangents::default()` for the fields
+/// left absent.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cotangents<'a> {
     /// Cotangent of `log_probs`.
@@ -399,6 +403,48 @@ pub struct Cotangents<'a> {
     pub grad_entropy: Option<ArrayView1<'a, f64>>,
     /// Cotangent of `topk_log_probs`.
     pub grad_topk_log_probs: Option<ArrayView2<'a, f64>>,
+    /// Cotangent of `lse` (`d lse / dz_j = p_j`).
+    pub grad_lse: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `z_loss` (`d z_loss / dz_j = 2 coef lse p_j`).
+    pub grad_z_loss: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of the cross-entropy `loss`: `[N]` under `none`, `[1]`
+    /// under `sum` / `mean` ([`Problem::loss_cotangent`]).
+    pub grad_loss: Option<ArrayView1<'a, f64>>,
+}
+
+impl<'a> Cotangents<'a> {
+    /// The cotangents of rows `rows` of an `[N, ..]` problem (`n` = `N`):
+    /// every per-row tensor sliced; `grad_loss` sliced when it is `[N]`
+    /// (`none`), kept when it is the scalar's `[1]` (right for `sum`; a
+    /// `mean`'s row slice has its own divisor, so it is not a slice of
+    /// the whole mean's VJP).
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>, n: usize) -> Cotangents<'a> {
+        let one =
+            |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
+        Cotangents {
+            grad_log_probs: one(self.grad_log_probs),
+            grad_entropy: one(self.grad_entropy),
+            grad_topk_log_probs: self
+                .grad_topk_log_probs
+                .map(|g| g.slice_move(ndarray::s![rows.clone(), ..])),
+            grad_lse: one(self.grad_lse),
+            grad_z_loss: one(self.grad_z_loss),
+            grad_loss: match self.grad_loss {
+                Some(g) if g.len() == n && n != 1 => one(Some(g)),
+                g => g,
+            },
+        }
+    }
+
+    /// Whether no cotangent is given.
+    pub fn is_empty(&self) -> bool {
+        self.grad_log_probs.is_none()
+            && self.grad_entropy.is_none()
+            && self.grad_topk_log_probs.is_none()
+            && self.grad_lse.is_none()
+            && self.grad_z_loss.is_none()
+            && self.grad_loss.is_none()
+    }
 }
 
 /// Facts established by [`Problem::validate_shapes`].
@@ -535,12 +581,10 @@ impl<'a> Problem<'a> {
         shape: &Shape,
         cot: &Cotangents<'_>,
     ) -> Result<(), SpecError> {
-        if cot.grad_log_probs.is_none()
-            && cot.grad_entropy.is_none()
-            && cot.grad_topk_log_probs.is_none()
-        {
+        if cot.is_empty() {
             return Err(SpecError::NoCotangent {
-                what: "no cotangent of log_probs, entropy or topk_log_probs given",
+                what:
+                    "no cotangent of log_probs, entropy, topk_log_probs, lse, z_loss or loss given",
             });
         }
         if let Some(g) = cot.grad_log_probs {
@@ -582,7 +626,88 @@ impl<'a> Problem<'a> {
             }
             check_finite("grad_topk_log_probs", gk.iter())?;
         }
+        if let Some(a) = cot.grad_lse {
+            if !self.options.lse {
+                return Err(SpecError::NoCotangent {
+                    what: "grad_lse given but options.lse is false",
+                });
+            }
+            if a.len() != shape.n {
+                return Err(shape_err("grad_lse", vec![shape.n], a.shape()));
+            }
+            check_finite("grad_lse", a.iter())?;
+        }
+        if let Some(b) = cot.grad_z_loss {
+            if self.options.z_loss_coef.is_none() {
+                return Err(SpecError::NoCotangent {
+                    what: "grad_z_loss given but options.z_loss_coef is None",
+                });
+            }
+            if b.len() != shape.n {
+                return Err(shape_err("grad_z_loss", vec![shape.n], b.shape()));
+            }
+            check_finite("grad_z_loss", b.iter())?;
+        }
+        if let Some(g) = cot.grad_loss {
+            let Some(loss) = self.options.loss else {
+                return Err(SpecError::NoCotangent {
+                    what: "grad_loss given but options.loss is None",
+                });
+            };
+            if self.tokens.is_none() {
+                return Err(SpecError::MissingTensor {
+                    output: "grad_loss",
+                    tensor: "tokens",
+                });
+            }
+            let len = loss.reduction.len(shape.n);
+            if g.len() != len {
+                return Err(shape_err("grad_loss", vec![len], g.shape()));
+            }
+            check_finite("grad_loss", g.iter())?;
+        }
         Ok(())
+    }
+
+    /// Row `row`'s factors of the cross-entropy loss's cotangent in a VJP:
+    /// `Some((g, w))` with `g` the upstream cotangent of the row's term
+    /// (`grad_loss[row]` under `reduction = none`, the scalar's
+    /// `grad_loss[0]` under `sum` / `mean`) and `w` its weight
+    /// ([`CrossEntropy::weight`](super::CrossEntropy::weight)), so that
+    /// `d (cotangent . loss) / d l_row = g w` (`none`, `sum`) or `g w / W`
+    /// (`mean`, `W` the sum of [`Problem::loss_divisor_terms`]); `None` without `grad_loss`
+    /// or `options.loss`, on an `ignore_index` row, or when `g w` is 0
+    /// (DESIGN: "Loss side": ignored rows and the all-ignored mean get
+    /// gradient 0). Call after [`Problem::validate_cotangents`]; `row < N`.
+    pub fn loss_cotangent(&self, cot: &Cotangents<'_>, row: usize) -> Option<(f64, f64)> {
+        let (g, loss) = (cot.grad_loss?, self.options.loss?);
+        if !self.has_target(row) {
+            return None;
+        }
+        let g = match loss.reduction {
+            Reduction::None => g[row],
+            Reduction::Sum | Reduction::Mean => g[0],
+        };
+        let w = self.loss_weights.map_or(1.0, |w| w[row]);
+        (g != 0.0 && w != 0.0).then_some((g, w))
+    }
+
+    /// The weights of the rows a `mean` loss divides by, `[N]` order: `w_r`
+    /// (1 without `loss_weights`) for each row whose token is not
+    /// `ignore_index`, 0 elsewhere; their exact sum is the mean's divisor
+    /// `W` (each consumer sums them at its own precision). `None` unless
+    /// the loss is computed with `reduction = mean`.
+    pub fn loss_divisor_terms(&self) -> Option<impl Iterator<Item = f64> + use<'_, 'a>> {
+        let loss = self.options.loss?;
+        (loss.reduction == Reduction::Mean && self.tokens.is_some()).then(|| {
+            (0..self.logits.dim().0).map(move |r| {
+                if self.has_target(r) {
+                    self.loss_weights.map_or(1.0, |w| w[r])
+                } else {
+                    0.0
+                }
+            })
+        })
     }
 
     /// Checks the values of row `row`: no NaN or `+inf` logit in the real

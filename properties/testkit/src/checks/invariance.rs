@@ -3,7 +3,7 @@
 use ndarray::{s, Array2, Axis};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
-use logprobe_reference::spec::{Cotangents, Dtype, Output};
+use logprobe_reference::spec::{Dtype, Output};
 
 use crate::strategies::{CotangentData, ProblemData};
 
@@ -117,13 +117,7 @@ pub fn check_row_slicing(
     if caps.backward && !cot.is_empty() {
         let cv = cot_for(data, &p, cot);
         if let Ok(w) = kernel.backward(&p, &cv, Dtype::F32) {
-            let cpart = |r: std::ops::Range<usize>| Cotangents {
-                grad_log_probs: cv.grad_log_probs.map(|g| g.slice_move(s![r.clone()])),
-                grad_entropy: cv.grad_entropy.map(|g| g.slice_move(s![r.clone()])),
-                grad_topk_log_probs: cv
-                    .grad_topk_log_probs
-                    .map(|g| g.slice_move(s![r.clone(), ..])),
-            };
+            let cpart = |r: std::ops::Range<usize>| cv.slice_rows(r, n);
             let (t, b) = (
                 kernel.backward(&top, &cpart(0..cut), Dtype::F32),
                 kernel.backward(&bottom, &cpart(cut..n), Dtype::F32),

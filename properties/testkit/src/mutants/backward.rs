@@ -42,6 +42,7 @@ impl PlantedBug for GradOutput0Broadcast {
             grad_log_probs: g.as_ref().map(|a| a.view()),
             grad_entropy: h.as_ref().map(|a| a.view()),
             grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
+            ..Default::default()
         };
         FUSED.backward(problem, &c, out)
     }
@@ -56,6 +57,7 @@ impl PlantedBug for GradOutput0Broadcast {
             grad_log_probs: g.as_ref().map(|a| a.view()),
             grad_entropy: h.as_ref().map(|a| a.view()),
             grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
+            ..Default::default()
         };
         FUSED.backward_in_place(problem, &c)
     }
@@ -95,13 +97,7 @@ impl PlantedBug for InPlaceCorruption {
         };
         for row in 0..shape.n {
             let r = row..row + 1;
-            let c = Cotangents {
-                grad_log_probs: cot.grad_log_probs.map(|g| g.slice_move(s![r.clone()])),
-                grad_entropy: cot.grad_entropy.map(|g| g.slice_move(s![r.clone()])),
-                grad_topk_log_probs: cot
-                    .grad_topk_log_probs
-                    .map(|g| g.slice_move(s![r.clone(), ..])),
-            };
+            let c = cot.slice_rows(r.clone(), shape.n);
             let logits = match &mut problem.logits {
                 LogitsMut::F64(a) => LogitsMut::F64(a.slice_mut(s![r.clone(), ..])),
                 LogitsMut::F32(a) => LogitsMut::F32(a.slice_mut(s![r.clone(), ..])),

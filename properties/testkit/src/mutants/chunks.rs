@@ -194,6 +194,7 @@ impl PlantedBug for ChunkDependentOrder {
             grad_log_probs: g.as_ref().map(|a| a.view()),
             grad_entropy: h.as_ref().map(|a| a.view()),
             grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
+            ..Default::default()
         };
         let rg = self.inner.backward(&rv.problem(problem.options), &c, out)?;
         let v = shape.vocab_size;

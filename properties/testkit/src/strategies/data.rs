@@ -163,6 +163,7 @@ impl CotangentData {
             grad_log_probs: self.grad_log_probs.as_ref().map(|g| g.view()),
             grad_entropy: self.grad_entropy.as_ref().map(|g| g.view()),
             grad_topk_log_probs: self.grad_topk_log_probs.as_ref().map(|g| g.view()),
+            ..Default::default()
         }
     }
 

@@ -6,6 +6,7 @@
 use logprobe_reference::oracle::{Interval, RowStats};
 use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
 
+use super::loss_grad::{LossGradCotangents, LossTerms};
 use super::model::{EntropyForm, Model, RowContext};
 use super::statistical::{Statistical, StatisticalBounds};
 use super::upward::{Hi, Lo};
@@ -47,6 +48,9 @@ pub struct GradCotangents<'c> {
     /// which only widens the bound (sound either way). The statistics alone
     /// cannot tell the two apart: both have `d_id = -inf`.
     pub topk: &'c [(usize, f64)],
+    /// The loss-side cotangents (`grad_lse`, `grad_z_loss`, `grad_loss`;
+    /// T19), `None` without any.
+    pub loss: Option<LossGradCotangents<'c>>,
 }
 
 impl GradCotangents<'_> {
@@ -951,10 +955,27 @@ impl<'a> RowBounds<'a> {
         let h = Hi(cot.h.abs());
         // Top-k terms of every id the caller passes: live ids, including
         // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
-        let g_sum = cc.g_sum;
-        let ind = sh.ind;
+        let mut g_sum = cc.g_sum;
+        let mut ind = sh.ind;
         // Terms beyond the row's `n0`: the indicators at `j`, the h-terms.
         let mut n_extra = sh.n_extra;
+        // (T19): the loss side's two weights join G (and the target's the
+        // indicator at t), two more terms (three at t).
+        let loss = match &cot.loss {
+            Some(l) => {
+                let (pre, big_l) = self.lse_pre()?;
+                let e_l = pre + half_ulp(c.acc, big_l + pre);
+                let lt = LossTerms::new(l, c.u, e_l, big_l)?;
+                g_sum = g_sum + lt.t_weight + lt.p_weight;
+                n_extra += 2;
+                if cot.token == Some(j) {
+                    ind = ind + lt.t_weight;
+                    n_extra += 1;
+                }
+                Some((l, lt))
+            }
+            None => None,
+        };
         // p-terms: |g^| p_j rho_j (T10).
         let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
         // `(lambda_j, p_dev)` of the p-term, for the h-term when its set
@@ -1013,7 +1034,12 @@ impl<'a> RowBounds<'a> {
         let pre = (main + gm * mags) * inv_t + floor;
         let mut pre = finite(pre, "grad_logits")?;
         // |dx'_j| (the gradient with respect to x'), bounding |dx_j| too.
-        let v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
+        let mut v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
+        if let Some((l, lt)) = &loss {
+            let (e, u_hi) = lt.extra(l, j, cot.token, p_hi + p_dev, g_sum);
+            pre = finite(pre + e * inv_t, "grad_logits")?;
+            v_abs = v_abs + u_hi * inv_t;
+        }
         if let Some(df) = c.cap_df {
             // (T18) dx^ = fl(dx'^ f^) with f = 1 - t^2 <= 1:
             // E' (1 + df) + |dx'| df + u (|dx'| + E') (1 + df).
@@ -1119,7 +1145,8 @@ impl GradShared {
             Some(x) if used && x.hi > f64::NEG_INFINITY => (Hi(x.hi) - Lo(ln_s.lo)).exp(),
             _ => Hi::ZERO,
         };
-        let g_used = cot.g != 0.0 || cot.topk.iter().any(|&(_, gk)| gk != 0.0);
+        let g_used =
+            cot.g != 0.0 || cot.topk.iter().any(|&(_, gk)| gk != 0.0) || cot.loss.is_some();
         let ind_t = cot.token == Some(j) && cot.g != 0.0;
         let mut ind_k = Hi::ZERO;
         let mut n_extra = usize::from(ind_t);

@@ -258,6 +258,7 @@ fn bounds_are_finite_and_positive_on_ordinary_rows() {
                     h: -1.3,
                     token: Some(3),
                     topk: &[(5, 0.25), (3, -2.0)],
+                    loss: None,
                 };
                 for j in [0, 3, 5, 999] {
                     let v = abs(&rb.grad(j, &cot, out));
@@ -288,6 +289,7 @@ fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
         h: 1.0,
         token: Some(0),
         topk: &[],
+        loss: None,
     };
     assert!(matches!(
         rb.grad(1, &cot, Dtype::Bf16),
@@ -321,6 +323,7 @@ fn bounds_grow_with_leaf_depth() {
             h: 1.0,
             token: Some(10),
             topk: &[],
+            loss: None,
         };
         let now = [
             abs(&rb.log_prob(Dtype::F32)),
@@ -445,6 +448,7 @@ fn uniform_one_hot_and_single_entry_rows_have_finite_bounds() {
                 h: 1.0,
                 token: Some(t),
                 topk: &[],
+                loss: None,
             };
             for j in 0..x.len() {
                 let b = abs(&rb.grad(j, &cot, Dtype::F32));
@@ -610,6 +614,7 @@ fn f32_autograd_gradients_are_within_the_element_bound() {
             h: h as f64,
             token: Some(tgt),
             topk: &[],
+            loss: None,
         };
         let r_mid = 0.5 * (st.r.lo + st.r.hi);
         for j in 0..v {
@@ -933,6 +938,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
             grad_log_probs: Some(g.view()),
             grad_entropy: None,
             grad_topk_log_probs: Some(gk.view()),
+            ..Default::default()
         };
         let st = oracle.row_stats(&problem, 0).unwrap();
         let ctx = RowContext::from_problem(&problem, 0).unwrap();
@@ -954,6 +960,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
                 h: 0.0,
                 token: Some(0),
                 topk,
+                loss: None,
             };
             let (now, before) = (mk(&live), mk(&old));
             let mut old_fails = false;
@@ -995,6 +1002,7 @@ fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
                 h: -1.3,
                 token: Some(3),
                 topk: &[(6, 0.25)],
+                loss: None,
             };
             for (model, shared) in models.iter().zip(&all) {
                 let one = model.row_bounds(&st, &ctx1());
@@ -1152,6 +1160,7 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
                 h: -1.3,
                 token: Some(3),
                 topk: &[(6, 0.25)],
+                loss: None,
             };
             for out in [Dtype::F32, Dtype::Bf16] {
                 for (o, (g, u)) in one.iter().zip(grouped.iter().zip(&ungrouped)) {
@@ -1267,6 +1276,7 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
                     h,
                     token: Some(3),
                     topk,
+                    loss: None,
                 };
                 let row_c = RowBounds::grad_row(&all, &cot);
                 let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {

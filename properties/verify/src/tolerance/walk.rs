@@ -9,9 +9,10 @@
 use ndarray::ArrayView1;
 
 use logprobe_reference::oracle::Exact;
-use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem};
+use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Reduction};
 
 use super::bounds::GradCotangents;
+use super::loss_grad::LossGradCotangents;
 
 /// What the bounds of one row need besides its statistics: the vocabulary
 /// entries its outputs are at, and the gradient's upstream cotangents.
@@ -36,6 +37,94 @@ pub struct RowTargets {
     pub z_loss_coef: f64,
     /// The row's cross-entropy `loss` (`None` when the problem has none).
     pub loss: Option<LossTarget>,
+    /// The row's loss-side cotangents for the gradient bound (T19; `None`
+    /// without `grad_lse`, `grad_z_loss` or `grad_loss`).
+    pub loss_grad: Option<LossGradRow>,
+}
+
+/// One row's loss-side cotangents, owned ([`LossGradCotangents`] borrows
+/// them): see that type for the fields.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LossGradRow {
+    /// `grad_lse[row]`.
+    pub a: f64,
+    /// `2 coef grad_z_loss[row]` (upward in magnitude).
+    pub zb: f64,
+    /// An upper bound of `|ell|` (`|g w|`, `/ W` under `mean`).
+    pub ell: f64,
+    /// `N` under `mean`.
+    pub mean_rows: Option<usize>,
+    /// `eps` as the computation takes it.
+    pub eps: f64,
+    /// `|A|`.
+    pub count: usize,
+    /// Which entries `j < V` the sampling mask allows (`None`: all).
+    pub allowed: Option<Vec<bool>>,
+}
+
+impl LossGradRow {
+    /// Row `row`'s terms of a validated `problem` whose cotangents give
+    /// any loss-side one. Under `mean` the divisor `W` is summed from
+    /// `problem`'s rows (O(N)): a caller judging one row of a larger
+    /// problem passes that problem.
+    pub fn new(problem: &Problem<'_>, row: usize, cot: &Cotangents<'_>) -> Option<LossGradRow> {
+        if cot.grad_lse.is_none() && cot.grad_z_loss.is_none() && cot.grad_loss.is_none() {
+            return None;
+        }
+        let (_, v_total) = problem.logits.dim();
+        let v = problem.options.vocab_size.unwrap_or(v_total);
+        let acc = problem.logits.dtype().accumulation();
+        let coef = problem
+            .options
+            .effective_z_loss_coef(acc)
+            .ok()
+            .flatten()
+            .unwrap_or(0.0);
+        let ce = problem.cross_entropy();
+        let mean = ce.is_some_and(|c| c.reduction == Reduction::Mean);
+        let ell = match problem.loss_cotangent(cot, row) {
+            None => 0.0,
+            Some((g, w)) => {
+                let gw = up(g.abs() * w.abs());
+                if mean {
+                    // W in f64 downward: the weights are >= 0, each sum
+                    // rounded down at most N ulps below (relative).
+                    let n = problem.logits.dim().0 as f64;
+                    let w_sum: f64 = problem.loss_divisor_terms().map_or(0.0, |t| t.sum());
+                    let w_lo = w_sum * (1.0 - (n + 1.0) * f64::EPSILON);
+                    if w_lo > 0.0 {
+                        up(gw / w_lo)
+                    } else {
+                        0.0
+                    }
+                } else {
+                    gw
+                }
+            }
+        };
+        Some(LossGradRow {
+            a: cot.grad_lse.map_or(0.0, |a| a[row]),
+            zb: up(up(2.0 * coef.abs()) * cot.grad_z_loss.map_or(0.0, |b| b[row]).abs()),
+            ell,
+            mean_rows: mean.then_some(problem.logits.dim().0),
+            eps: ce
+                .and_then(|c| c.effective_label_smoothing(acc).ok())
+                .unwrap_or(0.0),
+            count: (0..v).filter(|&j| problem.allowed(row, j)).count(),
+            allowed: problem
+                .sampling_mask
+                .map(|m| m.row(row).iter().take(v).copied().collect()),
+        })
+    }
+}
+
+/// `x` one f64 ulp up (an upward rounding of one operation's result).
+fn up(x: f64) -> f64 {
+    if x.is_finite() {
+        x.next_up()
+    } else {
+        x
+    }
 }
 
 /// What the bound of one row's cross-entropy `loss` needs besides the row
@@ -120,6 +209,7 @@ impl RowTargets {
                     .map(|m| m.row(row).iter().take(vocab_size).copied().collect()),
                 sums: None,
             }),
+            loss_grad: LossGradRow::new(problem, row, cotangents),
         }
     }
 
@@ -130,6 +220,15 @@ impl RowTargets {
             h: self.h,
             token: self.token,
             topk: &self.live_topk,
+            loss: self.loss_grad.as_ref().map(|l| LossGradCotangents {
+                a: l.a,
+                zb: l.zb,
+                ell: l.ell,
+                mean_rows: l.mean_rows,
+                eps: l.eps,
+                count: l.count,
+                mask: l.allowed.as_deref().map(ArrayView1::from),
+            }),
         }
     }
 }

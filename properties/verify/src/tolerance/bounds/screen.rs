@@ -70,6 +70,11 @@ impl<'a> RowBounds<'a> {
         row: &GradRow<M>,
         cot: &GradCotangents<'_>,
     ) -> Option<GradScreen<M>> {
+        // The loss side's terms (T19) are not in the screen: every element
+        // takes the full bound.
+        if cot.loss.is_some() {
+            return None;
+        }
         let first = all.first()?;
         let g_sum = row.cot.g_sum.0;
         let h = cot.h.abs();

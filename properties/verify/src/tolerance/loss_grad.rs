@@ -1,0 +1,152 @@
+//! The gradient bound of the loss-side cotangents (T19,
+//! `properties/TOLERANCE.md`): `grad_lse`, `grad_z_loss` and `grad_loss`
+//! fold into (T14)'s row constants as two more cotangent terms (the loss's
+//! target weight `-(1 - eps) ell`, an indicator at `t`, and the weight
+//! `pw = a + zb lse + ell eps` of `p_j`, at no column), plus the errors of
+//! those coefficients and the smoothing constant `u = -ell eps / |A|` on
+//! every allowed entry, which (T14) does not see. `bounds.rs` calls
+//! [`LossTerms::new`] and adds [`LossTerms::extra`] to each element.
+
+use ndarray::ArrayView1;
+
+use super::upward::{Hi, Lo};
+use super::NoBound;
+
+/// The loss-side cotangents of one row (DESIGN: "Loss side"), exact
+/// inputs; part of [`super::GradCotangents`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LossGradCotangents<'c> {
+    /// `a`: the row's `grad_lse` (0 without).
+    pub a: f64,
+    /// `zb = 2 coef b`: `z_loss_coef` (as the computation takes it) times
+    /// twice the row's `grad_z_loss` (0 without). Any sign.
+    pub zb: f64,
+    /// An upper bound of `|ell|`, the loss's row coefficient (`g w`, or
+    /// `g w / W` under `mean`; 0 on an ignored row or without `grad_loss`).
+    pub ell: f64,
+    /// Under `mean`: the number of rows `N` whose weights the divisor `W`
+    /// sums (any order: `gamma_{N+1}`); `None` otherwise.
+    pub mean_rows: Option<usize>,
+    /// Label smoothing `eps` (as the computation takes it).
+    pub eps: f64,
+    /// `|A|`: the allowed entries of the real vocabulary.
+    pub count: usize,
+    /// The row's sampling mask `[>= V]` (`None`: every entry allowed).
+    pub mask: Option<ArrayView1<'c, bool>>,
+}
+
+/// The row constants of (T19) for one model.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LossTerms {
+    /// `|s_t^|`: the computed target weight's magnitude (an indicator at `t`).
+    pub t_weight: Hi,
+    /// `|pw^|`: the computed `p_j` weight's magnitude.
+    pub p_weight: Hi,
+    /// `delta_C = delta_t + delta_pw`: the error of the computed total
+    /// weight of `p_j` beyond (T14)'s roundings.
+    delta_c: Hi,
+    /// `delta_t`: the error of the target's weight (times `1 - p_t <= 1`).
+    delta_t: Hi,
+    /// `|u^|` and `|u^ - u|` (before the division by `T`).
+    u_hi: Hi,
+    delta_u: Hi,
+    /// `gamma_3` for the roundings `u` takes part in.
+    g3: Hi,
+}
+
+impl LossTerms {
+    /// (T19) for unit roundoff `u` of the accumulation dtype, the
+    /// accumulation-dtype `lse^`'s error `e_l` and magnitude bound `big_l`
+    /// (T15 with its rounding).
+    ///
+    /// # Errors
+    /// [`NoBound::GammaUndefined`] when `(N + 1) u >= 1`.
+    pub(crate) fn new(
+        l: &LossGradCotangents<'_>,
+        u: Hi,
+        e_l: Hi,
+        big_l: Hi,
+    ) -> Result<LossTerms, NoBound> {
+        let one = Hi::ONE;
+        let ou = one + u;
+        // ell^ = fl(fl(g) fl(w)) [/ W^], W^ within gamma_{N+1} W.
+        let theta_ell = match l.mean_rows {
+            Some(n) => {
+                let tw = gamma(n + 1, u.0)?;
+                ou.powi(4) / (Lo(1.0) - tw) - Lo(1.0)
+            }
+            None => ou.powi(3) - Lo(1.0),
+        };
+        let ell = Hi(l.ell.abs());
+        let ell_hi = ell * (one + theta_ell);
+        let eps = Hi(l.eps);
+        let one_m_eps = (Hi::ONE - Lo(l.eps)).max(Hi::ZERO);
+        // s_t^ = -(ell^ fl(1 - eps)).
+        let t_weight = one_m_eps * ell_hi * ou * ou;
+        let delta_t = one_m_eps * ell * ((one + theta_ell) * ou * ou - Lo(1.0));
+        // zb^ = fl(coef fl(b)) 2.
+        let zb = Hi(l.zb.abs());
+        let theta_z = ou * ou - Lo(1.0);
+        let a = Hi(l.a.abs());
+        // pw^ = fl(fl(a + fl(zb^ lse^)) + fl(ell^ eps)): four roundings.
+        let m_pw = a * ou + zb * (one + theta_z) * (big_l + e_l) + eps * ell_hi;
+        let g4 = gamma(4, u.0)?;
+        let delta_pw =
+            u * a + zb * (theta_z * (big_l + e_l) + e_l) + eps * ell * theta_ell + g4 * m_pw;
+        let p_weight = m_pw * (one + g4);
+        // u^ = -(fl(ell^ eps) / fl(|A|)): three roundings.
+        let count = Lo(l.count.max(1) as f64);
+        let u_abs = eps * ell / count;
+        let u_hi = u_abs * (one + theta_ell) * ou.powi(3);
+        let delta_u = u_abs * ((one + theta_ell) * ou.powi(3) - Lo(1.0));
+        Ok(LossTerms {
+            t_weight,
+            p_weight,
+            delta_c: delta_t + delta_pw,
+            delta_t,
+            u_hi,
+            delta_u,
+            g3: gamma(3, u.0)?,
+        })
+    }
+
+    /// Whether entry `j` gets the smoothing constant `u`.
+    fn allowed(l: &LossGradCotangents<'_>, j: usize) -> bool {
+        l.eps != 0.0 && l.mask.is_none_or(|m| m.get(j).copied().unwrap_or(false))
+    }
+
+    /// `(extra, |u^|)` at entry `j` before the division by `T`: the
+    /// coefficient errors times the computed `p^_j <= p_hi + p_dev`, the
+    /// target's `delta_t`, and on allowed entries `delta_u` plus the
+    /// roundings `u` takes part in (`gamma_3 (|u^| + W_hi p^_j)`, `W_hi`
+    /// the row's total weight bound `g_sum`); `|u^|` (0 elsewhere) joins
+    /// the element's magnitude.
+    pub(crate) fn extra(
+        &self,
+        l: &LossGradCotangents<'_>,
+        j: usize,
+        token: Option<usize>,
+        p_comp: Hi,
+        g_sum: Hi,
+    ) -> (Hi, Hi) {
+        let mut e = self.delta_c * p_comp;
+        if token == Some(j) {
+            e = e + self.delta_t;
+        }
+        if Self::allowed(l, j) {
+            e = e + self.delta_u + self.g3 * (self.u_hi + g_sum * p_comp);
+            (e, self.u_hi)
+        } else {
+            (e, Hi::ZERO)
+        }
+    }
+}
+
+/// `gamma_n = n u / (1 - n u)` upward.
+fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
+    let nu = n as f64 * u;
+    if nu.is_nan() || nu >= 1.0 {
+        return Err(NoBound::GammaUndefined { n, u });
+    }
+    Ok(Hi(nu) / (Lo(1.0) - Hi(nu)))
+}
