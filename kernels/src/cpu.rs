@@ -377,6 +377,7 @@ impl CpuKernel {
         // Only the loss: no entropy, lse, z-loss or top-k work.
         let mut only = *problem;
         only.topk_ids = None;
+        only.options.topk_kl = None;
         only.options.entropy = None;
         only.options.lse = false;
         only.options.z_loss_coef = None;

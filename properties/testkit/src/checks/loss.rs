@@ -20,6 +20,7 @@ use super::*;
 pub fn loss_problem(data: &ProblemData) -> Problem<'_> {
     let mut p = data.problem();
     p.topk_ids = None;
+    p.options.topk_kl = None;
     p.options.entropy = None;
     p.options.lse = false;
     p.options.z_loss_coef = None;

@@ -31,6 +31,9 @@
 //! | `chunked-mean-times-chunks` | [`ChunkedMeanTimesChunks`] | chunked | `loss` under `mean` with more than one chunk: multiplied by the chunk count (NVIDIA-NeMo/Automodel #3803) |
 //! | `all-ignored-mean-nan` | [`AllIgnoredMeanNan`] | fused | `loss` under `mean` with every row ignored (or of weight 0) and `mean_all_ignored = zero`: `0 / 0 = NaN` (linkedin/Liger-Kernel #177) |
 //! | `softcap-grad-missing-tanh` | [`SoftcapGradMissingTanh`] | fused | backward with a softcap: the gradient with respect to `x' = c tanh(x / c)`, without `1 - tanh^2` (unsloth-zoo PR #593's kind) |
+//! | `kl-teacher-prob-as-log-prob` | [`TeacherProbAsLogProb`] | fused | `forward_kl`: the teacher's `a_k` taken as its probability instead of `e^{a_k}` (issue 18) |
+//! | `kl-renormalization-skipped` | [`KlRenormalizationSkipped`] | fused | `kl_renormalized = true`: the student not renormalised over the K ids |
+//! | `kl-ids-shard-local` | [`KlIdsShardLocal`] | fused | `forward_kl` / `reverse_kl` rows with an id in the vocabulary's second half: the student's log-prob gathered at the shard-local id (TP offset not added) |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -54,6 +57,7 @@ mod rewired;
 mod softcap;
 #[cfg(test)]
 mod tests;
+mod topk_kl;
 mod tp;
 mod values;
 
@@ -64,6 +68,7 @@ pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
 pub use softcap::SoftcapGradMissingTanh;
+pub use topk_kl::{KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb};
 pub use tp::TpVocabOffset;
 pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
 
@@ -459,6 +464,9 @@ pub static CATALOG: &[Entry] = &[
     entry!(ChunkedMeanTimesChunks, Chunked, memory: true),
     entry!(AllIgnoredMeanNan, Fused, memory: true),
     entry!(SoftcapGradMissingTanh, Fused, memory: false),
+    entry!(TeacherProbAsLogProb, Fused, memory: false),
+    entry!(KlRenormalizationSkipped, Fused, memory: true),
+    entry!(KlIdsShardLocal, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).
