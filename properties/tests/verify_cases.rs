@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 21, "{paths:?}");
+    assert_eq!(paths.len(), 23, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -46,7 +46,7 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         );
     }
     assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
-    assert_eq!(exit_status(&outcomes, None), 1, "six dumps fail");
+    assert_eq!(exit_status(&outcomes, None), 1, "eight dumps fail");
 
     let reports: Vec<&FileReport> = outcomes
         .iter()
@@ -56,6 +56,15 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         })
         .collect();
     let by = |name: &str| *reports.iter().find(|r| r.name == name).unwrap();
+
+    // The top-k KL (issue 18): verl-style fp32 math passes on both terms;
+    // the teacher's probabilities taken as a_k fail forward_kl.
+    let r = by("topk_forward_kl_verl_bf16");
+    for name in ["forward_kl", "reverse_kl"] {
+        assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
+    let r = by("topk_forward_kl_teacher_prob_as_log_prob");
+    assert_eq!(output(r, "forward_kl").verdict, ReportVerdict::Fail);
 
     // Each failing dump fails on the output its bug is in, and only there.
     let r = by("neg_inf_logits_naive_entropy");
@@ -163,8 +172,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the nineteen small dumps (ten pass, two are SUSPECT, the
-/// seven bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the twenty-one small dumps (eleven pass, two are SUSPECT,
+/// the eight bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -173,7 +182,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 19);
+    assert_eq!(small.len(), 21);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
