@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
 use logprobe_reference::spec::{
-    Columns, Dtype, EntropyLogits, Reduction, SoftcapDtype, TemperatureDtype,
+    Columns, Dtype, EntropyLogits, Output, Reduction, SoftcapDtype, TemperatureDtype,
 };
 use logprobe_testkit::checks::{asked, loss_problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
@@ -77,6 +77,7 @@ pub fn dump_bytes(
             DumpTensor::i64s(&[r, c], &ids.iter().copied().collect::<Vec<_>>()),
         ));
     }
+    let mut meta_kl = None;
     let f32s1 = |a: &ndarray::Array1<f64>| DumpTensor::floats(Dtype::F32, &[a.len()], &a.to_vec());
     match finding.call {
         Call::Backward(_) | Call::InPlace => {
@@ -162,6 +163,23 @@ pub fn dump_bytes(
                     };
                     t.push((o.name(), DumpTensor::floats(out, &shape, &values)));
                 }
+                // The top-k KL's teacher, in the dtype it was drawn in.
+                if let (Some(kl), Some(a)) = (p.options.topk_kl, p.teacher_topk_log_probs) {
+                    if fo.values.contains(Output::ForwardKl)
+                        || fo.values.contains(Output::ReverseKl)
+                    {
+                        let (r, c) = a.dim();
+                        t.push((
+                            "teacher_topk_log_probs",
+                            DumpTensor::floats(
+                                kl.teacher_dtype,
+                                &[r, c],
+                                &a.iter().copied().collect::<Vec<_>>(),
+                            ),
+                        ));
+                        meta_kl = Some(kl.renormalized);
+                    }
+                }
             }
         }
     }
@@ -188,6 +206,9 @@ pub fn dump_bytes(
     }
     if let Some(c) = o.z_loss_coef {
         meta.push(("z_loss_coef", num(c)));
+    }
+    if let Some(r) = meta_kl {
+        meta.push(("kl_renormalized", r.to_string()));
     }
     if let Some(c) = o.softcap {
         meta.push(("softcap", num(c)));
