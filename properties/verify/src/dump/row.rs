@@ -108,6 +108,11 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
         },
         NoFiniteLogit { tensor, which, .. } => NoFiniteLogit { tensor, row, which },
         BadLossWeight { value, .. } => BadLossWeight { row, value },
+        BadTeacherLogProb { k, value, .. } => BadTeacherLogProb { row, k, value },
+        TeacherMassAboveOne { lower, .. } => TeacherMassAboveOne { row, lower },
+        TopkIdDuplicate { k, id, .. } => TopkIdDuplicate { row, k, id },
+        TopkIdMasked { k, id, .. } => TopkIdMasked { row, k, id },
+        KlNoStudentMass { .. } => KlNoStudentMass { row },
         NonFiniteCotangent {
             tensor,
             index,
