@@ -166,4 +166,11 @@ pub enum SpecError {
         /// The offending value.
         value: f64,
     },
+    /// The divisor of a `mean` loss (the counted rows' `loss_weights`
+    /// summed) is beyond the largest f64.
+    #[error("the mean loss's divisor (the counted rows' loss_weights summed over {rows} rows) overflows f64")]
+    LossDivisorOverflow {
+        /// Rows summed when it overflowed.
+        rows: usize,
+    },
 }

@@ -50,6 +50,9 @@ def verify(
     z_loss: Optional[TensorLike] = None,
     loss: Optional[TensorLike] = None,
     loss_weights: Optional[TensorLike] = None,
+    grad_lse: Optional[TensorLike] = None,
+    grad_z_loss: Optional[TensorLike] = None,
+    grad_loss: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
