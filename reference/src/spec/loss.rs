@@ -5,7 +5,11 @@
 //! Row loss over the real vocabulary (`j < vocab_size`, allowed by
 //! `sampling_mask`), `A` those entries, `t` the target:
 //! `l = (1 - eps) * (-log p_t) + eps * mean_{j in A} (-log p_j)`; a `-inf`
-//! logit in `A` makes `l = +inf` when `eps > 0` (PyTorch's value). `r` =
+//! logit in `A` makes `l = +inf` when `eps > 0` (PyTorch's value), while
+//! its gradient stays finite: `dl/dz_j = (1 - eps)(p_j - [j = t]) + eps
+//! (p_j - 1 / |A|)` with `p_j = 0` there, `-eps / |A|` at the `-inf` entry
+//! (what PyTorch's autograd gives; `fixtures/torch/
+//! cross_entropy_neg_inf_smoothing_grad`). `r` =
 //! rows whose token is not `ignore_index`; `w` the optional `loss_weights`:
 //! - `none`: `[N]`, `w_r * l_r` on `r`, exactly 0 elsewhere;
 //! - `sum`: `sum_{r} w_r * l_r` (a scalar);

@@ -419,12 +419,13 @@ pub struct Cotangents<'a> {
 }
 
 impl<'a> Cotangents<'a> {
-    /// The cotangents of rows `rows` of an `[N, ..]` problem (`n` = `N`):
-    /// every per-row tensor sliced; `grad_loss` sliced when it is `[N]`
-    /// (`none`), kept when it is the scalar's `[1]` (right for `sum`; a
-    /// `mean`'s row slice divides by its own rows' `W` unless
+    /// The cotangents of rows `rows` of an `[N, ..]` problem whose loss
+    /// has `reduction` ([`Reduction::None`] without a loss): every per-row
+    /// tensor sliced; `grad_loss` sliced under `none` (`[N]`), kept under
+    /// `sum` / `mean` (the scalar's `[1]`: right for `sum`; a `mean`'s row
+    /// slice divides by its own rows' `W` unless
     /// [`Cotangents::loss_divisor`] holds the whole problem's, kept here).
-    pub fn slice_rows(&self, rows: std::ops::Range<usize>, n: usize) -> Cotangents<'a> {
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>, reduction: Reduction) -> Cotangents<'a> {
         let one =
             |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
         Cotangents {
@@ -435,9 +436,9 @@ impl<'a> Cotangents<'a> {
                 .map(|g| g.slice_move(ndarray::s![rows.clone(), ..])),
             grad_lse: one(self.grad_lse),
             grad_z_loss: one(self.grad_z_loss),
-            grad_loss: match self.grad_loss {
-                Some(g) if g.len() == n && n != 1 => one(Some(g)),
-                g => g,
+            grad_loss: match reduction {
+                Reduction::None => one(self.grad_loss),
+                Reduction::Sum | Reduction::Mean => self.grad_loss,
             },
             loss_divisor: self.loss_divisor,
         }

@@ -3,7 +3,7 @@
 use ndarray::{s, Array2, Axis};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
-use logprobe_reference::spec::{Dtype, MeanDivisor, Output};
+use logprobe_reference::spec::{Dtype, MeanDivisor, Output, Reduction};
 
 use crate::strategies::{CotangentData, ProblemData};
 
@@ -124,7 +124,8 @@ pub fn check_row_slicing(
             .and_then(|t| MeanDivisor::new(t).ok());
         cv.loss_divisor = divisor.as_ref();
         if let Ok(w) = kernel.backward(&p, &cv, Dtype::F32) {
-            let cpart = |r: std::ops::Range<usize>| cv.slice_rows(r, n);
+            let reduction = p.options.loss.map_or(Reduction::None, |l| l.reduction);
+            let cpart = |r: std::ops::Range<usize>| cv.slice_rows(r, reduction);
             let (t, b) = (
                 kernel.backward(&top, &cpart(0..cut), Dtype::F32),
                 kernel.backward(&bottom, &cpart(cut..n), Dtype::F32),

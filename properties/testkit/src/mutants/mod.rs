@@ -31,6 +31,9 @@
 //! | `chunked-mean-times-chunks` | [`ChunkedMeanTimesChunks`] | chunked | `loss` under `mean` with more than one chunk: multiplied by the chunk count (NVIDIA-NeMo/Automodel #3803) |
 //! | `all-ignored-mean-nan` | [`AllIgnoredMeanNan`] | fused | `loss` under `mean` with every row ignored (or of weight 0) and `mean_all_ignored = zero`: `0 / 0 = NaN` (linkedin/Liger-Kernel #177) |
 //! | `softcap-grad-missing-tanh` | [`SoftcapGradMissingTanh`] | fused | backward with a softcap: the gradient with respect to `x' = c tanh(x / c)`, without `1 - tanh^2` (unsloth-zoo PR #593's kind) |
+//! | `z-loss-grad-missing-2` | [`ZLossGradMissingTwo`] | fused | backward with a nonzero `grad_z_loss` and `z_loss_coef > 0`: `d(coef lse^2)` taken as `coef lse p_j` (the factor 2 lost) |
+//! | `mean-grad-over-n` | [`MeanGradOverN`] | fused | backward with `grad_loss` under `mean` and `W != N`: the gradient divided by `N` rows instead of the counted weight `W` |
+//! | `smoothing-grad-on-ignored` | [`SmoothingGradOnIgnored`] | fused | backward with `grad_loss`, `label_smoothing > 0` and an ignored row: the row's smoothing term differentiated (pytorch/pytorch #73205's gradient side) |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -49,6 +52,7 @@ use logprobe_reference::spec::{
 mod backward;
 mod chunks;
 mod loss;
+mod loss_grad;
 mod options;
 mod rewired;
 mod softcap;
@@ -60,6 +64,7 @@ mod values;
 pub use backward::{GradOutput0Broadcast, InPlaceCorruption};
 pub use chunks::{ChunkDependentOrder, DroppedChunkRemainder, IgnoredChunkSize};
 pub use loss::{AllIgnoredMeanNan, ChunkedMeanTimesChunks, LabelSmoothingCountsIgnored};
+pub use loss_grad::{MeanGradOverN, SmoothingGradOnIgnored, ZLossGradMissingTwo};
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
@@ -459,6 +464,9 @@ pub static CATALOG: &[Entry] = &[
     entry!(ChunkedMeanTimesChunks, Chunked, memory: true),
     entry!(AllIgnoredMeanNan, Fused, memory: true),
     entry!(SoftcapGradMissingTanh, Fused, memory: false),
+    entry!(ZLossGradMissingTwo, Fused, memory: false),
+    entry!(MeanGradOverN, Fused, memory: false),
+    entry!(SmoothingGradOnIgnored, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).
