@@ -1006,6 +1006,7 @@ pub(crate) fn backward_in_place(
         tokens,
         sampling_mask,
         topk_ids,
+        teacher_topk_log_probs,
         options,
         loss_weights,
     } = problem;
@@ -1018,6 +1019,7 @@ pub(crate) fn backward_in_place(
                     tokens,
                     sampling_mask,
                     topk_ids,
+                    teacher_topk_log_probs,
                     options,
                     loss_weights,
                 };

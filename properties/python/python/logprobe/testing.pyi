@@ -32,6 +32,9 @@ def assert_verified(
     grad_lse: Optional[TensorLike] = None,
     grad_z_loss: Optional[TensorLike] = None,
     grad_loss: Optional[TensorLike] = None,
+    teacher_topk_log_probs: Optional[TensorLike] = None,
+    forward_kl: Optional[TensorLike] = None,
+    reverse_kl: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -47,6 +50,7 @@ def assert_verified(
     mean_all_ignored: Optional[MetaValue] = None,
     softcap: Optional[MetaValue] = None,
     softcap_dtype: Optional[MetaValue] = None,
+    kl_renormalized: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

@@ -14,7 +14,9 @@ use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
 mod screen;
+mod topk_kl;
 pub use screen::GradScreen;
+pub use topk_kl::KlTarget;
 
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
@@ -678,6 +680,9 @@ impl<'a> RowBounds<'a> {
             Output::Lse => self.lse(out),
             Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
             Output::Loss => self.loss(targets, out),
+            Output::ForwardKl | Output::ReverseKl => {
+                self.topk_kl(output, &targets.topk_ids, targets.topk_kl.as_ref(), out)
+            }
         }
     }
 
