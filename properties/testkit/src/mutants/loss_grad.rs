@@ -185,6 +185,7 @@ impl PlantedBug for SmoothingGradOnIgnored {
             return Ok(correct);
         }
         let mut options = p.options;
+        options.topk_kl = None;
         options.loss = Some(LossOptions {
             label_smoothing: 1.0,
             ..lo
@@ -200,6 +201,7 @@ impl PlantedBug for SmoothingGradOnIgnored {
                 tokens: Some(live_tokens.view()),
                 sampling_mask: p.sampling_mask.as_ref().map(|m| m.view()),
                 topk_ids: None,
+                teacher_topk_log_probs: None,
                 loss_weights: Some(weights.view()),
                 options,
             };
