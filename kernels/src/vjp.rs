@@ -739,6 +739,11 @@ fn params<A: Acc>(
         let divisor = (ce.reduction == Reduction::Mean)
             .then(|| {
                 let counted = |r: usize| problem.has_target(r);
+                // The whole problem's `W` when these rows are a view of it.
+                if let Some(d) = cot.loss_divisor {
+                    let parts = d.parts();
+                    return pairwise_sum(0..parts.len(), &|i| A::from_f64(parts[i]));
+                }
                 match ce.loss_weights {
                     Some(_) => pairwise_sum(0..shape.n, &|r| {
                         if counted(r) {

@@ -46,6 +46,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
             log_probs: true,
             entropy: true,
             topk: true,
+            loss: false,
         }
         .expand(&data);
         let (p, c) = (data.problem(), cot.view());
@@ -73,6 +74,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         log_probs: true,
         entropy: true,
         topk: false,
+        loss: false,
     }
     .expand(&data);
     for (k, chunk) in budgeted(&[8]) {

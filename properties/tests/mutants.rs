@@ -153,6 +153,7 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         log_probs: true,
         entropy: true,
         topk: false,
+        loss: false,
     }
     .expand(&data);
     CpuKernel::fused()

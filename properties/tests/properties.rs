@@ -206,6 +206,7 @@ fn zero_chunk_size_is_a_typed_error() {
         log_probs: true,
         entropy: false,
         topk: false,
+        loss: false,
     }
     .expand(&data);
     let k = CpuKernel::chunked(0);
@@ -287,6 +288,7 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
         log_probs: false,
         entropy,
         topk: true,
+        loss: false,
     };
     let kernels = cpu_kernels();
     let all_ok = |name: &str, verdicts: Vec<logprobe_testkit::checks::KernelOutcome>| {
@@ -372,6 +374,7 @@ fn once_persisted_shrunk_cases_pass() {
         log_probs: false,
         entropy: false,
         topk: false,
+        loss: false,
     };
     let acc = TemperatureDtype::Accumulation;
     let llm0 = RowKind::LlmLike { entropy: 0.0 };

@@ -423,3 +423,44 @@ fn loss_side_cotangents_are_validated() {
         "{e:?}"
     );
 }
+
+/// A `-inf` logit among the allowed entries under label smoothing: the
+/// row's loss is `+inf`, its gradient the finite formula (`-eps / |A|` at
+/// the `-inf` entry), PyTorch's autograd values for
+/// `F.cross_entropy([[1, 2, -inf, 0.5]], [1], label_smoothing=0.1)`
+/// (torch 2.15: `[0.2062, -0.2965, -0.0250, 0.1152]`, printed to 4 digits).
+#[test]
+fn neg_inf_logit_under_smoothing_gives_autograd_gradient() {
+    let x = array![[1.0f32, 2.0, f32::NEG_INFINITY, 0.5]];
+    let tokens = array![1i64];
+    let g = array![1.0];
+    let mut p = Problem::new(Logits::F32(x.view()));
+    p.tokens = Some(tokens.view());
+    p.options.entropy = None;
+    p.options.loss = Some(LossOptions {
+        reduction: Reduction::Mean,
+        label_smoothing: 0.1,
+        mean_all_ignored: MeanAllIgnored::Nan,
+    });
+    let cot = Cotangents {
+        grad_loss: Some(g.view()),
+        ..Default::default()
+    };
+    let o = Oracle::default();
+    let ce = p.cross_entropy().unwrap();
+    assert_eq!(
+        o.cross_entropy(&p, &ce, Dtype::F32).unwrap().values[0].rounded,
+        f64::INFINITY
+    );
+    let dx = o.vjp(&p, &cot, Dtype::F32).unwrap();
+    let torch = [0.2062, -0.2965, -0.0250, 0.1152];
+    for (j, t) in torch.iter().enumerate() {
+        let v = dx[[0, j]].rounded;
+        assert!((v - t).abs() < 6e-5, "[{j}]: {v} vs autograd {t}");
+    }
+    // Exactly `-eps / |A|` (eps as f32) at the `-inf` entry.
+    assert_eq!(
+        dx[[0, 2]].rounded,
+        Dtype::F32.round_f64(-(0.1f32 as f64) / 4.0)
+    );
+}

@@ -24,7 +24,8 @@ def test_keywords_are_the_table_names():
     assert "log_probs" in logprobe.TENSOR_KEYWORDS and "temperature" in logprobe.METADATA_KEYWORDS
     assert "lse" in logprobe.TENSOR_KEYWORDS and "z_loss_coef" in logprobe.METADATA_KEYWORDS
     assert "loss" in logprobe.TENSOR_KEYWORDS and "reduction" in logprobe.METADATA_KEYWORDS
-    assert "grad_loss" not in logprobe.TENSOR_KEYWORDS  # reserved, not built
+    assert "grad_loss" in logprobe.TENSOR_KEYWORDS and "grad_lse" in logprobe.TENSOR_KEYWORDS
+    assert "loss_normalizer" not in logprobe.METADATA_KEYWORDS  # reserved, not built
     assert "format_version" not in logprobe.METADATA_KEYWORDS  # set by verify
 
 

@@ -95,12 +95,45 @@ pub fn dump_bytes(
                     DumpTensor::floats(Dtype::F32, &[r, c], &g.iter().copied().collect::<Vec<_>>()),
                 ));
             }
+            // The loss side's, as asked of this kernel (a reduced loss's
+            // cotangent stored `[]`), with the loss's weights.
+            if let (Some(g), true) = (&cot.grad_lse, p.options.lse) {
+                t.push(("grad_lse", f32s1(g)));
+            }
+            if let (Some(g), Some(_)) = (&cot.grad_z_loss, p.options.z_loss_coef) {
+                t.push(("grad_z_loss", f32s1(g)));
+            }
+            if let (Some(g), Some(l)) = (&cot.grad_loss, p.options.loss) {
+                let shape: Vec<usize> = match l.reduction {
+                    Reduction::None => vec![g.len()],
+                    Reduction::Sum | Reduction::Mean => vec![],
+                };
+                t.push((
+                    "grad_loss",
+                    DumpTensor::floats(Dtype::F32, &shape, &g.to_vec()),
+                ));
+                if let Some(w) = p.loss_weights {
+                    t.push((
+                        "loss_weights",
+                        DumpTensor::floats(Dtype::F64, &[w.len()], &w.to_vec()),
+                    ));
+                }
+            }
             let mut cv = cot.view();
             if p.options.entropy.is_none() {
                 cv.grad_entropy = None;
             }
             if p.topk_ids.is_none() {
                 cv.grad_topk_log_probs = None;
+            }
+            if !p.options.lse {
+                cv.grad_lse = None;
+            }
+            if p.options.z_loss_coef.is_none() {
+                cv.grad_z_loss = None;
+            }
+            if p.options.loss.is_none() {
+                cv.grad_loss = None;
             }
             let (grad, out) = if finding.call == Call::InPlace {
                 let mut copy = data.logits.clone();
@@ -220,7 +253,10 @@ pub fn dump_bytes(
             },
         ));
     }
-    if matches!(finding.call, Call::Loss(_)) {
+    let loss_grad = matches!(finding.call, Call::Backward(_) | Call::InPlace)
+        && p.options.loss.is_some()
+        && e.cot.grad_loss.is_some();
+    if matches!(finding.call, Call::Loss(_)) || loss_grad {
         let l = &e.loss;
         meta.push(("reduction", l.reduction.name().into()));
         meta.push(("label_smoothing", num(l.label_smoothing)));

@@ -202,10 +202,11 @@ fn check_chunks(
     families: &[KernelFamily],
 ) -> Vec<KernelOutcome> {
     let (r, cr, seed) = c;
-    let data = r.expand();
-    let cot = cr.expand(&data);
+    let mut data = r.expand();
     let sizes = chunk_sizes(r.n, *seed);
     let loss = LossRecipe::from_seed(*seed).expand(r.n);
+    cr.ask(&mut data, &loss);
+    let cot = cr.expand(&data);
     let cut = (*seed as usize) % (r.n + 1);
     families
         .iter()
@@ -293,9 +294,11 @@ fn check_loss(c: &LossCase, kernels: &[Box<dyn Kernel>]) -> Vec<KernelOutcome> {
         .collect()
 }
 
-/// Property 3: gradients (log-prob, entropy and top-k cotangents) against
-/// the oracle's VJP with the per-element bound; backward into a new buffer
-/// and in place.
+/// Property 3: gradients (log-prob, entropy and top-k cotangents, and half
+/// the time the loss side's: `grad_lse`, `grad_z_loss`, `grad_loss` under
+/// a [`LossRecipe::from_seed`] loss, [`CotangentRecipe::ask`]) against the
+/// oracle's VJP with the per-element bound (T14, T19); backward into a new
+/// buffer and in place.
 pub fn gradients() -> Property<(ProblemRecipe, CotangentRecipe), [Box<dyn Kernel>]> {
     Property {
         name: "gradients_match_oracle_vjp",
@@ -319,9 +322,10 @@ fn check_gradients(
     kernels: &[Box<dyn Kernel>],
 ) -> Vec<KernelOutcome> {
     let (r, cr) = c;
-    let data = r.expand();
+    let mut data = r.expand();
+    cr.ask(&mut data, &LossRecipe::from_seed(cr.seed).expand(r.n));
     let cot = cr.expand(&data);
-    let key = format!("{r:?}");
+    let key = format!("{r:?}{}", cr.ask_key());
     let oc = oracle_case(&key, &data);
     let vkey = format!("{r:?}{cr:?}");
     let out = acc_out(r.dtype);
@@ -374,9 +378,10 @@ fn check_half(
     kernels: &[Box<dyn Kernel>],
 ) -> Vec<KernelOutcome> {
     let (r, cr) = c;
-    let data = r.expand();
+    let mut data = r.expand();
+    cr.ask(&mut data, &LossRecipe::from_seed(cr.seed).expand(r.n));
     let cot = cr.expand(&data);
-    let oc = oracle_case(&format!("{r:?}"), &data);
+    let oc = oracle_case(&format!("{r:?}{}", cr.ask_key()), &data);
     let vkey = format!("{r:?}{cr:?}");
     kernels
         .iter()

@@ -107,6 +107,9 @@ pub const NAMES: &[Name] = &[
     t("loss_weights", 2, true),
     m("softcap", 2, true),
     m("softcap_dtype", 2, true),
+    t("grad_lse", 2, true),
+    t("grad_z_loss", 2, true),
+    t("grad_loss", 2, true),
     // Version 2: reserved, not built yet.
     m("z_loss_rows", 2, false),
     m("loss_normalizer", 2, false),
@@ -125,9 +128,6 @@ pub const NAMES: &[Name] = &[
     m("kl_input_clamp", 2, false),
     m("kl_output_clamp", 2, false),
     m("ratio_log_clamp", 2, false),
-    t("grad_lse", 2, false),
-    t("grad_z_loss", 2, false),
-    t("grad_loss", 2, false),
     t("grad_forward_kl", 2, false),
     t("grad_reverse_kl", 2, false),
     t("grad_kl_k1", 2, false),
@@ -280,10 +280,11 @@ mod tests {
             check_name("loss", Kind::Tensor, 1, NAMES),
             Err(NameError::NeedsVersion2 { .. })
         ));
+        assert!(check_name("grad_loss", Kind::Tensor, 2, NAMES).is_ok());
         assert!(matches!(
-            check_name("grad_loss", Kind::Tensor, 2, NAMES),
+            check_name("loss_normalizer", Kind::Meta, 2, NAMES),
             Err(NameError::NotSupported {
-                name: "grad_loss",
+                name: "loss_normalizer",
                 ..
             })
         ));

@@ -137,11 +137,21 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         cotangents: &Cotangents<'_>,
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
-        let Some(fast) = &self.fast else {
-            let (g, fb) = self.oracle.vjp_counted(self.problem, cotangents, target)?;
-            self.fallback.outputs += fb.outputs;
-            self.fallback.outputs_mpfr += fb.outputs_mpfr;
-            return Ok(g);
+        // The f64 tier has no loss-side terms (`grad_lse`, `grad_z_loss`,
+        // `grad_loss`): such rows take [`Oracle::vjp`] (which itself keeps
+        // the f64 tier for a row whose loss-side cotangents are all 0).
+        let loss_side = cotangents.grad_lse.is_some()
+            || cotangents.grad_z_loss.is_some()
+            || cotangents.grad_loss.is_some();
+        let fast = match &self.fast {
+            Some(fast) if !loss_side => fast,
+            _ => {
+                let (g, fb) = self.oracle.vjp_counted(self.problem, cotangents, target)?;
+                self.fallback.outputs += fb.outputs;
+                self.fallback.outputs_mpfr += fb.outputs_mpfr;
+                self.mpfr_ran |= fb.rows_mpfr > 0;
+                return Ok(g);
+            }
         };
         let shape = self.problem.validate_shapes()?;
         self.problem.validate_cotangents(&shape, cotangents)?;

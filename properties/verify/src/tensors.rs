@@ -161,8 +161,9 @@ mod tests {
         assert_eq!(tensors[0], "logits");
         assert!(tensors.contains(&"row_mask") && tensors.contains(&"lse"));
         assert!(tensors.contains(&"loss") && tensors.contains(&"loss_weights"));
-        assert!(!tensors.contains(&"grad_loss"), "reserved, not built");
+        assert!(tensors.contains(&"grad_loss") && tensors.contains(&"grad_z_loss"));
         let meta: Vec<_> = keyword_names(Kind::Meta).collect();
+        assert!(!meta.contains(&"loss_normalizer"), "reserved, not built");
         assert!(meta.contains(&"temperature") && meta.contains(&"chunk_size"));
         assert!(!meta.contains(&"format_version") && !meta.contains(&"fuzz_seed"));
     }

@@ -331,6 +331,13 @@ fn an_f64_reduced_loss_is_decided_row_by_row() {
                 assert_eq!(l.max_abs_error.to_bits(), exact.error(value).to_bits());
             }
             assert!(r.fallback.outputs_mpfr > 0, "f64: MPFR decided");
+            // Every output MPFR decided is one of the outputs counted (the
+            // report once said "14 of 12 oracle outputs").
+            assert!(
+                r.fallback.outputs_mpfr <= r.fallback.outputs,
+                "{:?}",
+                r.fallback
+            );
         }
     }
 }
@@ -451,11 +458,76 @@ fn bad_loss_input_is_typed() {
         err(base(&[], f(&vn, &[N]), vec![])),
         DumpError::Name(NameError::NeedsVersion2 { name: "loss", .. })
     ));
+    // `grad_loss` is built: `[N]` under `none` (a wrong shape is a typed
+    // error, `tests/verify_loss_grad.rs`); a name reserved but not built
+    // is still refused as such.
+    assert!(Dump::parse(&base(
+        &[v2],
+        f(&vn, &[N]),
+        vec![("grad_loss", f(&vn, &[N]))]
+    ))
+    .is_ok());
     assert!(matches!(
-        err(base(&[v2], f(&vn, &[N]), vec![("grad_loss", f(&vn, &[N]))])),
+        err(base(&[v2, ("loss_normalizer", "2")], f(&vn, &[N]), vec![])),
         DumpError::Name(NameError::NotSupported {
-            name: "grad_loss",
+            name: "loss_normalizer",
             ..
         })
     ));
+}
+
+/// The fallback counts of an f64 dump whose `z_loss` the f64 tier cannot
+/// decide in f64: every output MPFR decided is one of the outputs counted
+/// (the report once printed "14 of 12 oracle outputs": the loss side's
+/// derived outputs were counted when MPFR decided them, never as outputs).
+#[test]
+fn fallback_counts_include_the_derived_loss_outputs() {
+    let (n, v) = (3, 50);
+    let x = Array2::from_shape_fn((n, v), |(r, j)| {
+        ((r * 31 + j * 7) as f64 * 0.37).sin() * 3.0
+    });
+    let mut p = Problem::new(Logits::F64(x.view()));
+    p.options.lse = true;
+    p.options.z_loss_coef = Some(1e-4);
+    let exact = Oracle::default().forward(&p, Dtype::F64).unwrap();
+    let col = |o: logprobe_reference::spec::Output| -> Vec<f64> {
+        exact.values[o]
+            .column(0)
+            .iter()
+            .map(|e| e.rounded)
+            .collect()
+    };
+    let bytes = serialize_dump(
+        &[
+            (
+                "logits",
+                DumpTensor::floats(Dtype::F64, &[n, v], x.as_slice().unwrap()),
+            ),
+            (
+                "lse",
+                DumpTensor::floats(
+                    Dtype::F64,
+                    &[n],
+                    &col(logprobe_reference::spec::Output::Lse),
+                ),
+            ),
+            (
+                "z_loss",
+                DumpTensor::floats(
+                    Dtype::F64,
+                    &[n],
+                    &col(logprobe_reference::spec::Output::ZLoss),
+                ),
+            ),
+        ],
+        &[("format_version", "2"), ("z_loss_coef", "1e-4")],
+    )
+    .unwrap();
+    let r = verify(&bytes).unwrap();
+    assert_eq!(r.verdict, ReportVerdict::Pass, "{}", render_table(&r));
+    let fb = &r.fallback;
+    assert!(fb.outputs_mpfr > 0, "the f64 z_loss needs MPFR: {fb:?}");
+    assert!(fb.outputs_mpfr <= fb.outputs, "{fb:?}");
+    // Per row: the statistics, `lse` and the derived `z_loss`.
+    assert_eq!(fb.outputs, 3 * n as u64, "{fb:?}");
 }

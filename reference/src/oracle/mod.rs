@@ -353,9 +353,11 @@ impl Oracle {
         };
         let lse = ff.lse;
         let values = fast_values(problem, fast, ff, target);
-        // The loss side's values derived here (z_loss, loss) may be
-        // undecided where the f64 tier's own outputs are not.
-        let derived = [
+        // The loss side's values derived here (z_loss, loss, the top-k
+        // KLs) are outputs beyond `ff`'s counts, and may be undecided where
+        // the f64 tier's own outputs are not.
+        let (mut derived, mut derived_outputs) = (0, 0);
+        for v in [
             Output::ZLoss,
             Output::Loss,
             Output::ForwardKl,
@@ -363,8 +365,11 @@ impl Oracle {
         ]
         .into_iter()
         .filter_map(|o| values.get(o))
-        .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
-        .sum::<u64>();
+        {
+            derived_outputs += v.len() as u64;
+            derived += v.iter().filter(|e| e.is_none()).count() as u64;
+        }
+        fb.outputs += derived_outputs;
         fb.outputs_mpfr += derived;
         if undecided + derived == 0 {
             let rf = RowForward {
@@ -506,12 +511,15 @@ impl Oracle {
             Some(ce) => ce.effective_label_smoothing(acc)?,
             None => 0.0,
         };
-        // The mean's divisor `W`, summed exactly (every f64 term fits).
+        // The mean's divisor `W`, summed exactly (every f64 term fits):
+        // the whole problem's when the cotangents carry it (a view of some
+        // of its rows), else this problem's rows'.
         let den = match (cotangents.grad_loss, problem.loss_divisor_terms()) {
             (Some(_), Some(terms)) => {
                 let mut w = rug::Float::new(vjp::EXACT_SUM_PREC);
-                for x in terms {
-                    w += x;
+                match cotangents.loss_divisor {
+                    Some(d) => d.parts().iter().for_each(|&x| w += x),
+                    None => terms.for_each(|x| w += x),
                 }
                 Some(std::sync::Arc::new(w))
             }

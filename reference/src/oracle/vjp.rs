@@ -71,7 +71,9 @@ impl RowCot {
 /// The loss's cotangent of one counted row: `ell = g w` (`/ W` under
 /// `mean`), exact, and the label smoothing over `count` allowed entries.
 /// The row's gradient gains `ell ((1 - eps)(p_j - [j = t]) + eps (p_j -
-/// [j in A] / |A|)) / T` (DESIGN: "Loss side").
+/// [j in A] / |A|)) / T` (DESIGN: "Loss side"); a `-inf` logit in `A`
+/// (`p_j = 0`, the row's loss `+inf` when `eps > 0`) gets the finite
+/// `-ell eps / (|A| T)`, autograd's value (`spec::loss`'s docs).
 #[derive(Debug)]
 pub(crate) struct RowLoss {
     /// The upstream cotangent `g` of the row's term.

@@ -166,6 +166,13 @@ pub enum SpecError {
         /// The offending value.
         value: f64,
     },
+    /// The divisor of a `mean` loss (the counted rows' `loss_weights`
+    /// summed) is beyond the largest f64.
+    #[error("the mean loss's divisor (the counted rows' loss_weights summed over {rows} rows) overflows f64")]
+    LossDivisorOverflow {
+        /// Rows summed when it overflowed.
+        rows: usize,
+    },
     /// A `teacher_topk_log_probs` entry that is not a log-prob: positive,
     /// NaN or `+inf` (`-inf` is a zero-probability entry).
     #[error("teacher_topk_log_probs[{row}, {k}] is {value}: a log-prob is <= 0 and not NaN")]

@@ -5,7 +5,11 @@
 //! Row loss over the real vocabulary (`j < vocab_size`, allowed by
 //! `sampling_mask`), `A` those entries, `t` the target:
 //! `l = (1 - eps) * (-log p_t) + eps * mean_{j in A} (-log p_j)`; a `-inf`
-//! logit in `A` makes `l = +inf` when `eps > 0` (PyTorch's value). `r` =
+//! logit in `A` makes `l = +inf` when `eps > 0` (PyTorch's value), while
+//! its gradient stays finite: `dl/dz_j = (1 - eps)(p_j - [j = t]) + eps
+//! (p_j - 1 / |A|)` with `p_j = 0` there, `-eps / |A|` at the `-inf` entry
+//! (what PyTorch's autograd gives; `fixtures/torch/
+//! cross_entropy_neg_inf_smoothing_grad`). `r` =
 //! rows whose token is not `ignore_index`; `w` the optional `loss_weights`:
 //! - `none`: `[N]`, `w_r * l_r` on `r`, exactly 0 elsewhere;
 //! - `sum`: `sum_{r} w_r * l_r` (a scalar);
@@ -239,6 +243,105 @@ impl CrossEntropy<'_> {
     }
 }
 
+/// The divisor `W` of a `mean` loss, summed once over a whole problem's
+/// rows so that a view of some of them (verify's one-row views,
+/// [`Cotangents::loss_divisor`](super::Cotangents::loss_divisor)) divides
+/// by the whole problem's `W`, not its own rows' (DESIGN: "Loss side":
+/// `W = sum_{r} w_r`, `|r|` without weights).
+///
+/// `W` is held exactly: f64 parts whose exact sum it is (a nonoverlapping
+/// expansion, smallest magnitude first; Shewchuk 1997, "Adaptive precision
+/// floating-point arithmetic", Grow-Expansion), so the oracle's value is
+/// still the correctly rounded one. Usually one part (every sum of weights
+/// that fits in 53 bits).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MeanDivisor {
+    parts: Vec<f64>,
+    rows: usize,
+}
+
+/// `a + b = s + e` exactly (Knuth's TwoSum), `s = fl(a + b)`.
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
+}
+
+impl MeanDivisor {
+    /// `W` of the terms `[N]` (`w_r` on counted rows, 0 elsewhere:
+    /// [`Problem::loss_divisor_terms`](super::Problem::loss_divisor_terms)),
+    /// exact; `rows` = `N`, the number of terms a kernel sums (its
+    /// rounding of `W` is bounded over them, TOLERANCE.md (T19)). O(N)
+    /// (times the parts, at most ~40).
+    ///
+    /// # Errors
+    /// [`SpecError::BadLossWeight`] for a term that is negative or not
+    /// finite (its index as the row); [`SpecError::LossDivisorOverflow`]
+    /// when `W` exceeds the largest f64.
+    pub fn new(terms: impl IntoIterator<Item = f64>) -> Result<MeanDivisor, SpecError> {
+        let mut parts: Vec<f64> = Vec::new();
+        let mut rows = 0;
+        for (row, b) in terms.into_iter().enumerate() {
+            rows += 1;
+            if !(b.is_finite() && b >= 0.0) {
+                return Err(SpecError::BadLossWeight { row, value: b });
+            }
+            if b == 0.0 {
+                continue;
+            }
+            // Grow-Expansion: add b to every part, keep the nonzero errors.
+            let mut q = b;
+            let mut next = Vec::with_capacity(parts.len() + 1);
+            for &e in &parts {
+                let (s, h) = two_sum(q, e);
+                q = s;
+                if h != 0.0 {
+                    next.push(h);
+                }
+            }
+            if !q.is_finite() {
+                return Err(SpecError::LossDivisorOverflow { rows: row + 1 });
+            }
+            next.push(q);
+            parts = next;
+        }
+        Ok(MeanDivisor { parts, rows })
+    }
+
+    /// The parts (f64, smallest magnitude first) whose exact sum is `W`;
+    /// empty when `W = 0`.
+    pub fn parts(&self) -> &[f64] {
+        &self.parts
+    }
+
+    /// `N`: how many rows' terms `W` sums.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether `W = 0` (every row ignored or of weight 0).
+    pub fn is_zero(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// A lower bound of `W` in f64: `W` itself when it is one part (0
+    /// when none), else the parts summed largest first (each partial sum
+    /// of a nonoverlapping expansion is within a factor 2 of `W`, so the
+    /// `m - 1` roundings err by at most `2 (m - 1) u W`) lowered by
+    /// `4 m u` relative.
+    pub fn lower(&self) -> f64 {
+        match self.parts.as_slice() {
+            [] => 0.0,
+            [w] => *w,
+            p => {
+                let s: f64 = p.iter().rev().sum();
+                let m = p.len() as f64;
+                (s * (1.0 - 4.0 * m * f64::EPSILON)).next_down().max(0.0)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +373,29 @@ mod tests {
             Reduction::Sum.check_shape(&[3], 3),
             Err(SpecError::ShapeMismatch { tensor: "loss", .. })
         ));
+    }
+
+    #[test]
+    fn mean_divisor_is_exact_and_checked() {
+        let d = MeanDivisor::new([1.0, 0.0, 3.0]).unwrap();
+        assert_eq!((d.parts(), d.rows(), d.lower()), (&[4.0][..], 3, 4.0));
+        // 2^60 + 1 + 2^-60 needs three parts; their exact sum is kept.
+        let (a, b, c) = (2f64.powi(60), 1.0, 2f64.powi(-60));
+        let d = MeanDivisor::new([a, b, c]).unwrap();
+        assert_eq!(d.parts(), &[c, b, a][..]);
+        assert!(d.lower() <= a && d.lower() > a * (1.0 - 1e-14));
+        assert!(MeanDivisor::new([0.0, 0.0]).unwrap().is_zero());
+        assert_eq!(
+            MeanDivisor::new([1.0, -1.0]),
+            Err(SpecError::BadLossWeight {
+                row: 1,
+                value: -1.0
+            })
+        );
+        assert_eq!(
+            MeanDivisor::new([f64::MAX, f64::MAX]),
+            Err(SpecError::LossDivisorOverflow { rows: 2 })
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod topk_kl;
 pub use algorithm::{ceil_log2, Algorithm, EntropyForm, Shift, Summation};
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
-pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, Reduction};
+pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, MeanDivisor, Reduction};
 pub use output::{Columns, Output, PerOutput};
 pub use problem::{
     Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,

@@ -253,7 +253,8 @@ impl std::fmt::Display for Output {
 
 impl<'a> Cotangents<'a> {
     /// The cotangents held per output (`[N, width]` each, as
-    /// [`Output::cotangent`] gives them back); `grad_logits` is ignored.
+    /// [`Output::cotangent`] gives them back); `grad_logits` is ignored;
+    /// no [`Cotangents::loss_divisor`].
     pub fn from_outputs(per: &'a PerOutput<Array2<f64>>) -> Cotangents<'a> {
         let one = |o: Output| per.get(o).map(|a| a.column(0));
         Cotangents {
@@ -263,6 +264,7 @@ impl<'a> Cotangents<'a> {
             grad_lse: one(Output::Lse),
             grad_z_loss: one(Output::ZLoss),
             grad_loss: one(Output::Loss),
+            loss_divisor: None,
         }
     }
 }

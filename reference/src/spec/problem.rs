@@ -8,7 +8,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
-use super::loss::{CrossEntropy, LossOptions, Reduction};
+use super::loss::{CrossEntropy, LossOptions, MeanDivisor, Reduction};
 use super::topk_kl::{check_teacher_row, first_duplicate, TopkKl};
 
 /// PyTorch's default `ignore_index`.
@@ -429,15 +429,22 @@ pub struct Cotangents<'a> {
     /// Cotangent of the cross-entropy `loss`: `[N]` under `none`, `[1]`
     /// under `sum` / `mean` ([`Problem::loss_cotangent`]).
     pub grad_loss: Option<ArrayView1<'a, f64>>,
+    /// Under `reduction = mean`: the divisor `W` of the whole problem
+    /// these rows are part of (verify's one-row views of a dump), used by
+    /// the VJP instead of the sum of this problem's own
+    /// [`Problem::loss_divisor_terms`]; `None`: this problem is the whole
+    /// one. Ignored under `none` / `sum` and without `grad_loss`.
+    pub loss_divisor: Option<&'a MeanDivisor>,
 }
 
 impl<'a> Cotangents<'a> {
-    /// The cotangents of rows `rows` of an `[N, ..]` problem (`n` = `N`):
-    /// every per-row tensor sliced; `grad_loss` sliced when it is `[N]`
-    /// (`none`), kept when it is the scalar's `[1]` (right for `sum`; a
-    /// `mean`'s row slice has its own divisor, so it is not a slice of
-    /// the whole mean's VJP).
-    pub fn slice_rows(&self, rows: std::ops::Range<usize>, n: usize) -> Cotangents<'a> {
+    /// The cotangents of rows `rows` of an `[N, ..]` problem whose loss
+    /// has `reduction` ([`Reduction::None`] without a loss): every per-row
+    /// tensor sliced; `grad_loss` sliced under `none` (`[N]`), kept under
+    /// `sum` / `mean` (the scalar's `[1]`: right for `sum`; a `mean`'s row
+    /// slice divides by its own rows' `W` unless
+    /// [`Cotangents::loss_divisor`] holds the whole problem's, kept here).
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>, reduction: Reduction) -> Cotangents<'a> {
         let one =
             |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
         Cotangents {
@@ -448,10 +455,11 @@ impl<'a> Cotangents<'a> {
                 .map(|g| g.slice_move(ndarray::s![rows.clone(), ..])),
             grad_lse: one(self.grad_lse),
             grad_z_loss: one(self.grad_z_loss),
-            grad_loss: match self.grad_loss {
-                Some(g) if g.len() == n && n != 1 => one(Some(g)),
-                g => g,
+            grad_loss: match reduction {
+                Reduction::None => one(self.grad_loss),
+                Reduction::Sum | Reduction::Mean => self.grad_loss,
             },
+            loss_divisor: self.loss_divisor,
         }
     }
 
@@ -717,7 +725,8 @@ impl<'a> Problem<'a> {
     /// `grad_loss[0]` under `sum` / `mean`) and `w` its weight
     /// ([`CrossEntropy::weight`](super::CrossEntropy::weight)), so that
     /// `d (cotangent . loss) / d l_row = g w` (`none`, `sum`) or `g w / W`
-    /// (`mean`, `W` the sum of [`Problem::loss_divisor_terms`]); `None` without `grad_loss`
+    /// (`mean`, `W` the sum of [`Problem::loss_divisor_terms`], or
+    /// [`Cotangents::loss_divisor`]); `None` without `grad_loss`
     /// or `options.loss`, on an `ignore_index` row, or when `g w` is 0
     /// (DESIGN: "Loss side": ignored rows and the all-ignored mean get
     /// gradient 0). Call after [`Problem::validate_cotangents`]; `row < N`.

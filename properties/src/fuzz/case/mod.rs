@@ -104,6 +104,7 @@ impl FuzzCase {
                 log_probs: true,
                 entropy: true,
                 topk: true,
+                loss: false,
             },
             loss: LossRecipe::plain(seed),
             chunk: 1,
@@ -131,15 +132,17 @@ impl FuzzCase {
         let layout = ShardLayout::generate(r.seed, self.shards, v_total, r.mask_rate.is_some());
         let masked = layout.masked_shard.map(|k| layout.range(k));
         let mut data = r.expand_with_masked_cols(masked);
-        let mut cot = self.cot.expand(&data);
-        if let Some((b, row, col)) = self.bad {
-            b.apply(&mut data, &mut cot, row, col);
-        }
         let loss = LossRecipe {
             seed: r.seed,
             ..self.loss.clone()
         }
         .expand(r.n);
+        // The loss side's cotangents (`grad=...+loss`) differentiate this loss.
+        self.cot.ask(&mut data, &loss);
+        let mut cot = self.cot.expand(&data);
+        if let Some((b, row, col)) = self.bad {
+            b.apply(&mut data, &mut cot, row, col);
+        }
         Expanded {
             data,
             cot,

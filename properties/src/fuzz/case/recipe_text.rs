@@ -34,6 +34,7 @@ impl FuzzCase {
             (self.cot.log_probs, "lp"),
             (self.cot.entropy, "h"),
             (self.cot.topk, "topk"),
+            (self.cot.loss, "loss"),
         ]
         .iter()
         .filter(|(on, _)| *on)
@@ -402,12 +403,13 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
         }
         "grad" => {
             let parts: Vec<&str> = v.split('+').collect();
-            if v != "none" && parts.iter().any(|p| !["lp", "h", "topk"].contains(p)) {
-                return Err(bad_value(key, v, "none, or lp, h, topk joined by +"));
+            if v != "none" && parts.iter().any(|p| !["lp", "h", "topk", "loss"].contains(p)) {
+                return Err(bad_value(key, v, "none, or lp, h, topk, loss joined by +"));
             }
             c.cot.log_probs = parts.contains(&"lp");
             c.cot.entropy = parts.contains(&"h");
             c.cot.topk = parts.contains(&"topk");
+            c.cot.loss = parts.contains(&"loss");
         }
         "grad_seed" => c.cot.seed = int(key, v)?,
         "bad" => {

@@ -81,6 +81,16 @@ pub(crate) fn cot_for<'c>(
     if data.topk_ids.is_some() && asked.topk_ids.is_none() {
         cv.grad_topk_log_probs = None;
     }
+    // The loss side's, where the kernel is not asked those outputs.
+    if data.options.lse && !asked.options.lse {
+        cv.grad_lse = None;
+    }
+    if data.options.z_loss_coef.is_some() && asked.options.z_loss_coef.is_none() {
+        cv.grad_z_loss = None;
+    }
+    if data.options.loss.is_some() && asked.options.loss.is_none() {
+        cv.grad_loss = None;
+    }
     cv
 }
 

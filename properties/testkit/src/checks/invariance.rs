@@ -3,7 +3,7 @@
 use ndarray::{s, Array2, Axis};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
-use logprobe_reference::spec::{Dtype, Output};
+use logprobe_reference::spec::{Dtype, MeanDivisor, Output, Reduction};
 
 use crate::strategies::{CotangentData, ProblemData};
 
@@ -84,9 +84,10 @@ pub fn check_row_slicing(
         q.tokens = p.tokens.map(|t| t.slice_move(s![r.clone()]));
         q.sampling_mask = p.sampling_mask.map(|m| m.slice_move(s![r.clone(), ..]));
         q.topk_ids = p.topk_ids.map(|k| k.slice_move(s![r.clone(), ..]));
+        q.loss_weights = p.loss_weights.map(|w| w.slice_move(s![r.clone()]));
         q.teacher_topk_log_probs = p
             .teacher_topk_log_probs
-            .map(|a| a.slice_move(s![r.clone(), ..]));
+            .map(|t| t.slice_move(s![r.clone(), ..]));
         q
     };
     let (top, bottom) = (part(0..cut), part(cut..n));
@@ -118,9 +119,16 @@ pub fn check_row_slicing(
         }
     }
     if caps.backward && !cot.is_empty() {
-        let cv = cot_for(data, &p, cot);
+        let mut cv = cot_for(data, &p, cot);
+        // A mean's slices divide by the whole problem's `W`: given to every
+        // call (the whole one too, so that all sum the same parts).
+        let divisor = p
+            .loss_divisor_terms()
+            .and_then(|t| MeanDivisor::new(t).ok());
+        cv.loss_divisor = divisor.as_ref();
         if let Ok(w) = kernel.backward(&p, &cv, Dtype::F32) {
-            let cpart = |r: std::ops::Range<usize>| cv.slice_rows(r, n);
+            let reduction = p.options.loss.map_or(Reduction::None, |l| l.reduction);
+            let cpart = |r: std::ops::Range<usize>| cv.slice_rows(r, reduction);
             let (t, b) = (
                 kernel.backward(&top, &cpart(0..cut), Dtype::F32),
                 kernel.backward(&bottom, &cpart(cut..n), Dtype::F32),

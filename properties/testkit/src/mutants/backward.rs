@@ -97,7 +97,11 @@ impl PlantedBug for InPlaceCorruption {
         };
         for row in 0..shape.n {
             let r = row..row + 1;
-            let c = cot.slice_rows(r.clone(), shape.n);
+            let reduction = problem
+                .options
+                .loss
+                .map_or(logprobe_reference::spec::Reduction::None, |l| l.reduction);
+            let c = cot.slice_rows(r.clone(), reduction);
             let logits = match &mut problem.logits {
                 LogitsMut::F64(a) => LogitsMut::F64(a.slice_mut(s![r.clone(), ..])),
                 LogitsMut::F32(a) => LogitsMut::F32(a.slice_mut(s![r.clone(), ..])),

@@ -34,6 +34,9 @@
 //! | `kl-teacher-prob-as-log-prob` | [`TeacherProbAsLogProb`] | fused | `forward_kl`: the teacher's `a_k` taken as its probability instead of `e^{a_k}` (issue 18) |
 //! | `kl-renormalization-skipped` | [`KlRenormalizationSkipped`] | fused | `kl_renormalized = true`: the student not renormalised over the K ids |
 //! | `kl-ids-shard-local` | [`KlIdsShardLocal`] | fused | `forward_kl` / `reverse_kl` rows with an id in the vocabulary's second half: the student's log-prob gathered at the shard-local id (TP offset not added) |
+//! | `z-loss-grad-missing-2` | [`ZLossGradMissingTwo`] | fused | backward with a nonzero `grad_z_loss` and `z_loss_coef > 0`: `d(coef lse^2)` taken as `coef lse p_j` (the factor 2 lost) |
+//! | `mean-grad-over-n` | [`MeanGradOverN`] | fused | backward with `grad_loss` under `mean` and `W != N`: the gradient divided by `N` rows instead of the counted weight `W` |
+//! | `smoothing-grad-on-ignored` | [`SmoothingGradOnIgnored`] | fused | backward with `grad_loss`, `label_smoothing > 0` and an ignored row: the row's smoothing term differentiated (pytorch/pytorch #73205's gradient side) |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -52,6 +55,7 @@ use logprobe_reference::spec::{
 mod backward;
 mod chunks;
 mod loss;
+mod loss_grad;
 mod options;
 mod rewired;
 mod softcap;
@@ -64,6 +68,7 @@ mod values;
 pub use backward::{GradOutput0Broadcast, InPlaceCorruption};
 pub use chunks::{ChunkDependentOrder, DroppedChunkRemainder, IgnoredChunkSize};
 pub use loss::{AllIgnoredMeanNan, ChunkedMeanTimesChunks, LabelSmoothingCountsIgnored};
+pub use loss_grad::{MeanGradOverN, SmoothingGradOnIgnored, ZLossGradMissingTwo};
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
@@ -467,6 +472,9 @@ pub static CATALOG: &[Entry] = &[
     entry!(TeacherProbAsLogProb, Fused, memory: false),
     entry!(KlRenormalizationSkipped, Fused, memory: true),
     entry!(KlIdsShardLocal, Fused, memory: false),
+    entry!(ZLossGradMissingTwo, Fused, memory: false),
+    entry!(MeanGradOverN, Fused, memory: false),
+    entry!(SmoothingGradOnIgnored, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

@@ -25,6 +25,7 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
         log_probs: true,
         entropy: true,
         topk: true,
+        loss: false,
     }
     .expand(&data);
     let widths = vec![13, 0, 20, 7];

@@ -158,6 +158,13 @@ pub struct CotangentData {
     pub grad_entropy: Option<Array1<f64>>,
     /// Cotangent of top-k log-probs `[N, K]`.
     pub grad_topk_log_probs: Option<Array2<f64>>,
+    /// Cotangent of `lse` `[N]`.
+    pub grad_lse: Option<Array1<f64>>,
+    /// Cotangent of `z_loss` `[N]`.
+    pub grad_z_loss: Option<Array1<f64>>,
+    /// Cotangent of the cross-entropy `loss`: `[N]` under `none`, `[1]`
+    /// under `sum` / `mean`.
+    pub grad_loss: Option<Array1<f64>>,
 }
 
 impl CotangentData {
@@ -167,6 +174,9 @@ impl CotangentData {
             grad_log_probs: self.grad_log_probs.as_ref().map(|g| g.view()),
             grad_entropy: self.grad_entropy.as_ref().map(|g| g.view()),
             grad_topk_log_probs: self.grad_topk_log_probs.as_ref().map(|g| g.view()),
+            grad_lse: self.grad_lse.as_ref().map(|g| g.view()),
+            grad_z_loss: self.grad_z_loss.as_ref().map(|g| g.view()),
+            grad_loss: self.grad_loss.as_ref().map(|g| g.view()),
             ..Default::default()
         }
     }
@@ -176,6 +186,9 @@ impl CotangentData {
         self.grad_log_probs.is_none()
             && self.grad_entropy.is_none()
             && self.grad_topk_log_probs.is_none()
+            && self.grad_lse.is_none()
+            && self.grad_z_loss.is_none()
+            && self.grad_loss.is_none()
     }
 }
 
@@ -191,6 +204,10 @@ pub struct CotangentRecipe {
     pub entropy: bool,
     /// Give a top-k cotangent (when ids exist).
     pub topk: bool,
+    /// Give the loss side's cotangents (`grad_lse`, `grad_z_loss` and,
+    /// with tokens, `grad_loss`, the problem asked for the cross-entropy
+    /// `loss` by [`CotangentRecipe::ask`]; issue 17).
+    pub loss: bool,
 }
 
 impl CotangentRecipe {
@@ -233,10 +250,44 @@ impl CotangentRecipe {
         let grad_entropy = h.then(|| Array1::from_shape_fn(n, |_| draw()));
         let kk = data.topk_ids.as_ref().map_or(0, |ids| ids.ncols());
         let grad_topk_log_probs = k.then(|| Array2::from_shape_fn((n, kk), |_| draw()));
+        // The loss side, where [`CotangentRecipe::ask`] asked it.
+        let side = self.loss;
+        let grad_lse = (side && data.options.lse).then(|| Array1::from_shape_fn(n, |_| draw()));
+        let grad_z_loss = (side && data.options.z_loss_coef.is_some())
+            .then(|| Array1::from_shape_fn(n, |_| draw()));
+        let grad_loss = match (side, data.options.loss, &data.tokens) {
+            (true, Some(l), Some(_)) => Some(Array1::from_shape_fn(l.reduction.len(n), |_| draw())),
+            _ => None,
+        };
         CotangentData {
             grad_log_probs,
             grad_entropy,
             grad_topk_log_probs,
+            grad_lse,
+            grad_z_loss,
+            grad_loss,
+        }
+    }
+
+    /// With [`CotangentRecipe::loss`] and tokens: asks `data` for the
+    /// cross-entropy `loss` of `loss` ([`LossData::ask`]), so that
+    /// [`CotangentRecipe::expand`] gives `grad_loss` (every expanded
+    /// problem computes `lse` and `z_loss` already, [`Z_LOSS_COEF`]);
+    /// otherwise `data` is unchanged. Call before `expand` and before the
+    /// oracle case (the forward computes the loss's terms too).
+    pub fn ask(&self, data: &mut ProblemData, loss: &LossData) {
+        if self.loss && data.tokens.is_some() {
+            loss.ask(data);
+        }
+    }
+
+    /// A key naming what [`CotangentRecipe::ask`] adds to a problem (empty
+    /// without the loss side), for the oracle caches.
+    pub fn ask_key(&self) -> String {
+        if self.loss {
+            format!(" loss-side {}", self.seed)
+        } else {
+            String::new()
         }
     }
 }

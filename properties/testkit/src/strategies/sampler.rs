@@ -489,7 +489,8 @@ impl Recipes for EdgeSpace {
     }
 }
 
-/// Cotangent recipes: each output's cotangent present with probability 3/4.
+/// Cotangent recipes: each output's cotangent present with probability 3/4,
+/// the loss side's ([`CotangentRecipe::loss`]) with probability 1/2.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CotangentSpace;
 
@@ -502,6 +503,8 @@ impl Recipes for CotangentSpace {
             log_probs: rng.chance(0.75),
             entropy: rng.chance(0.75),
             topk: rng.chance(0.75),
+            // Drawn last: the other fields' draws are unchanged.
+            loss: rng.chance(0.5),
         }
     }
 
@@ -519,6 +522,7 @@ impl Recipes for CotangentSpace {
                 ..*r
             },
             CotangentRecipe { topk: false, ..*r },
+            CotangentRecipe { loss: false, ..*r },
         ] {
             if c != *r {
                 out.push(c);

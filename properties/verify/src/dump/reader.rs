@@ -7,8 +7,8 @@ use ndarray::{Array1, Array2};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{
-    Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, Options, Output, PerOutput,
-    Reduction, SoftcapDtype, SpecError, TemperatureDtype, TopkKl, DEFAULT_IGNORE_INDEX,
+    Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, MeanDivisor, Options, Output,
+    PerOutput, Reduction, SoftcapDtype, SpecError, TemperatureDtype, TopkKl, DEFAULT_IGNORE_INDEX,
 };
 
 use super::*;
@@ -36,8 +36,10 @@ pub struct Dump<'a> {
     /// `loss_weights [N]` as exact f64 (only with a `loss` candidate).
     pub loss_weights: Option<Array1<f64>>,
     /// The upstream cotangents (`grad_log_probs [N]`, `grad_entropy [N]`,
-    /// `grad_topk_log_probs [N, K]`) as exact f64 `[N, width]`, keyed by the
-    /// output they are the cotangent of.
+    /// `grad_topk_log_probs [N, K]`, `grad_lse [N]`, `grad_z_loss [N]`,
+    /// `grad_loss` `[N]` under `reduction = none`) as exact f64 `[N, width]`,
+    /// keyed by the output they are the cotangent of; `grad_loss` under
+    /// `sum` / `mean` (stored `[]` or `[1]`) is `[1, 1]`.
     pub cotangents: PerOutput<Array2<f64>>,
     /// Options from the metadata. `entropy` is `Some` exactly when the
     /// entropy or its cotangent is in the dump.
@@ -51,6 +53,10 @@ pub struct Dump<'a> {
     pub row_mask: Option<Vec<bool>>,
     /// Version-2 format options (`cotangent_reduction`, `topk_ids_source`, ...).
     pub format: crate::format::FormatOptions,
+    /// The divisor `W` of a `mean` loss over every row of the dump, summed
+    /// once (exact), when `grad_loss` is given under `reduction = mean`:
+    /// each one-row view's gradient divides by it.
+    pub loss_divisor: Option<MeanDivisor>,
 }
 
 /// The tensor names the format defines.
@@ -288,9 +294,10 @@ impl<'a> Dump<'a> {
                 },
             );
         }
+        let grad_loss = get("grad_loss").is_some();
         let loss_weights = match get("loss_weights") {
             None => None,
-            Some(_) if !candidates.contains(Output::Loss) => {
+            Some(_) if !candidates.contains(Output::Loss) && !grad_loss => {
                 return Err(DumpError::MissingTensor {
                     tensor: "loss",
                     why: " (loss_weights weigh it)",
@@ -330,6 +337,15 @@ impl<'a> Dump<'a> {
         };
         let mut cotangents = PerOutput::new();
         for o in Output::ALL {
+            if o == Output::Loss && loss_options.reduction != Reduction::None {
+                // The cotangent of one reduced value: `[]` or `[1]`, kept `[1, 1]`.
+                if let Some(t) = get("grad_loss") {
+                    let m =
+                        reduced_cotangent(t.shape(), t.dtype(), t.data(), loss_options.reduction)?;
+                    cotangents.insert(o, m);
+                }
+                continue;
+            }
             if let Some(name) = o.cotangent_name() {
                 if let Some((m, summed)) = float(name, o.columns(), true)? {
                     let a = match summed {
@@ -372,14 +388,17 @@ impl<'a> Dump<'a> {
 
         // Inputs each candidate needs.
         let needs_tokens = |per: &PerOutput<_>| per.contains(Output::LogProbs);
-        let loss = candidates.contains(Output::Loss);
+        // The loss is computed for its candidate or its cotangent.
+        let loss = candidates.contains(Output::Loss) || cotangents.contains(Output::Loss);
         if (needs_tokens(&candidates) || loss || cotangents.contains(Output::LogProbs))
             && tokens.is_none()
         {
             let why = if needs_tokens(&candidates) {
                 " (needed by log_probs)"
-            } else if loss {
+            } else if candidates.contains(Output::Loss) {
                 " (needed by loss)"
+            } else if loss {
+                " (needed by grad_loss)"
             } else {
                 " (needed by grad_log_probs)"
             };
@@ -390,8 +409,7 @@ impl<'a> Dump<'a> {
         }
         if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
             return Err(DumpError::Spec(SpecError::NoCotangent {
-                what:
-                    "grad_logits given without grad_log_probs, grad_entropy or grad_topk_log_probs",
+                what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss or grad_loss",
             }));
         }
         // Cotangents are judged only through grad_logits: without it they
@@ -401,11 +419,29 @@ impl<'a> Dump<'a> {
             || cotangents.contains(Output::Entropy)
             || !require_candidate;
         let mut options = parse_options(&meta, want_entropy, v, ldtype)?;
-        options.lse = candidates.contains(Output::Lse);
-        if candidates.contains(Output::ZLoss) {
+        // An output is computed for its candidate or its cotangent.
+        options.lse = candidates.contains(Output::Lse) || cotangents.contains(Output::Lse);
+        if candidates.contains(Output::ZLoss) || cotangents.contains(Output::ZLoss) {
             options.z_loss_coef = Some(parse_z_loss_coef(&meta, ldtype)?);
         }
         options.loss = loss.then_some(loss_options);
+        // A mean's gradient divides by the whole dump's `W`, summed once
+        // here for every one-row view ([`Dump::row`]).
+        let loss_divisor = match (cotangents.contains(Output::Loss), loss_options.reduction) {
+            (true, Reduction::Mean) => {
+                let ii = options.ignore_index;
+                let counted = |r: usize| tokens.as_ref().is_some_and(|t| t[r] != ii);
+                let w = |r: usize| loss_weights.as_ref().map_or(1.0, |w| w[r]);
+                Some(MeanDivisor::new((0..n).map(|r| {
+                    if counted(r) {
+                        w(r)
+                    } else {
+                        0.0
+                    }
+                }))?)
+            }
+            _ => None,
+        };
         options.topk_kl = match &teacher {
             Some((dtype, _)) => Some(TopkKl {
                 forward: candidates.contains(Output::ForwardKl),
@@ -430,6 +466,7 @@ impl<'a> Dump<'a> {
             row_shape: rs,
             row_mask,
             format,
+            loss_divisor,
         })
     }
 
@@ -475,10 +512,16 @@ impl<'a> Dump<'a> {
                 .loss_weights
                 .as_ref()
                 .map(|w| Array1::from(vec![w[row]])),
-            cotangents: self
-                .cotangents
-                .as_ref()
-                .map(|_, a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
+            cotangents: self.cotangents.as_ref().map(|o, a| {
+                // A reduced loss's `[1, 1]` cotangent is every row's.
+                let r = if a.nrows() == 1 && o == Output::Loss {
+                    0
+                } else {
+                    row
+                };
+                a.row(r).to_owned().insert_axis(ndarray::Axis(0))
+            }),
+            loss_divisor: self.loss_divisor.clone(),
         })
     }
 
@@ -489,6 +532,35 @@ impl<'a> Dump<'a> {
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
     }
+}
+
+/// `grad_loss` under `reduction = sum | mean`: the cotangent of one value,
+/// stored `[]` or `[1]` in a float dtype, as exact f64 `[1, 1]`.
+///
+/// # Errors
+/// [`DumpError::BadDtype`], [`DumpError::BadShape`] (naming `grad_loss`).
+fn reduced_cotangent(
+    shape: &[usize],
+    dtype: StDtype,
+    data: &[u8],
+    reduction: Reduction,
+) -> Result<Array2<f64>, DumpError> {
+    let dtype = st_float(dtype).ok_or_else(|| DumpError::BadDtype {
+        tensor: "grad_loss",
+        found: format!("{dtype:?}"),
+        expected: "F64, F32, BF16 or F16",
+    })?;
+    if !(shape.is_empty() || shape == [1]) {
+        return Err(DumpError::BadShape {
+            tensor: "grad_loss",
+            found: shape.to_vec(),
+            expected: format!(
+                "[] or [1] (the cotangent of the one loss value under reduction={reduction})"
+            ),
+        });
+    }
+    let v = decode_floats(dtype, data);
+    Ok(Array2::from_shape_vec((1, 1), v).expect("one element checked by safetensors"))
 }
 
 /// The loss options from the metadata (read whether or not the dump holds

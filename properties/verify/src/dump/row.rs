@@ -3,7 +3,7 @@
 
 use ndarray::{Array1, Array2};
 
-use logprobe_reference::spec::{Cotangents, Options, PerOutput, Problem, SpecError};
+use logprobe_reference::spec::{Cotangents, MeanDivisor, Options, PerOutput, Problem, SpecError};
 
 use super::*;
 
@@ -29,6 +29,8 @@ pub struct RowInputs {
     pub loss_weights: Option<Array1<f64>>,
     /// The row's cotangents `[1, width]`, keyed by their output.
     pub cotangents: PerOutput<Array2<f64>>,
+    /// The whole dump's `mean` divisor ([`Dump::loss_divisor`]).
+    pub loss_divisor: Option<MeanDivisor>,
 }
 
 impl RowInputs {
@@ -45,9 +47,12 @@ impl RowInputs {
         }
     }
 
-    /// The one-row cotangents.
+    /// The one-row cotangents, a `mean`'s divisor the whole dump's.
     pub fn cotangents(&self) -> Cotangents<'_> {
-        Cotangents::from_outputs(&self.cotangents)
+        Cotangents {
+            loss_divisor: self.loss_divisor.as_ref(),
+            ..Cotangents::from_outputs(&self.cotangents)
+        }
     }
 
     /// Validates the row's values with the spec (NaN / `+inf` logits,

@@ -67,9 +67,9 @@ pub struct LossGradRow {
 
 impl LossGradRow {
     /// Row `row`'s terms of a validated `problem` whose cotangents give
-    /// any loss-side one. Under `mean` the divisor `W` is summed from
-    /// `problem`'s rows (O(N)): a caller judging one row of a larger
-    /// problem passes that problem.
+    /// any loss-side one. Under `mean` the divisor `W` and its row count
+    /// are [`Cotangents::loss_divisor`]'s (a one-row view of a dump), else
+    /// summed from `problem`'s rows (O(N)).
     pub fn new(problem: &Problem<'_>, row: usize, cot: &Cotangents<'_>) -> Option<LossGradRow> {
         if cot.grad_lse.is_none() && cot.grad_z_loss.is_none() && cot.grad_loss.is_none() {
             return None;
@@ -90,11 +90,17 @@ impl LossGradRow {
             Some((g, w)) => {
                 let gw = up(g.abs() * w.abs());
                 if mean {
-                    // W in f64 downward: the weights are >= 0, each sum
-                    // rounded down at most N ulps below (relative).
-                    let n = problem.logits.dim().0 as f64;
-                    let w_sum: f64 = problem.loss_divisor_terms().map_or(0.0, |t| t.sum());
-                    let w_lo = w_sum * (1.0 - (n + 1.0) * f64::EPSILON);
+                    // W in f64 downward: the whole problem's when the
+                    // cotangents carry it; else the weights are >= 0, each
+                    // sum rounded down at most N ulps below (relative).
+                    let w_lo = match cot.loss_divisor {
+                        Some(d) => d.lower(),
+                        None => {
+                            let n = problem.logits.dim().0 as f64;
+                            let w_sum: f64 = problem.loss_divisor_terms().map_or(0.0, |t| t.sum());
+                            w_sum * (1.0 - (n + 1.0) * f64::EPSILON)
+                        }
+                    };
                     if w_lo > 0.0 {
                         up(gw / w_lo)
                     } else {
@@ -109,7 +115,10 @@ impl LossGradRow {
             a: cot.grad_lse.map_or(0.0, |a| a[row]),
             zb: up(up(2.0 * coef.abs()) * cot.grad_z_loss.map_or(0.0, |b| b[row]).abs()),
             ell,
-            mean_rows: mean.then_some(problem.logits.dim().0),
+            mean_rows: mean.then(|| {
+                cot.loss_divisor
+                    .map_or(problem.logits.dim().0, |d| d.rows())
+            }),
             eps: ce
                 .and_then(|c| c.effective_label_smoothing(acc).ok())
                 .unwrap_or(0.0),
