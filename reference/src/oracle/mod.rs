@@ -79,6 +79,7 @@ pub mod fast;
 mod kl;
 mod loss;
 mod mpfr_interval;
+mod policy;
 mod round;
 mod row;
 mod vjp;
@@ -354,11 +355,19 @@ impl Oracle {
         let values = fast_values(problem, fast, ff, target);
         // The loss side's values derived here (z_loss, loss) may be
         // undecided where the f64 tier's own outputs are not.
-        let derived = [Output::ZLoss, Output::Loss]
-            .into_iter()
-            .filter_map(|o| values.get(o))
-            .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
-            .sum::<u64>();
+        let derived = [
+            Output::ZLoss,
+            Output::Loss,
+            Output::KlK1,
+            Output::KlK2,
+            Output::KlK3,
+            Output::KlAbs,
+            Output::Ratio,
+        ]
+        .into_iter()
+        .filter_map(|o| values.get(o))
+        .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
+        .sum::<u64>();
         fb.outputs_mpfr += derived;
         if undecided + derived == 0 {
             let rf = RowForward {
@@ -426,6 +435,15 @@ impl Oracle {
                     let eps = loss::label_smoothing(problem);
                     let t = loss::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
                     vec![rounder.exact(&t, target)]
+                }
+                // No log-prob on an `ignore_index` row: its terms are 0.
+                o => {
+                    let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
+                    vec![vals
+                        .log_prob
+                        .as_ref()
+                        .and_then(|lp| policy::term_mpfr(term, &row.policy, lp, prec))
+                        .map_or(Exact::point(0.0), |b| rounder.exact(&b, target))]
                 }
             });
             let rf = RowForward {
@@ -532,6 +550,7 @@ impl Oracle {
                 z_loss: cotangents.grad_z_loss.map_or(0.0, |b| b[r]),
                 z_loss_coef,
                 loss,
+                policy: problem.policy_cotangents(cotangents, r),
             };
             let entropy = if cot.h != 0.0 {
                 problem.options.entropy
@@ -768,6 +787,16 @@ fn fast_values(
         Output::Loss => vec![fast
             .loss_term(loss::label_smoothing(problem))
             .and_then(|l| loss::decide_term(l, target))],
+        o => {
+            let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
+            vec![match fast.log_prob() {
+                // No log-prob on an `ignore_index` row: its terms are 0.
+                None => Some(Exact::point(0.0)),
+                Some(_) if !fast.applicable() => None,
+                Some(lp) => policy::term_fast(term, &fast.prepared().policy, lp)
+                    .and_then(|iv| policy::decide_term(term, iv, target)),
+            }]
+        }
     })
 }
 

@@ -102,6 +102,8 @@ pub(crate) struct Row<'a> {
     pub topk: Vec<TopId>,
     /// The row's `loss_weights` entry (1 without weights).
     pub weight: f64,
+    /// The row's policy-term inputs (`ref`, `old`, clamps).
+    pub policy: super::policy::PolicyRow,
 }
 
 impl Row<'_> {
@@ -389,6 +391,7 @@ pub(crate) fn prepare<'a>(
         target,
         topk,
         weight: problem.loss_weight(row),
+        policy: super::policy::PolicyRow::of(problem, row),
     })
 }
 

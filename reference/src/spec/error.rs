@@ -166,4 +166,24 @@ pub enum SpecError {
         /// The offending value.
         value: f64,
     },
+    /// A `ref_log_probs` / `old_log_probs` entry that is NaN or infinite.
+    #[error("{tensor}[{row}] is {value}: reference and behaviour log-probs must be finite")]
+    NonFinitePolicyInput {
+        /// `ref_log_probs` or `old_log_probs`.
+        tensor: &'static str,
+        /// Row index.
+        row: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// A clamp (`kl_input_clamp`, `kl_output_clamp`, `ratio_log_clamp`)
+    /// that is not finite and `> 0` (as given or rounded to the
+    /// accumulation dtype).
+    #[error("{name} must be finite and > 0, got {value}")]
+    BadClamp {
+        /// The clamp's name.
+        name: &'static str,
+        /// The value as given.
+        value: f64,
+    },
 }

@@ -52,6 +52,17 @@ pub enum Output {
     /// ([`Output::reduced`]), the per-row values `[N, 1]` being the terms
     /// it reduces.
     Loss,
+    /// `kl_k1 [N]` (stored `[N, 1]`): `d = log_prob - ref_log_probs`, nats
+    /// (DESIGN: "Loss side"; [`crate::spec::PolicyTerm`]).
+    KlK1,
+    /// `kl_k2 [N]`: `d^2 / 2`, nats squared.
+    KlK2,
+    /// `kl_k3 [N]`: `expm1(-d_c) + d_c` under the KL clamps, nats.
+    KlK3,
+    /// `kl_abs [N]`: `|d|`, nats.
+    KlAbs,
+    /// `ratio [N]`: `exp(clamp(log_prob - old_log_probs))`, dimensionless.
+    Ratio,
 }
 
 /// What the second axis of an output indexes.
@@ -67,7 +78,7 @@ pub enum Columns {
 
 impl Output {
     /// How many outputs there are.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 12;
 
     /// Every output, in report order.
     pub const ALL: [Output; Output::COUNT] = [
@@ -78,16 +89,26 @@ impl Output {
         Output::Lse,
         Output::ZLoss,
         Output::Loss,
+        Output::KlK1,
+        Output::KlK2,
+        Output::KlK3,
+        Output::KlAbs,
+        Output::Ratio,
     ];
 
     /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 6] = [
+    pub const FORWARD: [Output; 11] = [
         Output::LogProbs,
         Output::Entropy,
         Output::TopkLogProbs,
         Output::Lse,
         Output::ZLoss,
         Output::Loss,
+        Output::KlK1,
+        Output::KlK2,
+        Output::KlK3,
+        Output::KlAbs,
+        Output::Ratio,
     ];
 
     /// Position in [`Output::ALL`].
@@ -106,6 +127,11 @@ impl Output {
             Output::Lse => "lse",
             Output::ZLoss => "z_loss",
             Output::Loss => "loss",
+            Output::KlK1 => "kl_k1",
+            Output::KlK2 => "kl_k2",
+            Output::KlK3 => "kl_k3",
+            Output::KlAbs => "kl_abs",
+            Output::Ratio => "ratio",
         }
     }
 
@@ -120,6 +146,11 @@ impl Output {
             Output::Lse => Some("grad_lse"),
             Output::ZLoss => Some("grad_z_loss"),
             Output::Loss => Some("grad_loss"),
+            Output::KlK1 => Some("grad_kl_k1"),
+            Output::KlK2 => Some("grad_kl_k2"),
+            Output::KlK3 => Some("grad_kl_k3"),
+            Output::KlAbs => Some("grad_kl_abs"),
+            Output::Ratio => Some("grad_ratio"),
         }
     }
 
@@ -131,9 +162,16 @@ impl Output {
     /// What the second axis indexes.
     pub fn columns(self) -> Columns {
         match self {
-            Output::LogProbs | Output::Entropy | Output::Lse | Output::ZLoss | Output::Loss => {
-                Columns::One
-            }
+            Output::LogProbs
+            | Output::Entropy
+            | Output::Lse
+            | Output::ZLoss
+            | Output::Loss
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio => Columns::One,
             Output::TopkLogProbs => Columns::TopK,
             Output::GradLogits => Columns::Vocabulary,
         }
@@ -152,8 +190,10 @@ impl Output {
     /// Whether a forward call on `problem` computes this output: log-probs
     /// with `tokens`, the entropy with `options.entropy`, top-k log-probs
     /// with `topk_ids`, `lse` with `options.lse`, `z_loss` with
-    /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`; never
-    /// `grad_logits` (a backward call's output).
+    /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`, the
+    /// KL estimators with `ref_log_probs` and `tokens`, `ratio` with
+    /// `old_log_probs` and `tokens`; never `grad_logits` (a backward call's
+    /// output).
     pub fn requested(self, problem: &Problem<'_>) -> bool {
         match self {
             Output::LogProbs => problem.tokens.is_some(),
@@ -163,6 +203,10 @@ impl Output {
             Output::Lse => problem.options.lse,
             Output::ZLoss => problem.options.z_loss_coef.is_some(),
             Output::Loss => problem.options.loss.is_some() && problem.tokens.is_some(),
+            Output::KlK1 | Output::KlK2 | Output::KlK3 | Output::KlAbs => {
+                problem.policy.ref_log_probs.is_some() && problem.tokens.is_some()
+            }
+            Output::Ratio => problem.policy.old_log_probs.is_some() && problem.tokens.is_some(),
         }
     }
 
@@ -183,9 +227,15 @@ impl Output {
     /// whose value is defined as 0 and not checked (dump format), and a
     /// [reduced](Output::reduced) output's (judged once for the problem).
     /// An `ignore_index` row's `loss` under `none` is judged: it must be 0.
+    /// The policy terms follow the log-prob (no value on `ignore_index` rows).
     pub fn judged(self, problem: &Problem<'_>, row: usize) -> bool {
         match self {
-            Output::LogProbs => problem.has_target(row),
+            Output::LogProbs
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio => problem.has_target(row),
             Output::Loss => !self.reduced(problem),
             Output::Entropy
             | Output::TopkLogProbs
@@ -216,6 +266,11 @@ impl Output {
             Output::Lse => col(cotangents.grad_lse),
             Output::ZLoss => col(cotangents.grad_z_loss),
             Output::Loss => col(cotangents.grad_loss),
+            Output::KlK1 => col(cotangents.grad_kl_k1),
+            Output::KlK2 => col(cotangents.grad_kl_k2),
+            Output::KlK3 => col(cotangents.grad_kl_k3),
+            Output::KlAbs => col(cotangents.grad_kl_abs),
+            Output::Ratio => col(cotangents.grad_ratio),
         }
     }
 }
@@ -238,6 +293,11 @@ impl<'a> Cotangents<'a> {
             grad_lse: one(Output::Lse),
             grad_z_loss: one(Output::ZLoss),
             grad_loss: one(Output::Loss),
+            grad_kl_k1: one(Output::KlK1),
+            grad_kl_k2: one(Output::KlK2),
+            grad_kl_k3: one(Output::KlK3),
+            grad_kl_abs: one(Output::KlAbs),
+            grad_ratio: one(Output::Ratio),
         }
     }
 }

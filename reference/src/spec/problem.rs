@@ -9,6 +9,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
 use super::loss::{CrossEntropy, LossOptions, Reduction};
+use super::policy::{self, PolicyClamps, PolicyInputs, PolicyTerm};
 
 /// PyTorch's default `ignore_index`.
 pub const DEFAULT_IGNORE_INDEX: i64 = -100;
@@ -202,6 +203,9 @@ pub struct Options {
     /// mean; its per-row weights are [`Problem::loss_weights`]. Default
     /// `None`.
     pub loss: Option<LossOptions>,
+    /// The clamps of the policy terms (`kl_k3`, `ratio`;
+    /// [`crate::spec::PolicyTerm`]). Default: none.
+    pub policy_clamps: PolicyClamps,
 }
 
 impl std::fmt::Debug for Options {
@@ -225,6 +229,9 @@ impl std::fmt::Debug for Options {
         if let Some(l) = &self.loss {
             d.field("loss", l);
         }
+        if !self.policy_clamps.is_empty() {
+            d.field("policy_clamps", &self.policy_clamps);
+        }
         d.finish()
     }
 }
@@ -242,6 +249,7 @@ impl Default for Options {
             softcap: None,
             softcap_dtype: SoftcapDtype::Accumulation,
             loss: None,
+            policy_clamps: PolicyClamps::default(),
         }
     }
 }
@@ -325,6 +333,9 @@ pub struct Problem<'a> {
     /// exact f64 inputs; `None` = every weight 1). Read only when
     /// `options.loss` is `Some`.
     pub loss_weights: Option<ArrayView1<'a, f64>>,
+    /// `ref_log_probs [N]`, `old_log_probs [N]` of the policy terms
+    /// (exact inputs, nats; [`PolicyInputs`]). Default: none.
+    pub policy: PolicyInputs<'a>,
     /// Options.
     pub options: Options,
 }
@@ -344,6 +355,8 @@ pub struct ProblemMut<'a> {
     pub topk_ids: Option<ArrayView2<'a, i64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss`, as in [`Problem`].
     pub loss_weights: Option<ArrayView1<'a, f64>>,
+    /// The policy terms' inputs, as in [`Problem`].
+    pub policy: PolicyInputs<'a>,
     /// Options.
     pub options: Options,
 }
@@ -357,6 +370,7 @@ impl<'a> ProblemMut<'a> {
             sampling_mask: None,
             topk_ids: None,
             loss_weights: None,
+            policy: PolicyInputs::default(),
             options: Options::default(),
         }
     }
@@ -369,6 +383,7 @@ impl<'a> ProblemMut<'a> {
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
             loss_weights: self.loss_weights,
+            policy: self.policy.shorten(),
             options: self.options,
         }
     }
@@ -382,6 +397,7 @@ impl<'a> ProblemMut<'a> {
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
             loss_weights: self.loss_weights,
+            policy: self.policy.shorten(),
             options: self.options,
         }
     }
@@ -410,6 +426,16 @@ pub struct Cotangents<'a> {
     /// Cotangent of the cross-entropy `loss`: `[N]` under `none`, `[1]`
     /// under `sum` / `mean` ([`Problem::loss_cotangent`]).
     pub grad_loss: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_k1` `[N]` (the policy terms: [`Problem::policy_cotangents`]).
+    pub grad_kl_k1: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_k2` `[N]`.
+    pub grad_kl_k2: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_k3` `[N]`.
+    pub grad_kl_k3: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_abs` `[N]`.
+    pub grad_kl_abs: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `ratio` `[N]`.
+    pub grad_ratio: Option<ArrayView1<'a, f64>>,
 }
 
 impl<'a> Cotangents<'a> {
@@ -433,6 +459,22 @@ impl<'a> Cotangents<'a> {
                 Some(g) if g.len() == n && n != 1 => one(Some(g)),
                 g => g,
             },
+            grad_kl_k1: one(self.grad_kl_k1),
+            grad_kl_k2: one(self.grad_kl_k2),
+            grad_kl_k3: one(self.grad_kl_k3),
+            grad_kl_abs: one(self.grad_kl_abs),
+            grad_ratio: one(self.grad_ratio),
+        }
+    }
+
+    /// The cotangent `[N]` of a policy term, if given.
+    pub fn policy(&self, term: PolicyTerm) -> Option<ArrayView1<'a, f64>> {
+        match term {
+            PolicyTerm::K1 => self.grad_kl_k1,
+            PolicyTerm::K2 => self.grad_kl_k2,
+            PolicyTerm::K3 => self.grad_kl_k3,
+            PolicyTerm::Abs => self.grad_kl_abs,
+            PolicyTerm::Ratio => self.grad_ratio,
         }
     }
 
@@ -444,6 +486,7 @@ impl<'a> Cotangents<'a> {
             && self.grad_lse.is_none()
             && self.grad_z_loss.is_none()
             && self.grad_loss.is_none()
+            && PolicyTerm::ALL.iter().all(|&t| self.policy(t).is_none())
     }
 }
 
@@ -473,6 +516,7 @@ impl<'a> Problem<'a> {
             sampling_mask: None,
             topk_ids: None,
             loss_weights: None,
+            policy: PolicyInputs::default(),
             options: Options::default(),
         }
     }
@@ -507,7 +551,8 @@ impl<'a> Problem<'a> {
     /// [`SpecError::BadTemperature`], [`SpecError::BadZLossCoef`],
     /// [`SpecError::BadLabelSmoothing`], [`SpecError::MissingTensor`]
     /// (`loss` without `tokens`), [`SpecError::BadSoftcap`],
-    /// [`SpecError::SoftcapDtypeMismatch`].
+    /// [`SpecError::SoftcapDtypeMismatch`], [`SpecError::BadClamp`];
+    /// `ref_log_probs` / `old_log_probs` not `[N]` or without `tokens`.
     pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
@@ -522,6 +567,8 @@ impl<'a> Problem<'a> {
         {
             return Err(SpecError::SoftcapDtypeMismatch);
         }
+        self.options.policy_clamps.effective(dtype.accumulation())?;
+        policy::validate_shapes(&self.policy, n, self.tokens.is_some())?;
         if let Some(ce) = self.cross_entropy() {
             ce.effective_label_smoothing(dtype.accumulation())?;
             if self.tokens.is_none() {
@@ -666,7 +713,49 @@ impl<'a> Problem<'a> {
             }
             check_finite("grad_loss", g.iter())?;
         }
+        for term in PolicyTerm::ALL {
+            let Some(g) = cot.policy(term) else { continue };
+            let name = term.output().cotangent_name().unwrap_or("grad_ratio");
+            let (input, present) = if term.uses_old() {
+                ("old_log_probs", self.policy.old_log_probs.is_some())
+            } else {
+                ("ref_log_probs", self.policy.ref_log_probs.is_some())
+            };
+            if !present {
+                return Err(SpecError::MissingTensor {
+                    output: name,
+                    tensor: input,
+                });
+            }
+            if self.tokens.is_none() {
+                return Err(SpecError::MissingTensor {
+                    output: name,
+                    tensor: "tokens",
+                });
+            }
+            if g.len() != shape.n {
+                return Err(shape_err(name, vec![shape.n], g.shape()));
+            }
+            check_finite(name, g.iter())?;
+        }
         Ok(())
+    }
+
+    /// Row `row`'s nonzero policy-term cotangents `(term, c)` (module
+    /// `policy`: each adds `c k'(d)` to the log-prob's cotangent); none on
+    /// a row without a target (`ignore_index`). Call after
+    /// [`Problem::validate_cotangents`]; `row < N`.
+    pub fn policy_cotangents(&self, cot: &Cotangents<'_>, row: usize) -> Vec<(PolicyTerm, f64)> {
+        if !self.has_target(row) {
+            return Vec::new();
+        }
+        PolicyTerm::ALL
+            .into_iter()
+            .filter_map(|t| {
+                let c = cot.policy(t)?[row];
+                (c != 0.0).then_some((t, c))
+            })
+            .collect()
     }
 
     /// Row `row`'s factors of the cross-entropy loss's cotangent in a VJP:
@@ -722,9 +811,10 @@ impl<'a> Problem<'a> {
     /// [`SpecError::TokenOutOfRange`], [`SpecError::TokenMasked`],
     /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`],
     /// [`SpecError::BadLossWeight`] (the row's `loss_weights` entry, when
-    /// the loss is computed).
+    /// the loss is computed), [`SpecError::NonFinitePolicyInput`].
     pub fn validate_row(&self, shape: &Shape, row: usize) -> Result<(), SpecError> {
         let v = shape.vocab_size;
+        policy::validate_row(&self.policy, row)?;
         if let (Some(_), Some(w)) = (self.options.loss, self.loss_weights) {
             let value = w[row];
             if !(value.is_finite() && value >= 0.0) {

@@ -111,6 +111,7 @@ impl PlantedBug for InPlaceCorruption {
                     .sampling_mask
                     .map(|m| m.slice_move(s![r.clone(), ..])),
                 topk_ids: problem.topk_ids.map(|k| k.slice_move(s![r.clone(), ..])),
+                policy: problem.policy.slice_rows(r.clone()),
                 options: problem.options,
                 loss_weights: problem.loss_weights.map(|w| w.slice_move(s![r.clone()])),
             };

@@ -75,6 +75,7 @@ impl PlantedBug for LabelSmoothingCountsIgnored {
             sampling_mask: p.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: None,
             loss_weights: None,
+            policy: Default::default(),
             options: p.options,
         };
         let per_row = |label_smoothing: f64| {

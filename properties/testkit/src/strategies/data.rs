@@ -121,6 +121,7 @@ impl ProblemData {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|k| k.view()),
+            policy: Default::default(),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }

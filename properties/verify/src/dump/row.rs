@@ -25,6 +25,8 @@ pub struct RowInputs {
     pub options: Options,
     /// The row's `loss_weights` entry `[1]`.
     pub loss_weights: Option<Array1<f64>>,
+    /// The row's `ref_log_probs`, `old_log_probs` entries `[1]`.
+    pub policy: [Option<Array1<f64>>; 2],
     /// The row's cotangents `[1, width]`, keyed by their output.
     pub cotangents: PerOutput<Array2<f64>>,
 }
@@ -37,6 +39,10 @@ impl RowInputs {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|m| m.view()),
+            policy: logprobe_reference::spec::PolicyInputs {
+                ref_log_probs: self.policy[0].as_ref().map(|a| a.view()),
+                old_log_probs: self.policy[1].as_ref().map(|a| a.view()),
+            },
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }
@@ -105,6 +111,7 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
         },
         NoFiniteLogit { tensor, which, .. } => NoFiniteLogit { tensor, row, which },
         BadLossWeight { value, .. } => BadLossWeight { row, value },
+        NonFinitePolicyInput { tensor, value, .. } => NonFinitePolicyInput { tensor, row, value },
         NonFiniteCotangent {
             tensor,
             index,

@@ -312,7 +312,7 @@ impl NaiveRow {
 
     /// The naive value of column `col` of `output` in `dtype`: the naive
     /// log-softmax at the target or top-k id, the naive entropy; `None` for
-    /// grad logits and the loss side's `lse` / `z_loss` (the rule is about
+    /// grad logits, the loss side's `lse` / `z_loss` and the policy terms (the rule is about
     /// log-softmax outputs) or a missing target.
     pub fn value(
         &mut self,
@@ -325,7 +325,15 @@ impl NaiveRow {
             Output::LogProbs => targets.token?,
             Output::TopkLogProbs => *targets.topk_ids.get(col)?,
             Output::Entropy => return Some(self.entropy(dtype)),
-            Output::GradLogits | Output::Lse | Output::ZLoss | Output::Loss => return None,
+            Output::GradLogits
+            | Output::Lse
+            | Output::ZLoss
+            | Output::Loss
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio => return None,
         };
         let x = *self.masked.get(id)?;
         Some(self.naive(dtype).lp(x))

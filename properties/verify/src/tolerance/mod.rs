@@ -44,6 +44,7 @@ mod flash;
 mod judge;
 mod loss_grad;
 mod model;
+mod policy;
 mod statistical;
 mod upward;
 mod walk;
@@ -63,7 +64,7 @@ pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,
 };
-pub use walk::{walk_row, Element, LossGradRow, LossTarget, RowTargets};
+pub use walk::{walk_row, Element, LossGradRow, LossTarget, PolicyTarget, RowTargets};
 
 /// Why a model certifies nothing for a value.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
