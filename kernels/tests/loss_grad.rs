@@ -129,7 +129,7 @@ fn loss_side_backward_is_chunk_thread_and_in_place_invariant() {
                         tokens: pb.tokens,
                         sampling_mask: pb.sampling_mask,
                         topk_ids: None,
-                        policy: pb.policy,
+                        policy: pb.policy.shorten(),
                         options: pb.options,
                         loss_weights: pb.loss_weights,
                     },

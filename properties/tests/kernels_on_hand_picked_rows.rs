@@ -345,7 +345,7 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
                     tokens: p.tokens,
                     sampling_mask: None,
                     topk_ids: None,
-                    policy: p.policy,
+                    policy: p.policy.shorten(),
                     options: p.options,
                     loss_weights: p.loss_weights,
                 },

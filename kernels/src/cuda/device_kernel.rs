@@ -109,6 +109,7 @@ impl DeviceKernel {
             lse: false,
             softcap: false,
             loss: false,
+            policy: false,
         }
     }
 

@@ -72,9 +72,12 @@ impl<'a> PolicyInputs<'a> {
     }
 
     /// Rows `rows` of both inputs.
-    pub fn slice_rows(&self, rows: std::ops::Range<usize>) -> PolicyInputs<'a> {
+    pub fn slice_rows<'b>(&self, rows: std::ops::Range<usize>) -> PolicyInputs<'b>
+    where
+        'a: 'b,
+    {
         let one =
-            |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
+            |g: Option<ArrayView1<'b, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
         PolicyInputs {
             ref_log_probs: one(self.ref_log_probs),
             old_log_probs: one(self.old_log_probs),

@@ -40,6 +40,9 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
         p.options.loss = None;
         p.loss_weights = None;
     }
+    if !caps.policy {
+        p.policy = Default::default();
+    }
     let (_, v_total) = p.logits.dim();
     let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
         Some("sampling_mask")

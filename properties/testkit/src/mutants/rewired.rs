@@ -69,7 +69,7 @@ pub(crate) fn with_tokens<'b>(p: &'b Problem<'_>, tokens: &'b Array1<i64>) -> Pr
         tokens: Some(tokens.view()),
         sampling_mask: p.sampling_mask,
         topk_ids: p.topk_ids,
-        policy: p.policy,
+        policy: p.policy.shorten(),
         options: p.options,
         loss_weights: p.loss_weights,
     }

@@ -92,7 +92,7 @@ impl PlantedBug for SoftcapGradMissingTanh {
             sampling_mask: problem.sampling_mask,
             topk_ids: problem.topk_ids,
             loss_weights: problem.loss_weights,
-            policy: problem.policy,
+            policy: problem.policy.shorten(),
             options,
         };
         FUSED.backward(&q, cotangents, out)

@@ -318,6 +318,25 @@ impl ProblemRecipe {
             softcap_dtype: self.softcap_dtype,
             // The cross-entropy loss is not drawn yet.
             loss: None,
+            policy_clamps: Default::default(),
+        };
+        // The policy terms ride on every case with tokens (issue 18).
+        let (policy, policy_clamps) = if self.tokens {
+            super::policy::draw(
+                self.seed,
+                &x,
+                v,
+                mask.as_ref(),
+                &tokens,
+                self.ignore_index,
+                self.temperature,
+            )
+        } else {
+            Default::default()
+        };
+        let options = Options {
+            policy_clamps,
+            ..options
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),
@@ -325,6 +344,7 @@ impl ProblemRecipe {
             sampling_mask: mask,
             topk_ids: (self.topk > 0).then_some(ids),
             loss_weights: None,
+            policy,
             options,
         }
     }

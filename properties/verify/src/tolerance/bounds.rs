@@ -137,6 +137,8 @@ struct Consts {
     /// (T18) Bound on `|f^_j - f_j|` for the gradient factor `f = 1 - t^2`
     /// (`None` without a softcap).
     cap_df: Option<Hi>,
+    /// (T20) How `kl_k3` is evaluated.
+    k3_form: super::model::K3Form,
 }
 
 /// (T18) The softcap's error terms of a model: `(cap_z, cap_df)` (see
@@ -350,6 +352,7 @@ impl Consts {
             n_p,
             cap_z,
             cap_df,
+            k3_form: model.k3_form,
         }
     }
 
@@ -705,6 +708,7 @@ impl<'a> RowBounds<'a> {
             acc: self.c.acc,
             eps_exp: self.c.eps_exp,
             eta: self.c.eta + self.c.eta_sub,
+            k3_form: self.c.k3_form,
         })
     }
 

@@ -11,6 +11,7 @@ use logprobe_reference::oracle::Interval;
 use logprobe_reference::spec::{Dtype, Output, PolicyTerm};
 
 use super::bounds::{half_ulp, RowBounds};
+use super::model::K3Form;
 use super::upward::Hi;
 use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
@@ -29,6 +30,8 @@ pub(crate) struct Base {
     pub eps_exp: Hi,
     /// A flushed or subnormal result's absolute error (T1: `eta + eta_sub`).
     pub eta: Hi,
+    /// How `kl_k3` is evaluated.
+    pub k3_form: K3Form,
 }
 
 /// The bound of `output` (a policy term) of one row for a candidate in
@@ -101,7 +104,20 @@ fn try_bound(
                 clamp(d.hi + e_d.0).next_up(),
             );
             let s3 = abs_expm1_neg(a).max(abs_expm1_neg(z));
-            let pre = s3 * e_d + half_ulp(b.acc, s3);
+            let mut pre = s3 * e_d + half_ulp(b.acc, s3);
+            if b.k3_form == K3Form::Any {
+                // The naive fl(fl(fl(exp(-d_c^)) + d_c^) - 1): exp's error
+                // eps_exp e^{-a} (plus a flushed result's eta) and two
+                // rounded additions of magnitude at most e^{-a} + |d_c| + 1.
+                let e_max = Hi(-a).exp();
+                let dc_abs = Hi(a.abs().max(z.abs()));
+                let sums = e_max + dc_abs + Hi::ONE;
+                let naive = s3 * e_d
+                    + b.eps_exp * e_max
+                    + b.eta
+                    + Hi(2.0) * half_ulp(b.acc, sums) * Hi(2.0);
+                pre = pre.max(naive);
+            }
             let mut k_abs = phi_up(a).max(phi_up(z));
             if let Some(c) = pt.clamps.kl_output {
                 k_abs = Hi(k_abs.0.min(c));
