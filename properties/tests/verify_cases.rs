@@ -84,7 +84,10 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     for name in ["log_probs", "kl_k1", "kl_k2", "kl_k3", "kl_abs"] {
         assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
     }
-    assert_eq!(output(by("ppo_ratio_fp32"), "ratio").verdict, ReportVerdict::Pass);
+    assert_eq!(
+        output(by("ppo_ratio_fp32"), "ratio").verdict,
+        ReportVerdict::Pass
+    );
     assert_eq!(
         output(by("kl_k3_naive_in_bf16"), "kl_k3").verdict,
         ReportVerdict::Fail

@@ -162,6 +162,19 @@ pub fn dump_bytes(
                     };
                     t.push((o.name(), DumpTensor::floats(out, &shape, &values)));
                 }
+                // The policy terms' inputs (exact f32 values), with their terms.
+                use logprobe_reference::spec::Output;
+                for (name, a, term) in [
+                    ("ref_log_probs", p.policy.ref_log_probs, Output::KlK1),
+                    ("old_log_probs", p.policy.old_log_probs, Output::Ratio),
+                ] {
+                    if let (Some(a), true) = (a, fo.values.contains(term)) {
+                        t.push((
+                            name,
+                            DumpTensor::floats(Dtype::F32, &[a.len()], &a.to_vec()),
+                        ));
+                    }
+                }
             }
         }
     }
@@ -198,6 +211,22 @@ pub fn dump_bytes(
                 SoftcapDtype::Input => "input".into(),
             },
         ));
+    }
+    let forward_like = matches!(
+        finding.call,
+        Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec
+    );
+    if forward_like && !p.policy.is_empty() {
+        let c = &o.policy_clamps;
+        for (key, v) in [
+            ("kl_input_clamp", c.kl_input),
+            ("kl_output_clamp", c.kl_output),
+            ("ratio_log_clamp", c.ratio_log),
+        ] {
+            if let Some(v) = v {
+                meta.push((key, num(v)));
+            }
+        }
     }
     if matches!(finding.call, Call::Loss(_)) {
         let l = &e.loss;

@@ -50,6 +50,13 @@ def verify(
     z_loss: Optional[TensorLike] = None,
     loss: Optional[TensorLike] = None,
     loss_weights: Optional[TensorLike] = None,
+    ref_log_probs: Optional[TensorLike] = None,
+    old_log_probs: Optional[TensorLike] = None,
+    kl_k1: Optional[TensorLike] = None,
+    kl_k2: Optional[TensorLike] = None,
+    kl_k3: Optional[TensorLike] = None,
+    kl_abs: Optional[TensorLike] = None,
+    ratio: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -66,6 +73,9 @@ def verify(
     mean_all_ignored: Optional[MetaValue] = None,
     softcap: Optional[MetaValue] = None,
     softcap_dtype: Optional[MetaValue] = None,
+    kl_input_clamp: Optional[MetaValue] = None,
+    kl_output_clamp: Optional[MetaValue] = None,
+    ratio_log_clamp: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

@@ -29,6 +29,13 @@ def assert_verified(
     z_loss: Optional[TensorLike] = None,
     loss: Optional[TensorLike] = None,
     loss_weights: Optional[TensorLike] = None,
+    ref_log_probs: Optional[TensorLike] = None,
+    old_log_probs: Optional[TensorLike] = None,
+    kl_k1: Optional[TensorLike] = None,
+    kl_k2: Optional[TensorLike] = None,
+    kl_k3: Optional[TensorLike] = None,
+    kl_abs: Optional[TensorLike] = None,
+    ratio: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -44,6 +51,9 @@ def assert_verified(
     mean_all_ignored: Optional[MetaValue] = None,
     softcap: Optional[MetaValue] = None,
     softcap_dtype: Optional[MetaValue] = None,
+    kl_input_clamp: Optional[MetaValue] = None,
+    kl_output_clamp: Optional[MetaValue] = None,
+    ratio_log_clamp: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

@@ -31,6 +31,9 @@
 //! | `chunked-mean-times-chunks` | [`ChunkedMeanTimesChunks`] | chunked | `loss` under `mean` with more than one chunk: multiplied by the chunk count (NVIDIA-NeMo/Automodel #3803) |
 //! | `all-ignored-mean-nan` | [`AllIgnoredMeanNan`] | fused | `loss` under `mean` with every row ignored (or of weight 0) and `mean_all_ignored = zero`: `0 / 0 = NaN` (linkedin/Liger-Kernel #177) |
 //! | `softcap-grad-missing-tanh` | [`SoftcapGradMissingTanh`] | fused | backward with a softcap: the gradient with respect to `x' = c tanh(x / c)`, without `1 - tanh^2` (unsloth-zoo PR #593's kind) |
+//! | `k3-naive` | [`K3Naive`] | fused | `kl_k3` as `exp(-d) + d - 1` in the accumulation dtype: cancels near `d = 0` |
+//! | `ratio-inverted` | [`RatioInverted`] | fused | `ratio = exp(old - lp)` where `lp != old` |
+//! | `clamp-missing` | [`ClampMissing`] | fused | `kl_k3` / `ratio` without their declared clamps, where one binds |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -50,6 +53,7 @@ mod backward;
 mod chunks;
 mod loss;
 mod options;
+mod policy;
 mod rewired;
 mod softcap;
 #[cfg(test)]
@@ -63,6 +67,7 @@ pub use loss::{AllIgnoredMeanNan, ChunkedMeanTimesChunks, LabelSmoothingCountsIg
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
+pub use policy::{ClampMissing, K3Naive, RatioInverted};
 pub use softcap::SoftcapGradMissingTanh;
 pub use tp::TpVocabOffset;
 pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
@@ -459,6 +464,9 @@ pub static CATALOG: &[Entry] = &[
     entry!(ChunkedMeanTimesChunks, Chunked, memory: true),
     entry!(AllIgnoredMeanNan, Fused, memory: true),
     entry!(SoftcapGradMissingTanh, Fused, memory: false),
+    entry!(K3Naive, Fused, memory: false),
+    entry!(RatioInverted, Fused, memory: false),
+    entry!(ClampMissing, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).
