@@ -112,10 +112,7 @@ fn try_bound(
                 let e_max = Hi(-a).exp();
                 let dc_abs = Hi(a.abs().max(z.abs()));
                 let sums = e_max + dc_abs + Hi::ONE;
-                let naive = s3 * e_d
-                    + b.eps_exp * e_max
-                    + b.eta
-                    + Hi(2.0) * half_ulp(b.acc, sums) * Hi(2.0);
+                let naive = s3 * e_d + b.eps_exp * e_max + b.eta + Hi(2.0) * half_ulp(b.acc, sums);
                 pre = pre.max(naive);
             }
             let mut k_abs = phi_up(a).max(phi_up(z));
@@ -128,9 +125,10 @@ fn try_bound(
         // |exp^(y^) - e^y| <= e^{y_max} (expm1(e_d)(1 + eps_exp) + eps_exp)
         // + eta; exp's own rounding is its last in the accumulation dtype.
         PolicyTerm::Ratio => {
-            let mut y_hi = d.hi + e_d.0;
+            let mut y_hi = (d.hi + e_d.0).next_up();
             if let Some(c) = pt.clamps.ratio_log {
-                y_hi = y_hi.min(c);
+                // The clamp is monotone: its value at the upper end.
+                y_hi = y_hi.clamp(-c, c);
             }
             let r_max = Hi(y_hi).exp();
             let err = r_max * (e_d.exp_m1() * (Hi::ONE + b.eps_exp) + b.eps_exp) + b.eta;
