@@ -120,35 +120,38 @@ fn kl_k3_keeps_its_digits_near_zero() {
     let got = CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
     let exact = Oracle::default().forward(&p, Dtype::F32).unwrap();
     let lp_k = &got.values[Output::LogProbs];
-    let mut checked = 0;
+    let (mut near, mut beaten) = (0, 0);
     for r in 0..37 {
         if !p.has_target(r) {
             continue;
         }
         let e = exact.values[Output::KlK3][[r, 0]].rounded;
         let k = got.values[Output::KlK3][[r, 0]];
-        // The error the kernel's own log-prob error `delta` explains:
-        // |k3'| delta <= |d| delta (1 + |d|), plus a few ulps of k3.
+        // The error the kernel's own log-prob error `delta` explains
+        // (mean value: |k3'(xi)| <= |xi| (1 + |xi|) for |xi| <= |d^| +
+        // delta), plus a few ulps of k3.
         let dk = lp_k[[r, 0]] - d.refs[r];
         let delta = (lp_k[[r, 0]] - exact.values[Output::LogProbs][[r, 0]].rounded).abs()
             + 2.0 * f32::EPSILON as f64 * lp_k[[r, 0]].abs();
-        let allowed = dk.abs() * (1.0 + dk.abs()) * delta + 4.0 * f32::EPSILON as f64 * e;
+        let xi = dk.abs() + delta;
+        let allowed = xi * (1.0 + xi) * delta + 4.0 * f32::EPSILON as f64 * e;
         assert!(
             (k - e).abs() <= allowed,
             "row {r}: d {dk:e}, k3 {k:e} vs exact {e:e} (allowed {allowed:e})"
         );
-        // Where |d| < 1e-3 the naive form's error (~ an f32 ulp of 1)
-        // would exceed that by orders of magnitude.
-        if dk.abs() < 1e-3 && e > 0.0 {
+        // Where the kernel's own log-prob error leaves k3 well conditioned
+        // (|d| > 100 delta) and |d| < 1e-3, the kernel keeps k3's leading
+        // digits (the assertion above: relative error about 2 delta / |d|)
+        // and the naive f32 form loses them (its error is an f32 ulp of 1).
+        if dk.abs() > 100.0 * delta && dk.abs() < 1e-3 {
             let naive = ((-dk as f32).exp() + dk as f32 - 1.0) as f64;
-            assert!(
-                (naive - e).abs() > 10.0 * allowed,
-                "row {r}: naive {naive:e}"
-            );
-            checked += 1;
+            near += 1;
+            if (naive - e).abs() > 0.1 * e {
+                beaten += 1;
+            }
         }
     }
-    assert!(checked >= 5, "{checked}");
+    assert!(near >= 2 && 2 * beaten >= near, "{beaten} of {near}");
 }
 
 #[test]

@@ -77,7 +77,7 @@ fn kl_k3_is_correctly_rounded_where_the_naive_form_cancels() {
         .map(|r| log_prob(&x, r, t[r] as usize, 1.0))
         .collect();
     let mut naive_lost = 0;
-    for delta in [1e-8, -1e-8, 3e-9, -7e-10, 1e-6, -2.5e-5, 0.0] {
+    for delta in [1e-8f64, -1e-8, 3e-9, -7e-10, 1e-6, -2.5e-5, 0.0] {
         // ref = lp - delta rounded to f64: d = lp - ref ~ delta.
         let refs: Array1<f64> = (0..2)
             .map(|r| Float::with_val(P, &lp[r] - delta).to_f64())
