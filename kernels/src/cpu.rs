@@ -109,6 +109,7 @@ const CPU_CAPABILITIES: Capabilities = Capabilities {
     softcap: true,
     loss: true,
     policy: true,
+    topk_kl: true,
 };
 
 /// Per-row record bytes (forward or backward stats) with `k` top-k ids.

@@ -1020,6 +1020,7 @@ pub(crate) fn backward_in_place(
         sampling_mask,
         topk_ids,
         policy,
+        teacher_topk_log_probs,
         options,
         loss_weights,
     } = problem;
@@ -1033,6 +1034,7 @@ pub(crate) fn backward_in_place(
                     sampling_mask,
                     topk_ids,
                     policy: policy.shorten(),
+                    teacher_topk_log_probs,
                     options,
                     loss_weights,
                 };

@@ -84,6 +84,7 @@ impl Case {
             sampling_mask: mask.as_ref().map(|m| m.view()),
             topk_ids: Some(ids.view()),
             policy: Default::default(),
+            teacher_topk_log_probs: None,
             options: self.options,
             loss_weights: None,
         };

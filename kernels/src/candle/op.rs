@@ -126,6 +126,7 @@ impl LogProbOp {
             sampling_mask: None,
             topk_ids: None,
             policy: Default::default(),
+            teacher_topk_log_probs: None,
             options: self.options,
             loss_weights: None,
         })

@@ -110,6 +110,7 @@ impl DeviceKernel {
             softcap: false,
             loss: false,
             policy: false,
+            topk_kl: false,
         }
     }
 
@@ -141,6 +142,12 @@ impl DeviceKernel {
             return Err(KernelError::Unsupported {
                 kernel: self.name(),
                 what: "policy terms (ref_log_probs / old_log_probs)",
+            });
+        }
+        if problem.options.topk_kl.is_some() {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "top-k KL",
             });
         }
         if problem.options.softcap.is_some() {

@@ -177,6 +177,7 @@ pub fn problem<'a>(c: &'a Case, logits: Logits<'a>) -> Problem<'a> {
         sampling_mask: c.mask.as_ref().map(|m| m.view()),
         topk_ids: Some(c.ids.view()),
         policy: Default::default(),
+        teacher_topk_log_probs: None,
         options: c.options,
         loss_weights: None,
     }
@@ -363,6 +364,7 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         sampling_mask: c.mask.as_ref().map(|m| m.slice(ndarray::s![4..9, ..])),
         topk_ids: Some(c.ids.slice(ndarray::s![4..9, ..])),
         policy: Default::default(),
+        teacher_topk_log_probs: None,
         options: c.options,
         loss_weights: None,
     };
@@ -453,6 +455,7 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
                     sampling_mask: c.mask.as_ref().map(|m| m.view()),
                     topk_ids: Some(c.ids.view()),
                     policy: Default::default(),
+                    teacher_topk_log_probs: None,
                     options: c.options,
                     loss_weights: None,
                 },

@@ -110,6 +110,7 @@ pub fn dump_bytes(
                         sampling_mask: p.sampling_mask,
                         topk_ids: p.topk_ids,
                         policy: p.policy.shorten(),
+                        teacher_topk_log_probs: p.teacher_topk_log_probs,
                         options: p.options,
                         loss_weights: p.loss_weights,
                     },

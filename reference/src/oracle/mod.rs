@@ -82,6 +82,7 @@ mod mpfr_interval;
 mod policy;
 mod round;
 mod row;
+mod topk_kl;
 mod vjp;
 
 pub use fast::{Fallback, Tier};
@@ -363,6 +364,8 @@ impl Oracle {
             Output::KlK3,
             Output::KlAbs,
             Output::Ratio,
+            Output::ForwardKl,
+            Output::ReverseKl,
         ]
         .into_iter()
         .filter_map(|o| values.get(o))
@@ -435,6 +438,11 @@ impl Oracle {
                     let eps = loss::label_smoothing(problem);
                     let t = loss::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
                     vec![rounder.exact(&t, target)]
+                }
+                Output::ForwardKl | Output::ReverseKl => {
+                    let kl = problem.options.topk_kl.expect("requested");
+                    let e = topk_kl::kl_mpfr(&vals.topk, &row.teacher, &kl, kl_direction(o), prec);
+                    vec![rounder.exact(&e, target)]
                 }
                 // No log-prob on an `ignore_index` row: its terms are 0.
                 o => {
@@ -787,6 +795,7 @@ fn fast_values(
         Output::Loss => vec![fast
             .loss_term(loss::label_smoothing(problem))
             .and_then(|l| loss::decide_term(l, target))],
+        Output::ForwardKl | Output::ReverseKl => vec![kl_fast(problem, fast, o, target)],
         o => {
             let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
             vec![match fast.log_prob() {
@@ -798,6 +807,37 @@ fn fast_values(
             }]
         }
     })
+}
+
+/// The KL term an output names.
+fn kl_direction(o: Output) -> topk_kl::Direction {
+    match o {
+        Output::ReverseKl => topk_kl::Direction::Reverse,
+        _ => topk_kl::Direction::Forward,
+    }
+}
+
+/// `forward_kl` / `reverse_kl` of a row on the f64 tier
+/// ([`topk_kl::kl_fast`]) decided in `target`; `None` leaves it to MPFR
+/// (also when the row is not [`fast::FastRow::applicable`]).
+fn kl_fast(
+    problem: &Problem<'_>,
+    fast: &fast::FastRow<'_>,
+    o: Output,
+    target: Dtype,
+) -> Option<Exact> {
+    let kl = problem.options.topk_kl?;
+    if !fast.applicable() {
+        return None;
+    }
+    let e = topk_kl::kl_fast(&fast.topk(), &fast.prepared().teacher, &kl, kl_direction(o))?;
+    if e.lo == f64::INFINITY {
+        return Some(Exact::point(f64::INFINITY));
+    }
+    if e.lo == 0.0 && e.hi == 0.0 {
+        return Some(Exact::point(0.0));
+    }
+    fast::decide(e, target)
 }
 
 /// The z-loss coefficient of `problem` as the computation takes it

@@ -104,6 +104,9 @@ pub(crate) struct Row<'a> {
     pub weight: f64,
     /// The row's policy-term inputs (`ref`, `old`, clamps).
     pub policy: super::policy::PolicyRow,
+    /// The teacher's log-probs `a_k [K]` of the top-k KL (empty without
+    /// `options.topk_kl`).
+    pub teacher: Vec<f64>,
 }
 
 impl Row<'_> {
@@ -392,6 +395,10 @@ pub(crate) fn prepare<'a>(
         topk,
         weight: problem.loss_weight(row),
         policy: super::policy::PolicyRow::of(problem, row),
+        teacher: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
+            (Some(_), Some(a)) => a.row(row).to_vec(),
+            _ => Vec::new(),
+        },
     })
 }
 

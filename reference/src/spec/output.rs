@@ -63,6 +63,13 @@ pub enum Output {
     KlAbs,
     /// `ratio [N]`: `exp(clamp(log_prob - old_log_probs))`, dimensionless.
     Ratio,
+    /// `forward_kl [N]` (stored `[N, 1]`): `sum_k e^{a_k} (a_k - log
+    /// p(id_k))` over the teacher's top-k (DESIGN: "Loss side";
+    /// [`crate::spec::TopkKl`]), nats.
+    ForwardKl,
+    /// `reverse_kl [N]` (stored `[N, 1]`): `sum_k p(id_k) (log p(id_k) -
+    /// a_k)` over the same support, nats.
+    ReverseKl,
 }
 
 /// What the second axis of an output indexes.
@@ -78,7 +85,7 @@ pub enum Columns {
 
 impl Output {
     /// How many outputs there are.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 14;
 
     /// Every output, in report order.
     pub const ALL: [Output; Output::COUNT] = [
@@ -94,10 +101,12 @@ impl Output {
         Output::KlK3,
         Output::KlAbs,
         Output::Ratio,
+        Output::ForwardKl,
+        Output::ReverseKl,
     ];
 
     /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 11] = [
+    pub const FORWARD: [Output; 13] = [
         Output::LogProbs,
         Output::Entropy,
         Output::TopkLogProbs,
@@ -109,6 +118,8 @@ impl Output {
         Output::KlK3,
         Output::KlAbs,
         Output::Ratio,
+        Output::ForwardKl,
+        Output::ReverseKl,
     ];
 
     /// Position in [`Output::ALL`].
@@ -132,6 +143,8 @@ impl Output {
             Output::KlK3 => "kl_k3",
             Output::KlAbs => "kl_abs",
             Output::Ratio => "ratio",
+            Output::ForwardKl => "forward_kl",
+            Output::ReverseKl => "reverse_kl",
         }
     }
 
@@ -151,6 +164,8 @@ impl Output {
             Output::KlK3 => Some("grad_kl_k3"),
             Output::KlAbs => Some("grad_kl_abs"),
             Output::Ratio => Some("grad_ratio"),
+            Output::ForwardKl => Some("grad_forward_kl"),
+            Output::ReverseKl => Some("grad_reverse_kl"),
         }
     }
 
@@ -172,6 +187,7 @@ impl Output {
             | Output::KlK3
             | Output::KlAbs
             | Output::Ratio => Columns::One,
+            Output::ForwardKl | Output::ReverseKl => Columns::One,
             Output::TopkLogProbs => Columns::TopK,
             Output::GradLogits => Columns::Vocabulary,
         }
@@ -207,6 +223,8 @@ impl Output {
                 problem.policy.ref_log_probs.is_some() && problem.tokens.is_some()
             }
             Output::Ratio => problem.policy.old_log_probs.is_some() && problem.tokens.is_some(),
+            Output::ForwardKl => problem.options.topk_kl.is_some_and(|k| k.forward),
+            Output::ReverseKl => problem.options.topk_kl.is_some_and(|k| k.reverse),
         }
     }
 
@@ -241,7 +259,9 @@ impl Output {
             | Output::TopkLogProbs
             | Output::GradLogits
             | Output::Lse
-            | Output::ZLoss => true,
+            | Output::ZLoss
+            | Output::ForwardKl
+            | Output::ReverseKl => true,
         }
     }
 
@@ -271,6 +291,8 @@ impl Output {
             Output::KlK3 => col(cotangents.grad_kl_k3),
             Output::KlAbs => col(cotangents.grad_kl_abs),
             Output::Ratio => col(cotangents.grad_ratio),
+            // The KL's gradients are not built yet.
+            Output::ForwardKl | Output::ReverseKl => None,
         }
     }
 }

@@ -57,6 +57,9 @@ def verify(
     kl_k3: Optional[TensorLike] = None,
     kl_abs: Optional[TensorLike] = None,
     ratio: Optional[TensorLike] = None,
+    teacher_topk_log_probs: Optional[TensorLike] = None,
+    forward_kl: Optional[TensorLike] = None,
+    reverse_kl: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -76,6 +79,7 @@ def verify(
     kl_input_clamp: Optional[MetaValue] = None,
     kl_output_clamp: Optional[MetaValue] = None,
     ratio_log_clamp: Optional[MetaValue] = None,
+    kl_renormalized: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

@@ -36,6 +36,9 @@ def assert_verified(
     kl_k3: Optional[TensorLike] = None,
     kl_abs: Optional[TensorLike] = None,
     ratio: Optional[TensorLike] = None,
+    teacher_topk_log_probs: Optional[TensorLike] = None,
+    forward_kl: Optional[TensorLike] = None,
+    reverse_kl: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -54,6 +57,7 @@ def assert_verified(
     kl_input_clamp: Optional[MetaValue] = None,
     kl_output_clamp: Optional[MetaValue] = None,
     ratio_log_clamp: Optional[MetaValue] = None,
+    kl_renormalized: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

@@ -207,6 +207,7 @@ pub fn judge_backward(
                 sampling_mask: p.sampling_mask,
                 topk_ids: p.topk_ids,
                 policy: p.policy.shorten(),
+                teacher_topk_log_probs: p.teacher_topk_log_probs,
                 options: p.options,
                 loss_weights: p.loss_weights,
             },

@@ -70,6 +70,7 @@ pub(crate) fn with_tokens<'b>(p: &'b Problem<'_>, tokens: &'b Array1<i64>) -> Pr
         sampling_mask: p.sampling_mask,
         topk_ids: p.topk_ids,
         policy: p.policy.shorten(),
+        teacher_topk_log_probs: p.teacher_topk_log_probs,
         options: p.options,
         loss_weights: p.loss_weights,
     }
@@ -124,6 +125,7 @@ impl Reversed {
             sampling_mask: self.mask.as_ref().map(|m| m.view()),
             topk_ids: self.ids.as_ref().map(|k| k.view()),
             policy: Default::default(),
+            teacher_topk_log_probs: None,
             options,
             loss_weights: None,
         }

@@ -32,6 +32,7 @@ mod recipe;
 mod rows;
 mod sampler;
 mod space;
+mod teacher;
 #[cfg(test)]
 mod tests;
 
@@ -43,3 +44,4 @@ pub use recipe::*;
 pub use rows::*;
 pub use sampler::*;
 pub use space::*;
+pub use teacher::*;

@@ -21,6 +21,8 @@ pub struct RowInputs {
     pub sampling_mask: Option<Array2<bool>>,
     /// Ids `[1, K]`.
     pub topk_ids: Option<Array2<i64>>,
+    /// The teacher's log-probs `[1, K]` (top-k KL).
+    pub teacher_topk_log_probs: Option<Array2<f64>>,
     /// Options of the dump.
     pub options: Options,
     /// The row's `loss_weights` entry `[1]`.
@@ -43,6 +45,7 @@ impl RowInputs {
                 ref_log_probs: self.policy[0].as_ref().map(|a| a.view()),
                 old_log_probs: self.policy[1].as_ref().map(|a| a.view()),
             },
+            teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|m| m.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }

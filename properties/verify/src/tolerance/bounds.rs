@@ -14,7 +14,9 @@ use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
 mod screen;
+mod topk_kl;
 pub use screen::GradScreen;
+pub use topk_kl::KlTarget;
 
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
@@ -683,6 +685,9 @@ impl<'a> RowBounds<'a> {
             Output::Loss => self.loss(targets, out),
             Output::KlK1 | Output::KlK2 | Output::KlK3 | Output::KlAbs | Output::Ratio => {
                 super::policy::bound(self, output, targets, out)
+            }
+            Output::ForwardKl | Output::ReverseKl => {
+                self.topk_kl(output, &targets.topk_ids, targets.topk_kl.as_ref(), out)
             }
         }
     }

@@ -334,6 +334,7 @@ impl NaiveRow {
             | Output::KlK3
             | Output::KlAbs
             | Output::Ratio => return None,
+            Output::ForwardKl | Output::ReverseKl => return None,
         };
         let x = *self.masked.get(id)?;
         Some(self.naive(dtype).lp(x))
