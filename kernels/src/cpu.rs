@@ -108,6 +108,7 @@ const CPU_CAPABILITIES: Capabilities = Capabilities {
     lse: true,
     softcap: true,
     loss: true,
+    policy: true,
     topk_kl: true,
 };
 

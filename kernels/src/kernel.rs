@@ -66,6 +66,9 @@ pub struct Capabilities {
     /// The cross-entropy `loss` ([`Kernel::cross_entropy`]): every
     /// reduction, label smoothing, `loss_weights`, `mean_all_ignored`.
     pub loss: bool,
+    /// The policy terms `kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio`
+    /// (`ref_log_probs`, `old_log_probs`, their clamps and cotangents).
+    pub policy: bool,
     /// The top-k KL to a teacher (`forward_kl`, `reverse_kl`,
     /// [`Options::topk_kl`]).
     pub topk_kl: bool,

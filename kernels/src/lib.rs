@@ -16,6 +16,7 @@ pub mod exp;
 mod grad_block;
 pub mod gradient;
 pub mod kernel;
+pub mod policy;
 mod row;
 mod stats;
 mod vjp;

@@ -14,7 +14,7 @@
 use ndarray::{ArrayView1, ArrayView2, Axis};
 
 use logprobe_reference::spec::{
-    Dtype, EntropyLogits, Output, Problem, Shape, SpecError, TemperatureDtype,
+    Dtype, EntropyLogits, Output, PolicyTerm, Problem, Shape, SpecError, TemperatureDtype,
 };
 
 use crate::kernel::{Algorithm, Shift};
@@ -323,6 +323,10 @@ pub struct RowForward {
     /// (an exact f64; 0 on `ignore_index` rows or when not wanted): see
     /// [`row_loss`].
     pub loss: f64,
+    /// The policy terms ([`crate::policy`], `PolicyTerm::ALL` order) from
+    /// the unrounded log-prob, rounded to `out` (0 on `ignore_index` rows
+    /// or without their input).
+    pub policy: [f64; 5],
     /// `forward_kl` (0 when not wanted), rounded to `out`: [`topk_kl`].
     pub forward_kl: f64,
     /// `reverse_kl` (0 when not wanted), rounded to `out`: [`topk_kl`].
@@ -383,6 +387,18 @@ pub fn row_forward<A: Acc>(
     } else {
         (0.0, 0.0)
     };
+    let mut policy = [0.0; 5];
+    if let (Some(pr), Some(t)) = (
+        crate::policy::PolicyRow::<A>::of(problem, row),
+        problem.tokens,
+    ) {
+        if t[row] != p.ignore_index {
+            let lp_t = lp(t[row] as usize);
+            for (v, term) in policy.iter_mut().zip(PolicyTerm::ALL) {
+                *v = pr.value(term, lp_t).map_or(0.0, |x| round_out(x, out));
+            }
+        }
+    }
     let loss = match (p.label_smoothing, problem.tokens) {
         (Some(eps), Some(t)) if t[row] != p.ignore_index => {
             row_loss(problem, row, p.v, eps, lp(t[row] as usize), &lp).to_f64()
@@ -412,6 +428,7 @@ pub fn row_forward<A: Acc>(
         lse,
         z_loss,
         loss,
+        policy,
         forward_kl,
         reverse_kl,
     }
@@ -594,6 +611,11 @@ pub fn assemble(
         }
         if let Some(l) = fo.values.get_mut(Output::Loss) {
             l[[r, 0]] = loss_term(problem, shape, r, f.loss, out);
+        }
+        for (term, &v) in PolicyTerm::ALL.iter().zip(&f.policy) {
+            if let Some(a) = fo.values.get_mut(term.output()) {
+                a[[r, 0]] = v;
+            }
         }
         if let Some(k) = fo.values.get_mut(Output::ForwardKl) {
             k[[r, 0]] = f.forward_kl;

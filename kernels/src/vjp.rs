@@ -52,6 +52,10 @@ pub struct RowCot<A> {
     pub h: Option<A>,
     /// The loss side (`None`: no `lse`, `z_loss` or `loss` cotangent).
     pub loss: Option<LossSide<A>>,
+    /// The policy terms' cotangents (`None`: none nonzero on this row):
+    /// one more source at the target, of weight `sum c k'(lp^)` from the
+    /// row's own log-prob ([`crate::policy`]), added in [`grad_row`].
+    pub policy: Option<crate::policy::PolicySide<A>>,
 }
 
 /// The loss-side terms of one row (DESIGN: "Loss side"), folded into the
@@ -132,7 +136,12 @@ impl<A: Acc> RowCot<A> {
         };
         let any = cot.grad_lse.is_some() || cot.grad_z_loss.is_some() || cot.grad_loss.is_some();
         let loss = any.then_some(LossSide { a, zb, ell_eps, u });
-        RowCot { sources, h, loss }
+        RowCot {
+            sources,
+            h,
+            loss,
+            policy: crate::policy::PolicySide::of(problem, cot, row),
+        }
     }
 
     /// Sum of all weights, in source order, less the loss side's weight
@@ -559,12 +568,21 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     masked_entropy: bool,
 ) {
     let v = p.v;
-    let (total, u) = rc.total(st, p);
+    let (mut total, u) = rc.total(st, p);
+    // The policy terms' source at the target (read before any write).
+    let pol = rc.policy.as_ref().map(|ps| {
+        let lp = crate::stats::log_prob(io.get(ps.target), st, p.scale);
+        (ps.target, ps.weight(lp))
+    });
+    let sources: Vec<(usize, A)> = rc.sources.iter().copied().chain(pol).collect();
+    if let Some((_, w)) = pol {
+        total = total + w;
+    }
     let h = rc.h;
     // Source columns: read before the block pass (it may overwrite them),
     // with their softcap factors.
     let mut spec: Vec<(usize, A, Option<A>)> = Vec::with_capacity(rc.sources.len());
-    for &(j, _) in &rc.sources {
+    for &(j, _) in &sources {
         if !spec.iter().any(|&(c, _, _)| c == j) {
             let mut f = [A::ONE];
             let capped = io.softcap_factors(j, &mut f);
@@ -651,7 +669,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     // Source columns: c_j (1 - p_j) - o_j p_j - h q_j (e_j + R), cancellation-free.
     for &(j, zj, fj) in &spec {
         let (mut c, mut o) = (A::ZERO, A::ZERO);
-        for &(i, w) in &rc.sources {
+        for &(i, w) in &sources {
             if i == j {
                 c = c + w;
             } else {
@@ -1006,6 +1024,7 @@ pub(crate) fn backward_in_place(
         tokens,
         sampling_mask,
         topk_ids,
+        policy,
         teacher_topk_log_probs,
         options,
         loss_weights,
@@ -1019,6 +1038,7 @@ pub(crate) fn backward_in_place(
                     tokens,
                     sampling_mask,
                     topk_ids,
+                    policy: policy.shorten(),
                     teacher_topk_log_probs,
                     options,
                     loss_weights,

@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 27, "{paths:?}");
+    assert_eq!(paths.len(), 30, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -87,6 +87,20 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     );
     assert!(lp.max_ulps <= 1.0, "{}", lp.max_ulps);
     assert_eq!(output(r, "entropy").verdict, ReportVerdict::Fail);
+    // The policy terms (issue 18): verl's low_var_kl and the PPO ratio in
+    // fp32 pass on every term; the same k3 in bf16 fails on kl_k3.
+    let r = by("kl_k3_low_var_kl_bf16");
+    for name in ["log_probs", "kl_k1", "kl_k2", "kl_k3", "kl_abs"] {
+        assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
+    assert_eq!(
+        output(by("ppo_ratio_fp32"), "ratio").verdict,
+        ReportVerdict::Pass
+    );
+    assert_eq!(
+        output(by("kl_k3_naive_in_bf16"), "kl_k3").verdict,
+        ReportVerdict::Fail
+    );
     // The loss side: z_loss squared from an lse stored in bf16 fails on
     // z_loss alone (that lse, correctly rounded to bf16, passes).
     let r = by("z_loss_from_bf16_lse");
@@ -172,8 +186,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the twenty-five small dumps (fourteen pass, two are
-/// SUSPECT, the nine bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the twenty-eight small dumps (sixteen pass, two are
+/// SUSPECT, the ten bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -182,7 +196,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 25);
+    assert_eq!(small.len(), 28);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -203,7 +217,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 25);
+    assert_eq!(files.len(), 28);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

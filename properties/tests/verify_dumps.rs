@@ -35,6 +35,7 @@ fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f6
         tokens: Some(t.view()),
         sampling_mask: None,
         topk_ids: Some(ida.view()),
+        policy: Default::default(),
         teacher_topk_log_probs: None,
         options: Options::default(),
         loss_weights: None,

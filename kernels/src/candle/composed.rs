@@ -188,6 +188,11 @@ impl Kernel for CandleComposed {
         if problem.options.loss.is_some() {
             return Err(Self::unsupported("cross-entropy loss"));
         }
+        if !problem.policy.is_empty() {
+            return Err(Self::unsupported(
+                "policy terms (ref_log_probs / old_log_probs)",
+            ));
+        }
         if problem.options.softcap.is_some() {
             return Err(Self::unsupported("softcap"));
         }

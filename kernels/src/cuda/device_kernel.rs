@@ -109,6 +109,7 @@ impl DeviceKernel {
             lse: false,
             softcap: false,
             loss: false,
+            policy: false,
             topk_kl: false,
         }
     }
@@ -135,6 +136,12 @@ impl DeviceKernel {
             return Err(KernelError::Unsupported {
                 kernel: self.name(),
                 what: "cross-entropy loss",
+            });
+        }
+        if !problem.policy.is_empty() {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "policy terms (ref_log_probs / old_log_probs)",
             });
         }
         if problem.options.topk_kl.is_some() {
@@ -180,6 +187,15 @@ impl DeviceKernel {
     ) -> Result<Array2<f64>, KernelError> {
         // The oracle's order (`Oracle::vjp`): shapes, cotangents, then values.
         problem.validate_cotangents(&problem.validate_shapes()?, cot)?;
+        if logprobe_reference::spec::PolicyTerm::ALL
+            .iter()
+            .any(|&t| cot.policy(t).is_some())
+        {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "policy-term cotangents",
+            });
+        }
         let shape = self.validate(problem)?;
         match backward(
             &*self.rt,

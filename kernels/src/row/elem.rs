@@ -73,6 +73,10 @@ pub trait Acc:
     /// `tanh(x)`, correctly rounded to nearest (CORE-MATH's `cr_tanhf` /
     /// `cr_tanh`, proven: [`Acc::TANH_ULPS`] is 0.5), `tanh(-inf) = -1`.
     fn tanh(self) -> Self;
+    /// `e^x - 1`, correctly rounded to nearest (CORE-MATH's `cr_expm1f` /
+    /// `cr_expm1`, proven: 0.5 ulp at its result; the policy terms'
+    /// `kl_k3` and its derivative, [`crate::policy`]).
+    fn expm1(self) -> Self;
     /// `ln(1 + x)`.
     fn ln_1p(self) -> Self;
     /// The exactly equal f64.
@@ -114,6 +118,10 @@ impl Acc for f32 {
         core_math::tanhf(self)
     }
     #[inline]
+    fn expm1(self) -> Self {
+        core_math::expm1f(self)
+    }
+    #[inline]
     fn ln_1p(self) -> Self {
         ln_1p_f32(self)
     }
@@ -142,6 +150,10 @@ impl Acc for f64 {
     #[inline]
     fn tanh(self) -> Self {
         core_math::tanh(self)
+    }
+    #[inline]
+    fn expm1(self) -> Self {
+        core_math::expm1(self)
     }
     #[inline]
     fn ln_1p(self) -> Self {

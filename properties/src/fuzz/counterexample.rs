@@ -143,6 +143,7 @@ pub fn dump_bytes(
                         tokens: p.tokens,
                         sampling_mask: p.sampling_mask,
                         topk_ids: p.topk_ids,
+                        policy: p.policy.shorten(),
                         teacher_topk_log_probs: p.teacher_topk_log_probs,
                         options: p.options,
                         loss_weights: p.loss_weights,
@@ -213,6 +214,18 @@ pub fn dump_bytes(
                         meta_kl = Some(kl.renormalized);
                     }
                 }
+                // The policy terms' inputs (exact f32 values), with their terms.
+                for (name, a, term) in [
+                    ("ref_log_probs", p.policy.ref_log_probs, Output::KlK1),
+                    ("old_log_probs", p.policy.old_log_probs, Output::Ratio),
+                ] {
+                    if let (Some(a), true) = (a, fo.values.contains(term)) {
+                        t.push((
+                            name,
+                            DumpTensor::floats(Dtype::F32, &[a.len()], &a.to_vec()),
+                        ));
+                    }
+                }
             }
         }
     }
@@ -256,6 +269,22 @@ pub fn dump_bytes(
     let loss_grad = matches!(finding.call, Call::Backward(_) | Call::InPlace)
         && p.options.loss.is_some()
         && e.cot.grad_loss.is_some();
+    let forward_like = matches!(
+        finding.call,
+        Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec
+    );
+    if forward_like && !p.policy.is_empty() {
+        let c = &o.policy_clamps;
+        for (key, v) in [
+            ("kl_input_clamp", c.kl_input),
+            ("kl_output_clamp", c.kl_output),
+            ("ratio_log_clamp", c.ratio_log),
+        ] {
+            if let Some(v) = v {
+                meta.push((key, num(v)));
+            }
+        }
+    }
     if matches!(finding.call, Call::Loss(_)) || loss_grad {
         let l = &e.loss;
         meta.push(("reduction", l.reduction.name().into()));

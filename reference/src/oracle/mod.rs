@@ -79,6 +79,7 @@ pub mod fast;
 mod kl;
 mod loss;
 mod mpfr_interval;
+mod policy;
 mod round;
 mod row;
 mod topk_kl;
@@ -360,6 +361,11 @@ impl Oracle {
         for v in [
             Output::ZLoss,
             Output::Loss,
+            Output::KlK1,
+            Output::KlK2,
+            Output::KlK3,
+            Output::KlAbs,
+            Output::Ratio,
             Output::ForwardKl,
             Output::ReverseKl,
         ]
@@ -442,6 +448,15 @@ impl Oracle {
                     let kl = problem.options.topk_kl.expect("requested");
                     let e = topk_kl::kl_mpfr(&vals.topk, &row.teacher, &kl, kl_direction(o), prec);
                     vec![rounder.exact(&e, target)]
+                }
+                // No log-prob on an `ignore_index` row: its terms are 0.
+                o => {
+                    let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
+                    vec![vals
+                        .log_prob
+                        .as_ref()
+                        .and_then(|lp| policy::term_mpfr(term, &row.policy, lp, prec))
+                        .map_or(Exact::point(0.0), |b| rounder.exact(&b, target))]
                 }
             });
             let rf = RowForward {
@@ -551,6 +566,7 @@ impl Oracle {
                 z_loss: cotangents.grad_z_loss.map_or(0.0, |b| b[r]),
                 z_loss_coef,
                 loss,
+                policy: problem.policy_cotangents(cotangents, r),
             };
             let entropy = if cot.h != 0.0 {
                 problem.options.entropy
@@ -788,6 +804,16 @@ fn fast_values(
             .loss_term(loss::label_smoothing(problem))
             .and_then(|l| loss::decide_term(l, target))],
         Output::ForwardKl | Output::ReverseKl => vec![kl_fast(problem, fast, o, target)],
+        o => {
+            let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
+            vec![match fast.log_prob() {
+                // No log-prob on an `ignore_index` row: its terms are 0.
+                None => Some(Exact::point(0.0)),
+                Some(_) if !fast.applicable() => None,
+                Some(lp) => policy::term_fast(term, &fast.prepared().policy, lp)
+                    .and_then(|iv| policy::decide_term(term, iv, target)),
+            }]
+        }
     })
 }
 

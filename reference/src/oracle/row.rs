@@ -102,6 +102,8 @@ pub(crate) struct Row<'a> {
     pub topk: Vec<TopId>,
     /// The row's `loss_weights` entry (1 without weights).
     pub weight: f64,
+    /// The row's policy-term inputs (`ref`, `old`, clamps).
+    pub policy: super::policy::PolicyRow,
     /// The teacher's log-probs `a_k [K]` of the top-k KL (empty without
     /// `options.topk_kl`).
     pub teacher: Vec<f64>,
@@ -392,6 +394,7 @@ pub(crate) fn prepare<'a>(
         target,
         topk,
         weight: problem.loss_weight(row),
+        policy: super::policy::PolicyRow::of(problem, row),
         teacher: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
             (Some(_), Some(a)) => a.row(row).to_vec(),
             _ => Vec::new(),

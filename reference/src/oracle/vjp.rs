@@ -59,12 +59,19 @@ pub(crate) struct RowCot {
     pub z_loss_coef: f64,
     /// The cross-entropy loss's term of this row, if any.
     pub loss: Option<RowLoss>,
+    /// The policy terms' nonzero cotangents `(term, c)` of this row
+    /// ([`crate::spec::Problem::policy_cotangents`]): each adds `c k'(d)`
+    /// to the log-prob's cotangent (module `policy`).
+    pub policy: Vec<(crate::spec::PolicyTerm, f64)>,
 }
 
 impl RowCot {
     /// Whether any term beyond the log-prob / entropy / top-k ones is given.
     pub(crate) fn has_loss_side(&self) -> bool {
-        self.lse != 0.0 || (self.z_loss != 0.0 && self.z_loss_coef != 0.0) || self.loss.is_some()
+        self.lse != 0.0
+            || (self.z_loss != 0.0 && self.z_loss_coef != 0.0)
+            || self.loss.is_some()
+            || !self.policy.is_empty()
     }
 }
 
@@ -166,6 +173,11 @@ pub(crate) fn vjp_row(
     if let (Some(t), Some(_)) = (row.target, loss) {
         a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
     }
+    // So are the policy terms (their log-prob cotangent is set per precision).
+    let policy = row.target.filter(|_| !cot.policy.is_empty());
+    if let Some(t) = policy {
+        a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
+    }
     let loss_side = cot.has_loss_side();
     if c.is_zero() && cot.h == 0.0 && a_map.is_empty() && !loss_side {
         return out;
@@ -245,6 +257,31 @@ pub(crate) fn vjp_row(
                 uu.neg();
                 u = Some(uu);
             }
+        }
+        // The policy terms' log-prob cotangent `sum c k'(d)`, enclosed from
+        // the log-prob at this precision: a source at the target (`A_t`)
+        // and in `C`, as a log-prob cotangent is.
+        if let Some(tcol) = policy {
+            let lp = super::policy::log_prob_mpfr(row, &sums, acc).expect("a target");
+            let mut gp = MpfrInterval::point(acc, 0.0);
+            for &(term, c) in &cot.policy {
+                if let Some(k) = super::policy::slope_mpfr(term, &row.policy, &lp, acc) {
+                    let mut ck = MpfrInterval::new(acc);
+                    ck.mul(&MpfrInterval::point(acc, c), &k, &mut t);
+                    tmp.assign_outward(&gp);
+                    gp.add(&tmp, &ck);
+                }
+            }
+            tmp.assign_outward(&cc);
+            cc.add(&tmp, &gp);
+            loss_target = Some(match loss_target.take() {
+                None => (tcol, gp),
+                Some((_, at)) => {
+                    let mut x = MpfrInterval::new(acc);
+                    x.add(&at, &gp);
+                    (tcol, x)
+                }
+            });
         }
         let specials: Specials = a_map
             .iter()

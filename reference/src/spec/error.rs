@@ -173,6 +173,26 @@ pub enum SpecError {
         /// Rows summed when it overflowed.
         rows: usize,
     },
+    /// A `ref_log_probs` / `old_log_probs` entry that is NaN or infinite.
+    #[error("{tensor}[{row}] is {value}: reference and behaviour log-probs must be finite")]
+    NonFinitePolicyInput {
+        /// `ref_log_probs` or `old_log_probs`.
+        tensor: &'static str,
+        /// Row index.
+        row: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// A clamp (`kl_input_clamp`, `kl_output_clamp`, `ratio_log_clamp`)
+    /// that is not finite and `> 0` (as given or rounded to the
+    /// accumulation dtype).
+    #[error("{name} must be finite and > 0, got {value}")]
+    BadClamp {
+        /// The clamp's name.
+        name: &'static str,
+        /// The value as given.
+        value: f64,
+    },
     /// A `teacher_topk_log_probs` entry that is not a log-prob: positive,
     /// NaN or `+inf` (`-inf` is a zero-probability entry).
     #[error("teacher_topk_log_probs[{row}, {k}] is {value}: a log-prob is <= 0 and not NaN")]

@@ -8,6 +8,7 @@ mod dtype;
 mod error;
 mod loss;
 mod output;
+mod policy;
 mod problem;
 mod topk_kl;
 
@@ -16,6 +17,7 @@ pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, MeanDivisor, Reduction};
 pub use output::{Columns, Output, PerOutput};
+pub use policy::{PolicyClamps, PolicyInputs, PolicyTerm};
 pub use problem::{
     Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
     SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,

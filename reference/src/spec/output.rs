@@ -52,6 +52,17 @@ pub enum Output {
     /// ([`Output::reduced`]), the per-row values `[N, 1]` being the terms
     /// it reduces.
     Loss,
+    /// `kl_k1 [N]` (stored `[N, 1]`): `d = log_prob - ref_log_probs`, nats
+    /// (DESIGN: "Loss side"; [`crate::spec::PolicyTerm`]).
+    KlK1,
+    /// `kl_k2 [N]`: `d^2 / 2`, nats squared.
+    KlK2,
+    /// `kl_k3 [N]`: `expm1(-d_c) + d_c` under the KL clamps, nats.
+    KlK3,
+    /// `kl_abs [N]`: `|d|`, nats.
+    KlAbs,
+    /// `ratio [N]`: `exp(clamp(log_prob - old_log_probs))`, dimensionless.
+    Ratio,
     /// `forward_kl [N]` (stored `[N, 1]`): `sum_k e^{a_k} (a_k - log
     /// p(id_k))` over the teacher's top-k (DESIGN: "Loss side";
     /// [`crate::spec::TopkKl`]), nats.
@@ -74,7 +85,7 @@ pub enum Columns {
 
 impl Output {
     /// How many outputs there are.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 14;
 
     /// Every output, in report order.
     pub const ALL: [Output; Output::COUNT] = [
@@ -85,18 +96,28 @@ impl Output {
         Output::Lse,
         Output::ZLoss,
         Output::Loss,
+        Output::KlK1,
+        Output::KlK2,
+        Output::KlK3,
+        Output::KlAbs,
+        Output::Ratio,
         Output::ForwardKl,
         Output::ReverseKl,
     ];
 
     /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 8] = [
+    pub const FORWARD: [Output; 13] = [
         Output::LogProbs,
         Output::Entropy,
         Output::TopkLogProbs,
         Output::Lse,
         Output::ZLoss,
         Output::Loss,
+        Output::KlK1,
+        Output::KlK2,
+        Output::KlK3,
+        Output::KlAbs,
+        Output::Ratio,
         Output::ForwardKl,
         Output::ReverseKl,
     ];
@@ -117,6 +138,11 @@ impl Output {
             Output::Lse => "lse",
             Output::ZLoss => "z_loss",
             Output::Loss => "loss",
+            Output::KlK1 => "kl_k1",
+            Output::KlK2 => "kl_k2",
+            Output::KlK3 => "kl_k3",
+            Output::KlAbs => "kl_abs",
+            Output::Ratio => "ratio",
             Output::ForwardKl => "forward_kl",
             Output::ReverseKl => "reverse_kl",
         }
@@ -133,6 +159,11 @@ impl Output {
             Output::Lse => Some("grad_lse"),
             Output::ZLoss => Some("grad_z_loss"),
             Output::Loss => Some("grad_loss"),
+            Output::KlK1 => Some("grad_kl_k1"),
+            Output::KlK2 => Some("grad_kl_k2"),
+            Output::KlK3 => Some("grad_kl_k3"),
+            Output::KlAbs => Some("grad_kl_abs"),
+            Output::Ratio => Some("grad_ratio"),
             Output::ForwardKl => Some("grad_forward_kl"),
             Output::ReverseKl => Some("grad_reverse_kl"),
         }
@@ -151,8 +182,12 @@ impl Output {
             | Output::Lse
             | Output::ZLoss
             | Output::Loss
-            | Output::ForwardKl
-            | Output::ReverseKl => Columns::One,
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio => Columns::One,
+            Output::ForwardKl | Output::ReverseKl => Columns::One,
             Output::TopkLogProbs => Columns::TopK,
             Output::GradLogits => Columns::Vocabulary,
         }
@@ -171,8 +206,10 @@ impl Output {
     /// Whether a forward call on `problem` computes this output: log-probs
     /// with `tokens`, the entropy with `options.entropy`, top-k log-probs
     /// with `topk_ids`, `lse` with `options.lse`, `z_loss` with
-    /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`; never
-    /// `grad_logits` (a backward call's output).
+    /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`, the
+    /// KL estimators with `ref_log_probs` and `tokens`, `ratio` with
+    /// `old_log_probs` and `tokens`; never `grad_logits` (a backward call's
+    /// output).
     pub fn requested(self, problem: &Problem<'_>) -> bool {
         match self {
             Output::LogProbs => problem.tokens.is_some(),
@@ -182,6 +219,10 @@ impl Output {
             Output::Lse => problem.options.lse,
             Output::ZLoss => problem.options.z_loss_coef.is_some(),
             Output::Loss => problem.options.loss.is_some() && problem.tokens.is_some(),
+            Output::KlK1 | Output::KlK2 | Output::KlK3 | Output::KlAbs => {
+                problem.policy.ref_log_probs.is_some() && problem.tokens.is_some()
+            }
+            Output::Ratio => problem.policy.old_log_probs.is_some() && problem.tokens.is_some(),
             Output::ForwardKl => problem.options.topk_kl.is_some_and(|k| k.forward),
             Output::ReverseKl => problem.options.topk_kl.is_some_and(|k| k.reverse),
         }
@@ -204,9 +245,15 @@ impl Output {
     /// whose value is defined as 0 and not checked (dump format), and a
     /// [reduced](Output::reduced) output's (judged once for the problem).
     /// An `ignore_index` row's `loss` under `none` is judged: it must be 0.
+    /// The policy terms follow the log-prob (no value on `ignore_index` rows).
     pub fn judged(self, problem: &Problem<'_>, row: usize) -> bool {
         match self {
-            Output::LogProbs => problem.has_target(row),
+            Output::LogProbs
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio => problem.has_target(row),
             Output::Loss => !self.reduced(problem),
             Output::Entropy
             | Output::TopkLogProbs
@@ -239,6 +286,11 @@ impl Output {
             Output::Lse => col(cotangents.grad_lse),
             Output::ZLoss => col(cotangents.grad_z_loss),
             Output::Loss => col(cotangents.grad_loss),
+            Output::KlK1 => col(cotangents.grad_kl_k1),
+            Output::KlK2 => col(cotangents.grad_kl_k2),
+            Output::KlK3 => col(cotangents.grad_kl_k3),
+            Output::KlAbs => col(cotangents.grad_kl_abs),
+            Output::Ratio => col(cotangents.grad_ratio),
             // The KL's gradients are not built yet.
             Output::ForwardKl | Output::ReverseKl => None,
         }
@@ -265,6 +317,11 @@ impl<'a> Cotangents<'a> {
             grad_z_loss: one(Output::ZLoss),
             grad_loss: one(Output::Loss),
             loss_divisor: None,
+            grad_kl_k1: one(Output::KlK1),
+            grad_kl_k2: one(Output::KlK2),
+            grad_kl_k3: one(Output::KlK3),
+            grad_kl_abs: one(Output::KlAbs),
+            grad_ratio: one(Output::Ratio),
         }
     }
 }

@@ -9,6 +9,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
 use super::loss::{CrossEntropy, LossOptions, MeanDivisor, Reduction};
+use super::policy::{self, PolicyClamps, PolicyInputs, PolicyTerm};
 use super::topk_kl::{check_teacher_row, first_duplicate, TopkKl};
 
 /// PyTorch's default `ignore_index`.
@@ -203,6 +204,9 @@ pub struct Options {
     /// mean; its per-row weights are [`Problem::loss_weights`]. Default
     /// `None`.
     pub loss: Option<LossOptions>,
+    /// The clamps of the policy terms (`kl_k3`, `ratio`;
+    /// [`crate::spec::PolicyTerm`]). Default: none.
+    pub policy_clamps: PolicyClamps,
     /// `Some`: compute the top-k KL to a teacher (`forward_kl`,
     /// `reverse_kl`; DESIGN: "Loss side"), over `topk_ids` with the
     /// teacher's log-probs [`Problem::teacher_topk_log_probs`]. Default
@@ -231,6 +235,9 @@ impl std::fmt::Debug for Options {
         if let Some(l) = &self.loss {
             d.field("loss", l);
         }
+        if !self.policy_clamps.is_empty() {
+            d.field("policy_clamps", &self.policy_clamps);
+        }
         if let Some(k) = &self.topk_kl {
             d.field("topk_kl", k);
         }
@@ -251,6 +258,7 @@ impl Default for Options {
             softcap: None,
             softcap_dtype: SoftcapDtype::Accumulation,
             loss: None,
+            policy_clamps: PolicyClamps::default(),
             topk_kl: None,
         }
     }
@@ -338,6 +346,9 @@ pub struct Problem<'a> {
     /// exact f64 inputs; `None` = every weight 1). Read only when
     /// `options.loss` is `Some`.
     pub loss_weights: Option<ArrayView1<'a, f64>>,
+    /// `ref_log_probs [N]`, `old_log_probs [N]` of the policy terms
+    /// (exact inputs, nats; [`PolicyInputs`]). Default: none.
+    pub policy: PolicyInputs<'a>,
     /// Options.
     pub options: Options,
 }
@@ -360,6 +371,8 @@ pub struct ProblemMut<'a> {
     pub teacher_topk_log_probs: Option<ArrayView2<'a, f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss`, as in [`Problem`].
     pub loss_weights: Option<ArrayView1<'a, f64>>,
+    /// The policy terms' inputs, as in [`Problem`].
+    pub policy: PolicyInputs<'a>,
     /// Options.
     pub options: Options,
 }
@@ -374,6 +387,7 @@ impl<'a> ProblemMut<'a> {
             topk_ids: None,
             teacher_topk_log_probs: None,
             loss_weights: None,
+            policy: PolicyInputs::default(),
             options: Options::default(),
         }
     }
@@ -387,6 +401,7 @@ impl<'a> ProblemMut<'a> {
             topk_ids: self.topk_ids,
             teacher_topk_log_probs: self.teacher_topk_log_probs,
             loss_weights: self.loss_weights,
+            policy: self.policy.shorten(),
             options: self.options,
         }
     }
@@ -401,6 +416,7 @@ impl<'a> ProblemMut<'a> {
             topk_ids: self.topk_ids,
             teacher_topk_log_probs: self.teacher_topk_log_probs,
             loss_weights: self.loss_weights,
+            policy: self.policy.shorten(),
             options: self.options,
         }
     }
@@ -435,6 +451,16 @@ pub struct Cotangents<'a> {
     /// [`Problem::loss_divisor_terms`]; `None`: this problem is the whole
     /// one. Ignored under `none` / `sum` and without `grad_loss`.
     pub loss_divisor: Option<&'a MeanDivisor>,
+    /// Cotangent of `kl_k1` `[N]` (the policy terms: [`Problem::policy_cotangents`]).
+    pub grad_kl_k1: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_k2` `[N]`.
+    pub grad_kl_k2: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_k3` `[N]`.
+    pub grad_kl_k3: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `kl_abs` `[N]`.
+    pub grad_kl_abs: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `ratio` `[N]`.
+    pub grad_ratio: Option<ArrayView1<'a, f64>>,
 }
 
 impl<'a> Cotangents<'a> {
@@ -460,6 +486,22 @@ impl<'a> Cotangents<'a> {
                 Reduction::Sum | Reduction::Mean => self.grad_loss,
             },
             loss_divisor: self.loss_divisor,
+            grad_kl_k1: one(self.grad_kl_k1),
+            grad_kl_k2: one(self.grad_kl_k2),
+            grad_kl_k3: one(self.grad_kl_k3),
+            grad_kl_abs: one(self.grad_kl_abs),
+            grad_ratio: one(self.grad_ratio),
+        }
+    }
+
+    /// The cotangent `[N]` of a policy term, if given.
+    pub fn policy(&self, term: PolicyTerm) -> Option<ArrayView1<'a, f64>> {
+        match term {
+            PolicyTerm::K1 => self.grad_kl_k1,
+            PolicyTerm::K2 => self.grad_kl_k2,
+            PolicyTerm::K3 => self.grad_kl_k3,
+            PolicyTerm::Abs => self.grad_kl_abs,
+            PolicyTerm::Ratio => self.grad_ratio,
         }
     }
 
@@ -471,6 +513,7 @@ impl<'a> Cotangents<'a> {
             && self.grad_lse.is_none()
             && self.grad_z_loss.is_none()
             && self.grad_loss.is_none()
+            && PolicyTerm::ALL.iter().all(|&t| self.policy(t).is_none())
     }
 }
 
@@ -501,6 +544,7 @@ impl<'a> Problem<'a> {
             topk_ids: None,
             teacher_topk_log_probs: None,
             loss_weights: None,
+            policy: PolicyInputs::default(),
             options: Options::default(),
         }
     }
@@ -535,7 +579,8 @@ impl<'a> Problem<'a> {
     /// [`SpecError::BadTemperature`], [`SpecError::BadZLossCoef`],
     /// [`SpecError::BadLabelSmoothing`], [`SpecError::MissingTensor`]
     /// (`loss` without `tokens`), [`SpecError::BadSoftcap`],
-    /// [`SpecError::SoftcapDtypeMismatch`].
+    /// [`SpecError::SoftcapDtypeMismatch`], [`SpecError::BadClamp`];
+    /// `ref_log_probs` / `old_log_probs` not `[N]` or without `tokens`.
     pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
@@ -550,6 +595,8 @@ impl<'a> Problem<'a> {
         {
             return Err(SpecError::SoftcapDtypeMismatch);
         }
+        self.options.policy_clamps.effective(dtype.accumulation())?;
+        policy::validate_shapes(&self.policy, n, self.tokens.is_some())?;
         if let Some(ce) = self.cross_entropy() {
             ce.effective_label_smoothing(dtype.accumulation())?;
             if self.tokens.is_none() {
@@ -716,7 +763,49 @@ impl<'a> Problem<'a> {
             }
             check_finite("grad_loss", g.iter())?;
         }
+        for term in PolicyTerm::ALL {
+            let Some(g) = cot.policy(term) else { continue };
+            let name = term.output().cotangent_name().unwrap_or("grad_ratio");
+            let (input, present) = if term.uses_old() {
+                ("old_log_probs", self.policy.old_log_probs.is_some())
+            } else {
+                ("ref_log_probs", self.policy.ref_log_probs.is_some())
+            };
+            if !present {
+                return Err(SpecError::MissingTensor {
+                    output: name,
+                    tensor: input,
+                });
+            }
+            if self.tokens.is_none() {
+                return Err(SpecError::MissingTensor {
+                    output: name,
+                    tensor: "tokens",
+                });
+            }
+            if g.len() != shape.n {
+                return Err(shape_err(name, vec![shape.n], g.shape()));
+            }
+            check_finite(name, g.iter())?;
+        }
         Ok(())
+    }
+
+    /// Row `row`'s nonzero policy-term cotangents `(term, c)` (module
+    /// `policy`: each adds `c k'(d)` to the log-prob's cotangent); none on
+    /// a row without a target (`ignore_index`). Call after
+    /// [`Problem::validate_cotangents`]; `row < N`.
+    pub fn policy_cotangents(&self, cot: &Cotangents<'_>, row: usize) -> Vec<(PolicyTerm, f64)> {
+        if !self.has_target(row) {
+            return Vec::new();
+        }
+        PolicyTerm::ALL
+            .into_iter()
+            .filter_map(|t| {
+                let c = cot.policy(t)?[row];
+                (c != 0.0).then_some((t, c))
+            })
+            .collect()
     }
 
     /// Row `row`'s factors of the cross-entropy loss's cotangent in a VJP:
@@ -773,9 +862,10 @@ impl<'a> Problem<'a> {
     /// [`SpecError::TokenOutOfRange`], [`SpecError::TokenMasked`],
     /// [`SpecError::TokenNegInf`], [`SpecError::TopkIdOutOfRange`],
     /// [`SpecError::BadLossWeight`] (the row's `loss_weights` entry, when
-    /// the loss is computed).
+    /// the loss is computed), [`SpecError::NonFinitePolicyInput`].
     pub fn validate_row(&self, shape: &Shape, row: usize) -> Result<(), SpecError> {
         let v = shape.vocab_size;
+        policy::validate_row(&self.policy, row)?;
         if let (Some(_), Some(w)) = (self.options.loss, self.loss_weights) {
             let value = w[row];
             if !(value.is_finite() && value >= 0.0) {

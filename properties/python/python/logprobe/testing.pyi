@@ -32,6 +32,13 @@ def assert_verified(
     grad_lse: Optional[TensorLike] = None,
     grad_z_loss: Optional[TensorLike] = None,
     grad_loss: Optional[TensorLike] = None,
+    ref_log_probs: Optional[TensorLike] = None,
+    old_log_probs: Optional[TensorLike] = None,
+    kl_k1: Optional[TensorLike] = None,
+    kl_k2: Optional[TensorLike] = None,
+    kl_k3: Optional[TensorLike] = None,
+    kl_abs: Optional[TensorLike] = None,
+    ratio: Optional[TensorLike] = None,
     teacher_topk_log_probs: Optional[TensorLike] = None,
     forward_kl: Optional[TensorLike] = None,
     reverse_kl: Optional[TensorLike] = None,
@@ -50,6 +57,9 @@ def assert_verified(
     mean_all_ignored: Optional[MetaValue] = None,
     softcap: Optional[MetaValue] = None,
     softcap_dtype: Optional[MetaValue] = None,
+    kl_input_clamp: Optional[MetaValue] = None,
+    kl_output_clamp: Optional[MetaValue] = None,
+    ratio_log_clamp: Optional[MetaValue] = None,
     kl_renormalized: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's

@@ -40,6 +40,9 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
         p.options.loss = None;
         p.loss_weights = None;
     }
+    if !caps.policy {
+        p.policy = Default::default();
+    }
     if !caps.topk_kl || p.topk_ids.is_none() {
         p.options.topk_kl = None;
         p.teacher_topk_log_probs = None;

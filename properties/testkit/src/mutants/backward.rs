@@ -115,6 +115,7 @@ impl PlantedBug for InPlaceCorruption {
                     .sampling_mask
                     .map(|m| m.slice_move(s![r.clone(), ..])),
                 topk_ids: problem.topk_ids.map(|k| k.slice_move(s![r.clone(), ..])),
+                policy: problem.policy.slice_rows(r.clone()),
                 teacher_topk_log_probs: problem
                     .teacher_topk_log_probs
                     .map(|k| k.slice_move(s![r.clone(), ..])),

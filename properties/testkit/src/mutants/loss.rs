@@ -76,6 +76,7 @@ impl PlantedBug for LabelSmoothingCountsIgnored {
             topk_ids: None,
             teacher_topk_log_probs: None,
             loss_weights: None,
+            policy: Default::default(),
             options: p.options,
         };
         let per_row = |label_smoothing: f64| {

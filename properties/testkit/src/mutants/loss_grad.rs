@@ -203,6 +203,7 @@ impl PlantedBug for SmoothingGradOnIgnored {
                 topk_ids: None,
                 teacher_topk_log_probs: None,
                 loss_weights: Some(weights.view()),
+                policy: Default::default(),
                 options,
             };
             let cot = Cotangents {

@@ -37,6 +37,9 @@
 //! | `z-loss-grad-missing-2` | [`ZLossGradMissingTwo`] | fused | backward with a nonzero `grad_z_loss` and `z_loss_coef > 0`: `d(coef lse^2)` taken as `coef lse p_j` (the factor 2 lost) |
 //! | `mean-grad-over-n` | [`MeanGradOverN`] | fused | backward with `grad_loss` under `mean` and `W != N`: the gradient divided by `N` rows instead of the counted weight `W` |
 //! | `smoothing-grad-on-ignored` | [`SmoothingGradOnIgnored`] | fused | backward with `grad_loss`, `label_smoothing > 0` and an ignored row: the row's smoothing term differentiated (pytorch/pytorch #73205's gradient side) |
+//! | `k3-naive` | [`K3Naive`] | fused | `kl_k3` as `exp(-d) + d - 1` in the accumulation dtype: cancels near `d = 0` |
+//! | `ratio-inverted` | [`RatioInverted`] | fused | `ratio = exp(old - lp)` where `lp != old` |
+//! | `clamp-missing` | [`ClampMissing`] | fused | `kl_k3` / `ratio` without their declared clamps, where one binds |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -57,6 +60,7 @@ mod chunks;
 mod loss;
 mod loss_grad;
 mod options;
+mod policy;
 mod rewired;
 mod softcap;
 #[cfg(test)]
@@ -72,6 +76,7 @@ pub use loss_grad::{MeanGradOverN, SmoothingGradOnIgnored, ZLossGradMissingTwo};
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
+pub use policy::{ClampMissing, K3Naive, RatioInverted};
 pub use softcap::SoftcapGradMissingTanh;
 pub use topk_kl::{KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb};
 pub use tp::TpVocabOffset;
@@ -475,6 +480,9 @@ pub static CATALOG: &[Entry] = &[
     entry!(ZLossGradMissingTwo, Fused, memory: false),
     entry!(MeanGradOverN, Fused, memory: false),
     entry!(SmoothingGradOnIgnored, Fused, memory: false),
+    entry!(K3Naive, Fused, memory: false),
+    entry!(RatioInverted, Fused, memory: false),
+    entry!(ClampMissing, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

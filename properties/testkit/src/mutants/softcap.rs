@@ -93,6 +93,7 @@ impl PlantedBug for SoftcapGradMissingTanh {
             topk_ids: problem.topk_ids,
             teacher_topk_log_probs: problem.teacher_topk_log_probs,
             loss_weights: problem.loss_weights,
+            policy: problem.policy.shorten(),
             options,
         };
         FUSED.backward(&q, cotangents, out)

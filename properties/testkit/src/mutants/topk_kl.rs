@@ -170,6 +170,7 @@ impl PlantedBug for KlIdsShardLocal {
                 topk_ids: Some(local.slice(rows)),
                 teacher_topk_log_probs: p.teacher_topk_log_probs.map(|a| a.slice_move(rows)),
                 loss_weights: p.loss_weights.map(|w| w.slice_move(ndarray::s![r..r + 1])),
+                policy: p.policy.slice_rows(r..r + 1),
                 options: p.options,
             };
             let Ok(bad) = FUSED.forward(&q, out) else {

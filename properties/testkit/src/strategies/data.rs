@@ -112,6 +112,8 @@ pub struct ProblemData {
     /// Per-row weights `[N]` of the cross-entropy `loss` (read when
     /// `options.loss` is `Some`).
     pub loss_weights: Option<Array1<f64>>,
+    /// `ref_log_probs [N]`, `old_log_probs [N]` of the policy terms.
+    pub policy: [Option<Array1<f64>>; 2],
     /// Options.
     pub options: Options,
 }
@@ -124,6 +126,10 @@ impl ProblemData {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|k| k.view()),
+            policy: logprobe_reference::spec::PolicyInputs {
+                ref_log_probs: self.policy[0].as_ref().map(|a| a.view()),
+                old_log_probs: self.policy[1].as_ref().map(|a| a.view()),
+            },
             teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|k| k.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),

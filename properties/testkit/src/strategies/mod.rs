@@ -27,6 +27,7 @@ mod bad_input;
 mod data;
 mod layouts;
 mod loss;
+mod policy;
 mod recipe;
 mod rows;
 mod sampler;

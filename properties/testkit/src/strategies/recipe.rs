@@ -318,7 +318,22 @@ impl ProblemRecipe {
             softcap_dtype: self.softcap_dtype,
             // The cross-entropy loss is not drawn yet.
             loss: None,
+            policy_clamps: Default::default(),
             topk_kl: None,
+        };
+        // The policy terms ride on every case with tokens (issue 18).
+        let (policy, policy_clamps) = if self.tokens {
+            super::policy::draw(
+                self.seed,
+                &x,
+                v,
+                mask.as_ref(),
+                &tokens,
+                self.ignore_index,
+                self.temperature,
+            )
+        } else {
+            Default::default()
         };
         // The top-k KL rides on every case whose ids can carry it (distinct,
         // allowed): its teacher from a stream of its own (`teacher.rs`).
@@ -340,7 +355,12 @@ impl ProblemRecipe {
             topk_ids: (self.topk > 0).then_some(ids),
             teacher_topk_log_probs: teacher,
             loss_weights: None,
-            options: Options { topk_kl, ..options },
+            policy,
+            options: Options {
+                policy_clamps,
+                topk_kl,
+                ..options
+            },
         }
     }
 

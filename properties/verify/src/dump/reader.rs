@@ -8,7 +8,8 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{
     Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, MeanDivisor, Options, Output,
-    PerOutput, Reduction, SoftcapDtype, SpecError, TemperatureDtype, TopkKl, DEFAULT_IGNORE_INDEX,
+    PerOutput, PolicyTerm, Reduction, SoftcapDtype, SpecError, TemperatureDtype, TopkKl,
+    DEFAULT_IGNORE_INDEX,
 };
 
 use super::*;
@@ -35,6 +36,9 @@ pub struct Dump<'a> {
     pub candidates: PerOutput<FloatMatrix<'a>>,
     /// `loss_weights [N]` as exact f64 (only with a `loss` candidate).
     pub loss_weights: Option<Array1<f64>>,
+    /// `ref_log_probs [N]`, `old_log_probs [N]` as exact f64 (the policy
+    /// terms' inputs; each only with a term or cotangent that needs it).
+    pub policy: [Option<Array1<f64>>; 2],
     /// The upstream cotangents (`grad_log_probs [N]`, `grad_entropy [N]`,
     /// `grad_topk_log_probs [N, K]`, `grad_lse [N]`, `grad_z_loss [N]`,
     /// `grad_loss` `[N]` under `reduction = none`) as exact f64 `[N, width]`,
@@ -313,6 +317,58 @@ impl<'a> Dump<'a> {
                 Some(Array1::from(decode_floats(dtype, t.data())))
             }
         };
+        // The policy terms' inputs: each with a term (or its cotangent)
+        // that needs it, and such a term needs it.
+        let mut policy: [Option<Array1<f64>>; 2] = [None, None];
+        for (slot, (name, old)) in [("ref_log_probs", false), ("old_log_probs", true)]
+            .into_iter()
+            .enumerate()
+        {
+            let needed_by = PolicyTerm::ALL.into_iter().find(|t| {
+                t.uses_old() == old
+                    && (candidates.contains(t.output())
+                        || t.output()
+                            .cotangent_name()
+                            .is_some_and(|c| get(c).is_some()))
+            });
+            match (get(name), needed_by) {
+                (None, None) => {}
+                (None, Some(t)) => {
+                    return Err(DumpError::MissingTensor {
+                        tensor: name,
+                        why: if old {
+                            " (needed by ratio)"
+                        } else {
+                            match t {
+                                PolicyTerm::K1 => " (needed by kl_k1)",
+                                PolicyTerm::K2 => " (needed by kl_k2)",
+                                PolicyTerm::K3 => " (needed by kl_k3)",
+                                _ => " (needed by kl_abs)",
+                            }
+                        },
+                    })
+                }
+                (Some(_), None) => {
+                    return Err(DumpError::MissingTensor {
+                        tensor: if old { "ratio" } else { "kl_k1" },
+                        why: if old {
+                            " (or grad_ratio: old_log_probs is the input of ratio)"
+                        } else {
+                            " (or kl_k2, kl_k3, kl_abs, a grad_kl_*: ref_log_probs is their input)"
+                        },
+                    })
+                }
+                (Some(t), Some(_)) => {
+                    let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
+                        tensor: name,
+                        found: format!("{:?}", t.dtype()),
+                        expected: "F64, F32, BF16 or F16",
+                    })?;
+                    rs.expect(name, t.shape(), &[])?;
+                    policy[slot] = Some(Array1::from(decode_floats(dtype, t.data())));
+                }
+            }
+        }
         let want_kl =
             candidates.contains(Output::ForwardKl) || candidates.contains(Output::ReverseKl);
         let teacher = match get("teacher_topk_log_probs") {
@@ -387,14 +443,19 @@ impl<'a> Dump<'a> {
         }
 
         // Inputs each candidate needs.
-        let needs_tokens = |per: &PerOutput<_>| per.contains(Output::LogProbs);
+        let needs_tokens = |per: &PerOutput<_>| {
+            per.contains(Output::LogProbs)
+                || PolicyTerm::ALL
+                    .into_iter()
+                    .any(|t| per.contains(t.output()))
+        };
         // The loss is computed for its candidate or its cotangent.
         let loss = candidates.contains(Output::Loss) || cotangents.contains(Output::Loss);
         if (needs_tokens(&candidates) || loss || cotangents.contains(Output::LogProbs))
             && tokens.is_none()
         {
             let why = if needs_tokens(&candidates) {
-                " (needed by log_probs)"
+                " (needed by log_probs and the policy terms)"
             } else if candidates.contains(Output::Loss) {
                 " (needed by loss)"
             } else if loss {
@@ -442,6 +503,7 @@ impl<'a> Dump<'a> {
             }
             _ => None,
         };
+        options.policy_clamps = parse_policy_clamps(&meta)?;
         options.topk_kl = match &teacher {
             Some((dtype, _)) => Some(TopkKl {
                 forward: candidates.contains(Output::ForwardKl),
@@ -460,6 +522,7 @@ impl<'a> Dump<'a> {
             teacher_topk_log_probs: teacher.map(|t| t.1),
             candidates,
             loss_weights,
+            policy,
             cotangents,
             options,
             ignored_tensors,
@@ -522,6 +585,10 @@ impl<'a> Dump<'a> {
                 a.row(r).to_owned().insert_axis(ndarray::Axis(0))
             }),
             loss_divisor: self.loss_divisor.clone(),
+            policy: self
+                .policy
+                .each_ref()
+                .map(|a| a.as_ref().map(|a| Array1::from(vec![a[row]]))),
         })
     }
 
@@ -587,6 +654,23 @@ fn parse_loss_options(meta: &HashMap<String, String>) -> Result<LossOptions, Dum
         o.mean_all_ignored = m.trim().parse::<MeanAllIgnored>()?;
     }
     Ok(o)
+}
+
+/// The policy terms' clamps (`kl_input_clamp`, `kl_output_clamp`,
+/// `ratio_log_clamp`: numbers, each optional; their range is the spec's,
+/// [`logprobe_reference::spec::PolicyClamps::effective`]).
+///
+/// # Errors
+/// [`DumpError::BadMetadata`] for a value that is not a number.
+fn parse_policy_clamps(
+    meta: &HashMap<String, String>,
+) -> Result<logprobe_reference::spec::PolicyClamps, DumpError> {
+    let one = |key: &'static str| parse_meta::<f64>(meta, key, "not a number");
+    Ok(logprobe_reference::spec::PolicyClamps {
+        kl_input: one("kl_input_clamp")?,
+        kl_output: one("kl_output_clamp")?,
+        ratio_log: one("ratio_log_clamp")?,
+    })
 }
 
 /// `z_loss_coef` (required with a `z_loss` tensor): a float `>= 0`,

@@ -27,6 +27,8 @@ pub struct RowInputs {
     pub options: Options,
     /// The row's `loss_weights` entry `[1]`.
     pub loss_weights: Option<Array1<f64>>,
+    /// The row's `ref_log_probs`, `old_log_probs` entries `[1]`.
+    pub policy: [Option<Array1<f64>>; 2],
     /// The row's cotangents `[1, width]`, keyed by their output.
     pub cotangents: PerOutput<Array2<f64>>,
     /// The whole dump's `mean` divisor ([`Dump::loss_divisor`]).
@@ -41,6 +43,10 @@ impl RowInputs {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|m| m.view()),
+            policy: logprobe_reference::spec::PolicyInputs {
+                ref_log_probs: self.policy[0].as_ref().map(|a| a.view()),
+                old_log_probs: self.policy[1].as_ref().map(|a| a.view()),
+            },
             teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|m| m.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
@@ -118,6 +124,7 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
         TopkIdDuplicate { k, id, .. } => TopkIdDuplicate { row, k, id },
         TopkIdMasked { k, id, .. } => TopkIdMasked { row, k, id },
         KlNoStudentMass { .. } => KlNoStudentMass { row },
+        NonFinitePolicyInput { tensor, value, .. } => NonFinitePolicyInput { tensor, row, value },
         NonFiniteCotangent {
             tensor,
             index,

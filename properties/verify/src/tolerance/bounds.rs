@@ -139,6 +139,8 @@ struct Consts {
     /// (T18) Bound on `|f^_j - f_j|` for the gradient factor `f = 1 - t^2`
     /// (`None` without a softcap).
     cap_df: Option<Hi>,
+    /// (T20) How `kl_k3` is evaluated.
+    k3_form: super::model::K3Form,
 }
 
 /// (T18) The softcap's error terms of a model: `(cap_z, cap_df)` (see
@@ -237,7 +239,7 @@ fn acc_gamma(n: usize, u: f64, stat_c: Option<f64>) -> Result<Hi, NoBound> {
 }
 
 /// Half an ulp of `dtype` at magnitude `y` (exact; monotone in `y`).
-fn half_ulp(dtype: Dtype, y: Hi) -> Hi {
+pub(super) fn half_ulp(dtype: Dtype, y: Hi) -> Hi {
     Hi(0.5 * dtype.ulp(y.0))
 }
 
@@ -352,6 +354,7 @@ impl Consts {
             n_p,
             cap_z,
             cap_df,
+            k3_form: model.k3_form,
         }
     }
 
@@ -680,10 +683,50 @@ impl<'a> RowBounds<'a> {
             Output::Lse => self.lse(out),
             Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
             Output::Loss => self.loss(targets, out),
+            Output::KlK1 | Output::KlK2 | Output::KlK3 | Output::KlAbs | Output::Ratio => {
+                super::policy::bound(self, output, targets, out)
+            }
             Output::ForwardKl | Output::ReverseKl => {
                 self.topk_kl(output, &targets.topk_ids, targets.topk_kl.as_ref(), out)
             }
         }
+    }
+
+    /// (T20) The log-prob as the policy terms see it: its exact enclosure
+    /// `d_t - ln S` and the error of the kernel's accumulation-dtype value
+    /// (T7 with the accumulation rounding of T8), with the model's
+    /// constants.
+    pub(super) fn policy_base(&self) -> Result<super::policy::Base, NoBound> {
+        let set = self.p.as_ref().map_err(Clone::clone)?;
+        let d_t = self.stats.d_t.ok_or(NoBound::MissingStatistic {
+            what: "d_t (no target)",
+        })?;
+        let d_abs = mag(&d_t);
+        let pre = self.c.lp_err_pre(set, d_abs);
+        let v_abs = d_abs + Hi(set.ln_s.hi);
+        Ok(super::policy::Base {
+            lp: Interval {
+                lo: (d_t.lo - set.ln_s.hi).next_down(),
+                hi: (d_t.hi - set.ln_s.lo).next_up(),
+            },
+            lp_err: pre + half_ulp(self.c.acc, v_abs + pre),
+            acc: self.c.acc,
+            eps_exp: self.c.eps_exp,
+            eta: self.c.eta + self.c.eta_sub,
+            k3_form: self.c.k3_form,
+        })
+    }
+
+    /// (T8) The final roundings of a value computed in the accumulation
+    /// dtype with error `pre` before its last rounding, `|v| <= v_abs`.
+    pub(super) fn finish_value(
+        &self,
+        pre: Hi,
+        v_abs: Hi,
+        out: Dtype,
+        what: &'static str,
+    ) -> ErrorBound {
+        self.c.finish(pre, v_abs, out, what)
     }
 
     /// Bound (nats) on `|loss^ - loss|` of this row's cross-entropy term

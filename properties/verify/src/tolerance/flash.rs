@@ -312,7 +312,7 @@ impl NaiveRow {
 
     /// The naive value of column `col` of `output` in `dtype`: the naive
     /// log-softmax at the target or top-k id, the naive entropy; `None` for
-    /// grad logits and the loss side's `lse` / `z_loss` (the rule is about
+    /// grad logits, the loss side's `lse` / `z_loss` and the policy terms (the rule is about
     /// log-softmax outputs) or a missing target.
     pub fn value(
         &mut self,
@@ -329,8 +329,12 @@ impl NaiveRow {
             | Output::Lse
             | Output::ZLoss
             | Output::Loss
-            | Output::ForwardKl
-            | Output::ReverseKl => return None,
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio => return None,
+            Output::ForwardKl | Output::ReverseKl => return None,
         };
         let x = *self.masked.get(id)?;
         Some(self.naive(dtype).lp(x))

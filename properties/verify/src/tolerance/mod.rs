@@ -44,6 +44,7 @@ mod flash;
 mod judge;
 mod loss_grad;
 mod model;
+mod policy;
 mod statistical;
 mod upward;
 mod walk;
@@ -58,12 +59,14 @@ pub use bounds::{
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use loss_grad::LossGradCotangents;
-pub use model::{foreign_presets, tightest, EntropyForm, Model, Order, RowContext, SoftcapContext};
+pub use model::{
+    foreign_presets, tightest, EntropyForm, K3Form, Model, Order, RowContext, SoftcapContext,
+};
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,
 };
-pub use walk::{walk_row, Element, LossGradRow, LossTarget, RowTargets};
+pub use walk::{walk_row, Element, LossGradRow, LossTarget, PolicyTarget, RowTargets};
 
 /// Why a model certifies nothing for a value.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

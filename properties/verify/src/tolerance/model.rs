@@ -106,6 +106,20 @@ pub struct Model {
     /// Max error of `tanh` in ulps of the accumulation dtype at its result
     /// (the softcap, T18; used only under `softcap_dtype = accumulation`).
     pub tanh_ulps: f64,
+    /// How `kl_k3` is evaluated (T20).
+    pub k3_form: K3Form,
+}
+
+/// How a kernel evaluates `kl_k3 = e^{-d} + d - 1` (T20).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum K3Form {
+    /// `fl(expm1(-d) + d)`, no cancellation near 0 (this workspace's
+    /// kernels: `logprobe_kernels::policy`).
+    Expm1,
+    /// Unknown: also the naive `fl(fl(fl(exp(-d)) + d) - 1)` (verl's
+    /// `exp(kl) - kl - 1`), which cancels near 0; the bound is the larger
+    /// of the two (foreign-kernel presets).
+    Any,
 }
 
 impl Model {
@@ -123,6 +137,7 @@ impl Model {
             shift: Shift::SubtractThenScale,
             entropy_form: EntropyForm::Any,
             tanh_ulps: 1.0,
+            k3_form: K3Form::Any,
         }
     }
 
@@ -156,6 +171,7 @@ impl Model {
             shift: algorithm.shift,
             entropy_form: EntropyForm::Any,
             tanh_ulps: algorithm.tanh_ulps,
+            k3_form: K3Form::Expm1,
         }
     }
 

@@ -43,6 +43,22 @@ pub struct RowTargets {
     /// The row's teacher for `forward_kl` / `reverse_kl` (T23; `None`
     /// without `options.topk_kl`).
     pub topk_kl: Option<super::bounds::KlTarget>,
+    /// The row's policy-term inputs (T20; `None` without `ref_log_probs`
+    /// and `old_log_probs`).
+    pub policy: Option<PolicyTarget>,
+}
+
+/// What the bounds of one row's policy terms need besides the row
+/// statistics (TOLERANCE.md (T20)): the exact inputs and the clamps.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PolicyTarget {
+    /// `ref_log_probs[row]`.
+    pub ref_lp: Option<f64>,
+    /// `old_log_probs[row]`.
+    pub old_lp: Option<f64>,
+    /// The clamps as the computation takes them (rounded to the
+    /// accumulation dtype).
+    pub clamps: logprobe_reference::spec::PolicyClamps,
 }
 
 /// One row's loss-side cotangents, owned ([`LossGradCotangents`] borrows
@@ -222,6 +238,15 @@ impl RowTargets {
                 sums: None,
             }),
             loss_grad: LossGradRow::new(problem, row, cotangents),
+            policy: (!problem.policy.is_empty()).then(|| PolicyTarget {
+                ref_lp: problem.policy.ref_log_probs.map(|a| a[row]),
+                old_lp: problem.policy.old_log_probs.map(|a| a[row]),
+                clamps: problem
+                    .options
+                    .policy_clamps
+                    .effective(problem.logits.dtype().accumulation())
+                    .unwrap_or_default(),
+            }),
             topk_kl: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
                 (Some(kl), Some(a)) => Some(KlTarget {
                     teacher: a.row(row).to_vec(),

@@ -38,7 +38,7 @@ pub fn decide(enclosure: Interval, target: Dtype) -> Option<Exact> {
 /// [`decide`] for an exact value known to be `< 0` (`negative`) or `> 0`:
 /// an end on the wrong side of 0 stands for a value of that sign next to
 /// 0, which rounds to `-0` (`+0`) in every dtype.
-pub(super) fn decide_signed(enclosure: Interval, target: Dtype, negative: bool) -> Option<Exact> {
+pub(crate) fn decide_signed(enclosure: Interval, target: Dtype, negative: bool) -> Option<Exact> {
     let Interval { lo, hi } = enclosure;
     if !(lo <= hi) {
         return None;

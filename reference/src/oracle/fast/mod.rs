@@ -159,6 +159,7 @@ mod pass;
 mod row;
 
 pub use decide::decide;
+pub(crate) use decide::decide_signed;
 pub use grad::{FastVjp, RowCotangents};
 pub use row::{FastForward, FastOptions, FastRow};
 
