@@ -13,7 +13,7 @@ use super::upward::{Hi, Lo};
 use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
-mod lanes;
+pub(crate) mod lanes;
 mod screen;
 pub use screen::GradScreen;
 

@@ -62,7 +62,12 @@ impl<const M: usize> Drop for RowScreen<M> {
 fn up_f32(x: f64) -> f32 {
     let f = x as f32;
     if f64::from(f) < x {
-        f.next_up()
+        if f.to_bits() < f32::INFINITY.to_bits() {
+            // `+0 <= f < inf`: the next f32 up is the next bit pattern.
+            f32::from_bits(f.to_bits() + 1)
+        } else {
+            f.next_up()
+        }
     } else {
         f
     }

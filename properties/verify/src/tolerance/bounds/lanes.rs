@@ -14,8 +14,27 @@ use logprobe_reference::oracle::RowStats;
 
 use super::{Consts, Hi, LsSums, SetBounds};
 
-/// Whether this CPU runs [`sums4`] (x86-64 with AVX).
-pub(super) fn available() -> bool {
+#[cfg(test)]
+thread_local! {
+    /// Tests: the lanes are off on this thread ([`scalar`]).
+    static SCALAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: `f` with the lanes off on this thread (the scalar code runs).
+#[cfg(test)]
+pub(crate) fn scalar<R>(f: impl FnOnce() -> R) -> R {
+    SCALAR.with(|s| s.set(true));
+    let r = f();
+    SCALAR.with(|s| s.set(false));
+    r
+}
+
+/// Whether this CPU runs [`sums4`] and [`lower4`] (x86-64 with AVX).
+pub(crate) fn available() -> bool {
+    #[cfg(test)]
+    if SCALAR.with(|s| s.get()) {
+        return false;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx")
@@ -156,9 +175,9 @@ mod x86 {
 
     use logprobe_reference::oracle::RowStats;
 
-    use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
     use super::super::{Consts, Hi, Lo, LsSums, SetBounds};
     use super::{per_model, ArgLanes, ElementIn, ScreenLanes};
+    use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
 
     /// `1/6` rounded up (as [`Hi::exp_m1`]).
     const SIXTH_UP: f64 = 0.166_666_666_666_666_69;
@@ -243,7 +262,6 @@ mod x86 {
         unsafe { _mm256_loadu_pd(a.as_ptr()) }
     }
 
-
     /// See [`super::sums4`].
     ///
     /// # Safety
@@ -302,30 +320,32 @@ mod x86 {
                 _mm256_cmp_pd::<_CMP_LE_OQ>(lam, splat(TAYLOR_MAX)),
             );
             let lw_lam = add(lw_v, lam);
-            let (wl, wel) = if _mm256_movemask_pd(in_poly) == 0b1111 {
-                (mul(elw_v, poly), mul(elw_v, add(splat(1.0), poly)))
-            } else {
-                let (lam_a, poly_a, lw_lam_a) = (lanes(lam), lanes(poly), lanes(lw_lam));
-                let mut wl = [0.0; 4];
-                let mut wel = [0.0; 4];
+            let mut wl = mul(elw_v, poly);
+            let mut wel = mul(elw_v, add(splat(1.0), poly));
+            let off = !_mm256_movemask_pd(in_poly) & 0b1111;
+            if off != 0 {
+                // The lanes outside the polynomial's range, one by one
+                // (rebuilt with `set`, not through memory: no stall on the sums).
+                let (lam_a, lw_lam_a) = (lanes(lam), lanes(lw_lam));
+                let (mut wl_a, mut wel_a) = (lanes(wl), lanes(wel));
                 for l in 0..4 {
+                    if off & (1 << l) == 0 {
+                        continue;
+                    }
                     let lam = Hi(lam_a[l]);
                     if lam.0 <= 1.0 {
-                        let em = if (0.0..=TAYLOR_MAX).contains(&lam.0) {
-                            Hi(poly_a[l])
-                        } else {
-                            lam.exp_m1()
-                        };
-                        wl[l] = (elw * em).0;
-                        wel[l] = (elw * (Hi::ONE + em)).0;
+                        let em = lam.exp_m1();
+                        wl_a[l] = (elw * em).0;
+                        wel_a[l] = (elw * (Hi::ONE + em)).0;
                     } else {
                         let x = Hi(lw_lam_a[l]).exp();
-                        wl[l] = x.0;
-                        wel[l] = x.0;
+                        wl_a[l] = x.0;
+                        wel_a[l] = x.0;
                     }
                 }
-                (load(wl), load(wel))
-            };
+                wl = _mm256_set_pd(wl_a[3], wl_a[2], wl_a[1], wl_a[0]);
+                wel = _mm256_set_pd(wel_a[3], wel_a[2], wel_a[1], wel_a[0]);
+            }
             s_dem = add(s_dem, mul(dl_v, wl));
             s_em = add(s_em, wl);
             s_lam = add(s_lam, mul(wel, lam));
@@ -413,10 +433,7 @@ mod x86 {
             let c_abs = splat(c_hi.max(c_lo.neg()).0);
             let lpw_abs = add(splat(-x.e.0), load(l.w.ln_s_hi));
             let mags = add_lo(add_lo(lpw_abs, load(l.h_hi)), splat(2.0));
-            let inner = add_lo(
-                add_lo(mul_lo(arg_w, c_abs), load(l.dh)),
-                mul_lo(gm, mags),
-            );
+            let inner = add_lo(add_lo(mul_lo(arg_w, c_abs), load(l.dh)), mul_lo(gm, mags));
             mul_lo(mul_lo(splat(x.h), splat(x.eq)), inner)
         } else {
             zero
