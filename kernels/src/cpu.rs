@@ -108,6 +108,7 @@ const CPU_CAPABILITIES: Capabilities = Capabilities {
     lse: true,
     softcap: true,
     loss: true,
+    topk_kl: true,
 };
 
 /// Per-row record bytes (forward or backward stats) with `k` top-k ids.

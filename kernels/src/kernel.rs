@@ -66,6 +66,9 @@ pub struct Capabilities {
     /// The cross-entropy `loss` ([`Kernel::cross_entropy`]): every
     /// reduction, label smoothing, `loss_weights`, `mean_all_ignored`.
     pub loss: bool,
+    /// The top-k KL to a teacher (`forward_kl`, `reverse_kl`,
+    /// [`Options::topk_kl`]).
+    pub topk_kl: bool,
 }
 
 /// Forward outputs in the requested dtype. Values are stored as f64 and are

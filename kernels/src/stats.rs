@@ -296,6 +296,11 @@ pub fn ids_suspect<A: Acc, S: Source<A> + ?Sized>(
         {
             return true;
         }
+        if let Some(kl) = problem.options.topk_kl {
+            if problem.validate_topk_kl_row(&kl, row).is_err() {
+                return true;
+            }
+        }
     }
     false
 }
@@ -318,6 +323,10 @@ pub struct RowForward {
     /// (an exact f64; 0 on `ignore_index` rows or when not wanted): see
     /// [`row_loss`].
     pub loss: f64,
+    /// `forward_kl` (0 when not wanted), rounded to `out`: [`topk_kl`].
+    pub forward_kl: f64,
+    /// `reverse_kl` (0 when not wanted), rounded to `out`: [`topk_kl`].
+    pub reverse_kl: f64,
 }
 
 /// Rounds an accumulation value to `out` (correctly: [`Dtype::round_f64`]).
@@ -380,6 +389,22 @@ pub fn row_forward<A: Acc>(
         }
         _ => 0.0,
     };
+    let (forward_kl, reverse_kl) = match (
+        problem.options.topk_kl,
+        problem.topk_ids,
+        problem.teacher_topk_log_probs,
+    ) {
+        (Some(kl), Some(ids), Some(a)) => {
+            let lps: Vec<A> = ids.row(row).iter().map(|&id| lp(id as usize)).collect();
+            let teacher: Vec<f64> = a.row(row).to_vec();
+            let (f, r) = topk_kl(&lps, &teacher, kl.renormalized);
+            (
+                if kl.forward { round_out(f, out) } else { 0.0 },
+                if kl.reverse { round_out(r, out) } else { 0.0 },
+            )
+        }
+        _ => (0.0, 0.0),
+    };
     RowForward {
         log_prob,
         entropy,
@@ -387,7 +412,80 @@ pub fn row_forward<A: Acc>(
         lse,
         z_loss,
         loss,
+        forward_kl,
+        reverse_kl,
     }
+}
+
+/// The student's log-probs `lp [K]` (accumulation dtype) renormalised over
+/// the K ids: `(lp_k - m) - ln_1p(sum_{j != argmax} e^{lp_j - m})`, `m` the
+/// first largest `lp_j` (its own term is exactly 1); `-inf` stays `-inf`.
+/// The sum is [`pairwise_sum`] over the K positions, so the order depends
+/// on K alone. (The oracle's module `topk_kl` states the formula.)
+pub fn renormalize<A: Acc>(lp: &[A]) -> Vec<A> {
+    let mut arg = None;
+    for (k, &x) in lp.iter().enumerate() {
+        if x > A::NEG_INF && arg.is_none_or(|a: usize| x > lp[a]) {
+            arg = Some(k);
+        }
+    }
+    let Some(arg) = arg else {
+        return lp.to_vec();
+    };
+    let m = lp[arg];
+    let s = pairwise_sum(0..lp.len(), &|j| {
+        if j == arg || !(lp[j] > A::NEG_INF) {
+            A::ZERO
+        } else {
+            (lp[j] - m).exp_nonpos()
+        }
+    });
+    let ell = s.ln_1p();
+    lp.iter()
+        .map(|&x| if x > A::NEG_INF { (x - m) - ell } else { x })
+        .collect()
+}
+
+/// `(forward_kl, reverse_kl)` of one row in the accumulation dtype
+/// (DESIGN: "Loss side"; edge values as the spec's `TopkKl` docs):
+/// `sum_k e^{a_k} (a_k - lp_k)` and `sum_k e^{lp_k} (lp_k - a_k)`, each
+/// term one exp, one subtraction and one product, summed by
+/// [`pairwise_sum`] over the K positions (the order depends on K alone, so
+/// chunked, fused and vocab-parallel rows agree bit for bit). `lp [K]` the
+/// student's top-k log-probs, `teacher [K]` the exact `a_k` (rounded to the
+/// accumulation dtype on load; exact for f32/bf16/f16 teachers).
+pub fn topk_kl<A: Acc>(lp: &[A], teacher: &[f64], renormalized: bool) -> (A, A) {
+    let renorm;
+    let lp = if renormalized {
+        renorm = renormalize(lp);
+        &renorm[..]
+    } else {
+        lp
+    };
+    let a: Vec<A> = teacher.iter().map(|&x| A::from_f64(x)).collect();
+    let inf = -A::NEG_INF;
+    let fwd = |k: usize| {
+        if !(a[k] > A::NEG_INF) {
+            A::ZERO
+        } else if !(lp[k] > A::NEG_INF) {
+            inf
+        } else {
+            a[k].exp_nonpos() * (a[k] - lp[k])
+        }
+    };
+    let rev = |k: usize| {
+        if !(lp[k] > A::NEG_INF) {
+            A::ZERO
+        } else if !(a[k] > A::NEG_INF) {
+            inf
+        } else {
+            lp[k].exp_nonpos() * (lp[k] - a[k])
+        }
+    };
+    (
+        pairwise_sum(0..lp.len(), &fwd),
+        pairwise_sum(0..lp.len(), &rev),
+    )
 }
 
 /// Leaf width of [`pairwise_sum`].
@@ -496,6 +594,12 @@ pub fn assemble(
         }
         if let Some(l) = fo.values.get_mut(Output::Loss) {
             l[[r, 0]] = loss_term(problem, shape, r, f.loss, out);
+        }
+        if let Some(k) = fo.values.get_mut(Output::ForwardKl) {
+            k[[r, 0]] = f.forward_kl;
+        }
+        if let Some(k) = fo.values.get_mut(Output::ReverseKl) {
+            k[[r, 0]] = f.reverse_kl;
         }
     }
     Ok(fo)

@@ -1001,6 +1001,7 @@ pub(crate) fn backward_in_place(
         tokens,
         sampling_mask,
         topk_ids,
+        teacher_topk_log_probs,
         options,
         loss_weights,
     } = problem;
@@ -1013,6 +1014,7 @@ pub(crate) fn backward_in_place(
                     tokens,
                     sampling_mask,
                     topk_ids,
+                    teacher_topk_log_probs,
                     options,
                     loss_weights,
                 };

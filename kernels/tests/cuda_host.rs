@@ -621,6 +621,7 @@ fn host_built_backward_gives_the_cpu_bits_where_both_are_exact() {
                                 tokens: Some(c.tokens.view()),
                                 sampling_mask: c.mask.as_ref().map(|m| m.view()),
                                 topk_ids: Some(c.ids.view()),
+                                teacher_topk_log_probs: None,
                                 options: c.options,
                                 loss_weights: None,
                             },

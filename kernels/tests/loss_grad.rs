@@ -129,6 +129,7 @@ fn loss_side_backward_is_chunk_thread_and_in_place_invariant() {
                         tokens: pb.tokens,
                         sampling_mask: pb.sampling_mask,
                         topk_ids: None,
+                        teacher_topk_log_probs: None,
                         options: pb.options,
                         loss_weights: pb.loss_weights,
                     },

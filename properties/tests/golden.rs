@@ -85,6 +85,7 @@ fn snapshots(name: &str, bytes: &[u8]) -> (String, String) {
         tokens: dump.tokens.as_ref().map(|t| t.view()),
         sampling_mask: mask.as_ref().map(|m| m.view()),
         topk_ids: dump.topk_ids.as_ref().map(|t| t.view()),
+        teacher_topk_log_probs: dump.teacher_topk_log_probs.as_ref().map(|t| t.view()),
         options: dump.options,
         loss_weights: None,
     };

@@ -345,6 +345,7 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
                     tokens: p.tokens,
                     sampling_mask: None,
                     topk_ids: None,
+                    teacher_topk_log_probs: None,
                     options: p.options,
                     loss_weights: p.loss_weights,
                 },

@@ -35,6 +35,7 @@ fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f6
         tokens: Some(t.view()),
         sampling_mask: None,
         topk_ids: Some(ida.view()),
+        teacher_topk_log_probs: None,
         options: Options::default(),
         loss_weights: None,
     };
@@ -179,13 +180,13 @@ fn unknown_names_are_bad_input_with_the_closest() {
     );
     let mut t = base();
     t.push((
-        "forward_kl",
+        "grad_reverse_kl",
         DumpTensor::floats(Dtype::F64, &[N], &[0.0; N]),
     ));
     bad_input(
         "v2_unbuilt",
         &bytes(&t, &[("format_version", "2")]),
-        &["forward_kl", "not supported yet"],
+        &["grad_reverse_kl", "not supported yet"],
     );
 }
 

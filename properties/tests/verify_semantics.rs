@@ -83,6 +83,7 @@ impl Case {
             tokens: Some(tokens.view()),
             sampling_mask: mask.as_ref().map(|m| m.view()),
             topk_ids: Some(ids.view()),
+            teacher_topk_log_probs: None,
             options: self.options,
             loss_weights: None,
         };

@@ -182,6 +182,9 @@ impl Kernel for CandleComposed {
         if problem.options.lse || problem.options.z_loss_coef.is_some() {
             return Err(Self::unsupported("lse / z_loss"));
         }
+        if problem.options.topk_kl.is_some() {
+            return Err(Self::unsupported("top-k KL"));
+        }
         if problem.options.loss.is_some() {
             return Err(Self::unsupported("cross-entropy loss"));
         }

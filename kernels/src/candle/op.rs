@@ -125,6 +125,7 @@ impl LogProbOp {
             tokens: Some(ArrayView1::from(&tokens[..])),
             sampling_mask: None,
             topk_ids: None,
+            teacher_topk_log_probs: None,
             options: self.options,
             loss_weights: None,
         })

@@ -109,6 +109,7 @@ impl DeviceKernel {
             lse: false,
             softcap: false,
             loss: false,
+            topk_kl: false,
         }
     }
 
@@ -134,6 +135,12 @@ impl DeviceKernel {
             return Err(KernelError::Unsupported {
                 kernel: self.name(),
                 what: "cross-entropy loss",
+            });
+        }
+        if problem.options.topk_kl.is_some() {
+            return Err(KernelError::Unsupported {
+                kernel: self.name(),
+                what: "top-k KL",
             });
         }
         if problem.options.softcap.is_some() {

@@ -176,6 +176,7 @@ pub fn problem<'a>(c: &'a Case, logits: Logits<'a>) -> Problem<'a> {
         tokens: Some(c.tokens.view()),
         sampling_mask: c.mask.as_ref().map(|m| m.view()),
         topk_ids: Some(c.ids.view()),
+        teacher_topk_log_probs: None,
         options: c.options,
         loss_weights: None,
     }
@@ -361,6 +362,7 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         tokens: Some(c.tokens.slice(ndarray::s![4..9])),
         sampling_mask: c.mask.as_ref().map(|m| m.slice(ndarray::s![4..9, ..])),
         topk_ids: Some(c.ids.slice(ndarray::s![4..9, ..])),
+        teacher_topk_log_probs: None,
         options: c.options,
         loss_weights: None,
     };
@@ -450,6 +452,7 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
                     tokens: Some(c.tokens.view()),
                     sampling_mask: c.mask.as_ref().map(|m| m.view()),
                     topk_ids: Some(c.ids.view()),
+                    teacher_topk_log_probs: None,
                     options: c.options,
                     loss_weights: None,
                 },

@@ -109,6 +109,7 @@ pub fn dump_bytes(
                         tokens: p.tokens,
                         sampling_mask: p.sampling_mask,
                         topk_ids: p.topk_ids,
+                        teacher_topk_log_probs: p.teacher_topk_log_probs,
                         options: p.options,
                         loss_weights: p.loss_weights,
                     },

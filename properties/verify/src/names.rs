@@ -110,10 +110,11 @@ pub const NAMES: &[Name] = &[
     // Version 2: reserved, not built yet.
     m("z_loss_rows", 2, false),
     m("loss_normalizer", 2, false),
-    t("teacher_topk_log_probs", 2, false),
-    t("forward_kl", 2, false),
-    t("reverse_kl", 2, false),
-    m("kl_renormalized", 2, false),
+    // (The top-k KL's four names: built.)
+    t("teacher_topk_log_probs", 2, true),
+    t("forward_kl", 2, true),
+    t("reverse_kl", 2, true),
+    m("kl_renormalized", 2, true),
     t("ref_log_probs", 2, false),
     t("old_log_probs", 2, false),
     t("kl_k1", 2, false),

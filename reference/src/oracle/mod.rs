@@ -81,6 +81,7 @@ mod loss;
 mod mpfr_interval;
 mod round;
 mod row;
+mod topk_kl;
 mod vjp;
 
 pub use fast::{Fallback, Tier};
@@ -354,11 +355,16 @@ impl Oracle {
         let values = fast_values(problem, fast, ff, target);
         // The loss side's values derived here (z_loss, loss) may be
         // undecided where the f64 tier's own outputs are not.
-        let derived = [Output::ZLoss, Output::Loss]
-            .into_iter()
-            .filter_map(|o| values.get(o))
-            .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
-            .sum::<u64>();
+        let derived = [
+            Output::ZLoss,
+            Output::Loss,
+            Output::ForwardKl,
+            Output::ReverseKl,
+        ]
+        .into_iter()
+        .filter_map(|o| values.get(o))
+        .map(|v| v.iter().filter(|e| e.is_none()).count() as u64)
+        .sum::<u64>();
         fb.outputs_mpfr += derived;
         if undecided + derived == 0 {
             let rf = RowForward {
@@ -426,6 +432,11 @@ impl Oracle {
                     let eps = loss::label_smoothing(problem);
                     let t = loss::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
                     vec![rounder.exact(&t, target)]
+                }
+                Output::ForwardKl | Output::ReverseKl => {
+                    let kl = problem.options.topk_kl.expect("requested");
+                    let e = topk_kl::kl_mpfr(&vals.topk, &row.teacher, &kl, kl_direction(o), prec);
+                    vec![rounder.exact(&e, target)]
                 }
             });
             let rf = RowForward {
@@ -768,7 +779,39 @@ fn fast_values(
         Output::Loss => vec![fast
             .loss_term(loss::label_smoothing(problem))
             .and_then(|l| loss::decide_term(l, target))],
+        Output::ForwardKl | Output::ReverseKl => vec![kl_fast(problem, fast, o, target)],
     })
+}
+
+/// The KL term an output names.
+fn kl_direction(o: Output) -> topk_kl::Direction {
+    match o {
+        Output::ReverseKl => topk_kl::Direction::Reverse,
+        _ => topk_kl::Direction::Forward,
+    }
+}
+
+/// `forward_kl` / `reverse_kl` of a row on the f64 tier
+/// ([`topk_kl::kl_fast`]) decided in `target`; `None` leaves it to MPFR
+/// (also when the row is not [`fast::FastRow::applicable`]).
+fn kl_fast(
+    problem: &Problem<'_>,
+    fast: &fast::FastRow<'_>,
+    o: Output,
+    target: Dtype,
+) -> Option<Exact> {
+    let kl = problem.options.topk_kl?;
+    if !fast.applicable() {
+        return None;
+    }
+    let e = topk_kl::kl_fast(&fast.topk(), &fast.prepared().teacher, &kl, kl_direction(o))?;
+    if e.lo == f64::INFINITY {
+        return Some(Exact::point(f64::INFINITY));
+    }
+    if e.lo == 0.0 && e.hi == 0.0 {
+        return Some(Exact::point(0.0));
+    }
+    fast::decide(e, target)
 }
 
 /// The z-loss coefficient of `problem` as the computation takes it

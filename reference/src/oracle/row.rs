@@ -102,6 +102,9 @@ pub(crate) struct Row<'a> {
     pub topk: Vec<TopId>,
     /// The row's `loss_weights` entry (1 without weights).
     pub weight: f64,
+    /// The teacher's log-probs `a_k [K]` of the top-k KL (empty without
+    /// `options.topk_kl`).
+    pub teacher: Vec<f64>,
 }
 
 impl Row<'_> {
@@ -389,6 +392,10 @@ pub(crate) fn prepare<'a>(
         target,
         topk,
         weight: problem.loss_weight(row),
+        teacher: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
+            (Some(_), Some(a)) => a.row(row).to_vec(),
+            _ => Vec::new(),
+        },
     })
 }
 

@@ -166,4 +166,56 @@ pub enum SpecError {
         /// The offending value.
         value: f64,
     },
+    /// A `teacher_topk_log_probs` entry that is not a log-prob: positive,
+    /// NaN or `+inf` (`-inf` is a zero-probability entry).
+    #[error("teacher_topk_log_probs[{row}, {k}] is {value}: a log-prob is <= 0 and not NaN")]
+    BadTeacherLogProb {
+        /// Row index.
+        row: usize,
+        /// Column (position in the row's top-k list).
+        k: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// A row of `teacher_topk_log_probs` whose mass `sum_k e^{a_k}` exceeds
+    /// 1 by more than the rounding to its dtype explains
+    /// ([`crate::spec::check_teacher_row`]).
+    #[error("teacher_topk_log_probs[{row}] has mass sum_k exp(a_k - ulp/2) >= {lower} > 1: not the rounding of log-probs")]
+    TeacherMassAboveOne {
+        /// Row index.
+        row: usize,
+        /// The lower bound of `sum_k e^{a_k - ulp(a_k)/2}` that exceeded 1.
+        lower: f64,
+    },
+    /// A top-k id that appears twice in its row, where the top-k KL needs a
+    /// set of ids.
+    #[error("topk_ids[{row}, {k}] = {id} repeats an earlier id of row {row} (the top-k KL sums over a set)")]
+    TopkIdDuplicate {
+        /// Row index.
+        row: usize,
+        /// Position of the repeat.
+        k: usize,
+        /// The id.
+        id: i64,
+    },
+    /// A top-k id that the sampling mask disallows, where the top-k KL
+    /// needs the student's probability there.
+    #[error("topk_ids[{row}, {k}] = {id} is masked out by sampling_mask[{row}, {id}] (the top-k KL needs its probability)")]
+    TopkIdMasked {
+        /// Row index.
+        row: usize,
+        /// Position in the row's top-k list.
+        k: usize,
+        /// The id.
+        id: i64,
+    },
+    /// A renormalised top-k KL over a row whose K ids all have student
+    /// probability 0 (no mass to renormalise).
+    #[error(
+        "row {row}: every topk_ids logit is -inf, so kl_renormalized has nothing to renormalise"
+    )]
+    KlNoStudentMass {
+        /// Row index.
+        row: usize,
+    },
 }

@@ -9,6 +9,7 @@ mod error;
 mod loss;
 mod output;
 mod problem;
+mod topk_kl;
 
 pub use algorithm::{ceil_log2, Algorithm, EntropyForm, Shift, Summation};
 pub use dtype::{pow2, Dtype, Element};
@@ -19,3 +20,4 @@ pub use problem::{
     Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
     SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
+pub use topk_kl::{check_teacher_row, first_duplicate, teacher_mass_lower, TopkKl};

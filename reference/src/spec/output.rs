@@ -52,6 +52,13 @@ pub enum Output {
     /// ([`Output::reduced`]), the per-row values `[N, 1]` being the terms
     /// it reduces.
     Loss,
+    /// `forward_kl [N]` (stored `[N, 1]`): `sum_k e^{a_k} (a_k - log
+    /// p(id_k))` over the teacher's top-k (DESIGN: "Loss side";
+    /// [`crate::spec::TopkKl`]), nats.
+    ForwardKl,
+    /// `reverse_kl [N]` (stored `[N, 1]`): `sum_k p(id_k) (log p(id_k) -
+    /// a_k)` over the same support, nats.
+    ReverseKl,
 }
 
 /// What the second axis of an output indexes.
@@ -67,7 +74,7 @@ pub enum Columns {
 
 impl Output {
     /// How many outputs there are.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 9;
 
     /// Every output, in report order.
     pub const ALL: [Output; Output::COUNT] = [
@@ -78,16 +85,20 @@ impl Output {
         Output::Lse,
         Output::ZLoss,
         Output::Loss,
+        Output::ForwardKl,
+        Output::ReverseKl,
     ];
 
     /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 6] = [
+    pub const FORWARD: [Output; 8] = [
         Output::LogProbs,
         Output::Entropy,
         Output::TopkLogProbs,
         Output::Lse,
         Output::ZLoss,
         Output::Loss,
+        Output::ForwardKl,
+        Output::ReverseKl,
     ];
 
     /// Position in [`Output::ALL`].
@@ -106,6 +117,8 @@ impl Output {
             Output::Lse => "lse",
             Output::ZLoss => "z_loss",
             Output::Loss => "loss",
+            Output::ForwardKl => "forward_kl",
+            Output::ReverseKl => "reverse_kl",
         }
     }
 
@@ -120,6 +133,8 @@ impl Output {
             Output::Lse => Some("grad_lse"),
             Output::ZLoss => Some("grad_z_loss"),
             Output::Loss => Some("grad_loss"),
+            Output::ForwardKl => Some("grad_forward_kl"),
+            Output::ReverseKl => Some("grad_reverse_kl"),
         }
     }
 
@@ -131,9 +146,13 @@ impl Output {
     /// What the second axis indexes.
     pub fn columns(self) -> Columns {
         match self {
-            Output::LogProbs | Output::Entropy | Output::Lse | Output::ZLoss | Output::Loss => {
-                Columns::One
-            }
+            Output::LogProbs
+            | Output::Entropy
+            | Output::Lse
+            | Output::ZLoss
+            | Output::Loss
+            | Output::ForwardKl
+            | Output::ReverseKl => Columns::One,
             Output::TopkLogProbs => Columns::TopK,
             Output::GradLogits => Columns::Vocabulary,
         }
@@ -163,6 +182,8 @@ impl Output {
             Output::Lse => problem.options.lse,
             Output::ZLoss => problem.options.z_loss_coef.is_some(),
             Output::Loss => problem.options.loss.is_some() && problem.tokens.is_some(),
+            Output::ForwardKl => problem.options.topk_kl.is_some_and(|k| k.forward),
+            Output::ReverseKl => problem.options.topk_kl.is_some_and(|k| k.reverse),
         }
     }
 
@@ -191,7 +212,9 @@ impl Output {
             | Output::TopkLogProbs
             | Output::GradLogits
             | Output::Lse
-            | Output::ZLoss => true,
+            | Output::ZLoss
+            | Output::ForwardKl
+            | Output::ReverseKl => true,
         }
     }
 
@@ -216,6 +239,8 @@ impl Output {
             Output::Lse => col(cotangents.grad_lse),
             Output::ZLoss => col(cotangents.grad_z_loss),
             Output::Loss => col(cotangents.grad_loss),
+            // The KL's gradients are not built yet.
+            Output::ForwardKl | Output::ReverseKl => None,
         }
     }
 }

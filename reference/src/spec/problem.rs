@@ -9,6 +9,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
 use super::loss::{CrossEntropy, LossOptions, Reduction};
+use super::topk_kl::{check_teacher_row, first_duplicate, TopkKl};
 
 /// PyTorch's default `ignore_index`.
 pub const DEFAULT_IGNORE_INDEX: i64 = -100;
@@ -202,6 +203,11 @@ pub struct Options {
     /// mean; its per-row weights are [`Problem::loss_weights`]. Default
     /// `None`.
     pub loss: Option<LossOptions>,
+    /// `Some`: compute the top-k KL to a teacher (`forward_kl`,
+    /// `reverse_kl`; DESIGN: "Loss side"), over `topk_ids` with the
+    /// teacher's log-probs [`Problem::teacher_topk_log_probs`]. Default
+    /// `None`.
+    pub topk_kl: Option<TopkKl>,
 }
 
 impl std::fmt::Debug for Options {
@@ -225,6 +231,9 @@ impl std::fmt::Debug for Options {
         if let Some(l) = &self.loss {
             d.field("loss", l);
         }
+        if let Some(k) = &self.topk_kl {
+            d.field("topk_kl", k);
+        }
         d.finish()
     }
 }
@@ -242,6 +251,7 @@ impl Default for Options {
             softcap: None,
             softcap_dtype: SoftcapDtype::Accumulation,
             loss: None,
+            topk_kl: None,
         }
     }
 }
@@ -321,6 +331,9 @@ pub struct Problem<'a> {
     pub sampling_mask: Option<ArrayView2<'a, bool>>,
     /// Ids `[N, K]` whose log-probs to compute.
     pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// The teacher's log-probs `[N, K]` at `topk_ids` (exact inputs, nats,
+    /// `<= 0`); read only when `options.topk_kl` is `Some`.
+    pub teacher_topk_log_probs: Option<ArrayView2<'a, f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss` (finite, `>= 0`,
     /// exact f64 inputs; `None` = every weight 1). Read only when
     /// `options.loss` is `Some`.
@@ -342,6 +355,9 @@ pub struct ProblemMut<'a> {
     pub sampling_mask: Option<ArrayView2<'a, bool>>,
     /// Ids `[N, K]` whose log-probs to compute.
     pub topk_ids: Option<ArrayView2<'a, i64>>,
+    /// The teacher's log-probs `[N, K]` at `topk_ids` (exact inputs, nats,
+    /// `<= 0`); read only when `options.topk_kl` is `Some`.
+    pub teacher_topk_log_probs: Option<ArrayView2<'a, f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss`, as in [`Problem`].
     pub loss_weights: Option<ArrayView1<'a, f64>>,
     /// Options.
@@ -356,6 +372,7 @@ impl<'a> ProblemMut<'a> {
             tokens: None,
             sampling_mask: None,
             topk_ids: None,
+            teacher_topk_log_probs: None,
             loss_weights: None,
             options: Options::default(),
         }
@@ -368,6 +385,7 @@ impl<'a> ProblemMut<'a> {
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
+            teacher_topk_log_probs: self.teacher_topk_log_probs,
             loss_weights: self.loss_weights,
             options: self.options,
         }
@@ -381,6 +399,7 @@ impl<'a> ProblemMut<'a> {
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
+            teacher_topk_log_probs: self.teacher_topk_log_probs,
             loss_weights: self.loss_weights,
             options: self.options,
         }
@@ -472,6 +491,7 @@ impl<'a> Problem<'a> {
             tokens: None,
             sampling_mask: None,
             topk_ids: None,
+            teacher_topk_log_probs: None,
             loss_weights: None,
             options: Options::default(),
         }
@@ -559,6 +579,28 @@ impl<'a> Problem<'a> {
                 return Err(shape_err("topk_ids", vec![n, usize::MAX], ids.shape()));
             }
             k = ids.ncols();
+        }
+        if let Some(kl) = self.options.topk_kl {
+            let output = if kl.forward {
+                "forward_kl"
+            } else {
+                "reverse_kl"
+            };
+            let Some(ids) = self.topk_ids else {
+                return Err(SpecError::MissingTensor {
+                    output,
+                    tensor: "topk_ids",
+                });
+            };
+            let Some(a) = self.teacher_topk_log_probs else {
+                return Err(SpecError::MissingTensor {
+                    output,
+                    tensor: "teacher_topk_log_probs",
+                });
+            };
+            if a.dim() != ids.dim() {
+                return Err(shape_err("teacher_topk_log_probs", vec![n, k], a.shape()));
+            }
         }
         Ok(Shape {
             n,
@@ -790,6 +832,46 @@ impl<'a> Problem<'a> {
                     });
                 }
             }
+        }
+        if let Some(kl) = self.options.topk_kl {
+            self.validate_topk_kl_row(&kl, row)?;
+        }
+        Ok(())
+    }
+
+    /// The top-k KL's checks of row `row` (after the ids' range, which it
+    /// assumes; O(K log K)): every id
+    /// allowed by the sampling mask and distinct, the teacher's row a
+    /// log-prob row ([`check_teacher_row`]), and under `renormalized` some
+    /// id of finite logit.
+    ///
+    /// # Errors
+    /// [`SpecError::TopkIdMasked`], [`SpecError::TopkIdDuplicate`],
+    /// [`SpecError::BadTeacherLogProb`], [`SpecError::TeacherMassAboveOne`],
+    /// [`SpecError::KlNoStudentMass`].
+    pub fn validate_topk_kl_row(&self, kl: &TopkKl, row: usize) -> Result<(), SpecError> {
+        let (Some(ids), Some(a)) = (self.topk_ids, self.teacher_topk_log_probs) else {
+            return Ok(());
+        };
+        let ids = ids.row(row);
+        for (k, &id) in ids.iter().enumerate() {
+            if !self.allowed(row, id as usize) {
+                return Err(SpecError::TopkIdMasked { row, k, id });
+            }
+        }
+        if let Some((k, id)) = first_duplicate(ids.iter().copied()) {
+            return Err(SpecError::TopkIdDuplicate { row, k, id });
+        }
+        let a: Vec<f64> = a.row(row).to_vec();
+        check_teacher_row(row, &a, kl.teacher_dtype)?;
+        // Under a softcap every logit is finite (x' = -c at -inf).
+        if kl.renormalized
+            && self.options.softcap.is_none()
+            && ids
+                .iter()
+                .all(|&id| self.logits.get_f64(row, id as usize) == f64::NEG_INFINITY)
+        {
+            return Err(SpecError::KlNoStudentMass { row });
         }
         Ok(())
     }

@@ -50,6 +50,9 @@ def verify(
     z_loss: Optional[TensorLike] = None,
     loss: Optional[TensorLike] = None,
     loss_weights: Optional[TensorLike] = None,
+    teacher_topk_log_probs: Optional[TensorLike] = None,
+    forward_kl: Optional[TensorLike] = None,
+    reverse_kl: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -66,6 +69,7 @@ def verify(
     mean_all_ignored: Optional[MetaValue] = None,
     softcap: Optional[MetaValue] = None,
     softcap_dtype: Optional[MetaValue] = None,
+    kl_renormalized: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

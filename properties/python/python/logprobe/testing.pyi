@@ -29,6 +29,9 @@ def assert_verified(
     z_loss: Optional[TensorLike] = None,
     loss: Optional[TensorLike] = None,
     loss_weights: Optional[TensorLike] = None,
+    teacher_topk_log_probs: Optional[TensorLike] = None,
+    forward_kl: Optional[TensorLike] = None,
+    reverse_kl: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -44,6 +47,7 @@ def assert_verified(
     mean_all_ignored: Optional[MetaValue] = None,
     softcap: Optional[MetaValue] = None,
     softcap_dtype: Optional[MetaValue] = None,
+    kl_renormalized: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

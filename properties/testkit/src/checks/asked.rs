@@ -40,6 +40,10 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
         p.options.loss = None;
         p.loss_weights = None;
     }
+    if !caps.topk_kl || p.topk_ids.is_none() {
+        p.options.topk_kl = None;
+        p.teacher_topk_log_probs = None;
+    }
     let (_, v_total) = p.logits.dim();
     let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
         Some("sampling_mask")

@@ -206,6 +206,7 @@ pub fn judge_backward(
                 tokens: p.tokens,
                 sampling_mask: p.sampling_mask,
                 topk_ids: p.topk_ids,
+                teacher_topk_log_probs: p.teacher_topk_log_probs,
                 options: p.options,
                 loss_weights: p.loss_weights,
             },

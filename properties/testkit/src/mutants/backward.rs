@@ -111,6 +111,9 @@ impl PlantedBug for InPlaceCorruption {
                     .sampling_mask
                     .map(|m| m.slice_move(s![r.clone(), ..])),
                 topk_ids: problem.topk_ids.map(|k| k.slice_move(s![r.clone(), ..])),
+                teacher_topk_log_probs: problem
+                    .teacher_topk_log_probs
+                    .map(|k| k.slice_move(s![r.clone(), ..])),
                 options: problem.options,
                 loss_weights: problem.loss_weights.map(|w| w.slice_move(s![r.clone()])),
             };

@@ -74,6 +74,7 @@ impl PlantedBug for LabelSmoothingCountsIgnored {
             tokens: Some(live_tokens.view()),
             sampling_mask: p.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: None,
+            teacher_topk_log_probs: None,
             loss_weights: None,
             options: p.options,
         };

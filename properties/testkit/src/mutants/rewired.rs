@@ -69,6 +69,7 @@ pub(crate) fn with_tokens<'b>(p: &'b Problem<'_>, tokens: &'b Array1<i64>) -> Pr
         tokens: Some(tokens.view()),
         sampling_mask: p.sampling_mask,
         topk_ids: p.topk_ids,
+        teacher_topk_log_probs: p.teacher_topk_log_probs,
         options: p.options,
         loss_weights: p.loss_weights,
     }
@@ -122,6 +123,7 @@ impl Reversed {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.mask.as_ref().map(|m| m.view()),
             topk_ids: self.ids.as_ref().map(|k| k.view()),
+            teacher_topk_log_probs: None,
             options,
             loss_weights: None,
         }

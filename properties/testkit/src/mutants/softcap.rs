@@ -91,6 +91,7 @@ impl PlantedBug for SoftcapGradMissingTanh {
             tokens: problem.tokens,
             sampling_mask: problem.sampling_mask,
             topk_ids: problem.topk_ids,
+            teacher_topk_log_probs: problem.teacher_topk_log_probs,
             loss_weights: problem.loss_weights,
             options,
         };

@@ -72,6 +72,7 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
             tokens: p.tokens,
             sampling_mask: p.sampling_mask,
             topk_ids: p.topk_ids,
+            teacher_topk_log_probs: p.teacher_topk_log_probs,
             options: p.options,
             loss_weights: p.loss_weights,
         },

@@ -106,6 +106,9 @@ pub struct ProblemData {
     pub sampling_mask: Option<Array2<bool>>,
     /// Top-k ids `[N, K]`.
     pub topk_ids: Option<Array2<i64>>,
+    /// The teacher's log-probs `[N, K]` of the top-k KL (read when
+    /// `options.topk_kl` is `Some`).
+    pub teacher_topk_log_probs: Option<Array2<f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss` (read when
     /// `options.loss` is `Some`).
     pub loss_weights: Option<Array1<f64>>,
@@ -121,6 +124,7 @@ impl ProblemData {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|k| k.view()),
+            teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|k| k.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }

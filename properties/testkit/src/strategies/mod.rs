@@ -31,6 +31,7 @@ mod recipe;
 mod rows;
 mod sampler;
 mod space;
+mod teacher;
 #[cfg(test)]
 mod tests;
 
@@ -42,3 +43,4 @@ pub use recipe::*;
 pub use rows::*;
 pub use sampler::*;
 pub use space::*;
+pub use teacher::*;

@@ -318,14 +318,29 @@ impl ProblemRecipe {
             softcap_dtype: self.softcap_dtype,
             // The cross-entropy loss is not drawn yet.
             loss: None,
+            topk_kl: None,
+        };
+        // The top-k KL rides on every case whose ids can carry it (distinct,
+        // allowed): its teacher from a stream of its own (`teacher.rs`).
+        let teacher = (self.topk > 0)
+            .then(|| {
+                let xr = x.slice(ndarray::s![.., ..v]).to_owned();
+                let allowed = |i: usize, j: usize| mask.as_ref().is_none_or(|m| m[[i, j]]);
+                draw_teacher(self.seed, &xr, allowed, &ids, dtype)
+            })
+            .flatten();
+        let (teacher, topk_kl) = match teacher {
+            Some((a, kl)) => (Some(a), Some(kl)),
+            None => (None, None),
         };
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),
             tokens: self.tokens.then_some(tokens),
             sampling_mask: mask,
             topk_ids: (self.topk > 0).then_some(ids),
+            teacher_topk_log_probs: teacher,
             loss_weights: None,
-            options,
+            options: Options { topk_kl, ..options },
         }
     }
 

@@ -8,7 +8,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{
     Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, Options, Output, PerOutput,
-    Reduction, SoftcapDtype, SpecError, TemperatureDtype, DEFAULT_IGNORE_INDEX,
+    Reduction, SoftcapDtype, SpecError, TemperatureDtype, TopkKl, DEFAULT_IGNORE_INDEX,
 };
 
 use super::*;
@@ -23,6 +23,9 @@ pub struct Dump<'a> {
     pub sampling_mask: Option<MaskMatrix<'a>>,
     /// `topk_ids [N, K]` as i64.
     pub topk_ids: Option<Array2<i64>>,
+    /// `teacher_topk_log_probs [N, K]` as exact f64 (only with a
+    /// `forward_kl` or `reverse_kl` candidate).
+    pub teacher_topk_log_probs: Option<Array2<f64>>,
     /// The candidate outputs, `[N, width]` each (`log_probs [N]` and
     /// `entropy [N]` as width 1, `topk_log_probs [N, K]`, `grad_logits
     /// [N, V_total]`), left in the file and decoded row by row, each with
@@ -303,6 +306,28 @@ impl<'a> Dump<'a> {
                 Some(Array1::from(decode_floats(dtype, t.data())))
             }
         };
+        let want_kl =
+            candidates.contains(Output::ForwardKl) || candidates.contains(Output::ReverseKl);
+        let teacher = match get("teacher_topk_log_probs") {
+            None if want_kl => {
+                return Err(DumpError::MissingTensor {
+                    tensor: "teacher_topk_log_probs",
+                    why: " (needed by forward_kl and reverse_kl)",
+                })
+            }
+            None => None,
+            Some(_) if !want_kl => {
+                return Err(DumpError::MissingTensor {
+                    tensor: "forward_kl",
+                    why: " (or reverse_kl: teacher_topk_log_probs is judged through them)",
+                })
+            }
+            Some(_) => {
+                let (m, _) =
+                    float("teacher_topk_log_probs", Columns::TopK, false)?.expect("present");
+                Some((m.dtype, m.to_array()))
+            }
+        };
         let mut cotangents = PerOutput::new();
         for o in Output::ALL {
             if let Some(name) = o.cotangent_name() {
@@ -381,11 +406,22 @@ impl<'a> Dump<'a> {
             options.z_loss_coef = Some(parse_z_loss_coef(&meta, ldtype)?);
         }
         options.loss = loss.then_some(loss_options);
+        options.topk_kl = match &teacher {
+            Some((dtype, _)) => Some(TopkKl {
+                forward: candidates.contains(Output::ForwardKl),
+                reverse: candidates.contains(Output::ReverseKl),
+                renormalized: parse_meta::<bool>(&meta, "kl_renormalized", "not true or false")?
+                    .unwrap_or(false),
+                teacher_dtype: *dtype,
+            }),
+            None => None,
+        };
         Ok(Dump {
             logits,
             tokens,
             sampling_mask,
             topk_ids,
+            teacher_topk_log_probs: teacher.map(|t| t.1),
             candidates,
             loss_weights,
             cotangents,
@@ -428,6 +464,10 @@ impl<'a> Dump<'a> {
                 .transpose()?,
             topk_ids: self
                 .topk_ids
+                .as_ref()
+                .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
+            teacher_topk_log_probs: self
+                .teacher_topk_log_probs
                 .as_ref()
                 .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
             options: self.options,

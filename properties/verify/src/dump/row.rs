@@ -21,6 +21,8 @@ pub struct RowInputs {
     pub sampling_mask: Option<Array2<bool>>,
     /// Ids `[1, K]`.
     pub topk_ids: Option<Array2<i64>>,
+    /// The teacher's log-probs `[1, K]` (top-k KL).
+    pub teacher_topk_log_probs: Option<Array2<f64>>,
     /// Options of the dump.
     pub options: Options,
     /// The row's `loss_weights` entry `[1]`.
@@ -37,6 +39,7 @@ impl RowInputs {
             tokens: self.tokens.as_ref().map(|t| t.view()),
             sampling_mask: self.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: self.topk_ids.as_ref().map(|m| m.view()),
+            teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|m| m.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }

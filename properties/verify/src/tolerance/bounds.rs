@@ -15,7 +15,9 @@ use super::{ErrorBound, NoBound};
 
 pub(crate) mod lanes;
 mod screen;
+mod topk_kl;
 pub use screen::GradScreen;
+pub use topk_kl::KlTarget;
 
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
@@ -693,6 +695,9 @@ impl<'a> RowBounds<'a> {
             Output::Lse => self.lse(out),
             Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
             Output::Loss => self.loss(targets, out),
+            Output::ForwardKl | Output::ReverseKl => {
+                self.topk_kl(output, &targets.topk_ids, targets.topk_kl.as_ref(), out)
+            }
         }
     }
 

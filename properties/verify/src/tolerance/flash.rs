@@ -325,7 +325,12 @@ impl NaiveRow {
             Output::LogProbs => targets.token?,
             Output::TopkLogProbs => *targets.topk_ids.get(col)?,
             Output::Entropy => return Some(self.entropy(dtype)),
-            Output::GradLogits | Output::Lse | Output::ZLoss | Output::Loss => return None,
+            Output::GradLogits
+            | Output::Lse
+            | Output::ZLoss
+            | Output::Loss
+            | Output::ForwardKl
+            | Output::ReverseKl => return None,
         };
         let x = *self.masked.get(id)?;
         Some(self.naive(dtype).lp(x))

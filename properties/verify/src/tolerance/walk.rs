@@ -11,7 +11,7 @@ use ndarray::ArrayView1;
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Reduction};
 
-use super::bounds::GradCotangents;
+use super::bounds::{GradCotangents, KlTarget};
 use super::loss_grad::LossGradCotangents;
 
 /// What the bounds of one row need besides its statistics: the vocabulary
@@ -40,6 +40,9 @@ pub struct RowTargets {
     /// The row's loss-side cotangents for the gradient bound (T19; `None`
     /// without `grad_lse`, `grad_z_loss` or `grad_loss`).
     pub loss_grad: Option<LossGradRow>,
+    /// The row's teacher for `forward_kl` / `reverse_kl` (T23; `None`
+    /// without `options.topk_kl`).
+    pub topk_kl: Option<super::bounds::KlTarget>,
 }
 
 /// One row's loss-side cotangents, owned ([`LossGradCotangents`] borrows
@@ -210,6 +213,13 @@ impl RowTargets {
                 sums: None,
             }),
             loss_grad: LossGradRow::new(problem, row, cotangents),
+            topk_kl: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
+                (Some(kl), Some(a)) => Some(KlTarget {
+                    teacher: a.row(row).to_vec(),
+                    renormalized: kl.renormalized,
+                }),
+                _ => None,
+            },
         }
     }
 

@@ -1,0 +1,118 @@
+//! The teacher of the top-k KL (`teacher_topk_log_probs`, DESIGN: "Loss
+//! side"): drawn beside a recipe's top-k ids from the recipe's seed on a
+//! stream of its own, so every other value of the case is unchanged.
+//!
+//! Per problem: renormalised or not (even odds). Per row: the teacher's
+//! mass `M` (just below 1, or uniform in `[0.05, 1)`), its logits at the
+//! ids (the student's own, so the KL is tiny and cancels; the student's
+//! plus small noise; or independent Gaussians), a log-softmax over the ids
+//! plus `ln M`, rounded to the logits' dtype, with now and then a `-inf`
+//! entry (a zero-probability teacher token). Every value is exact in its
+//! dtype and the row passes the spec's mass check (the exact masses are
+//! at most `1 - 2^-40` before rounding).
+
+use ndarray::Array2;
+
+use logprobe_reference::spec::{first_duplicate, Dtype, TopkKl};
+
+use super::rng_for;
+
+/// The stream of the teacher's draws (far from the rows' `1 + i`).
+const TEACHER_STREAM: u64 = 1 << 40;
+
+/// The teacher of a problem, or `None` when its ids cannot carry a KL
+/// (a repeated id, a masked one, an id of `-inf` logit in every position
+/// of a renormalised row, no ids): `x [N, V_total]` the exact logits,
+/// `allowed(i, j)` the sampling mask, `ids [N, K]`.
+pub fn draw_teacher(
+    seed: u64,
+    x: &Array2<f64>,
+    allowed: impl Fn(usize, usize) -> bool,
+    ids: &Array2<i64>,
+    dtype: Dtype,
+) -> Option<(Array2<f64>, TopkKl)> {
+    let (n, k) = ids.dim();
+    if k == 0 {
+        return None;
+    }
+    let mut rng = rng_for(seed, TEACHER_STREAM);
+    let renormalized = rng.chance(0.5);
+    for i in 0..n {
+        let row = ids.row(i);
+        if first_duplicate(row.iter().copied()).is_some()
+            || row.iter().any(|&id| !allowed(i, id as usize))
+            || (renormalized
+                && row
+                    .iter()
+                    .all(|&id| x[[i, id as usize]] == f64::NEG_INFINITY))
+        {
+            return None;
+        }
+    }
+    let mut a = Array2::<f64>::zeros((n, k));
+    for i in 0..n {
+        let mut rng = rng_for(seed, TEACHER_STREAM + 1 + i as u64);
+        let student: Vec<f64> = row_log_softmax_at(x, i, &allowed, ids);
+        let mass = if rng.chance(0.25) {
+            1.0 - 2f64.powi(-40)
+        } else {
+            rng.uniform_in(0.05, 1.0)
+        };
+        let style = rng.below(3);
+        let logits: Vec<f64> = student
+            .iter()
+            .map(|&s| {
+                let s = if s.is_finite() { s } else { -30.0 };
+                match style {
+                    0 => s,
+                    1 => s + 1e-3 * rng.normal(),
+                    _ => 2.0 * rng.normal(),
+                }
+            })
+            .collect();
+        let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + logits.iter().map(|&l| (l - m).exp()).sum::<f64>().ln();
+        for (c, &l) in logits.iter().enumerate() {
+            let v = if rng.chance(0.05) {
+                f64::NEG_INFINITY
+            } else {
+                l - lse + mass.ln()
+            };
+            // The rounding of a log-prob <= 0 stays <= 0 (0 is exact).
+            a[[i, c]] = dtype.round_f64(v.min(0.0));
+        }
+    }
+    Some((
+        a,
+        TopkKl {
+            forward: true,
+            reverse: true,
+            renormalized,
+            teacher_dtype: dtype,
+        },
+    ))
+}
+
+/// The student's log-probs at row `i`'s ids in f64 (generator only, not an
+/// oracle): `x - max - ln sum e^{x - max}` over the allowed entries.
+fn row_log_softmax_at(
+    x: &Array2<f64>,
+    i: usize,
+    allowed: &impl Fn(usize, usize) -> bool,
+    ids: &Array2<i64>,
+) -> Vec<f64> {
+    let v = x.ncols();
+    let r = x.row(i);
+    let m = (0..v)
+        .filter(|&j| allowed(i, j) && r[j].is_finite())
+        .map(|j| r[j])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let s: f64 = (0..v)
+        .filter(|&j| allowed(i, j) && r[j].is_finite())
+        .map(|j| (r[j] - m).exp())
+        .sum();
+    ids.row(i)
+        .iter()
+        .map(|&id| r[id as usize] - m - s.ln())
+        .collect()
+}

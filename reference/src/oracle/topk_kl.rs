@@ -1,0 +1,271 @@
+//! The exact top-k KL to a teacher (`forward_kl`, `reverse_kl`; the
+//! definition, its edge values and its sign are in
+//! [`crate::spec::TopkKl`]'s module docs), as enclosures from the row's
+//! top-k log-prob enclosures `l_k` and the teacher's exact `a_k`.
+//!
+//! # Formula
+//! `forward_kl = sum_k t_k (a_k - l_k)` with `t_k = e^{a_k}`;
+//! `reverse_kl = sum_k p_k (l_k - a_k)` with `p_k = e^{l_k}`. Renormalised:
+//! `l'_k = (l_k - m) - ln sum_j e^{l_j - m}` for any real `m` (the row's
+//! normaliser and `m` cancel); `m` is the upper end of the largest `l_j`'s
+//! enclosure, so every exp is of a number `<= 0` near the top (no
+//! underflow of the sum however far the ids sit below the row's maximum).
+//!
+//! Over a partial support the terms have both signs, so the sum can cancel;
+//! no rewriting removes that (it is the value's own condition: e.g.
+//! `sum t phi(a - l) + (sum t - sum p)` with `phi(x) = e^{-x} - 1 + x >= 0`
+//! trades it for the difference of the two masses). The enclosure's width
+//! is about `2^-prec sum_k t_k |l_k|`, so a tiny KL costs Ziv's loop about
+//! `log2(sum_k t_k |l_k| / |KL|)` more bits and stays correctly rounded; a
+//! point enclosure (one id with `a = l = 0`, or every term exactly 0) is
+//! exact at once.
+//!
+//! # Tiers
+//! The f64 tier ([`kl_fast`]) runs the same formula in f64 interval
+//! arithmetic on the f64 tier's top-k enclosures (CORE-MATH's correctly
+//! rounded `exp` and `log`, one f64 step outward each); what it leaves
+//! undecided (a tiny KL next to its terms, a rounding midpoint) MPFR
+//! decides ([`kl_mpfr`]) at the row's working precision.
+
+use std::cmp::Ordering;
+
+use rug::float::Round;
+use rug::ops::AssignRound;
+use rug::{Assign, Float};
+
+use super::mpfr_interval::MpfrInterval;
+use super::Interval;
+use crate::spec::TopkKl;
+
+/// Which of the two KL terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// `sum_k t_k (a_k - l_k)`.
+    Forward,
+    /// `sum_k p_k (l_k - a_k)`.
+    Reverse,
+}
+
+/// Whether an enclosure is the point `-inf` (a student log-prob of an id
+/// whose logit is `-inf`).
+fn is_neg_inf(iv: &MpfrInterval) -> bool {
+    iv.hi == f64::NEG_INFINITY
+}
+
+/// `out = exp(x)` outward (MPFR's correctly rounded exp in each direction).
+fn exp_interval(out: &mut MpfrInterval, x: &MpfrInterval) {
+    out.lo.assign_round(x.lo.exp_ref(), Round::Down);
+    out.hi.assign_round(x.hi.exp_ref(), Round::Up);
+}
+
+/// The renormalised log-probs `l'_k` (module docs) from `l [K]` at
+/// precision `prec`; `-inf` stays `-inf`. Needs a finite `l_j` (validated:
+/// [`crate::spec::SpecError::KlNoStudentMass`]).
+fn renormalize_mpfr(l: &[MpfrInterval], prec: u32) -> Vec<MpfrInterval> {
+    let m = l
+        .iter()
+        .filter(|x| !is_neg_inf(x))
+        .map(|x| x.hi.clone())
+        .max_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal))
+        .expect("some finite student log-prob (validated)");
+    let mp = MpfrInterval {
+        lo: Float::with_val(prec, &m),
+        hi: Float::with_val(prec, &m),
+    };
+    let mut shifted = Vec::with_capacity(l.len());
+    let mut sum = MpfrInterval::new(prec);
+    let mut e = MpfrInterval::new(prec);
+    for x in l {
+        let mut s = MpfrInterval::new(prec);
+        if is_neg_inf(x) {
+            s.assign_f64(f64::NEG_INFINITY);
+        } else {
+            s.sub(x, &mp);
+            exp_interval(&mut e, &s);
+            let (lo, hi) = (sum.lo.clone(), sum.hi.clone());
+            sum.lo.assign_round(&lo + &e.lo, Round::Down);
+            sum.hi.assign_round(&hi + &e.hi, Round::Up);
+        }
+        shifted.push(s);
+    }
+    let mut ln = MpfrInterval::new(prec);
+    ln.lo.assign_round(sum.lo.ln_ref(), Round::Down);
+    ln.hi.assign_round(sum.hi.ln_ref(), Round::Up);
+    shifted
+        .into_iter()
+        .map(|s| {
+            if is_neg_inf(&s) {
+                return s;
+            }
+            let mut out = MpfrInterval::new(prec);
+            out.sub(&s, &ln);
+            // A log-prob is <= 0.
+            if out.hi > 0u32 {
+                out.hi.assign(0u32);
+            }
+            out
+        })
+        .collect()
+}
+
+/// The exact KL of one row at precision `prec` (module docs): `topk [K]`
+/// the row's top-k log-prob enclosures, `teacher [K]` the exact `a_k`.
+pub(crate) fn kl_mpfr(
+    topk: &[MpfrInterval],
+    teacher: &[f64],
+    kl: &TopkKl,
+    dir: Direction,
+    prec: u32,
+) -> MpfrInterval {
+    let acc = prec + 64;
+    let renorm;
+    let l: &[MpfrInterval] = if kl.renormalized {
+        renorm = renormalize_mpfr(topk, acc);
+        &renorm
+    } else {
+        topk
+    };
+    let mut sum = MpfrInterval::new(acc);
+    let (mut w, mut diff, mut term) = (
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
+        MpfrInterval::new(acc),
+    );
+    let mut scratch = Float::new(acc);
+    for (lk, &a) in l.iter().zip(teacher) {
+        let a_iv = MpfrInterval::point(acc, a);
+        match dir {
+            Direction::Forward => {
+                if a == f64::NEG_INFINITY {
+                    continue;
+                }
+                if is_neg_inf(lk) {
+                    return MpfrInterval::point(prec, f64::INFINITY);
+                }
+                exp_interval(&mut w, &a_iv);
+                diff.sub(&a_iv, lk);
+            }
+            Direction::Reverse => {
+                if is_neg_inf(lk) {
+                    continue;
+                }
+                if a == f64::NEG_INFINITY {
+                    return MpfrInterval::point(prec, f64::INFINITY);
+                }
+                exp_interval(&mut w, lk);
+                diff.sub(lk, &a_iv);
+            }
+        }
+        term.mul(&w, &diff, &mut scratch);
+        let (lo, hi) = (sum.lo.clone(), sum.hi.clone());
+        sum.lo.assign_round(&lo + &term.lo, Round::Down);
+        sum.hi.assign_round(&hi + &term.hi, Round::Up);
+    }
+    sum
+}
+
+/// `exp` of an f64 enclosure, outward (CORE-MATH's correctly rounded exp,
+/// one f64 step out unless the result is 0 or `inf`).
+fn exp_fast(x: Interval) -> Interval {
+    let lo = core_math::exp(x.lo);
+    let hi = core_math::exp(x.hi);
+    Interval {
+        lo: if lo > 0.0 {
+            lo.next_down().max(0.0)
+        } else {
+            0.0
+        },
+        hi: if hi.is_finite() { hi.next_up() } else { hi },
+    }
+}
+
+/// The renormalised log-probs on the f64 tier (as [`renormalize_mpfr`]).
+fn renormalize_fast(l: &[Interval]) -> Vec<Interval> {
+    let m = l
+        .iter()
+        .filter(|x| x.hi > f64::NEG_INFINITY)
+        .map(|x| x.hi)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = Interval::point(0.0);
+    let shifted: Vec<Interval> = l
+        .iter()
+        .map(|&x| {
+            if x.hi == f64::NEG_INFINITY {
+                return x;
+            }
+            let s = x.sub(Interval::point(m));
+            sum = sum.add(exp_fast(s));
+            s
+        })
+        .collect();
+    let ln = Interval {
+        lo: if sum.lo > 0.0 {
+            core_math::log(sum.lo).next_down()
+        } else {
+            f64::NEG_INFINITY
+        },
+        hi: core_math::log(sum.hi).next_up(),
+    };
+    shifted
+        .into_iter()
+        .map(|s| {
+            if s.hi == f64::NEG_INFINITY {
+                return s;
+            }
+            let out = s.sub(ln);
+            Interval {
+                lo: out.lo,
+                hi: out.hi.min(0.0),
+            }
+        })
+        .collect()
+}
+
+/// The KL of one row on the f64 tier: an enclosure from the f64 top-k
+/// enclosures `topk [K]` and the exact `teacher [K]`; `None` where an
+/// enclosure is not finite (left to MPFR). `+inf` exactly as
+/// [`kl_mpfr`].
+pub(crate) fn kl_fast(
+    topk: &[Interval],
+    teacher: &[f64],
+    kl: &TopkKl,
+    dir: Direction,
+) -> Option<Interval> {
+    let renorm;
+    let l: &[Interval] = if kl.renormalized {
+        if topk.iter().all(|x| x.hi == f64::NEG_INFINITY) {
+            return None;
+        }
+        renorm = renormalize_fast(topk);
+        &renorm
+    } else {
+        topk
+    };
+    let mut sum = Interval::point(0.0);
+    for (&lk, &a) in l.iter().zip(teacher) {
+        let a_iv = Interval::point(a);
+        let neg_inf = lk.hi == f64::NEG_INFINITY;
+        let term = match dir {
+            Direction::Forward => {
+                if a == f64::NEG_INFINITY {
+                    continue;
+                }
+                if neg_inf {
+                    return Some(Interval::point(f64::INFINITY));
+                }
+                exp_fast(a_iv).mul(a_iv.sub(lk))
+            }
+            Direction::Reverse => {
+                if neg_inf {
+                    continue;
+                }
+                if a == f64::NEG_INFINITY {
+                    return Some(Interval::point(f64::INFINITY));
+                }
+                exp_fast(lk).mul(lk.sub(a_iv))
+            }
+        };
+        sum = sum.add(term);
+    }
+    sum.is_finite().then_some(sum)
+}
