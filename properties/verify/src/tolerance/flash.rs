@@ -182,9 +182,7 @@ impl Naive {
             let mut acc = 0.0;
             for &x in row {
                 let t = match cache {
-                    Some(ref mut k) if self.logits16.is_some() => {
-                        k.get(x, 1, |x| term(self.d(x)))
-                    }
+                    Some(ref mut k) if self.logits16.is_some() => k.get(x, 1, |x| term(self.d(x))),
                     Some(ref mut k) => k.get(self.d(x), 1, term),
                     None => term(self.d(x)),
                 };
