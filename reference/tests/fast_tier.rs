@@ -432,6 +432,7 @@ fn violations(c: &Case, mutant: Option<Mutant>) -> Vec<String> {
         per_entry: true,
         m2: true,
         mutant,
+        row_validated: false,
     };
     let Ok(fr) = FastRow::new(&p, 0, opts) else {
         return Vec::new(); // a spec error (e.g. z overflowing): not the tier's business
@@ -553,6 +554,7 @@ fn violations(c: &Case, mutant: Option<Mutant>) -> Vec<String> {
         per_entry: true,
         m2: false,
         mutant,
+        row_validated: false,
     };
     let fv_row = FastRow::new(&p, 0, vjp_opts).unwrap();
     if !fv_row.vjp_applicable() {

@@ -43,7 +43,10 @@ impl<'p, 'a> RowOracle<'p, 'a> {
     /// f64 tier: the tolerance model reads `d` and `e`). `vjp`: whether
     /// [`RowOracle::vjp`] will be called (the pass then keeps each entry's
     /// shift and exp for it, `17` bytes per entry and family; without, a
-    /// forward-only row writes nothing per entry).
+    /// forward-only row writes nothing per entry). The row must have been
+    /// validated already ([`Problem::validate_row`]: `verify_dump` does so
+    /// for every selected row before any oracle work), so the f64 tier
+    /// does not check it again.
     ///
     /// # Errors
     /// The spec's validation errors for the row (those of [`FastRow::new`]).
@@ -70,6 +73,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
                 entropy: Some(problem.options.entropy.unwrap_or(EntropyLogits::Unmasked)),
                 per_entry: vjp,
                 m2: true,
+                row_validated: true,
                 ..Default::default()
             },
         )?;

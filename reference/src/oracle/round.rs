@@ -238,7 +238,12 @@ impl Exact {
     /// ([`Dtype::ulp`] at the smallest magnitude in the enclosure, so the
     /// ratio is an upper bound; at 0 when the enclosure contains 0).
     pub fn error_ulps(&self, candidate: f64, dtype: Dtype) -> f64 {
-        let err = self.error(candidate);
+        self.ulps_of_error(self.error(candidate), dtype)
+    }
+
+    /// [`Exact::error_ulps`] of a candidate whose [`Exact::error`] is `err`
+    /// (for a caller that measured it already).
+    pub fn ulps_of_error(&self, err: f64, dtype: Dtype) -> f64 {
         if err == 0.0 || err.is_infinite() {
             return err;
         }

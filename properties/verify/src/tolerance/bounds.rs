@@ -13,6 +13,7 @@ use super::upward::{Hi, Lo};
 use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
+pub(crate) mod lanes;
 mod screen;
 mod topk_kl;
 pub use screen::GradScreen;
@@ -522,7 +523,21 @@ impl<'a> RowBounds<'a> {
             .zip(all)
             .map(|(c, (m, _))| set_finish(c, m, shared.set, stats.ln_s_w))
             .collect();
-        let ls = logsoftmax_sums(&cs, &w, stats, &shared, entries);
+        // A model equal to an earlier one (verify's chosen `lanes=8` is
+        // also its reference `lanes=8`) has the same sums: walked once.
+        let twin = twins(&cs, |c| format!("{:?}", c));
+        let uniq: Vec<usize> = (0..cs.len()).filter(|&i| twin[i] == i).collect();
+        let ls_uniq = logsoftmax_sums(
+            &uniq.iter().map(|&i| cs[i].clone()).collect::<Vec<_>>(),
+            &uniq.iter().map(|&i| w[i].clone()).collect::<Vec<_>>(),
+            stats,
+            &shared,
+            entries,
+        );
+        let ls: Vec<LsSums> = twin
+            .iter()
+            .map(|t| ls_uniq[uniq.iter().position(|u| u == t).expect("a unique model")])
+            .collect();
         let mut out = Vec::with_capacity(cs.len());
         for (i, (c, p)) in cs.into_iter().zip(p).enumerate() {
             let (entropy_pre, entropy_grad) = match &w[i] {
@@ -921,10 +936,30 @@ impl<'a> RowBounds<'a> {
         cot: &GradCotangents<'_>,
     ) -> GradRow<M> {
         let cot_consts = CotConsts::new(cot);
+        let models = all.each_ref().map(|rb| rb.grad_consts(cot, &cot_consts));
+        let keys: Vec<(String, *const RowStats)> = all
+            .iter()
+            .zip(&models)
+            .map(|(rb, mg)| (rb.twin_key(mg), rb.stats as *const RowStats))
+            .collect();
+        let t = twins(&keys, |k| k.clone());
         GradRow {
-            models: all.each_ref().map(|rb| rb.grad_consts(cot, &cot_consts)),
+            models,
             cot: cot_consts,
+            twin: std::array::from_fn(|i| t[i]),
         }
+    }
+
+    /// What an element's gradient bound (T14) reads of `self` and its row
+    /// constants `mg`, as text: two bounds on the same statistics with the
+    /// same key give every element the same bound, bit for bit (`f64`'s
+    /// `Debug` form is its shortest round-trip decimal, sign of zero
+    /// included, so equal keys mean equal values).
+    fn twin_key(&self, mg: &ModelGrad) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            self.c, self.p, self.w, self.entropy_pre, self.entropy_grad, mg
+        )
     }
 
     /// [`RowBounds::grad_many`] with the row constants `row` of
@@ -941,7 +976,14 @@ impl<'a> RowBounds<'a> {
             return std::array::from_fn(|_| unreachable!("M = 0"));
         };
         let sh = GradShared::new(first.stats, j, cot);
-        std::array::from_fn(|i| {
+        let mut bounds: [ErrorBound; M] = std::array::from_fn(|_| ErrorBound::Abs(0.0));
+        for i in 0..M {
+            // A twin of an earlier bound ([`RowBounds::grad_row`]) gives the same bits.
+            let t = row.twin[i];
+            if t < i {
+                bounds[i] = bounds[t].clone();
+                continue;
+            }
             let rb = &all[i];
             let r = if std::ptr::eq(rb.stats, first.stats) {
                 rb.grad_elem(j, cot, out, &sh, &row.models[i], &row.cot)
@@ -949,11 +991,12 @@ impl<'a> RowBounds<'a> {
                 let sh = GradShared::new(rb.stats, j, cot);
                 rb.grad_elem(j, cot, out, &sh, &row.models[i], &row.cot)
             };
-            match r {
+            bounds[i] = match r {
                 Ok(b) => b,
                 Err(reason) => ErrorBound::None { reason },
-            }
-        })
+            };
+        }
+        bounds
     }
 
     /// This model's row constants of (T14) for `cot`.
@@ -1129,6 +1172,10 @@ const GRAD_M: usize = 8;
 pub struct GradRow<const M: usize> {
     cot: CotConsts,
     models: [ModelGrad; M],
+    /// Per bound: the first bound of the row that gives every element the
+    /// same gradient bound ([`RowBounds::twin_key`]; itself when none
+    /// before it does).
+    twin: [usize; M],
 }
 
 /// The model-independent row constants of (T14): `G = |g| + sum |G_k|`
@@ -1204,9 +1251,20 @@ impl GradShared {
                 n_extra += 1;
             }
         }
+        let ep = e(g_used, st.d.get(j), st.ln_s);
+        // Without a sampling mask `q_j`'s exponent is `p_j`'s, bit for bit:
+        // one exp.
+        let same = g_used
+            && matches!((st.d.get(j), st.e.get(j)), (Some(d), Some(e)) if bits(d.hi, e.hi))
+            && bits(st.ln_s.lo, st.ln_s_w.lo);
+        let eq = if same && cot.h != 0.0 {
+            ep
+        } else {
+            e(cot.h != 0.0, st.e.get(j), st.ln_s_w)
+        };
         GradShared {
-            ep: e(g_used, st.d.get(j), st.ln_s),
-            eq: e(cot.h != 0.0, st.e.get(j), st.ln_s_w),
+            ep,
+            eq,
             ind: if ind_t {
                 Hi(cot.g.abs()) + ind_k
             } else {
@@ -1274,6 +1332,15 @@ fn times(k: u32, t: Hi) -> Hi {
     } else {
         Hi(f64::from(k)) * t
     }
+}
+
+/// Per item, the index of the first item with the same `key` (its own
+/// index when none before it has).
+fn twins<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K) -> Vec<usize> {
+    let keys: Vec<K> = items.iter().map(key).collect();
+    (0..keys.len())
+        .map(|i| (0..i).find(|&k| keys[k] == keys[i]).unwrap_or(i))
+        .collect()
 }
 
 /// Keys below this are grouped (`2^17`: a 16-bit logit and a mask bit).
@@ -1461,6 +1528,29 @@ fn logsoftmax_sums(
     entries: Entries<'_>,
 ) -> Vec<LsSums> {
     let mut out = vec![LsSums::ZERO; cs.len()];
+    if let Entries::All(_) = entries {
+        // Entry by entry: four models at a time in one vector's lanes
+        // ([`lanes`], the same bits), when the CPU has the lanes.
+        let with_w: Vec<(usize, SetBounds)> = ws
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| Some((i, *w.as_ref().ok()?)))
+            .collect();
+        let lanes: Option<Vec<Vec<LsSums>>> = with_w
+            .chunks(4)
+            .map(|chunk| {
+                let c4: Vec<&Consts> = chunk.iter().map(|&(i, _)| &cs[i]).collect();
+                let w4: Vec<SetBounds> = chunk.iter().map(|&(_, w)| w).collect();
+                lanes::sums4(&c4, &w4, st, &sh.ew)
+            })
+            .collect();
+        if let Some(lanes) = lanes.filter(|_| lanes::available()) {
+            for (&(i, _), s) in with_w.iter().zip(lanes.into_iter().flatten()) {
+                out[i] = s;
+            }
+            return out;
+        }
+    }
     let ell = Hi(st.ln_s_w.hi);
     let mut i = 0usize;
     for (j, k) in entries.iter() {

@@ -77,6 +77,8 @@ pub struct NaiveRow {
     entropy_logits: Vec<f64>,
     /// The temperature as the options give it.
     temperature: f64,
+    /// The logits' dtype.
+    logits_dtype: Dtype,
     /// Per dtype: `(rounded temperature, max z, ln S)` of `masked`.
     log_softmax: Vec<(Dtype, Naive)>,
     entropy: Vec<(Dtype, f64)>,
@@ -99,6 +101,11 @@ struct Naive {
     m: f64,
     /// `r(ln S)`.
     l: f64,
+    /// The row's logits are 16-bit values (`logits_dtype`): the per-entry
+    /// terms are cached by the logit itself, whatever `dtype` is (a
+    /// term is a function of the logit), and `d_j` is computed only on a
+    /// miss; otherwise by the rounded shift `d_j` in a 16-bit `dtype`.
+    logits16: Option<Dtype>,
 }
 
 impl Naive {
@@ -124,25 +131,27 @@ impl Naive {
         self.dtype.round_f64(self.d(x) - self.l)
     }
 
-    /// Passes 1 and 2 of [`naive_log_softmax`] over `row`.
-    fn new(row: &[f64], temperature: f64, dtype: Dtype) -> Naive {
+    /// Passes 1 and 2 of [`naive_log_softmax`] over `row` (logits of
+    /// `logits_dtype`).
+    fn new(row: &[f64], temperature: f64, dtype: Dtype, logits_dtype: Dtype) -> Naive {
         let r = |x: f64| dtype.round_f64(x);
         let mut nv = Naive {
             dtype,
             t: r(temperature),
             m: f64::NEG_INFINITY,
             l: 0.0,
+            logits16: matches!(logits_dtype, Dtype::Bf16 | Dtype::F16).then_some(logits_dtype),
         };
         nv.m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(nv.z(x)));
         let s = EXP_CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            let mut cache = c.start(dtype, nv.m, f64::NAN);
+            let mut cache = c.start(nv.logits16.unwrap_or(dtype), nv.m, f64::NAN);
             let mut s = 0.0;
             for &x in row {
-                let d = nv.d(x);
                 let e = match cache {
-                    Some(ref mut k) => k.get(d, 0, |d| r(d.exp())),
-                    None => r(d.exp()),
+                    Some(ref mut k) if nv.logits16.is_some() => k.get(x, 0, |x| r(nv.d(x).exp())),
+                    Some(ref mut k) => k.get(nv.d(x), 0, |d| r(d.exp())),
+                    None => r(nv.d(x).exp()),
                 };
                 s = r(s + e);
             }
@@ -169,13 +178,13 @@ impl Naive {
         };
         EXP_CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            let mut cache = c.start(self.dtype, self.m, self.l);
+            let mut cache = c.start(self.logits16.unwrap_or(self.dtype), self.m, self.l);
             let mut acc = 0.0;
             for &x in row {
-                let d = self.d(x);
                 let t = match cache {
-                    Some(ref mut k) => k.get(d, 1, term),
-                    None => term(d),
+                    Some(ref mut k) if self.logits16.is_some() => k.get(x, 1, |x| term(self.d(x))),
+                    Some(ref mut k) => k.get(self.d(x), 1, term),
+                    None => term(self.d(x)),
                 };
                 if t != f64::INFINITY {
                     acc = r(acc - t);
@@ -194,9 +203,10 @@ thread_local! {
 }
 
 /// A direct-mapped cache of a per-entry term of the naive computation as a
-/// function of the entry's rounded shift `d` (bf16 / f16 values only):
-/// each slot keeps the `d` it holds, so a lookup is exact whatever the key
-/// (a different `d` is recomputed). Two terms (`kind` 0 and 1) per slot.
+/// function of a 16-bit value (bf16 / f16): the entry's logit, or its
+/// rounded shift `d`. Each slot keeps the value it holds, so a lookup is
+/// exact whatever the key (a different value is recomputed). Two terms
+/// (`kind` 0 and 1) per slot.
 #[derive(Debug, Default)]
 struct ExpCache {
     /// `(d, term)` per slot and kind; `d = NaN` is empty.
@@ -206,9 +216,9 @@ struct ExpCache {
 }
 
 impl ExpCache {
-    /// Empties the cache for a new row or dtype; `None` when it does not
-    /// apply (f32 / f64 shifts, or a non-finite `max z` or `ln S`: every
-    /// term is computed as is).
+    /// Empties the cache for a new row or dtype, keyed by values of
+    /// `dtype`; `None` when it does not apply (f32 / f64 values, or a
+    /// non-finite `max z` or `ln S`: every term is computed as is).
     fn start(&mut self, dtype: Dtype, m: f64, l: f64) -> Option<Cache<'_>> {
         if !matches!(dtype, Dtype::Bf16 | Dtype::F16) || !m.is_finite() || l.is_infinite() {
             return None;
@@ -236,7 +246,8 @@ struct Cache<'c> {
 }
 
 impl Cache<'_> {
-    /// `f(d)` of term `kind`, from the cache when `d` was seen.
+    /// `f(d)` of term `kind`, from the cache when `d` (a logit or a shift)
+    /// was seen.
     #[inline(always)]
     fn get(&mut self, d: f64, kind: usize, f: impl Fn(f64) -> f64) -> f64 {
         if d.is_nan() {
@@ -305,6 +316,7 @@ impl NaiveRow {
             masked,
             entropy_logits,
             temperature: problem.options.temperature,
+            logits_dtype: problem.logits.dtype(),
             log_softmax: Vec::new(),
             entropy: Vec::new(),
         }
@@ -344,7 +356,7 @@ impl NaiveRow {
         match self.log_softmax.iter().find(|(d, _)| *d == dtype) {
             Some(&(_, nv)) => nv,
             None => {
-                let nv = Naive::new(&self.masked, self.temperature, dtype);
+                let nv = Naive::new(&self.masked, self.temperature, dtype, self.logits_dtype);
                 self.log_softmax.push((dtype, nv));
                 nv
             }
@@ -360,7 +372,13 @@ impl NaiveRow {
             let nv = self.naive(dtype);
             nv.entropy(&self.masked)
         } else {
-            Naive::new(&self.entropy_logits, self.temperature, dtype).entropy(&self.entropy_logits)
+            Naive::new(
+                &self.entropy_logits,
+                self.temperature,
+                dtype,
+                self.logits_dtype,
+            )
+            .entropy(&self.entropy_logits)
         };
         self.entropy.push((dtype, h));
         h

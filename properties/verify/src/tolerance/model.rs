@@ -285,17 +285,22 @@ impl RowContext {
         let shape = problem.validate_shapes()?;
         let t = shape.temperature;
         let (mut max_all, mut max_allowed) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+        let masked = problem.sampling_mask.is_some();
         with_logits!(problem.logits, lv => {
             for (j, x) in lv.row(row).iter().take(shape.vocab_size).enumerate() {
                 let x = x.to_f64();
                 if x.is_finite() {
                     max_all = max_all.max(x);
-                    if problem.allowed(row, j) {
+                    if masked && problem.allowed(row, j) {
                         max_allowed = max_allowed.max(x);
                     }
                 }
             }
         });
+        if !masked {
+            // Every entry is allowed.
+            max_allowed = max_all;
+        }
         if max_all == f64::NEG_INFINITY && problem.options.softcap.is_none() {
             return Err(SpecError::NoFiniteLogit {
                 tensor: "logits",

@@ -1309,3 +1309,107 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
         }
     }
 }
+
+/// The four-lane walks (`bounds/lanes.rs`: the log-softmax entropy sums
+/// and the gradient screen's lower bounds, four models per AVX vector)
+/// give every bound the scalar code gives, bit for bit: log-prob, entropy,
+/// top-k and statistical bounds, every element's screen lower bound and
+/// (T14) bound, on rows with `-inf` entries, entries below f32's normal
+/// range (the flush terms), masks, a temperature, and twin models.
+#[test]
+fn four_lane_walks_equal_the_scalar_walks() {
+    use super::bounds::lanes;
+    use super::{GradScreen, Statistical};
+    if !lanes::available() {
+        eprintln!("no AVX on this CPU: the lanes never run");
+        return;
+    }
+    let mut rng = SplitMix64::new(21);
+    for kind in 0..7 {
+        let mut x: Vec<f64> = match kind {
+            6 => row(&mut rng, 2000, 3)
+                .into_iter()
+                .map(|v| (25.0 * v) as f32 as f64)
+                .collect(),
+            k => row(&mut rng, 2000, k),
+        };
+        for j in (5..x.len()).step_by(97) {
+            x[j] = f64::NEG_INFINITY;
+        }
+        let mut mask = vec![true; x.len()];
+        for j in (1..x.len()).step_by(11) {
+            mask[j] = false;
+        }
+        for m in [None, Some(&mask[..])] {
+            for t in [1.0, 0.7] {
+                let st = stats_f64(&x, t, m, Some(3));
+                let z = x
+                    .iter()
+                    .filter(|v| v.is_finite())
+                    .fold(0.0f64, |a, v| a.max((v / t).abs()));
+                let ctx = RowContext {
+                    temperature: t,
+                    z_max_abs: z,
+                    softcap: None,
+                };
+                let [a, b, c] = foreign_presets(Dtype::F32);
+                let models = [Model::lanes(8), a, b, c];
+                let stat = Statistical::new(models[0]);
+                let build = || RowBounds::new_shared(&models, Some(&stat), &st, &ctx, None);
+                let (vb, vs) = build();
+                let (sb, ss) = lanes::scalar(build);
+                let (vs, ss) = (vs.expect("statistical"), ss.expect("statistical"));
+                let what = format!("kind {kind} mask {} T {t}", m.is_some());
+                for out in [Dtype::F32, Dtype::Bf16] {
+                    for (v, s) in vb.iter().zip(&sb) {
+                        for (p, q) in [
+                            (v.log_prob(out), s.log_prob(out)),
+                            (v.entropy(out), s.entropy(out)),
+                            (v.topk(6, out), s.topk(6, out)),
+                        ] {
+                            assert_eq!(format!("{p:?}"), format!("{q:?}"), "{what} {out}");
+                        }
+                    }
+                    for (p, q) in [
+                        (vs.log_prob(out), ss.log_prob(out)),
+                        (vs.entropy(out), ss.entropy(out)),
+                    ] {
+                        assert_eq!(format!("{p:?}"), format!("{q:?}"), "{what} {out}");
+                    }
+                }
+                for (g, h) in [(0.7, -1.3), (-1.0, 0.0), (0.0, 0.5)] {
+                    let cot = GradCotangents {
+                        g,
+                        h,
+                        token: Some(3),
+                        topk: &[(6, 0.25)],
+                        loss: None,
+                    };
+                    let row_c = RowBounds::grad_row(&vb, &cot);
+                    let screen = || RowBounds::grad_screen(&vb, &row_c, &cot);
+                    let (sv, ss) = (screen(), lanes::scalar(screen));
+                    let (mut answered, mut n) = (0usize, 0usize);
+                    for j in 0..x.len() {
+                        let lower = |s: &Option<GradScreen<4>>| {
+                            s.as_ref().and_then(|s| s.lower(&vb, j, &cot))
+                        };
+                        let (lv, ls) = (lower(&sv), lower(&ss));
+                        assert_eq!(format!("{lv:?}"), format!("{ls:?}"), "{what} {g} {h} {j}");
+                        answered += usize::from(lv.is_some());
+                        n += 1;
+                        if j % 16 == 0 {
+                            let e = RowBounds::grad_many_with(&vb, &row_c, j, &cot, Dtype::F32);
+                            for (rb, b) in vb.iter().zip(&e) {
+                                assert_eq!(&rb.grad(j, &cot, Dtype::F32), b, "{what} {j}");
+                            }
+                        }
+                    }
+                    assert!(
+                        2 * answered >= n,
+                        "{what}: the screen answered {answered} of {n}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -15,11 +15,11 @@
 use std::ops::{Add, Div, Mul, Sub};
 
 /// `4 eps_f64`: the relative widening of every operation.
-const SAFETY: f64 = 4.0 * f64::EPSILON;
+pub(crate) const SAFETY: f64 = 4.0 * f64::EPSILON;
 /// The smallest positive subnormal f64, `2^-1074`.
-const QUANTUM: f64 = 5e-324;
+pub(crate) const QUANTUM: f64 = 5e-324;
 /// Largest argument of [`Hi::exp_m1`]'s polynomial branch, `2^-16`.
-const TAYLOR_MAX: f64 = 1.0 / 65536.0;
+pub(crate) const TAYLOR_MAX: f64 = 1.0 / 65536.0;
 
 /// An f64 at least the result of an operation that erred by <= 2 ulps.
 fn up(x: f64) -> f64 {

@@ -661,11 +661,8 @@ fn verify_row(
         |e| {
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
             if e.output == Output::GradLogits && e.col < targets.vocab_size {
-                if let Some(err) = screen
-                    .as_mut()
-                    .and_then(|s| s.screened(e.col, e.exact, e.candidate))
-                {
-                    acc.push_screened(err, e.exact.error_ulps(e.candidate, e.dtype));
+                if let Some(err) = screen.as_mut().and_then(|s| s.screened(e.col)) {
+                    acc.push_screened(err, e.exact.ulps_of_error(err, e.dtype));
                     return Ok(());
                 }
             }

@@ -45,11 +45,16 @@ pub(super) struct RowScreen<const M: usize> {
     /// does not pass by `L_chosen`; `[v * M]`, from this worker's pool
     /// ([`crate::scratch`]), given back on drop.
     uppers: Vec<f32>,
+    /// Per column `j < v`: the element's error as the judge measures it
+    /// (`Exact::error`), measured once in the first pass (NaN where `U` is
+    /// NaN); `[v]`, from this worker's pool.
+    errors: Vec<f64>,
 }
 
 impl<const M: usize> Drop for RowScreen<M> {
     fn drop(&mut self) {
         crate::scratch::give_f32(std::mem::take(&mut self.uppers));
+        crate::scratch::give_f64(std::mem::take(&mut self.errors));
     }
 }
 
@@ -57,7 +62,12 @@ impl<const M: usize> Drop for RowScreen<M> {
 fn up_f32(x: f64) -> f32 {
     let f = x as f32;
     if f64::from(f) < x {
-        f.next_up()
+        if f.to_bits() < f32::INFINITY.to_bits() {
+            // `+0 <= f < inf`: the next f32 up is the next bit pattern.
+            f32::from_bits(f.to_bits() + 1)
+        } else {
+            f.next_up()
+        }
     } else {
         f
     }
@@ -122,15 +132,25 @@ impl<const M: usize> RowScreen<M> {
         let mut top: [Vec<(f64, usize)>; M] = std::array::from_fn(|_| Vec::new());
         let mut uppers = crate::scratch::take_f32();
         uppers.reserve(v * M);
+        let mut errors = crate::scratch::take_f64();
+        errors.reserve(v);
         for j in 0..v {
             let eu = error_of(&exact[j], candidates[j]).and_then(|err| {
                 let l = screen.lower(all, j, cot)?;
-                ratio_uppers(err, &l)
+                Some((err, ratio_uppers(err, &l)?))
             });
-            match eu {
-                Some(u) => uppers.extend(u.map(up_f32)),
-                None => uppers.extend([f32::NAN; M]),
-            }
+            let eu = match eu {
+                Some((err, u)) => {
+                    uppers.extend(u.map(up_f32));
+                    errors.push(err);
+                    Some(u)
+                }
+                None => {
+                    uppers.extend([f32::NAN; M]);
+                    errors.push(f64::NAN);
+                    None
+                }
+            };
             let Some(u) = eu else {
                 continue;
             };
@@ -184,14 +204,16 @@ impl<const M: usize> RowScreen<M> {
             seeds,
             next_seed: 0,
             uppers,
+            errors,
         })
     }
 
     /// The error of gradient element `j` (columns asked in ascending
-    /// order; `exact`, `candidate` as given to [`RowScreen::new`]) when it is
-    /// screened, `None` when it needs its exact bounds. The error is the one
-    /// the judge measures (`Exact::error`).
-    pub(super) fn screened(&mut self, j: usize, exact: &Exact, candidate: f64) -> Option<f64> {
+    /// order) when it is screened, `None` when it needs its exact bounds.
+    /// The error is the one the judge measures (`Exact::error` of the
+    /// element's exact value and candidate as given to [`RowScreen::new`],
+    /// kept from its first pass).
+    pub(super) fn screened(&mut self, j: usize) -> Option<f64> {
         while self.seeds.get(self.next_seed).is_some_and(|&s| s < j) {
             self.next_seed += 1;
         }
@@ -204,6 +226,6 @@ impl<const M: usize> RowScreen<M> {
         if !(under && f64::from(u[0]) < self.t_keep) {
             return None;
         }
-        error_of(exact, candidate)
+        self.errors.get(j).copied()
     }
 }

@@ -22,6 +22,11 @@ pub struct FastOptions {
     pub per_entry: bool,
     /// Also accumulate `sum E_j a_j^2` for `M2`.
     pub m2: bool,
+    /// The caller has validated this row already
+    /// ([`Problem::validate_row`], e.g. `verify`, which validates every
+    /// selected row before any oracle work): [`FastRow::new`] skips that
+    /// O(V) check (the shapes are still checked).
+    pub row_validated: bool,
     /// A planted bug (test-only).
     #[doc(hidden)]
     pub mutant: Option<Mutant>,
@@ -177,7 +182,9 @@ impl<'a> FastRow<'a> {
     ) -> Result<FastRow<'a>, SpecError> {
         let shape = problem.validate_shapes()?;
         crate::oracle::check_row(&shape, row)?;
-        problem.validate_row(&shape, row)?;
+        if !options.row_validated {
+            problem.validate_row(&shape, row)?;
+        }
         let prepared = row::prepare(problem, &shape, row, options.entropy)?;
         Ok(FastRow::from_row(prepared, options))
     }

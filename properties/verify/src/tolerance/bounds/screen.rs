@@ -35,7 +35,8 @@
 //! at most 1, so no operation of `E_j` overflows. Elsewhere [`GradScreen::lower`]
 //! answers `None` and the caller computes `E_j`.
 
-use super::{bits, mag, GradCotangents, GradRow, GradShared, Hi, Lo, RowBounds};
+use super::lanes::{self, ArgLanes, ElementIn, ScreenLanes};
+use super::{bits, mag, GradCotangents, GradRow, GradShared, Hi, Lo, RowBounds, SetBounds};
 
 /// Magnitude cap of every quantity entering (T14) on a screened element:
 /// products of five such factors stay far below `f64::MAX`.
@@ -54,6 +55,14 @@ pub struct GradScreen<const M: usize> {
     dh: [f64; M],
     /// Per model: `ln S_w + R` (upper; 0 when `h = 0`).
     h_hi: [f64; M],
+    /// Per model: the first model with the same bounds ([`GradRow`]'s
+    /// twins): its lower bound is that one's.
+    twin: [usize; M],
+    /// The same constants in vector lanes ([`lanes::lower4`]) when the CPU
+    /// has them and `M <= 4`.
+    lanes: Option<ScreenLanes>,
+    /// Every model's two sets are the same bits (no sampling mask).
+    pw_same: bool,
 }
 
 fn capped(x: f64) -> bool {
@@ -126,6 +135,32 @@ impl<'a> RowBounds<'a> {
             }
             inv_t[i] = mg.inv_t.0;
         }
+        let pw_same = row.models.iter().all(|mg| mg.pw_same);
+        let lanes = (M <= 4 && lanes::available()).then(|| {
+            let cs: Vec<_> = all.iter().map(|rb| &rb.c).collect();
+            let sets = |w: bool| -> Option<Vec<&SetBounds>> {
+                all.iter()
+                    .map(|rb| if w { &rb.w } else { &rb.p }.as_ref().ok())
+                    .collect()
+            };
+            let p = ArgLanes::new(&cs, &sets(false)?);
+            // Without an h-term the w lanes are never read.
+            let w = match sets(true) {
+                Some(w) => ArgLanes::new(&cs, &w),
+                None if h == 0.0 => p,
+                None => return None,
+            };
+            let lane = |a: &[f64; M]| std::array::from_fn(|l| a[l.min(M - 1)]);
+            Some(ScreenLanes {
+                n: M,
+                p,
+                w,
+                gm: [0, 1].map(|k| std::array::from_fn(|l| gm[l.min(M - 1)][k])),
+                inv_t: lane(&inv_t),
+                dh: lane(&dh),
+                h_hi: lane(&h_hi),
+            })
+        });
         Some(GradScreen {
             g_sum,
             h,
@@ -133,6 +168,9 @@ impl<'a> RowBounds<'a> {
             inv_t,
             dh,
             h_hi,
+            twin: row.twin,
+            lanes: lanes.flatten(),
+            pw_same,
         })
     }
 }
@@ -166,9 +204,33 @@ impl<const M: usize> GradScreen<M> {
         if h_term && !(capped(mag(ej).0) && capped(ej.hi.abs()) && sh.eq.0 <= 2.0) {
             return None;
         }
+        if let Some(l) = &self.lanes {
+            let x = ElementIn {
+                g_sum: self.g_sum,
+                h: self.h,
+                d: (dj.lo, dj.hi),
+                e: (ej.lo, ej.hi),
+                ep: sh.ep.0,
+                eq: sh.eq.0,
+                r: (st.r.lo, st.r.hi),
+                p_term,
+                h_term,
+                same: self.pw_same
+                    && bits(dj.lo, ej.lo)
+                    && bits(dj.hi, ej.hi)
+                    && bits(sh.ep.0, sh.eq.0),
+            };
+            let v = lanes::lower4(l, &x)?;
+            return Some(std::array::from_fn(|i| v[i]));
+        }
         let k = usize::from(h_term);
         let mut out = [0.0; M];
         for (i, rb) in all.iter().enumerate() {
+            let t = self.twin[i];
+            if t < i {
+                out[i] = out[t];
+                continue;
+            }
             let mut arg_p = None;
             if p_term {
                 let set = rb.p.as_ref().ok()?;

@@ -1,0 +1,448 @@
+//! Per-entry work of up to four models in the four f64 lanes of one AVX
+//! vector: the log-softmax entropy sums (T12, T13) of a row
+//! ([`sums4`], the vector twin of [`super::logsoftmax_sums`]) and the
+//! gradient screen's lower bounds (T14s) of an element ([`lower4`], of
+//! [`super::GradScreen::lower`]). Lane `i` is model `i`, and every lane
+//! runs the same IEEE operations in the same order as the scalar code,
+//! each widened by the same step as [`crate::tolerance::upward`] (`x +- (|x| 4 eps
+//! + 2^-1074)`, no fused multiply-add), so each model's results are the
+//! same bits either way (tests `four_lane_*_equal_the_scalar_*`). What a
+//! lane cannot do in a vector (libm `expm1` and `exp` outside the
+//! polynomial's range) it does in scalar, as the scalar code does.
+
+use logprobe_reference::oracle::RowStats;
+
+use super::{Consts, Hi, LsSums, SetBounds};
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: the lanes are off on this thread ([`scalar`]).
+    static SCALAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: `f` with the lanes off on this thread (the scalar code runs).
+#[cfg(test)]
+pub(crate) fn scalar<R>(f: impl FnOnce() -> R) -> R {
+    SCALAR.with(|s| s.set(true));
+    let r = f();
+    SCALAR.with(|s| s.set(false));
+    r
+}
+
+/// Whether this CPU runs [`sums4`] and [`lower4`] (x86-64 with AVX).
+pub(crate) fn available() -> bool {
+    #[cfg(test)]
+    if SCALAR.with(|s| s.get()) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The [`LsSums`] of the models `cs` (1 to 4, each with its entropy set
+/// bounds `ws`) over every entry of `st.e` one by one (no groups), `ew`
+/// the entries' `e^lw` ([`super::EntropyShared::ew`]). `None` when the
+/// CPU has no AVX ([`available`]) or there are more than four models.
+pub(super) fn sums4(
+    cs: &[&Consts],
+    ws: &[SetBounds],
+    st: &RowStats,
+    ew: &[Hi],
+) -> Option<Vec<LsSums>> {
+    if cs.is_empty() || cs.len() > 4 || cs.len() != ws.len() || !available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX is present (checked above).
+        Some(unsafe { x86::sums4(cs, ws, st, ew) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (st, ew);
+        None
+    }
+}
+
+/// Per lane (model), the constants of [`super::RowBounds::prob_arg`] on
+/// one logit set (T10): the shift's `a`, `b`, `2u`, the set's
+/// `-ln(1 - theta_S)`, and `lambda`'s (T9) `a_lp`, `b_lp`, `err(lse)`,
+/// `1 + u`, `u`, `ln S` (upper).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ArgLanes {
+    pub a: [f64; 4],
+    pub b: [f64; 4],
+    pub two_u: [f64; 4],
+    pub nl_theta: [f64; 4],
+    pub a_lp: [f64; 4],
+    pub b_lp: [f64; 4],
+    pub lse_err: [f64; 4],
+    pub one_u: [f64; 4],
+    pub u: [f64; 4],
+    pub ln_s_hi: [f64; 4],
+}
+
+impl ArgLanes {
+    /// The lanes of models `cs` (1 to 4) on their sets `sets` (padding
+    /// lanes repeat the last model).
+    pub(super) fn new(cs: &[&Consts], sets: &[&SetBounds]) -> ArgLanes {
+        let c = |f: fn(&Consts) -> f64| per_model(cs, |c| f(c));
+        let s = |f: fn(&SetBounds) -> f64| per_model(sets, |w| f(w));
+        ArgLanes {
+            a: c(|c| c.a.0),
+            b: c(|c| c.b.0),
+            two_u: c(|c| (Hi(2.0) * c.u).0),
+            nl_theta: s(|w| w.nl_theta.0),
+            a_lp: c(|c| c.a_lp.0),
+            b_lp: c(|c| c.b_lp.0),
+            lse_err: s(|w| w.lse_err.0),
+            one_u: c(|c| (Hi::ONE + c.u).0),
+            u: c(|c| c.u.0),
+            ln_s_hi: s(|w| w.ln_s.hi),
+        }
+    }
+}
+
+/// Per lane (model), the row constants of the gradient screen
+/// ([`super::GradScreen`]): its sets' [`ArgLanes`], `gamma_m` without /
+/// with the h-term, `(1/T)^`, `Delta H_g`, `ln S_w + R`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ScreenLanes {
+    pub n: usize,
+    pub p: ArgLanes,
+    pub w: ArgLanes,
+    pub gm: [[f64; 4]; 2],
+    pub inv_t: [f64; 4],
+    pub dh: [f64; 4],
+    pub h_hi: [f64; 4],
+}
+
+/// One element's inputs of [`lower4`] (model-independent, as
+/// [`super::GradScreen::lower`] computes them).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ElementIn {
+    pub g_sum: f64,
+    pub h: f64,
+    /// `d_j`, `e_j` enclosures `(lo, hi)`.
+    pub d: (f64, f64),
+    pub e: (f64, f64),
+    /// `e^lw` of `p_j`, `q_j` ([`super::GradShared`]).
+    pub ep: f64,
+    pub eq: f64,
+    /// `|c_j|` and `|e_j| + ln S_w` are computed per lane; `R` (lo, hi).
+    pub r: (f64, f64),
+    pub p_term: bool,
+    pub h_term: bool,
+    /// The h-term may reuse the p-term's exponent in every lane (sets and
+    /// entry the same bits).
+    pub same: bool,
+}
+
+/// [`super::GradScreen::lower`] of one element for the `l.n` models of
+/// `l`; `None` where it answers `None` (an exponent above 1), and when the
+/// CPU has no AVX.
+pub(super) fn lower4(l: &ScreenLanes, x: &ElementIn) -> Option<[f64; 4]> {
+    if !available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX is present (checked above).
+        unsafe { x86::lower4(l, x) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (l, x);
+        None
+    }
+}
+
+/// Per lane, item `min(i, n - 1)`'s field `f` (the padding lanes repeat
+/// the last item; their results are dropped).
+fn per_model<T>(items: &[T], f: impl Fn(&T) -> f64) -> [f64; 4] {
+    std::array::from_fn(|i| f(&items[i.min(items.len() - 1)]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use logprobe_reference::oracle::RowStats;
+
+    use super::super::{Consts, Hi, Lo, LsSums, SetBounds};
+    use super::{per_model, ArgLanes, ElementIn, ScreenLanes};
+    use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
+
+    /// `1/6` rounded up (as [`Hi::exp_m1`]).
+    const SIXTH_UP: f64 = 0.166_666_666_666_666_69;
+
+    /// [`crate::tolerance::upward`]'s `up`, per lane.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn up(x: __m256d) -> __m256d {
+        let abs = _mm256_andnot_pd(_mm256_set1_pd(-0.0), x);
+        _mm256_add_pd(
+            _mm256_add_pd(x, _mm256_mul_pd(abs, _mm256_set1_pd(SAFETY))),
+            _mm256_set1_pd(QUANTUM),
+        )
+    }
+
+    /// `Hi + Hi`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn add(a: __m256d, b: __m256d) -> __m256d {
+        up(_mm256_add_pd(a, b))
+    }
+
+    /// `Hi * Hi`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn mul(a: __m256d, b: __m256d) -> __m256d {
+        up(_mm256_mul_pd(a, b))
+    }
+
+    /// [`crate::tolerance::upward`]'s `dn`, per lane.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn dn(x: __m256d) -> __m256d {
+        let abs = _mm256_andnot_pd(_mm256_set1_pd(-0.0), x);
+        _mm256_sub_pd(
+            _mm256_sub_pd(x, _mm256_mul_pd(abs, _mm256_set1_pd(SAFETY))),
+            _mm256_set1_pd(QUANTUM),
+        )
+    }
+
+    /// `Lo + Lo`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn add_lo(a: __m256d, b: __m256d) -> __m256d {
+        dn(_mm256_add_pd(a, b))
+    }
+
+    /// `Lo * Lo`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn mul_lo(a: __m256d, b: __m256d) -> __m256d {
+        dn(_mm256_mul_pd(a, b))
+    }
+
+    /// [`Hi::max`]: NaN when either is.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn max_nan(a: __m256d, b: __m256d) -> __m256d {
+        let nan = _mm256_cmp_pd::<_CMP_UNORD_Q>(a, b);
+        _mm256_blendv_pd(_mm256_max_pd(a, b), _mm256_set1_pd(f64::NAN), nan)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn splat(x: f64) -> __m256d {
+        _mm256_set1_pd(x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn lanes(x: __m256d) -> [f64; 4] {
+        let mut a = [0.0; 4];
+        // SAFETY: `a` holds four f64 (unaligned store).
+        unsafe { _mm256_storeu_pd(a.as_mut_ptr(), x) };
+        a
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn load(a: [f64; 4]) -> __m256d {
+        // SAFETY: `a` holds four f64 (unaligned load).
+        unsafe { _mm256_loadu_pd(a.as_ptr()) }
+    }
+
+    /// See [`super::sums4`].
+    ///
+    /// # Safety
+    /// The CPU has AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn sums4(
+        cs: &[&Consts],
+        ws: &[SetBounds],
+        st: &RowStats,
+        ew: &[Hi],
+    ) -> Vec<LsSums> {
+        let n = cs.len();
+        let a_lp = load(per_model(cs, |c| c.a_lp.0));
+        let b_lp = load(per_model(cs, |c| c.b_lp.0));
+        let u = load(per_model(cs, |c| c.u.0));
+        // `Hi::ONE + u`, as `Consts::lambda` evaluates it.
+        let one_u = add(splat(1.0), u);
+        let lmn = load(per_model(cs, |c| c.ln_min_normal));
+        let lse_err = load(per_model(ws, |w| w.lse_err.0));
+        let ln_s_hi = load(per_model(ws, |w| w.ln_s.hi));
+        let zero = _mm256_setzero_pd();
+        let (mut s_dem, mut s_em, mut s_lam, mut fl_d, mut fl_1, mut sdl) =
+            (zero, zero, zero, zero, zero, zero);
+        let ell = Hi(st.ln_s_w.hi);
+        let mut i = 0usize;
+        for e in &st.e {
+            if e.hi == f64::NEG_INFINITY {
+                continue;
+            }
+            let elw = ew[i];
+            i += 1;
+            // The model-independent terms, as the scalar walk computes them.
+            let d_abs = Hi(-e.lo);
+            let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
+            let dl = d_abs + ell;
+            let (d_abs_v, lw_v, dl_v, elw_v) =
+                (splat(d_abs.0), splat(lw.0), splat(dl.0), splat(elw.0));
+            // lambda_j (Consts::lambda).
+            let lp_abs = add(d_abs_v, ln_s_hi);
+            let pre = add(add(mul(a_lp, d_abs_v), b_lp), lse_err);
+            let lam = add(mul(pre, one_u), mul(u, lp_abs));
+            // expm1(lambda) by the polynomial of Hi::exp_m1 where
+            // 0 <= lambda <= 2^-16, else per lane as the scalar walk.
+            let poly = add(
+                lam,
+                mul(
+                    mul(lam, lam),
+                    add(
+                        splat(0.5),
+                        mul(lam, add(splat(SIXTH_UP), mul(lam, splat(0.0625)))),
+                    ),
+                ),
+            );
+            let in_poly = _mm256_and_pd(
+                _mm256_cmp_pd::<_CMP_GE_OQ>(lam, zero),
+                _mm256_cmp_pd::<_CMP_LE_OQ>(lam, splat(TAYLOR_MAX)),
+            );
+            let lw_lam = add(lw_v, lam);
+            let mut wl = mul(elw_v, poly);
+            let mut wel = mul(elw_v, add(splat(1.0), poly));
+            let off = !_mm256_movemask_pd(in_poly) & 0b1111;
+            if off != 0 {
+                // The lanes outside the polynomial's range, one by one
+                // (rebuilt with `set`, not through memory: no stall on the sums).
+                let (lam_a, lw_lam_a) = (lanes(lam), lanes(lw_lam));
+                let (mut wl_a, mut wel_a) = (lanes(wl), lanes(wel));
+                for l in 0..4 {
+                    if off & (1 << l) == 0 {
+                        continue;
+                    }
+                    let lam = Hi(lam_a[l]);
+                    if lam.0 <= 1.0 {
+                        let em = lam.exp_m1();
+                        wl_a[l] = (elw * em).0;
+                        wel_a[l] = (elw * (Hi::ONE + em)).0;
+                    } else {
+                        let x = Hi(lw_lam_a[l]).exp();
+                        wl_a[l] = x.0;
+                        wel_a[l] = x.0;
+                    }
+                }
+                wl = _mm256_set_pd(wl_a[3], wl_a[2], wl_a[1], wl_a[0]);
+                wel = _mm256_set_pd(wel_a[3], wel_a[2], wel_a[1], wel_a[0]);
+            }
+            s_dem = add(s_dem, mul(dl_v, wl));
+            s_em = add(s_em, wl);
+            s_lam = add(s_lam, mul(wel, lam));
+            sdl = add(add(sdl, dl_v), lam);
+            let flush = _mm256_cmp_pd::<_CMP_LT_OQ>(lw_lam, lmn);
+            if _mm256_movemask_pd(flush) != 0 {
+                fl_d = _mm256_blendv_pd(fl_d, add(fl_d, mul(dl_v, wel)), flush);
+                fl_1 = _mm256_blendv_pd(fl_1, add(fl_1, wel), flush);
+            }
+        }
+        let (s_dem, s_em, s_lam, fl_d, fl_1, sdl) = (
+            lanes(s_dem),
+            lanes(s_em),
+            lanes(s_lam),
+            lanes(fl_d),
+            lanes(fl_1),
+            lanes(sdl),
+        );
+        (0..n)
+            .map(|l| LsSums {
+                s_dem: Hi(s_dem[l]),
+                s_em: Hi(s_em[l]),
+                s_lam: Hi(s_lam[l]),
+                fl_d: Hi(fl_d[l]),
+                fl_1: Hi(fl_1[l]),
+                sdl: Hi(sdl[l]),
+            })
+            .collect()
+    }
+
+    /// `arg_j` of [`super::super::RowBounds::prob_arg`] per lane for
+    /// `|d_j| = d_abs`: the larger of `lambda_j` and `alpha_j - ln(1 -
+    /// theta_S) + 2u`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn prob_arg(l: &ArgLanes, d_abs: __m256d) -> __m256d {
+        let alpha = add(mul(load(l.a), d_abs), load(l.b));
+        let via_div = add(add(alpha, load(l.nl_theta)), load(l.two_u));
+        let lp_abs = add(d_abs, load(l.ln_s_hi));
+        let pre = add(add(mul(load(l.a_lp), d_abs), load(l.b_lp)), load(l.lse_err));
+        let lam = add(mul(pre, load(l.one_u)), mul(load(l.u), lp_abs));
+        max_nan(lam, via_div)
+    }
+
+    /// Whether `x <= 1` in every one of the first `n` lanes (NaN: no).
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn at_most_one(x: __m256d, n: usize) -> bool {
+        let ok = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_LE_OQ>(x, splat(1.0)));
+        let want = (1 << n) - 1;
+        ok & want == want
+    }
+
+    /// See [`super::lower4`].
+    ///
+    /// # Safety
+    /// The CPU has AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn lower4(l: &ScreenLanes, x: &ElementIn) -> Option<[f64; 4]> {
+        let zero = _mm256_setzero_pd();
+        let mut arg_p = None;
+        if x.p_term {
+            let arg = prob_arg(&l.p, splat(-x.d.0));
+            if !at_most_one(arg, l.n) {
+                return None;
+            }
+            arg_p = Some(arg);
+        }
+        let k = usize::from(x.h_term);
+        let gm = load(l.gm[k]);
+        let t_h = if x.h_term {
+            let arg_w = match arg_p {
+                Some(arg) if x.same => arg,
+                _ => {
+                    let arg = prob_arg(&l.w, splat(-x.e.0));
+                    if !at_most_one(arg, l.n) {
+                        return None;
+                    }
+                    arg
+                }
+            };
+            // |c_j| and |lp_j| + ln S_w as `grad_elem` computes them.
+            let c_hi = Hi(x.e.1) + Hi(x.r.1);
+            let c_lo = Lo(x.e.0) + Lo(x.r.0);
+            let c_abs = splat(c_hi.max(c_lo.neg()).0);
+            let lpw_abs = add(splat(-x.e.0), load(l.w.ln_s_hi));
+            let mags = add_lo(add_lo(lpw_abs, load(l.h_hi)), splat(2.0));
+            let inner = add_lo(add_lo(mul_lo(arg_w, c_abs), load(l.dh)), mul_lo(gm, mags));
+            mul_lo(mul_lo(splat(x.h), splat(x.eq)), inner)
+        } else {
+            zero
+        };
+        let t_p = match arg_p {
+            Some(arg) => mul_lo(mul_lo(splat(x.g_sum), splat(x.ep)), add_lo(arg, gm)),
+            None => zero,
+        };
+        let out = mul_lo(add_lo(t_p, t_h), load(l.inv_t));
+        Some(lanes(_mm256_max_pd(out, zero)))
+    }
+}
