@@ -85,6 +85,9 @@ pub fn check_row_slicing(
         q.sampling_mask = p.sampling_mask.map(|m| m.slice_move(s![r.clone(), ..]));
         q.topk_ids = p.topk_ids.map(|k| k.slice_move(s![r.clone(), ..]));
         q.policy = p.policy.slice_rows(r.clone());
+        q.teacher_topk_log_probs = p
+            .teacher_topk_log_probs
+            .map(|t| t.slice_move(s![r.clone(), ..]));
         q
     };
     let (top, bottom) = (part(0..cut), part(cut..n));
