@@ -15,12 +15,15 @@ use crate::strategies::{LossData, ProblemData};
 use super::*;
 
 /// The problem a loss call is given: `data`'s logits, tokens, mask and
-/// options with every other output left out (no top-k ids, entropy, `lse`,
-/// `z_loss` or top-k KL: the loss reads none of them).
+/// options with every other output left out (no top-k ids or top-k KL,
+/// entropy, `lse`, `z_loss` or policy terms: the loss reads none of them).
 pub fn loss_problem(data: &ProblemData) -> Problem<'_> {
     let mut p = data.problem();
     p.topk_ids = None;
     p.options.topk_kl = None;
+    p.teacher_topk_log_probs = None;
+    p.policy = Default::default();
+    p.options.policy_clamps = Default::default();
     p.options.entropy = None;
     p.options.lse = false;
     p.options.z_loss_coef = None;
