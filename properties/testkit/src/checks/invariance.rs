@@ -89,9 +89,6 @@ pub fn check_row_slicing(
             .teacher_topk_log_probs
             .map(|t| t.slice_move(s![r.clone(), ..]));
         q.policy = p.policy.slice_rows(r.clone());
-        q.teacher_topk_log_probs = p
-            .teacher_topk_log_probs
-            .map(|t| t.slice_move(s![r.clone(), ..]));
         q
     };
     let (top, bottom) = (part(0..cut), part(cut..n));
