@@ -33,7 +33,11 @@ pub fn request(case: &FuzzCase) -> Request {
         outputs.push(Output::TopkLogProbs);
     }
     let c = &e.cot;
-    if !c.is_empty() {
+    // `grad_logits` only with a cotangent the protocol sends (version 1:
+    // log-probs, entropy, top-k); a case whose only cotangents are the
+    // loss side's (`grad_lse`, `grad_z_loss`, `grad_loss`, not sent) asks
+    // for no gradient.
+    if c.grad_log_probs.is_some() || c.grad_entropy.is_some() || c.grad_topk_log_probs.is_some() {
         outputs.push(Output::GradLogits);
     }
     Request {
