@@ -354,23 +354,14 @@ impl Oracle {
         };
         let lse = ff.lse;
         let values = fast_values(problem, fast, ff, target);
-        // The loss side's values derived here (z_loss, loss, the top-k
-        // KLs) are outputs beyond `ff`'s counts, and may be undecided where
-        // the f64 tier's own outputs are not.
+        // The values derived here (z_loss, loss, the policy and top-k KL
+        // terms) are outputs beyond `ff`'s counts, and may be undecided
+        // where the f64 tier's own outputs are not.
         let (mut derived, mut derived_outputs) = (0, 0);
-        for v in [
-            Output::ZLoss,
-            Output::Loss,
-            Output::KlK1,
-            Output::KlK2,
-            Output::KlK3,
-            Output::KlAbs,
-            Output::Ratio,
-            Output::ForwardKl,
-            Output::ReverseKl,
-        ]
-        .into_iter()
-        .filter_map(|o| values.get(o))
+        for v in Output::FORWARD
+            .into_iter()
+            .filter(|o| !fast::FastForward::OUTPUTS.contains(o))
+            .filter_map(|o| values.get(o))
         {
             derived_outputs += v.len() as u64;
             derived += v.iter().filter(|e| e.is_none()).count() as u64;

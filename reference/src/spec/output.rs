@@ -105,22 +105,20 @@ impl Output {
         Output::ReverseKl,
     ];
 
-    /// The outputs of a forward call (everything but gradients), in report order.
-    pub const FORWARD: [Output; 13] = [
-        Output::LogProbs,
-        Output::Entropy,
-        Output::TopkLogProbs,
-        Output::Lse,
-        Output::ZLoss,
-        Output::Loss,
-        Output::KlK1,
-        Output::KlK2,
-        Output::KlK3,
-        Output::KlAbs,
-        Output::Ratio,
-        Output::ForwardKl,
-        Output::ReverseKl,
-    ];
+    /// The outputs of a forward call (everything but gradients), in report
+    /// order: [`Output::ALL`] without `grad_logits`.
+    pub const FORWARD: [Output; Output::COUNT - 1] = {
+        let mut forward = [Output::LogProbs; Output::COUNT - 1];
+        let (mut i, mut j) = (0, 0);
+        while i < Output::COUNT {
+            if !matches!(Output::ALL[i], Output::GradLogits) {
+                forward[j] = Output::ALL[i];
+                j += 1;
+            }
+            i += 1;
+        }
+        forward
+    };
 
     /// Position in [`Output::ALL`].
     pub fn index(self) -> usize {

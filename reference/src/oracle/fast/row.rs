@@ -8,7 +8,7 @@ use super::pass::{a_tight, accumulate, family_bounds, Cache, Div, FamilyBounds, 
 use super::Mutant;
 use crate::oracle::row::{self, Row, RowSoftcap, TopId};
 use crate::oracle::{Exact, Interval};
-use crate::spec::{Dtype, EntropyLogits, Problem, SpecError};
+use crate::spec::{Dtype, EntropyLogits, Output, Problem, SpecError};
 
 /// What a [`FastRow`] computes.
 #[derive(Clone, Copy, Debug, Default)]
@@ -144,6 +144,16 @@ pub struct FastForward {
 }
 
 impl FastForward {
+    /// The outputs this struct holds, those [`FastForward::counts`] counts;
+    /// a forward's others (`z_loss`, `loss`, the policy and top-k KL terms)
+    /// are derived from them and exact inputs.
+    pub const OUTPUTS: [Output; 4] = [
+        Output::LogProbs,
+        Output::Entropy,
+        Output::TopkLogProbs,
+        Output::Lse,
+    ];
+
     /// Whether every output is decided.
     pub fn decided(&self) -> bool {
         self.lse.is_some()
