@@ -14,7 +14,7 @@
 //! `sign(d^)`, `-expm1(-d_c)` (0 outside the clamps), the ratio itself
 //! (0 outside its clamp).
 
-use logprobe_reference::spec::{Cotangents, PolicyClamps, PolicyTerm, Problem};
+use logprobe_reference::spec::{self, Cotangents, PolicyTerm, Problem};
 
 use crate::row::Acc;
 
@@ -35,27 +35,20 @@ pub struct PolicyRow<A> {
 }
 
 impl<A: Acc> PolicyRow<A> {
-    /// Row `row` of a validated `problem` (`None` without policy inputs).
+    /// Row `row` of a validated `problem` (`None` without policy inputs):
+    /// the spec's [`spec::PolicyRow`] rounded to `A`.
     pub fn of(problem: &Problem<'_>, row: usize) -> Option<Self> {
         if problem.policy.is_empty() {
             return None;
         }
-        let c = problem
-            .options
-            .policy_clamps
-            .effective(problem.logits.dtype().accumulation())
-            .unwrap_or_default();
-        Some(Self::with_clamps(problem, row, &c))
-    }
-
-    fn with_clamps(problem: &Problem<'_>, row: usize, c: &PolicyClamps) -> Self {
-        PolicyRow {
-            ref_lp: problem.policy.ref_log_probs.map(|a| A::from_f64(a[row])),
-            old_lp: problem.policy.old_log_probs.map(|a| A::from_f64(a[row])),
-            kl_input: c.kl_input.map(A::from_f64),
-            kl_output: c.kl_output.map(A::from_f64),
-            ratio_log: c.ratio_log.map(A::from_f64),
-        }
+        let r = spec::PolicyRow::of(problem, row);
+        Some(PolicyRow {
+            ref_lp: r.ref_lp.map(A::from_f64),
+            old_lp: r.old_lp.map(A::from_f64),
+            kl_input: r.clamps.kl_input.map(A::from_f64),
+            kl_output: r.clamps.kl_output.map(A::from_f64),
+            ratio_log: r.clamps.ratio_log.map(A::from_f64),
+        })
     }
 
     fn input(&self, term: PolicyTerm) -> Option<A> {

@@ -104,20 +104,8 @@ fn in_place_backward_equals_out_of_place() {
             p.options.vocab_size = Some(2999 + 1);
             let want = k.backward(&p, &cot, Dtype::F32).unwrap();
             let mut y = x.clone();
-            k.backward_in_place(
-                logprobe_reference::spec::ProblemMut {
-                    logits: LogitsMut::F32(y.view_mut()),
-                    tokens: p.tokens,
-                    sampling_mask: None,
-                    topk_ids: p.topk_ids,
-                    policy: p.policy.shorten(),
-                    teacher_topk_log_probs: p.teacher_topk_log_probs,
-                    options: p.options,
-                    loss_weights: p.loss_weights,
-                },
-                &cot,
-            )
-            .unwrap();
+            k.backward_in_place(p.with_logits(LogitsMut::F32(y.view_mut())), &cot)
+                .unwrap();
             assert!(
                 y.iter()
                     .zip(&want)
@@ -130,20 +118,8 @@ fn in_place_backward_equals_out_of_place() {
             p.logits = Logits::Bf16(xb.view());
             let want = k.backward(&p, &cot, Dtype::Bf16).unwrap();
             let mut yb = xb.clone();
-            k.backward_in_place(
-                logprobe_reference::spec::ProblemMut {
-                    logits: LogitsMut::Bf16(yb.view_mut()),
-                    tokens: p.tokens,
-                    sampling_mask: None,
-                    topk_ids: p.topk_ids,
-                    policy: p.policy.shorten(),
-                    teacher_topk_log_probs: p.teacher_topk_log_probs,
-                    options: p.options,
-                    loss_weights: p.loss_weights,
-                },
-                &cot,
-            )
-            .unwrap();
+            k.backward_in_place(p.with_logits(LogitsMut::Bf16(yb.view_mut())), &cot)
+                .unwrap();
             assert!(
                 yb.iter().zip(&want).all(|(a, b)| a.to_f64() == *b),
                 "{} bf16",

@@ -615,20 +615,8 @@ fn host_built_backward_gives_the_cpu_bits_where_both_are_exact() {
                     let mut ia = Owned::new(&c.x, dtype);
                     let mut ib = Owned::new(&c.x, dtype);
                     for (k, o) in [(host, &mut ia), (cpu, &mut ib)] {
-                        k.backward_in_place(
-                            logprobe_reference::spec::ProblemMut {
-                                logits: o.view_mut(),
-                                tokens: Some(c.tokens.view()),
-                                sampling_mask: c.mask.as_ref().map(|m| m.view()),
-                                topk_ids: Some(c.ids.view()),
-                                policy: Default::default(),
-                                teacher_topk_log_probs: None,
-                                options: c.options,
-                                loss_weights: None,
-                            },
-                            &cot,
-                        )
-                        .unwrap();
+                        k.backward_in_place(p.with_logits(o.view_mut()), &cot)
+                            .unwrap();
                     }
                     assert_eq!(bits2(&ia.to_f64()), bits2(&ib.to_f64()), "{what} in place");
                 }

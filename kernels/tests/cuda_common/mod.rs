@@ -448,20 +448,8 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
         for k in [&CudaFused::on(l.clone()) as &dyn Kernel, &chunked(l, 2)] {
             let expect = k.backward(&p, &cot, dtype).map_err(|e| e.to_string())?;
             let mut inplace = Owned::new(&c.x, dtype);
-            k.backward_in_place(
-                logprobe_reference::spec::ProblemMut {
-                    logits: inplace.view_mut(),
-                    tokens: Some(c.tokens.view()),
-                    sampling_mask: c.mask.as_ref().map(|m| m.view()),
-                    topk_ids: Some(c.ids.view()),
-                    policy: Default::default(),
-                    teacher_topk_log_probs: None,
-                    options: c.options,
-                    loss_weights: None,
-                },
-                &cot,
-            )
-            .map_err(|e| e.to_string())?;
+            k.backward_in_place(p.with_logits(inplace.view_mut()), &cot)
+                .map_err(|e| e.to_string())?;
             ensure!(
                 bits2(&inplace.to_f64()) == bits2(&expect),
                 "{} {dtype}: in place differs from backward",

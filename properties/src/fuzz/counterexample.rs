@@ -137,19 +137,7 @@ pub fn dump_bytes(
             }
             let (grad, out) = if finding.call == Call::InPlace {
                 let mut copy = data.logits.clone();
-                let r = k.backward_in_place(
-                    logprobe_reference::spec::ProblemMut {
-                        logits: copy.view_mut(),
-                        tokens: p.tokens,
-                        sampling_mask: p.sampling_mask,
-                        topk_ids: p.topk_ids,
-                        policy: p.policy.shorten(),
-                        teacher_topk_log_probs: p.teacher_topk_log_probs,
-                        options: p.options,
-                        loss_weights: p.loss_weights,
-                    },
-                    &cv,
-                );
+                let r = k.backward_in_place(p.with_logits(copy.view_mut()), &cv);
                 (r.ok().map(|_| copy.to_f64()), data.logits.dtype())
             } else {
                 let out = match finding.call {

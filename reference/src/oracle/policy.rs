@@ -34,44 +34,8 @@ use super::fast::ival::{add_dn, add_up, mul_dn, mul_up};
 use super::mpfr_interval::MpfrInterval;
 use super::row::{Entry, Row, Sums};
 use super::Interval;
-use crate::spec::{PolicyClamps, PolicyTerm, Problem};
-
-/// One row's policy inputs as the terms take them: `ref`, `old` (exact
-/// f64) and the effective clamps.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct PolicyRow {
-    /// `ref_log_probs[row]`.
-    pub ref_lp: Option<f64>,
-    /// `old_log_probs[row]`.
-    pub old_lp: Option<f64>,
-    /// The clamps rounded to the accumulation dtype.
-    pub clamps: PolicyClamps,
-}
-
-impl PolicyRow {
-    /// Row `row` of a validated `problem` (clamps invalid there are refused
-    /// by validation; taken as absent here).
-    pub(crate) fn of(problem: &Problem<'_>, row: usize) -> PolicyRow {
-        PolicyRow {
-            ref_lp: problem.policy.ref_log_probs.map(|a| a[row]),
-            old_lp: problem.policy.old_log_probs.map(|a| a[row]),
-            clamps: problem
-                .options
-                .policy_clamps
-                .effective(problem.logits.dtype().accumulation())
-                .unwrap_or_default(),
-        }
-    }
-
-    /// The term's input (`old` for `ratio`, `ref` otherwise).
-    fn input(&self, term: PolicyTerm) -> Option<f64> {
-        if term.uses_old() {
-            self.old_lp
-        } else {
-            self.ref_lp
-        }
-    }
-}
+pub(crate) use crate::spec::PolicyRow;
+use crate::spec::PolicyTerm;
 
 /// The log-prob of the row's target enclosed at `prec` from the row's sums
 /// (`d_t - ln_1p(s)`, as `row::values`); `None` without a target.

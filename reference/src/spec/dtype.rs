@@ -116,6 +116,14 @@ impl Dtype {
         pow2((e - self.precision() as i32 + 1).max(q_min))
     }
 
+    /// A positive parameter (a softcap, a clamp) as the computation takes it:
+    /// `c` rounded to this dtype ([`Dtype::round_f64`]), `None` unless `c`
+    /// and its rounded value are both finite and `> 0`.
+    pub fn round_positive(self, c: f64) -> Option<f64> {
+        let r = self.round_f64(c);
+        (c.is_finite() && c > 0.0 && r.is_finite() && r > 0.0).then_some(r)
+    }
+
     /// Rounds `x` to the nearest value of this dtype (ties to even, overflow
     /// to infinity, gradual underflow), returned as the exactly equal f64.
     /// NaN stays NaN. Computed on the f64 bits, never through an

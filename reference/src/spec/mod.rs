@@ -17,9 +17,9 @@ pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, MeanDivisor, Reduction};
 pub use output::{Columns, Output, PerOutput};
-pub use policy::{PolicyClamps, PolicyInputs, PolicyTerm};
+pub use policy::{PolicyClamps, PolicyInputs, PolicyRow, PolicyTerm};
 pub use problem::{
-    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, Shape,
+    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, ProblemOf, Shape,
     SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
 pub use topk_kl::{check_teacher_row, first_duplicate, teacher_mass_lower, TopkKl};

@@ -38,7 +38,7 @@
 
 use ndarray::ArrayView1;
 
-use super::{Dtype, Output, SpecError};
+use super::{Dtype, Output, Problem, SpecError};
 
 /// The exact per-row inputs of the policy terms, `[N]` each, f64 (every
 /// f32/bf16/f16 value is exact in f64), nats. Absent = the terms that need
@@ -113,23 +113,58 @@ impl PolicyClamps {
     /// is not finite and `> 0`, as given or rounded.
     pub fn effective(&self, acc: Dtype) -> Result<PolicyClamps, SpecError> {
         let one = |name: &'static str, c: Option<f64>| -> Result<Option<f64>, SpecError> {
-            match c {
-                None => Ok(None),
-                Some(c) => {
-                    let r = acc.round_f64(c);
-                    if c.is_finite() && c > 0.0 && r.is_finite() && r > 0.0 {
-                        Ok(Some(r))
-                    } else {
-                        Err(SpecError::BadClamp { name, value: c })
-                    }
-                }
-            }
+            c.map(|c| {
+                acc.round_positive(c)
+                    .ok_or(SpecError::BadClamp { name, value: c })
+            })
+            .transpose()
         };
         Ok(PolicyClamps {
             kl_input: one("kl_input_clamp", self.kl_input)?,
             kl_output: one("kl_output_clamp", self.kl_output)?,
             ratio_log: one("ratio_log_clamp", self.ratio_log)?,
         })
+    }
+}
+
+/// One row's policy inputs as the terms take them (the oracle's, the
+/// kernels' and the bounds' view of a row): `ref_log_probs[row]`,
+/// `old_log_probs[row]` (exact f64, nats) and the clamps rounded to the
+/// accumulation dtype ([`PolicyClamps::effective`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PolicyRow {
+    /// `ref_log_probs[row]`.
+    pub ref_lp: Option<f64>,
+    /// `old_log_probs[row]`.
+    pub old_lp: Option<f64>,
+    /// The clamps as the computation takes them (rounded to the
+    /// accumulation dtype).
+    pub clamps: PolicyClamps,
+}
+
+impl PolicyRow {
+    /// Row `row` of a validated `problem` (clamps invalid there are refused
+    /// by validation; taken as absent here). O(1).
+    pub fn of(problem: &Problem<'_>, row: usize) -> PolicyRow {
+        PolicyRow {
+            ref_lp: problem.policy.ref_log_probs.map(|a| a[row]),
+            old_lp: problem.policy.old_log_probs.map(|a| a[row]),
+            clamps: problem
+                .options
+                .policy_clamps
+                .effective(problem.logits.dtype().accumulation())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// `term`'s input (`old` for `ratio`, `ref` otherwise), `None` when
+    /// absent.
+    pub fn input(&self, term: PolicyTerm) -> Option<f64> {
+        if term.uses_old() {
+            self.old_lp
+        } else {
+            self.ref_lp
+        }
     }
 }
 

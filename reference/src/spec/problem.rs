@@ -309,30 +309,28 @@ impl Options {
     /// [`SpecError::BadSoftcap`] unless `c` and its rounded value are finite
     /// and > 0.
     pub fn effective_softcap(&self, acc: Dtype) -> Result<Option<f64>, SpecError> {
-        match self.softcap {
-            None => Ok(None),
-            Some(c) => {
-                let r = acc.round_f64(c);
-                if c.is_finite() && c > 0.0 && r.is_finite() && r > 0.0 {
-                    Ok(Some(r))
-                } else {
-                    Err(SpecError::BadSoftcap { softcap: c })
-                }
-            }
-        }
+        self.softcap
+            .map(|c| {
+                acc.round_positive(c)
+                    .ok_or(SpecError::BadSoftcap { softcap: c })
+            })
+            .transpose()
     }
 }
 
-/// One log-prob / entropy / top-k problem over `N` rows.
+/// One log-prob / entropy / top-k problem over `N` rows, over logits of
+/// type `L`: read-only ([`Problem`]) or mutable ([`ProblemMut`], the
+/// in-place backward's argument); every input but the logits is the same.
 ///
 /// Shapes: `logits [N, V_total]`; `tokens [N]`; `sampling_mask [N, V_total]`
 /// (`true` = allowed); `topk_ids [N, K]`. Log-probs are computed when
 /// `tokens` is present, top-k log-probs when `topk_ids` is, the entropy when
 /// `options.entropy` is `Some`.
 #[derive(Clone, Copy, Debug)]
-pub struct Problem<'a> {
-    /// Logits `[N, V_total]`.
-    pub logits: Logits<'a>,
+pub struct ProblemOf<'a, L> {
+    /// Logits `[N, V_total]` ([`Logits`] or [`LogitsMut`]; the in-place
+    /// backward writes grad logits over a [`LogitsMut`]).
+    pub logits: L,
     /// Target token per row `[N]`, or `ignore_index`.
     pub tokens: Option<ArrayView1<'a, i64>>,
     /// Allowed set `[N, V_total]`; `None` = everything allowed.
@@ -353,34 +351,18 @@ pub struct Problem<'a> {
     pub options: Options,
 }
 
-/// A [`Problem`] whose logits are mutable: the in-place backward's one
-/// argument besides the cotangents (it writes grad logits over `logits`).
-/// Shapes and meanings as in [`Problem`].
-#[derive(Debug)]
-pub struct ProblemMut<'a> {
-    /// Logits `[N, V_total]`, overwritten by the in-place backward.
-    pub logits: LogitsMut<'a>,
-    /// Target token per row `[N]`, or `ignore_index`.
-    pub tokens: Option<ArrayView1<'a, i64>>,
-    /// Allowed set `[N, V_total]`; `None` = everything allowed.
-    pub sampling_mask: Option<ArrayView2<'a, bool>>,
-    /// Ids `[N, K]` whose log-probs to compute.
-    pub topk_ids: Option<ArrayView2<'a, i64>>,
-    /// The teacher's log-probs `[N, K]` at `topk_ids` (exact inputs, nats,
-    /// `<= 0`); read only when `options.topk_kl` is `Some`.
-    pub teacher_topk_log_probs: Option<ArrayView2<'a, f64>>,
-    /// Per-row weights `[N]` of the cross-entropy `loss`, as in [`Problem`].
-    pub loss_weights: Option<ArrayView1<'a, f64>>,
-    /// The policy terms' inputs, as in [`Problem`].
-    pub policy: PolicyInputs<'a>,
-    /// Options.
-    pub options: Options,
-}
+/// A problem over read-only logits ([`ProblemOf`]).
+pub type Problem<'a> = ProblemOf<'a, Logits<'a>>;
 
-impl<'a> ProblemMut<'a> {
+/// A problem whose logits are mutable: the in-place backward's one
+/// argument besides the cotangents (it writes grad logits over `logits`).
+/// Shapes and meanings as in [`ProblemOf`].
+pub type ProblemMut<'a> = ProblemOf<'a, LogitsMut<'a>>;
+
+impl<'a, L> ProblemOf<'a, L> {
     /// A problem over `logits` with default options and no tokens, mask or ids.
-    pub fn new(logits: LogitsMut<'a>) -> Self {
-        ProblemMut {
+    pub fn new(logits: L) -> Self {
+        ProblemOf {
             logits,
             tokens: None,
             sampling_mask: None,
@@ -392,10 +374,16 @@ impl<'a> ProblemMut<'a> {
         }
     }
 
-    /// The same problem, read-only (logits borrowed from `self`).
-    pub fn view(&self) -> Problem<'_> {
-        Problem {
-            logits: self.logits.view(),
+    /// The same inputs and options over other logits `logits` (of the same
+    /// shape for a valid problem), e.g. a mutable copy for the in-place
+    /// backward: `problem.with_logits(copy.view_mut())`. Borrows nothing
+    /// of `self`.
+    pub fn with_logits<'b, M>(&self, logits: M) -> ProblemOf<'b, M>
+    where
+        'a: 'b,
+    {
+        ProblemOf {
+            logits,
             tokens: self.tokens,
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
@@ -405,20 +393,19 @@ impl<'a> ProblemMut<'a> {
             options: self.options,
         }
     }
+}
+
+impl<'a> ProblemMut<'a> {
+    /// The same problem, read-only (logits borrowed from `self`).
+    pub fn view(&self) -> Problem<'_> {
+        self.with_logits(self.logits.view())
+    }
 
     /// A shorter-lived reborrow (to hand the same problem on, e.g. to an
     /// inner kernel, and use it afterwards).
     pub fn reborrow(&mut self) -> ProblemMut<'_> {
-        ProblemMut {
-            logits: self.logits.reborrow(),
-            tokens: self.tokens,
-            sampling_mask: self.sampling_mask,
-            topk_ids: self.topk_ids,
-            teacher_topk_log_probs: self.teacher_topk_log_probs,
-            loss_weights: self.loss_weights,
-            policy: self.policy.shorten(),
-            options: self.options,
-        }
+        let inputs = self.with_logits(());
+        inputs.with_logits(self.logits.reborrow())
     }
 }
 
@@ -535,20 +522,6 @@ pub struct Shape {
 }
 
 impl<'a> Problem<'a> {
-    /// A problem over `logits` with default options and no tokens, mask or ids.
-    pub fn new(logits: Logits<'a>) -> Self {
-        Problem {
-            logits,
-            tokens: None,
-            sampling_mask: None,
-            topk_ids: None,
-            teacher_topk_log_probs: None,
-            loss_weights: None,
-            policy: PolicyInputs::default(),
-            options: Options::default(),
-        }
-    }
-
     /// The checks of an explicit cross-entropy call (`Oracle::cross_entropy`,
     /// `CpuKernel::cross_entropy`), in the order both report them: shapes
     /// ([`Problem::validate_shapes`]), `ce`'s options for `N` rows

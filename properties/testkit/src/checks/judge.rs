@@ -200,19 +200,7 @@ pub fn judge_backward(
     let result = if in_place {
         let mut copy = data.logits.clone();
         let p = a.problem;
-        let r = kernel.backward_in_place(
-            logprobe_reference::spec::ProblemMut {
-                logits: copy.view_mut(),
-                tokens: p.tokens,
-                sampling_mask: p.sampling_mask,
-                topk_ids: p.topk_ids,
-                policy: p.policy.shorten(),
-                teacher_topk_log_probs: p.teacher_topk_log_probs,
-                options: p.options,
-                loss_weights: p.loss_weights,
-            },
-            &cv,
-        );
+        let r = kernel.backward_in_place(p.with_logits(copy.view_mut()), &cv);
         match r {
             Ok(()) => Ok(copy.to_f64()),
             Err(e) => {

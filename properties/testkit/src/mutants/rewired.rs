@@ -65,14 +65,8 @@ pub(crate) fn wrong_targets(
 /// `p` with its tokens replaced by `tokens`.
 pub(crate) fn with_tokens<'b>(p: &'b Problem<'_>, tokens: &'b Array1<i64>) -> Problem<'b> {
     Problem {
-        logits: reborrow(&p.logits),
         tokens: Some(tokens.view()),
-        sampling_mask: p.sampling_mask,
-        topk_ids: p.topk_ids,
-        policy: p.policy.shorten(),
-        teacher_topk_log_probs: p.teacher_topk_log_probs,
-        options: p.options,
-        loss_weights: p.loss_weights,
+        ..p.with_logits(reborrow(&p.logits))
     }
 }
 

@@ -3,7 +3,7 @@
 use ndarray::{Array1, Array2};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel};
-use logprobe_reference::spec::{Dtype, Output, ProblemMut};
+use logprobe_reference::spec::{Dtype, Output};
 
 use super::*;
 use crate::strategies::{CotangentRecipe, ProblemRecipe};
@@ -67,20 +67,8 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
     assert!(forward_bits_eq_except_lp(&fm, &fv));
     // In place: the mutant's grads, written over the logits.
     let mut x = data.logits.clone();
-    m.backward_in_place(
-        ProblemMut {
-            logits: x.view_mut(),
-            tokens: p.tokens,
-            sampling_mask: p.sampling_mask,
-            topk_ids: p.topk_ids,
-            policy: p.policy.shorten(),
-            teacher_topk_log_probs: p.teacher_topk_log_probs,
-            options: p.options,
-            loss_weights: p.loss_weights,
-        },
-        &cot.view(),
-    )
-    .unwrap();
+    m.backward_in_place(p.with_logits(x.view_mut()), &cot.view())
+        .unwrap();
     let xi = x.view();
     for row in 0..16 {
         for j in 0..40 {

@@ -60,12 +60,7 @@ fn try_bound(
     let pt = targets.policy.as_ref().ok_or(NoBound::MissingStatistic {
         what: "ref_log_probs / old_log_probs",
     })?;
-    let x = if term.uses_old() {
-        pt.old_lp
-    } else {
-        pt.ref_lp
-    }
-    .ok_or(NoBound::MissingStatistic {
+    let x = pt.input(term).ok_or(NoBound::MissingStatistic {
         what: "the policy term's input",
     })?;
     let b = rb.policy_base()?;

@@ -49,17 +49,9 @@ pub struct RowTargets {
 }
 
 /// What the bounds of one row's policy terms need besides the row
-/// statistics (TOLERANCE.md (T20)): the exact inputs and the clamps.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct PolicyTarget {
-    /// `ref_log_probs[row]`.
-    pub ref_lp: Option<f64>,
-    /// `old_log_probs[row]`.
-    pub old_lp: Option<f64>,
-    /// The clamps as the computation takes them (rounded to the
-    /// accumulation dtype).
-    pub clamps: logprobe_reference::spec::PolicyClamps,
-}
+/// statistics (TOLERANCE.md (T20)): the exact inputs and the clamps, as
+/// the spec gives them for a row.
+pub type PolicyTarget = logprobe_reference::spec::PolicyRow;
 
 /// One row's loss-side cotangents, owned ([`LossGradCotangents`] borrows
 /// them): see that type for the fields.
@@ -238,15 +230,7 @@ impl RowTargets {
                 sums: None,
             }),
             loss_grad: LossGradRow::new(problem, row, cotangents),
-            policy: (!problem.policy.is_empty()).then(|| PolicyTarget {
-                ref_lp: problem.policy.ref_log_probs.map(|a| a[row]),
-                old_lp: problem.policy.old_log_probs.map(|a| a[row]),
-                clamps: problem
-                    .options
-                    .policy_clamps
-                    .effective(problem.logits.dtype().accumulation())
-                    .unwrap_or_default(),
-            }),
+            policy: (!problem.policy.is_empty()).then(|| PolicyTarget::of(problem, row)),
             topk_kl: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
                 (Some(kl), Some(a)) => Some(KlTarget {
                     teacher: a.row(row).to_vec(),
