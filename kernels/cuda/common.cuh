@@ -37,16 +37,24 @@ __device__ __forceinline__ float lp_bf16_to_f32(lp_u16 b) {
     return __uint_as_float(((unsigned)b) << 16);
 }
 
-// The host build (cuda/host/lp_host.h) has no PTX: a bit-exact C fallback.
-__device__ __forceinline__ float lp_f16_to_f32(lp_u16 h) {
+// f16 -> f32 (exact) and f32 -> f16 (to nearest even) by the PTX
+// conversions. The host build (cuda/host/lp_host.h) has no PTX: its
+// bit-exact C fallbacks.
 #ifdef LP_HOST_BUILD
-    return lp_host_f16_to_f32(h);
+__device__ __forceinline__ float lp_f16_to_f32(lp_u16 h) { return lp_host_f16_to_f32(h); }
+__device__ __forceinline__ lp_u16 lp_f32_to_f16(float f) { return lp_host_f32_to_f16(f); }
 #else
+__device__ __forceinline__ float lp_f16_to_f32(lp_u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
-#endif
 }
+__device__ __forceinline__ lp_u16 lp_f32_to_f16(float f) {
+    lp_u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
 
 // Round to nearest even; NaN stays NaN, overflow carries into infinity.
 __device__ __forceinline__ lp_u16 lp_f32_to_bf16(float f) {
@@ -56,16 +64,6 @@ __device__ __forceinline__ lp_u16 lp_f32_to_bf16(float f) {
     }
     u += 0x7fffu + ((u >> 16) & 1u);
     return (lp_u16)(u >> 16);
-}
-
-__device__ __forceinline__ lp_u16 lp_f32_to_f16(float f) {
-#ifdef LP_HOST_BUILD
-    return lp_host_f32_to_f16(f);
-#else
-    lp_u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-#endif
 }
 
 // Loaders: element type T, exact widening to f32, one tile of LP_TILE

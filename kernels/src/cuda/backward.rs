@@ -9,7 +9,8 @@ use logprobe_reference::spec::{Cotangents, Dtype, Problem, Shape};
 use super::backend::{Arg, DeviceBuffer, Launcher};
 use super::error::CudaError;
 use super::forward::{
-    check_sizes, item_config, launch_chunk_stats, launch_row_stats, row_config, DeviceMask,
+    check_sizes, launch_chunk_stats, launch_merge_shards, launch_row_stats, row_config,
+    shard_ranges, shard_row_stats, upload_columns, DeviceMask,
 };
 use super::inputs::{dtype_suffix, host_logits, DeviceLogits, HostLogits, RowParams};
 use super::launch::{chunks, STATE_WORDS};
@@ -157,14 +158,7 @@ pub(crate) fn backward(
     };
     match layout {
         Layout::Fused | Layout::Chunked { .. } => {
-            let x = DeviceLogits::upload(
-                rt,
-                tracker,
-                shape.dtype,
-                vt,
-                &host_logits(&problem.logits, 0..vt),
-            )?;
-            let mask = DeviceMask::upload(rt, tracker, problem, 0..vt)?;
+            let (x, mask) = upload_columns(rt, tracker, problem, shape.dtype, 0..vt)?;
             let grads = match dest {
                 Dest::New(_) => Some(rt.zeros::<f32>(tracker, AllocKind::Output, n * vt)?),
                 Dest::InPlace => None,
@@ -225,10 +219,7 @@ pub(crate) fn backward(
                     })
                 }
             };
-            let ranges = shards.ranges(vt).map_err(|e| CudaError::Driver {
-                context: "splitting the vocabulary",
-                message: e.to_string(),
-            })?;
+            let ranges = shard_ranges(shards, shape)?;
             let parts = rt.zeros::<f32>(
                 tracker,
                 AllocKind::Workspace,
@@ -237,39 +228,18 @@ pub(crate) fn backward(
             let state = rt.zeros::<f32>(tracker, AllocKind::Workspace, n * STATE_WORDS)?;
             let mut inputs = Vec::with_capacity(ranges.len());
             for (i, range) in ranges.iter().enumerate() {
-                let x = DeviceLogits::upload(
+                inputs.push(shard_row_stats(
                     rt,
                     tracker,
-                    shape.dtype,
-                    range.len(),
-                    &host_logits(&problem.logits, range.clone()),
-                )?;
-                let mask = DeviceMask::upload(rt, tracker, problem, range.clone())?;
-                launch_row_stats(
-                    rt,
-                    &x,
-                    0,
-                    n,
-                    real_columns(range, v),
-                    range.start,
-                    &mask,
-                    0,
+                    problem,
+                    shape,
+                    range,
                     &params,
                     &parts,
                     i * n,
-                )?;
-                inputs.push((x, mask));
+                )?);
             }
-            let args = [
-                Arg::Ptr(parts.ptr()),
-                Arg::I32(ranges.len() as i32),
-                Arg::I32(n as i32),
-                Arg::F32(params.temp),
-                Arg::I32(params.t_one),
-                Arg::Ptr(state.ptr()),
-            ];
-            // SAFETY: matches lp_merge_shards in cuda/vocab_parallel.cu.
-            unsafe { rt.launch("lp_merge_shards", item_config(n), &args)? };
+            launch_merge_shards(rt, &parts, ranges.len(), n, &params, &state)?;
             let mut shard_grads = Vec::with_capacity(ranges.len());
             for (range, (x, mask)) in ranges.iter().zip(&inputs) {
                 let g = rt.zeros::<f32>(tracker, AllocKind::Output, n * range.len())?;

@@ -3,6 +3,8 @@
 //! (`cuda/row_stats.cu`); outputs are rounded on the host to the requested
 //! dtype from the device's f32 values.
 
+use std::ops::Range;
+
 use ndarray::{Array1, Array2, Axis};
 
 use logprobe_reference::spec::{Dtype, Output, Problem, Shape};
@@ -14,7 +16,7 @@ use super::launch::{
     block_size, chunks, elementwise_grid, grid_stride_blocks, ELEMENTWISE_BLOCK, STATE_WORDS,
 };
 use super::memory::{AllocKind, MemoryTracker};
-use super::plan::{real_columns, Layout};
+use super::plan::{real_columns, Layout, Shards};
 use super::slots::gather_indices;
 use crate::kernel::ForwardOutput;
 
@@ -119,6 +121,100 @@ pub(crate) fn launch_row_stats(
     unsafe { rt.launch(&name, row_config(rows, cols, 0), &args) }
 }
 
+/// Columns `cols` of `problem`'s logits (as `dtype`) and of its sampling
+/// mask on the device, `[N, cols.len()]` each.
+///
+/// # Errors
+/// [`CudaError`] from the device.
+pub(crate) fn upload_columns(
+    rt: &dyn Launcher,
+    tracker: &MemoryTracker,
+    problem: &Problem<'_>,
+    dtype: Dtype,
+    cols: Range<usize>,
+) -> Result<(DeviceLogits, DeviceMask), CudaError> {
+    let x = DeviceLogits::upload(
+        rt,
+        tracker,
+        dtype,
+        cols.len(),
+        &host_logits(&problem.logits, cols.clone()),
+    )?;
+    let mask = DeviceMask::upload(rt, tracker, problem, cols)?;
+    Ok((x, mask))
+}
+
+/// The column ranges of `shards` over `shape.v_total` columns.
+///
+/// # Errors
+/// [`CudaError::Driver`] when the widths do not split `V_total`.
+pub(crate) fn shard_ranges(shards: &Shards, shape: &Shape) -> Result<Vec<Range<usize>>, CudaError> {
+    shards.ranges(shape.v_total).map_err(|e| CudaError::Driver {
+        context: "splitting the vocabulary",
+        message: e.to_string(),
+    })
+}
+
+/// One vocabulary shard's stats pass: columns `range` uploaded
+/// ([`upload_columns`]) and every row's partial statistics over the shard's
+/// real columns written to `state` from row `state_row0` (`lp_row_stats_*`).
+/// Returns the shard's device logits and mask.
+///
+/// # Errors
+/// [`CudaError`] from the device.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn shard_row_stats(
+    rt: &dyn Launcher,
+    tracker: &MemoryTracker,
+    problem: &Problem<'_>,
+    shape: &Shape,
+    range: &Range<usize>,
+    params: &RowParams,
+    state: &DeviceBuffer<f32>,
+    state_row0: usize,
+) -> Result<(DeviceLogits, DeviceMask), CudaError> {
+    let (x, mask) = upload_columns(rt, tracker, problem, shape.dtype, range.clone())?;
+    launch_row_stats(
+        rt,
+        &x,
+        0,
+        shape.n,
+        real_columns(range, shape.vocab_size),
+        range.start,
+        &mask,
+        0,
+        params,
+        state,
+        state_row0,
+    )?;
+    Ok((x, mask))
+}
+
+/// `lp_merge_shards`: the `shards` partials `[shards, N, STATE_WORDS]` in
+/// `parts` merged in shard order into `state` `[N, STATE_WORDS]`.
+///
+/// # Errors
+/// [`CudaError`] from the device.
+pub(crate) fn launch_merge_shards(
+    rt: &dyn Launcher,
+    parts: &DeviceBuffer<f32>,
+    shards: usize,
+    n: usize,
+    params: &RowParams,
+    state: &DeviceBuffer<f32>,
+) -> Result<(), CudaError> {
+    let args = [
+        Arg::Ptr(parts.ptr()),
+        Arg::I32(shards as i32),
+        Arg::I32(n as i32),
+        Arg::F32(params.temp),
+        Arg::I32(params.t_one),
+        Arg::Ptr(state.ptr()),
+    ];
+    // SAFETY: matches lp_merge_shards in cuda/vocab_parallel.cu.
+    unsafe { rt.launch("lp_merge_shards", item_config(n), &args) }
+}
+
 /// Checks the sizes the kernels index with 32-bit integers.
 pub(crate) fn check_sizes(shape: &Shape) -> Result<(), CudaError> {
     let limit = i32::MAX as usize;
@@ -177,14 +273,7 @@ pub(crate) fn forward(
     match layout {
         Layout::Fused | Layout::VocabParallel(_) => {
             let ranges = match layout {
-                Layout::VocabParallel(shards) => {
-                    shards
-                        .ranges(shape.v_total)
-                        .map_err(|e| CudaError::Driver {
-                            context: "splitting the vocabulary",
-                            message: e.to_string(),
-                        })?
-                }
+                Layout::VocabParallel(shards) => shard_ranges(shards, shape)?,
                 _ => std::iter::once(0..shape.v_total).collect(),
             };
             let state = rt.zeros::<f32>(tracker, AllocKind::Workspace, n * STATE_WORDS)?;
@@ -200,46 +289,18 @@ pub(crate) fn forward(
             };
             let mut shard_inputs = Vec::with_capacity(ranges.len());
             for (i, range) in ranges.iter().enumerate() {
-                let cols = real_columns(range, shape.vocab_size);
-                let x = DeviceLogits::upload(
-                    rt,
-                    tracker,
-                    shape.dtype,
-                    range.len(),
-                    &host_logits(&problem.logits, range.clone()),
-                )?;
-                let mask = DeviceMask::upload(rt, tracker, problem, range.clone())?;
                 let (dst, dst_row0) = match &parts {
                     Some(p) => (p, i * n),
                     None => (&state, 0),
                 };
-                launch_row_stats(
-                    rt,
-                    &x,
-                    0,
-                    n,
-                    cols,
-                    range.start,
-                    &mask,
-                    0,
-                    &params,
-                    dst,
-                    dst_row0,
-                )?;
+                let (x, mask) =
+                    shard_row_stats(rt, tracker, problem, shape, range, &params, dst, dst_row0)?;
+                let cols = real_columns(range, shape.vocab_size);
                 launch_gather(rt, &x, n, cols, range.start, &gidx, k1, &params, &gz)?;
                 shard_inputs.push((x, mask));
             }
             if let Some(p) = &parts {
-                let args = [
-                    Arg::Ptr(p.ptr()),
-                    Arg::I32(ranges.len() as i32),
-                    Arg::I32(n as i32),
-                    Arg::F32(params.temp),
-                    Arg::I32(params.t_one),
-                    Arg::Ptr(state.ptr()),
-                ];
-                // SAFETY: matches lp_merge_shards in cuda/vocab_parallel.cu.
-                unsafe { rt.launch("lp_merge_shards", item_config(n), &args)? };
+                launch_merge_shards(rt, p, ranges.len(), n, &params, &state)?;
             }
             let mut args = vec![
                 Arg::Ptr(state.ptr()),
