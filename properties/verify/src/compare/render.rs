@@ -119,7 +119,7 @@ pub fn render_table(r: &CompareReport) -> String {
             q.clip,
             q.outside_clip,
             sm.observed.as_ref().map_or(0, |o| o.rows),
-            super::pct(q.outside_clip_fraction),
+            super::summary::pct(q.outside_clip_fraction),
         );
     }
     if sm.pearson_log_probs.is_some() || sm.pearson_probs.is_some() {

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use rug::Float;
 
+use logprobe_reference::oracle::Interval;
+
 use super::*;
 use crate::dump::{serialize_dump, DumpTensor};
 use logprobe_reference::spec::Dtype;
