@@ -4,7 +4,7 @@
 use ndarray::Array2;
 
 use logprobe_reference::spec::{
-    Cotangents, CrossEntropy, Dtype, PerOutput, Problem, ProblemMut, Shape, SpecError,
+    Cotangents, CrossEntropy, Dtype, Output, PerOutput, Problem, ProblemMut, Shape, SpecError,
 };
 
 use crate::gradient::Gradient;
@@ -95,6 +95,21 @@ impl ForwardOutput {
         ForwardOutput {
             dtype,
             values: PerOutput::for_requested(problem, |o| Array2::zeros((shape.n, o.width(shape)))),
+        }
+    }
+
+    /// The outputs of `values` that are present (`[N, width]` each, values
+    /// of `dtype`), the `None`s left out.
+    pub fn from_values(
+        dtype: Dtype,
+        values: impl IntoIterator<Item = (Output, Option<Array2<f64>>)>,
+    ) -> Self {
+        ForwardOutput {
+            dtype,
+            values: values
+                .into_iter()
+                .filter_map(|(o, v)| Some((o, v?)))
+                .collect(),
         }
     }
 }

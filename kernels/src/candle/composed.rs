@@ -208,17 +208,13 @@ impl Kernel for CandleComposed {
             Logits::Bf16(x) => composed_forward(x, problem, &shape, out)?,
             Logits::F16(x) => composed_forward(x, problem, &shape, out)?,
         };
-        let values = [
-            (Output::LogProbs, log_probs.map(|a| a.insert_axis(Axis(1)))),
-            (Output::TopkLogProbs, topk_log_probs),
-        ];
-        Ok(ForwardOutput {
-            dtype: out,
-            values: values
-                .into_iter()
-                .filter_map(|(o, v)| Some((o, v?)))
-                .collect(),
-        })
+        Ok(ForwardOutput::from_values(
+            out,
+            [
+                (Output::LogProbs, log_probs.map(|a| a.insert_axis(Axis(1)))),
+                (Output::TopkLogProbs, topk_log_probs),
+            ],
+        ))
     }
 
     fn backward(

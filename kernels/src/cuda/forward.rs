@@ -388,18 +388,14 @@ pub(crate) fn forward(
         None
     };
     let per_row = |a: Option<Array1<f64>>| a.map(|a| a.insert_axis(Axis(1)));
-    let values = [
-        (Output::LogProbs, per_row(lp_v)),
-        (Output::Entropy, per_row(ent_v)),
-        (Output::TopkLogProbs, topk_v),
-    ];
-    Ok(ForwardOutput {
-        dtype: out,
-        values: values
-            .into_iter()
-            .filter_map(|(o, v)| Some((o, v?)))
-            .collect(),
-    })
+    Ok(ForwardOutput::from_values(
+        out,
+        [
+            (Output::LogProbs, per_row(lp_v)),
+            (Output::Entropy, per_row(ent_v)),
+            (Output::TopkLogProbs, topk_v),
+        ],
+    ))
 }
 
 /// `lp_gather_*`: z at the slots' columns inside `[col_off, col_off + cols)`.

@@ -52,6 +52,16 @@ pub(crate) fn log_prob_mpfr(row: &Row<'_>, sums: &Sums, prec: u32) -> Option<Mpf
     Some(out)
 }
 
+/// `d = log_prob - x` enclosed at `prec` bits from the log-prob's
+/// enclosure `lp`, `x` the term's input (`ref` or `old`, exact); `None`
+/// when the input is absent.
+fn d_mpfr(term: PolicyTerm, pr: &PolicyRow, lp: &MpfrInterval, prec: u32) -> Option<MpfrInterval> {
+    let x = pr.input(term)?;
+    let mut d = MpfrInterval::new(prec);
+    d.sub(lp, &MpfrInterval::point(prec, x));
+    Some(d)
+}
+
 /// `term` of a row whose log-prob is enclosed by `lp`, at `prec` bits
 /// (module docs). `None` when the term's input is absent.
 pub(crate) fn term_mpfr(
@@ -60,9 +70,7 @@ pub(crate) fn term_mpfr(
     lp: &MpfrInterval,
     prec: u32,
 ) -> Option<MpfrInterval> {
-    let x = pr.input(term)?;
-    let mut d = MpfrInterval::new(prec);
-    d.sub(lp, &MpfrInterval::point(prec, x));
+    let mut d = d_mpfr(term, pr, lp, prec)?;
     let mut t = Float::new(prec);
     Some(match term {
         PolicyTerm::K1 => d,
@@ -106,9 +114,7 @@ pub(crate) fn slope_mpfr(
     lp: &MpfrInterval,
     prec: u32,
 ) -> Option<MpfrInterval> {
-    let x = pr.input(term)?;
-    let mut d = MpfrInterval::new(prec);
-    d.sub(lp, &MpfrInterval::point(prec, x));
+    let d = d_mpfr(term, pr, lp, prec)?;
     let point = |v: f64| MpfrInterval::point(prec, v);
     Some(match term {
         PolicyTerm::K1 => point(1.0),

@@ -187,14 +187,10 @@ impl CotangentData {
         }
     }
 
-    /// Whether no cotangent is present.
+    /// Whether no cotangent is present ([`Cotangents::is_empty`] of the
+    /// view).
     pub fn is_empty(&self) -> bool {
-        self.grad_log_probs.is_none()
-            && self.grad_entropy.is_none()
-            && self.grad_topk_log_probs.is_none()
-            && self.grad_lse.is_none()
-            && self.grad_z_loss.is_none()
-            && self.grad_loss.is_none()
+        self.view().is_empty()
     }
 }
 
