@@ -157,7 +157,7 @@ fn next_up(x: f64) -> f64 {
 }
 
 /// [`Exact::offset`] when nothing finite is known.
-const UNKNOWN_OFFSET: Interval = Interval {
+pub(crate) const UNKNOWN_OFFSET: Interval = Interval {
     lo: f64::NEG_INFINITY,
     hi: f64::INFINITY,
 };

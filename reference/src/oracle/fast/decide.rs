@@ -6,7 +6,7 @@ use crate::spec::Dtype;
 
 /// `x` rounded to nearest even in `dtype` (exact f64).
 #[inline(always)]
-fn round_to(x: f64, dtype: Dtype) -> f64 {
+pub(super) fn round_to(x: f64, dtype: Dtype) -> f64 {
     match dtype {
         Dtype::F64 => x,
         Dtype::F32 => x as f32 as f64,

@@ -10,10 +10,11 @@
 
 use super::ival::{add_dn, add_up, mul_dn, mul_up, TINY, U};
 use super::pass::C1;
-use super::{decide, FastRow, Mutant};
+use super::{decide, lanes, FastRow, Mutant};
 
 /// `(1 + kappa)(1 + 2u)` rounded up: `E_j`'s shift widening factor.
-const CE: f64 = 1.0 + 2.0 * super::pass::KAPPA;
+pub(super) const CE: f64 = 1.0 + 2.0 * super::pass::KAPPA;
+use crate::oracle::round::UNKNOWN_OFFSET;
 use crate::oracle::row::TopId;
 use crate::oracle::{Exact, Interval};
 use crate::spec::Dtype;
@@ -65,24 +66,24 @@ pub struct FastVjp<'r, 'a> {
     /// Whether any element has a term (otherwise all are exactly 0).
     any_term: bool,
     /// Constants of the a-priori element bound (F7'), when it applies.
-    pt: Option<PointForm>,
+    pub(super) pt: Option<PointForm>,
 }
 
 /// Midpoints and radii of the row constants, for the a-priori bound of a
 /// plain element (module docs, (F7')).
 #[derive(Clone, Copy, Debug)]
-struct PointForm {
-    k1: f64,
-    dk1: f64,
-    k2: f64,
-    dk2: f64,
-    rho: f64,
-    dr: f64,
+pub(super) struct PointForm {
+    pub(super) k1: f64,
+    pub(super) dk1: f64,
+    pub(super) k2: f64,
+    pub(super) dk2: f64,
+    pub(super) rho: f64,
+    pub(super) dr: f64,
     /// Absolute slack for subnormal intermediates.
-    abs: f64,
+    pub(super) abs: f64,
     /// Whether the exp and the shift are widened (false only for mutants).
-    exp_w: bool,
-    shift_w: bool,
+    pub(super) exp_w: bool,
+    pub(super) shift_w: bool,
 }
 
 /// `(mid, rad)` of `iv`: `|x - mid| <= rad` for every `x` in `iv`.
@@ -194,7 +195,13 @@ impl<'r, 'a> FastVjp<'r, 'a> {
     /// a^))))` with a first-order bound over midpoints and radii of the row
     /// constants, inflated for its own roundings.
     #[inline(always)]
-    fn element_point(pt: &PointForm, a: f64, r: f64, exact: bool, with_q: bool) -> Interval {
+    pub(super) fn element_point(
+        pt: &PointForm,
+        a: f64,
+        r: f64,
+        exact: bool,
+        with_q: bool,
+    ) -> Interval {
         let dl = if exact || !pt.shift_w {
             0.0
         } else {
@@ -313,31 +320,96 @@ impl<'r, 'a> FastVjp<'r, 'a> {
     /// entry written: decided elements, exact zeros, and `Exact::point(0.0)`
     /// for the undecided ones listed in `pending`, cleared first). Panics:
     /// none (a slice of another length is filled up to the shorter one).
+    ///
+    /// Plain elements ((F7')) go four at a time through the vector lanes
+    /// (`lanes.rs`) where the CPU has AVX2: the same bits as one at a time.
     pub fn decide_slice(&self, target: Dtype, out: &mut [Exact], pending: &mut Vec<usize>) {
         pending.clear();
         let v = self.row.row.v.len().min(out.len());
         let out = &mut out[..v];
+        let zero = Exact::point(0.0);
         if !self.any_term {
-            out.fill(Exact::point(0.0));
+            out.fill(zero);
             return;
         }
         let mut next = 0usize;
-        for (j, o) in out.iter_mut().enumerate() {
-            let sp = match self.specials.get(next) {
-                Some(s) if s.0 == j => {
-                    next += 1;
-                    Some(s)
+        let mut j = 0usize;
+        let with_q = self.h != 0.0;
+        if let (Some(pt), Some(c), true) = (
+            &self.pt,
+            &self.row.p.cache,
+            (self.c_nonzero || with_q) && lanes::available(),
+        ) {
+            let row = &self.row.row;
+            while j + 4 <= v {
+                if self.specials.get(next).is_some_and(|s| s.0 < j + 4) {
+                    for o in &mut out[j..j + 4] {
+                        *o = self.decide_one(j, &mut next, target, pending);
+                        j += 1;
+                    }
+                    continue;
                 }
-                _ => None,
-            };
-            *o = match self.element_at(j, sp).map(|iv| decide(iv, target)) {
-                None => Exact::point(0.0),
-                Some(Some(e)) => e,
-                Some(None) => {
-                    pending.push(j);
-                    Exact::point(0.0)
+                let Some(b) =
+                    lanes::plain4(pt, &c.a[j..], &c.r[j..], &c.exact[j..], with_q, target)
+                else {
+                    break;
+                };
+                for (l, o) in out[j..j + 4].iter_mut().enumerate() {
+                    let k = j + l;
+                    *o = if !row.in_p(k) {
+                        zero
+                    } else if b.decided & (1 << l) != 0 {
+                        Exact {
+                            enclosure: b.enclosure(l),
+                            rounded: b.rounded[l],
+                            decided: true,
+                            offset: if b.finite & (1 << l) != 0 {
+                                Interval {
+                                    lo: b.olo[l],
+                                    hi: b.ohi[l],
+                                }
+                            } else {
+                                UNKNOWN_OFFSET
+                            },
+                        }
+                    } else {
+                        pending.push(k);
+                        zero
+                    };
                 }
-            };
+                j += 4;
+            }
+        }
+        for o in &mut out[j..] {
+            *o = self.decide_one(j, &mut next, target, pending);
+            j += 1;
+        }
+    }
+
+    /// Element `j` of [`FastVjp::decide_slice`] one at a time (`next`:
+    /// the first special not below `j`, advanced past `j`).
+    #[inline(always)]
+    fn decide_one(
+        &self,
+        j: usize,
+        next: &mut usize,
+        target: Dtype,
+        pending: &mut Vec<usize>,
+    ) -> Exact {
+        let sp = match self.specials.get(*next) {
+            Some(s) if s.0 == j => {
+                *next += 1;
+                Some(s)
+            }
+            _ => None,
+        };
+        match self.element_at(j, sp).map(|iv| decide(iv, target)) {
+            None => Exact::point(0.0),
+            Some(Some(e)) => e,
+            Some(None) => {
+                pending.push(j);
+                Exact::point(0.0)
+            }
         }
     }
 

@@ -147,6 +147,8 @@
 //!   and the row statistics;
 //! - `grad.rs`: the VJP enclosures (F7) ([`FastVjp`]);
 //! - `loss.rs`: the cross-entropy row term ([`FastRow::loss_term`]);
+//! - `lanes.rs`: (F7') and (F8) of four plain VJP elements in one AVX2
+//!   vector (the same bits as the scalar code);
 //! - `decide.rs`: the decision (F8);
 //! - `ival.rs`: the directed-rounding primitives.
 
@@ -154,6 +156,7 @@ mod decide;
 mod entries;
 mod grad;
 pub(crate) mod ival;
+mod lanes;
 mod loss;
 mod pass;
 mod row;

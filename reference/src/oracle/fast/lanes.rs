@@ -1,0 +1,739 @@
+//! Four plain VJP elements (F7') at a time in the four f64 lanes of one
+//! AVX2 vector: the a-priori enclosure ([`super::grad`]'s
+//! `element_point`), the decision (F8) in the target dtype
+//! ([`super::decide`]) and the decided value's offset (`Exact::new`).
+//! Lane `l` is element `j + l`, and every lane runs the same IEEE
+//! operations in the same order as the scalar code (no fused multiply-add;
+//! the directed sums by the same TwoSum and the same `next_up` /
+//! `next_down` on the bits; bf16 / f16 rounding by the same bit step), so
+//! each element's `Exact` is the same bits either way (unit tests
+//! `four_lanes_equal_the_scalar_*`). What a lane cannot do in a vector
+//! (bf16 / f16 rounding of a value below the dtype's normal range) it does
+//! in scalar, by the scalar code.
+//!
+//! Why it pays: the scalar element's decision and offsets branch on the
+//! sign of TwoSum's rounding error (about half the elements each way: a
+//! mispredicted branch per element and end), and its dependent chain of
+//! about 30 operations runs one element at a time.
+
+use crate::oracle::Interval;
+use crate::spec::Dtype;
+
+use super::grad::PointForm;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: the lanes are off on this thread ([`scalar`]).
+    static SCALAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests: `f` with the lanes off on this thread (the scalar code runs).
+#[cfg(test)]
+pub(crate) fn scalar<R>(f: impl FnOnce() -> R) -> R {
+    SCALAR.with(|s| s.set(true));
+    let r = f();
+    SCALAR.with(|s| s.set(false));
+    r
+}
+
+/// Whether this CPU runs [`plain4`] (x86-64 with AVX2).
+#[inline]
+pub(super) fn available() -> bool {
+    #[cfg(test)]
+    if SCALAR.with(|s| s.get()) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Four plain elements' results, lane `l` for element `j + l`: the
+/// enclosure `[lo, hi]` ((F7')), and, where `decided` (bit `l`), the
+/// correctly rounded value and the offset `[olo, ohi]` of `Exact::new`
+/// (meaningful where `finite`, bit `l`: the rounded value and both ends
+/// finite; otherwise the offset is unknown).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Block {
+    pub lo: [f64; 4],
+    pub hi: [f64; 4],
+    pub rounded: [f64; 4],
+    pub olo: [f64; 4],
+    pub ohi: [f64; 4],
+    pub decided: u8,
+    pub finite: u8,
+}
+
+impl Block {
+    /// Lane `l`'s enclosure.
+    #[inline(always)]
+    pub fn enclosure(&self, l: usize) -> Interval {
+        Interval {
+            lo: self.lo[l],
+            hi: self.hi[l],
+        }
+    }
+}
+
+/// The four plain elements `j..j + 4` from their cached `a^`, `r` and
+/// exactness (each slice at least 4 long; only the first 4 read), decided
+/// in `target`. `None` when the CPU has no AVX2 ([`available`]).
+#[inline]
+pub(super) fn plain4(
+    pt: &PointForm,
+    a: &[f64],
+    r: &[f64],
+    exact: &[bool],
+    with_q: bool,
+    target: Dtype,
+) -> Option<Block> {
+    let (a, r, exact) = (a.get(..4)?, r.get(..4)?, exact.get(..4)?);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !available() {
+            return None;
+        }
+        let a: &[f64; 4] = a.try_into().ok()?;
+        let r: &[f64; 4] = r.try_into().ok()?;
+        let exact: [bool; 4] = exact.try_into().ok()?;
+        // SAFETY: AVX2 is present (checked above).
+        Some(unsafe { x86::plain4(pt, a, r, exact, with_q, target) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (pt, a, r, exact, with_q, target);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::decide::round_to;
+    use super::super::grad::{PointForm, CE};
+    use super::super::ival::{TINY, U};
+    use super::super::pass::C1;
+    use super::Block;
+    use crate::spec::Dtype;
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn splat(x: f64) -> __m256d {
+        _mm256_set1_pd(x)
+    }
+
+    /// `|x|` (the sign bit cleared, as `f64::abs`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn abs(x: __m256d) -> __m256d {
+        _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
+    }
+
+    /// `-x` (the sign bit flipped, as `Neg`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn neg(x: __m256d) -> __m256d {
+        _mm256_xor_pd(_mm256_set1_pd(-0.0), x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn add(a: __m256d, b: __m256d) -> __m256d {
+        _mm256_add_pd(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sub(a: __m256d, b: __m256d) -> __m256d {
+        _mm256_sub_pd(a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn mul(a: __m256d, b: __m256d) -> __m256d {
+        _mm256_mul_pd(a, b)
+    }
+
+    /// `if m { x } else { y }` per lane (`m` all ones or all zeros).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn select(m: __m256d, x: __m256d, y: __m256d) -> __m256d {
+        _mm256_blendv_pd(y, x, m)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn bits(x: __m256d) -> __m256i {
+        _mm256_castpd_si256(x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn float(x: __m256i) -> __m256d {
+        _mm256_castsi256_pd(x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn lanes(x: __m256d) -> [f64; 4] {
+        let mut a = [0.0; 4];
+        // SAFETY: `a` holds four f64 (unaligned store).
+        unsafe { _mm256_storeu_pd(a.as_mut_ptr(), x) };
+        a
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn load(a: &[f64; 4]) -> __m256d {
+        // SAFETY: `a` holds four f64 (unaligned load).
+        unsafe { _mm256_loadu_pd(a.as_ptr()) }
+    }
+
+    /// `f64::next_up` per lane, on the bits as the standard library does:
+    /// NaN and `+inf` unchanged, `+-0` to the smallest subnormal, else one
+    /// step up in magnitude (positive) or down (negative).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn next_up(x: __m256d) -> __m256d {
+        let b = bits(x);
+        let one = _mm256_set1_epi64x(1);
+        let negative = _mm256_cmpgt_epi64(_mm256_setzero_si256(), b);
+        let stepped = select(
+            float(negative),
+            float(_mm256_sub_epi64(b, one)),
+            float(_mm256_add_epi64(b, one)),
+        );
+        let abs_b = _mm256_and_si256(b, _mm256_set1_epi64x(i64::MAX));
+        let zero = _mm256_cmpeq_epi64(abs_b, _mm256_setzero_si256());
+        let stepped = select(float(zero), float(one), stepped);
+        let keep = _mm256_or_pd(
+            _mm256_cmp_pd::<_CMP_UNORD_Q>(x, x),
+            _mm256_cmp_pd::<_CMP_EQ_OQ>(x, splat(f64::INFINITY)),
+        );
+        select(keep, x, stepped)
+    }
+
+    /// `f64::next_down` per lane: `-next_up(-x)` (the same bits as the
+    /// standard library's, case by case: NaN and `-inf` unchanged, `+-0`
+    /// to `-2^-1074`, `+inf` to `MAX`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn next_down(x: __m256d) -> __m256d {
+        neg(next_up(neg(x)))
+    }
+
+    /// `(s, e)` of TwoSum (`super::super::ival::two_sum`), per lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn two_sum(a: __m256d, b: __m256d) -> (__m256d, __m256d) {
+        let s = add(a, b);
+        let bb = sub(s, a);
+        let e = add(sub(a, sub(s, bb)), sub(b, bb));
+        (s, e)
+    }
+
+    /// Lanes where `x` is finite (not NaN, not infinite).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn finite(x: __m256d) -> __m256d {
+        _mm256_cmp_pd::<_CMP_LT_OQ>(abs(x), splat(f64::INFINITY))
+    }
+
+    /// `add_dn(a, b)` (`super::super::ival`), per lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn add_dn(a: __m256d, b: __m256d) -> __m256d {
+        let (s, e) = two_sum(a, b);
+        let overflow = _mm256_and_pd(
+            _mm256_cmp_pd::<_CMP_EQ_OQ>(s, splat(f64::INFINITY)),
+            _mm256_and_pd(finite(a), finite(b)),
+        );
+        let other = select(overflow, splat(f64::MAX), s);
+        select(
+            _mm256_cmp_pd::<_CMP_LT_OQ>(e, _mm256_setzero_pd()),
+            next_down(s),
+            other,
+        )
+    }
+
+    /// `add_up(a, b)` (`super::super::ival`), per lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn add_up(a: __m256d, b: __m256d) -> __m256d {
+        let (s, e) = two_sum(a, b);
+        let overflow = _mm256_and_pd(
+            _mm256_cmp_pd::<_CMP_EQ_OQ>(s, splat(f64::NEG_INFINITY)),
+            _mm256_and_pd(finite(a), finite(b)),
+        );
+        let other = select(overflow, splat(f64::MIN), s);
+        select(
+            _mm256_cmp_pd::<_CMP_GT_OQ>(e, _mm256_setzero_pd()),
+            next_up(s),
+            other,
+        )
+    }
+
+    /// bf16 / f16 rounding of normal-range values (`Dtype::round_f64`'s
+    /// bit step, its overflow to `+-inf` included); `scalar` holds the
+    /// lanes this step does not apply to (0, not finite, or below the
+    /// dtype's normal range: there `round_f64` returns `x` or scales).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn round_half(x: __m256d, d: Dtype) -> (__m256d, i32) {
+        let drop = 53 - i64::from(d.precision());
+        let b = bits(x);
+        let one = _mm256_set1_epi64x(1);
+        let count = _mm256_set1_epi64x(drop);
+        let odd = _mm256_and_si256(_mm256_srlv_epi64(b, count), one);
+        let half = _mm256_add_epi64(_mm256_set1_epi64x((1i64 << (drop - 1)) - 1), odd);
+        let low = _mm256_set1_epi64x((1i64 << drop) - 1);
+        let r = float(_mm256_andnot_si256(low, _mm256_add_epi64(b, half)));
+        let over = _mm256_cmp_pd::<_CMP_GT_OQ>(abs(r), splat(d.max_finite()));
+        // `r.signum() * inf`: r is not NaN here, so its sign bit on inf.
+        let inf = _mm256_or_pd(_mm256_and_pd(r, splat(-0.0)), splat(f64::INFINITY));
+        let r = select(over, inf, r);
+        let normal =
+            _mm256_cmp_pd::<_CMP_GE_OQ>(abs(x), splat(crate::spec::pow2(d.min_normal_exp())));
+        // 0 and non-finite values are returned as they are.
+        let as_is = _mm256_or_pd(
+            _mm256_cmp_pd::<_CMP_EQ_OQ>(x, _mm256_setzero_pd()),
+            _mm256_cmp_pd::<_CMP_NLT_UQ>(abs(x), splat(f64::INFINITY)),
+        );
+        let out = select(as_is, x, r);
+        let scalar = !_mm256_movemask_pd(_mm256_or_pd(normal, as_is)) & 0b1111;
+        (out, scalar)
+    }
+
+    /// `round_to(x, target)` (`super::super::decide`) per lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn round(x: __m256d, target: Dtype) -> __m256d {
+        match target {
+            Dtype::F64 => x,
+            Dtype::F32 => _mm256_cvtps_pd(_mm256_cvtpd_ps(x)),
+            d => {
+                let (r, scalar) = round_half(x, d);
+                if scalar == 0 {
+                    return r;
+                }
+                let (xs, mut rs) = (lanes(x), lanes(r));
+                for l in 0..4 {
+                    if scalar & (1 << l) != 0 {
+                        rs[l] = round_to(xs[l], d);
+                    }
+                }
+                load(&rs)
+            }
+        }
+    }
+
+    /// Tests: [`round`], [`add_dn`], [`add_up`], [`next_up`],
+    /// [`next_down`] of four lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn primitives4(x: &[f64; 4], y: &[f64; 4], target: Dtype) -> [[f64; 4]; 5] {
+        let (x, y) = (load(x), load(y));
+        [
+            lanes(round(x, target)),
+            lanes(add_dn(x, y)),
+            lanes(add_up(x, y)),
+            lanes(next_up(x)),
+            lanes(next_down(x)),
+        ]
+    }
+
+    /// See [`super::plain4`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn plain4(
+        pt: &PointForm,
+        a: &[f64; 4],
+        r: &[f64; 4],
+        exact: [bool; 4],
+        with_q: bool,
+        target: Dtype,
+    ) -> Block {
+        let (a, r) = (load(a), load(r));
+        let zero = _mm256_setzero_pd();
+        let ex = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(i32::from_le_bytes(exact.map(u8::from))));
+        let exact = _mm256_cmpgt_epi64(ex, _mm256_setzero_si256());
+        // (F7') element_point, the scalar code's operations in its order.
+        let dl = if pt.shift_w {
+            select(float(exact), zero, add(mul(splat(C1), a), splat(TINY)))
+        } else {
+            zero
+        };
+        let e_e = if pt.exp_w {
+            add(
+                mul(r, add(splat(2.0 * U), mul(dl, splat(CE)))),
+                splat(2.0 * TINY),
+            )
+        } else {
+            mul(mul(r, dl), splat(CE))
+        };
+        let (k1, dk1) = (splat(pt.k1), splat(pt.dk1));
+        let y = mul(k1, r);
+        let ey = add(
+            add(add(mul(splat(U), abs(y)), splat(TINY)), mul(abs(k1), e_e)),
+            mul(dk1, add(r, e_e)),
+        );
+        let (z, ez) = if with_q {
+            let t = sub(splat(pt.rho), a);
+            let et = add(add(mul(splat(U), abs(t)), splat(pt.dr)), dl);
+            let m = mul(r, t);
+            let em = add(
+                add(add(mul(splat(U), abs(m)), splat(TINY)), mul(r, et)),
+                mul(add(abs(t), et), e_e),
+            );
+            let (k2, dk2) = (splat(pt.k2), splat(pt.dk2));
+            let z = mul(k2, m);
+            let ez = add(
+                add(add(mul(splat(U), abs(z)), splat(TINY)), mul(abs(k2), em)),
+                mul(dk2, add(abs(m), em)),
+            );
+            (z, ez)
+        } else {
+            (zero, zero)
+        };
+        let v = neg(add(y, z));
+        let av = abs(v);
+        let err = add(
+            mul(
+                add(add(add(mul(splat(U), av), ey), ez), mul(splat(4.0 * U), av)),
+                splat(1.0 + 64.0 * U),
+            ),
+            splat(pt.abs),
+        );
+        let (lo, hi) = (sub(v, err), add(v, err));
+        // (F8) decide: ordered, not containing 0, both ends one value.
+        let ordered = _mm256_cmp_pd::<_CMP_LE_OQ>(lo, hi);
+        let straddles = _mm256_and_pd(
+            _mm256_cmp_pd::<_CMP_LE_OQ>(lo, zero),
+            _mm256_cmp_pd::<_CMP_GE_OQ>(hi, zero),
+        );
+        let (rl, rh) = (round(lo, target), round(hi, target));
+        let same = float(_mm256_cmpeq_epi64(bits(rl), bits(rh)));
+        let decided = _mm256_and_pd(_mm256_andnot_pd(straddles, ordered), same);
+        // Exact::new: the offset `[add_dn(lo, -rl), add_up(hi, -rl)]`.
+        let nrl = neg(rl);
+        let (olo, ohi) = (add_dn(lo, nrl), add_up(hi, nrl));
+        let fin = _mm256_and_pd(finite(rl), _mm256_and_pd(finite(lo), finite(hi)));
+        Block {
+            lo: lanes(lo),
+            hi: lanes(hi),
+            rounded: lanes(rl),
+            olo: lanes(olo),
+            ohi: lanes(ohi),
+            decided: _mm256_movemask_pd(decided) as u8,
+            finite: _mm256_movemask_pd(fin) as u8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::grad::{FastVjp, PointForm};
+    use super::super::{decide, FastOptions, FastRow, Mutant, RowCotangents};
+    use super::*;
+    use crate::oracle::Exact;
+    use crate::spec::{pow2, EntropyLogits, Logits, Problem};
+    use ndarray::{Array1, Array2};
+
+    const TARGETS: [Dtype; 4] = [Dtype::F64, Dtype::F32, Dtype::Bf16, Dtype::F16];
+
+    /// xorshift64*.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        /// A value `m 2^e`, `e` in `[lo, hi]`, of either sign when `signed`;
+        /// sometimes 0, a subnormal or a power of two (rounding ties).
+        fn value(&mut self, lo: i32, hi: i32, signed: bool) -> f64 {
+            let e = lo + self.below((hi - lo + 1) as u64) as i32;
+            let m = 1.0 + (self.next() >> 11) as f64 * pow2(-53);
+            let s = if signed && self.next() & 1 == 1 {
+                -1.0
+            } else {
+                1.0
+            };
+            match self.below(23) {
+                0 => 0.0,
+                1 => s * f64::from_bits(self.below(1 << 52)),
+                2 => s * pow2(e.clamp(-1074, 1023)),
+                _ => s * m * pow2(e.clamp(-1022, 1023)),
+            }
+        }
+    }
+
+    fn same_f64(a: f64, b: f64) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    /// Every field of two `Exact`s the same bits.
+    fn same_exact(a: &Exact, b: &Exact) -> bool {
+        a.decided == b.decided
+            && [
+                (a.enclosure.lo, b.enclosure.lo),
+                (a.enclosure.hi, b.enclosure.hi),
+                (a.rounded, b.rounded),
+                (a.offset.lo, b.offset.lo),
+                (a.offset.hi, b.offset.hi),
+            ]
+            .iter()
+            .all(|&(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn four_lanes_equal_the_scalar_element_and_decision() {
+        if !available() {
+            eprintln!("no AVX2: the lanes are never used here");
+            return;
+        }
+        let mut rng = Rng(0x1A4E_5EED_0F7E_0001);
+        for case in 0..4000 {
+            // Row constants over wide ranges (tiny ones put the results
+            // below bf16 / f16's normal range: the scalar fallback lanes).
+            let scale = [(-8, 4), (-150, -100), (-30, 30), (-1074, -1000)][case % 4];
+            let pt = PointForm {
+                k1: rng.value(scale.0, scale.1, true),
+                dk1: rng.value(scale.0 - 50, scale.1 - 40, false),
+                k2: rng.value(scale.0, scale.1, true),
+                dk2: rng.value(scale.0 - 50, scale.1 - 40, false),
+                rho: rng.value(-4, 6, false),
+                dr: rng.value(-60, -40, false),
+                abs: 64.0 * f64::from_bits(1) * pow2(11) * rng.value(0, 20, false),
+                exp_w: case % 7 != 0,
+                shift_w: case % 5 != 0,
+            };
+            let with_q = case % 3 != 0;
+            let mut a = [0.0; 4];
+            let mut r = [0.0; 4];
+            let mut exact = [false; 4];
+            for l in 0..4 {
+                (a[l], r[l], exact[l]) = match rng.below(9) {
+                    // A non-member's cache slot; the argmax.
+                    0 => (f64::INFINITY, 0.0, true),
+                    1 => (0.0, 1.0, true),
+                    _ => {
+                        let a = rng.value(-60, 9, false);
+                        (a, (-a).exp(), rng.next() & 1 == 1)
+                    }
+                };
+            }
+            for target in TARGETS {
+                let b = plain4(&pt, &a, &r, &exact, with_q, target).expect("AVX2");
+                for l in 0..4 {
+                    let iv = FastVjp::element_point(&pt, a[l], r[l], exact[l], with_q);
+                    let ctx = format!(
+                        "case {case} lane {l} {target:?} {pt:?} a {} r {} exact {}",
+                        a[l], r[l], exact[l]
+                    );
+                    assert!(
+                        same_f64(b.lo[l], iv.lo) && same_f64(b.hi[l], iv.hi),
+                        "{ctx}"
+                    );
+                    let d = decide(iv, target);
+                    assert_eq!(b.decided & (1 << l) != 0, d.is_some(), "{ctx}");
+                    if let Some(d) = d {
+                        let fin = b.finite & (1 << l) != 0;
+                        let lanes = Exact {
+                            enclosure: b.enclosure(l),
+                            rounded: b.rounded[l],
+                            decided: true,
+                            offset: if fin {
+                                Interval {
+                                    lo: b.olo[l],
+                                    hi: b.ohi[l],
+                                }
+                            } else {
+                                crate::oracle::round::UNKNOWN_OFFSET
+                            },
+                        };
+                        assert!(same_exact(&lanes, &d), "{ctx}: {lanes:?} vs {d:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn four_lane_roundings_and_directed_sums_equal_the_scalar_ones() {
+        use super::super::decide::round_to;
+        use super::super::ival::{add_dn, add_up};
+        if !available() {
+            eprintln!("no AVX2: the lanes are never used here");
+            return;
+        }
+        let mut rng = Rng(0x0DD5_7E57_0F7E_0003);
+        // Ties of bf16 / f16 (midpoints of neighbours, both parities),
+        // overflow edges, the subnormal range, zeros, infinities, NaN.
+        let mut special = vec![
+            0.0,
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            f64::MAX,
+            f64::MIN,
+        ];
+        for d in [Dtype::Bf16, Dtype::F16] {
+            let m = d.max_finite();
+            let half_ulp = d.ulp(m) / 2.0;
+            special.extend([
+                m,
+                m + half_ulp,
+                m + half_ulp / 2.0,
+                pow2(d.min_normal_exp()),
+            ]);
+        }
+        special.extend([
+            f32::MAX as f64,
+            f32::MAX as f64 * (1.0 + f32::EPSILON as f64 / 2.0),
+        ]);
+        let tie = |rng: &mut Rng, d: Dtype| {
+            let e = d.min_normal_exp() + rng.below(40) as i32;
+            let b = d.round_f64(rng.value(e, e, true));
+            b + b.signum() * d.ulp(b.abs()) / 2.0
+        };
+        for case in 0..20_000 {
+            let mut x = [0.0; 4];
+            let mut y = [0.0; 4];
+            for l in 0..4 {
+                x[l] = match rng.below(6) {
+                    0 => special[rng.below(special.len() as u64) as usize],
+                    1 => tie(&mut rng, Dtype::Bf16),
+                    2 => tie(&mut rng, Dtype::F16),
+                    3 => rng.value(-1074, -1000, true),
+                    _ => rng.value(-200, 200, true),
+                };
+                y[l] = match rng.below(4) {
+                    0 => special[rng.below(special.len() as u64) as usize],
+                    1 => -x[l] * (1.0 + rng.value(-60, -40, true)),
+                    _ => rng.value(-200, 200, true),
+                };
+            }
+            for target in TARGETS {
+                // SAFETY: AVX2 is present (checked above).
+                let [r, dn, up, nu, nd] = unsafe { x86::primitives4(&x, &y, target) };
+                for l in 0..4 {
+                    let ctx = format!("case {case} {target:?} x {:e} y {:e}", x[l], y[l]);
+                    assert!(
+                        same_f64(r[l], round_to(x[l], target)),
+                        "round {ctx}: {}",
+                        r[l]
+                    );
+                    assert!(same_f64(dn[l], add_dn(x[l], y[l])), "add_dn {ctx}");
+                    assert!(same_f64(up[l], add_up(x[l], y[l])), "add_up {ctx}");
+                    assert!(same_f64(nu[l], x[l].next_up()), "next_up {ctx}");
+                    assert!(same_f64(nd[l], x[l].next_down()), "next_down {ctx}");
+                }
+            }
+        }
+    }
+
+    /// A row: Gaussian logits with `-inf` entries and a few spread ones.
+    fn row(rng: &mut Rng, v: usize, spread: f64) -> Vec<f32> {
+        (0..v)
+            .map(|_| match rng.below(40) {
+                0 => f32::NEG_INFINITY,
+                1 => (spread * (rng.next() >> 11) as f64 * pow2(-53)) as f32,
+                _ => ((rng.next() >> 11) as f64 * pow2(-53) * 12.0 - 6.0) as f32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn four_lanes_equal_the_scalar_decide_slice() {
+        if !available() {
+            eprintln!("no AVX2: the lanes are never used here");
+            return;
+        }
+        let mut rng = Rng(0x5EED_0F7E_1A4E_0002);
+        let v = 1031; // not a multiple of 4: the scalar tail runs too
+        let (mut n_pending, mut n_decided) = (0, 0);
+        for case in 0..48 {
+            let spread = [10.0, 200.0, 900.0, 1e30][case % 4];
+            let mut x = Array2::from_shape_vec((1, v), row(&mut rng, v, spread)).unwrap();
+            let mut mask = Array2::from_shape_fn((1, v), |_| rng.below(9) != 0);
+            let tok = Array1::from_elem(1, rng.below(v as u64) as i64);
+            let ids =
+                Array2::from_shape_fn((1, 3), |(_, k)| (k * 4 + rng.below(4) as usize) as i64);
+            // The target and the top-k ids: allowed, finite.
+            for &j in ids.iter().chain(tok.iter()) {
+                mask[[0, j as usize]] = true;
+                x[[0, j as usize]] = 1.5;
+            }
+            let mut p = Problem::new(Logits::F32(x.view()));
+            p.tokens = Some(tok.view());
+            p.topk_ids = Some(ids.view());
+            if case % 3 == 0 {
+                p.sampling_mask = Some(mask.view());
+            }
+            p.options.temperature = [1.0, 0.5, 0.7][case % 3 / 2 + case % 2];
+            let mutant = match case % 8 {
+                5 => Some(Mutant::ExpNotWidened),
+                6 => Some(Mutant::ShiftNotWidened),
+                _ => None,
+            };
+            let opts = FastOptions {
+                entropy: Some(EntropyLogits::Masked),
+                per_entry: true,
+                mutant,
+                ..Default::default()
+            };
+            let fr = FastRow::new(&p, 0, opts).unwrap();
+            let gk = [0.5, 0.0, -0.25];
+            let (g, h) = [(-1.0, 0.25), (0.0, 0.5), (1.5, 0.0), (-0.75, -2.0)][case % 4];
+            let cot = RowCotangents {
+                g,
+                h,
+                topk: if case % 2 == 0 { &gk } else { &[] },
+            };
+            let fv = fr.vjp(&cot);
+            assert!(fv.pt.is_some(), "case {case}: the plain form applies");
+            for target in TARGETS {
+                let (mut o1, mut o2) = (vec![Exact::point(1.0); v], vec![Exact::point(2.0); v]);
+                let (mut p1, mut p2) = (Vec::new(), Vec::new());
+                fv.decide_slice(target, &mut o1, &mut p1);
+                scalar(|| fv.decide_slice(target, &mut o2, &mut p2));
+                assert_eq!(p1, p2, "case {case} {target:?}");
+                n_pending += p1.len();
+                n_decided += o1
+                    .iter()
+                    .filter(|e| e.enclosure.lo != e.enclosure.hi)
+                    .count();
+                for j in 0..v {
+                    assert!(
+                        same_exact(&o1[j], &o2[j]),
+                        "case {case} {target:?} j {j}: {:?} vs {:?}",
+                        o1[j],
+                        o2[j]
+                    );
+                }
+            }
+        }
+        // Both outcomes occur (f64 targets leave almost every element to MPFR).
+        assert!(
+            n_pending > 1000 && n_decided > 1000,
+            "{n_pending} {n_decided}"
+        );
+    }
+}
