@@ -121,6 +121,11 @@ pub const NAMES: &[Name] = &[
     m("kl_input_clamp", 2, true),
     m("kl_output_clamp", 2, true),
     m("ratio_log_clamp", 2, true),
+    t("grad_kl_k1", 2, true),
+    t("grad_kl_k2", 2, true),
+    t("grad_kl_k3", 2, true),
+    t("grad_kl_abs", 2, true),
+    t("grad_ratio", 2, true),
     // Version 2: reserved, not built yet.
     m("z_loss_rows", 2, false),
     m("loss_normalizer", 2, false),
@@ -129,11 +134,6 @@ pub const NAMES: &[Name] = &[
     t("forward_kl", 2, true),
     t("reverse_kl", 2, true),
     m("kl_renormalized", 2, true),
-    t("grad_kl_k1", 2, false),
-    t("grad_kl_k2", 2, false),
-    t("grad_kl_k3", 2, false),
-    t("grad_kl_abs", 2, false),
-    t("grad_ratio", 2, false),
     t("grad_forward_kl", 2, false),
     t("grad_reverse_kl", 2, false),
 ];

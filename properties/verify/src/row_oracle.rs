@@ -21,7 +21,7 @@ use ndarray::Array2;
 
 use logprobe_reference::oracle::fast::{FastOptions, FastRow, RowCotangents};
 use logprobe_reference::oracle::{Exact, Fallback, Oracle, OracleForward, RowStats, Tier};
-use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Problem, SpecError};
+use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, PolicyTerm, Problem, SpecError};
 
 /// The oracle values of one row of a one-row problem, from one pass.
 pub(crate) struct RowOracle<'p, 'a> {
@@ -142,11 +142,15 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
         // The f64 tier has no loss-side terms (`grad_lse`, `grad_z_loss`,
-        // `grad_loss`): such rows take [`Oracle::vjp`] (which itself keeps
-        // the f64 tier for a row whose loss-side cotangents are all 0).
+        // `grad_loss`) and no policy terms (`grad_kl_*`, `grad_ratio`):
+        // such rows take [`Oracle::vjp`] (which itself keeps the f64 tier
+        // for a row whose loss-side cotangents are all 0).
         let loss_side = cotangents.grad_lse.is_some()
             || cotangents.grad_z_loss.is_some()
-            || cotangents.grad_loss.is_some();
+            || cotangents.grad_loss.is_some()
+            || PolicyTerm::ALL
+                .iter()
+                .any(|&t| cotangents.policy(t).is_some());
         let fast = match &self.fast {
             Some(fast) if !loss_side => fast,
             _ => {

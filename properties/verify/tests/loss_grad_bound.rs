@@ -141,6 +141,7 @@ fn judge<'a>(
             token: p.has_target(r).then(|| p.tokens.unwrap()[r] as usize),
             topk: &[],
             loss: Some(loss_cot(p, cot, r)),
+            policy: None,
         };
         for j in 0..V {
             let ErrorBound::Abs(bound) = rb.grad(j, &gc, out) else {

@@ -137,6 +137,7 @@ fn judge(
             token: Some(p.tokens.unwrap()[r] as usize),
             topk: &live,
             loss: None,
+            policy: None,
         };
         for j in 0..V {
             wg.add(&dx[[r, j]], grad[[r, j]], rb.grad(j, &gc, out), "grad");

@@ -451,7 +451,12 @@ impl<'a> Dump<'a> {
         };
         // The loss is computed for its candidate or its cotangent.
         let loss = candidates.contains(Output::Loss) || cotangents.contains(Output::Loss);
-        if (needs_tokens(&candidates) || loss || cotangents.contains(Output::LogProbs))
+        if (needs_tokens(&candidates)
+            || loss
+            || cotangents.contains(Output::LogProbs)
+            || PolicyTerm::ALL
+                .into_iter()
+                .any(|t| cotangents.contains(t.output())))
             && tokens.is_none()
         {
             let why = if needs_tokens(&candidates) {
@@ -460,8 +465,10 @@ impl<'a> Dump<'a> {
                 " (needed by loss)"
             } else if loss {
                 " (needed by grad_loss)"
-            } else {
+            } else if cotangents.contains(Output::LogProbs) {
                 " (needed by grad_log_probs)"
+            } else {
+                " (needed by grad_kl_k1 .. grad_ratio)"
             };
             return Err(DumpError::MissingTensor {
                 tensor: "tokens",
@@ -470,7 +477,7 @@ impl<'a> Dump<'a> {
         }
         if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
             return Err(DumpError::Spec(SpecError::NoCotangent {
-                what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss or grad_loss",
+                what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss, grad_loss or a policy term's (grad_kl_k1 .. grad_ratio)",
             }));
         }
         // Cotangents are judged only through grad_logits: without it they

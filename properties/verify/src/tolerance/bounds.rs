@@ -7,6 +7,7 @@ use logprobe_reference::oracle::{Interval, RowStats};
 use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
 
 use super::loss_grad::{LossGradCotangents, LossTerms};
+use super::policy_grad::{PolicyGradCotangents, PolicyGradTerms};
 use super::model::{EntropyForm, Model, RowContext};
 use super::statistical::{Statistical, StatisticalBounds};
 use super::upward::{Hi, Lo};
@@ -54,6 +55,9 @@ pub struct GradCotangents<'c> {
     /// The loss-side cotangents (`grad_lse`, `grad_z_loss`, `grad_loss`;
     /// T19), `None` without any.
     pub loss: Option<LossGradCotangents<'c>>,
+    /// The policy terms' cotangents (`grad_kl_k1` .. `grad_ratio`; T21),
+    /// `None` without a nonzero one on this row.
+    pub policy: Option<PolicyGradCotangents<'c>>,
 }
 
 impl GradCotangents<'_> {
@@ -1022,6 +1026,10 @@ impl<'a> RowBounds<'a> {
                 .map(|set| Hi(set.ln_s.hi) + Hi(self.stats.r.hi))
                 .unwrap_or(Hi::ZERO),
             pw_same: matches!((&self.p, &self.w), (Ok(p), Ok(w)) if p.same_bits(w)),
+            policy: cot.policy.as_ref().map(|pg| {
+                self.policy_base()
+                    .and_then(|b| PolicyGradTerms::new(&b, c.u, pg))
+            }),
         }
     }
 
@@ -1067,12 +1075,27 @@ impl<'a> RowBounds<'a> {
             }
             None => None,
         };
+        // (T21): the policy terms' log-prob cotangent `w^`, one more source
+        // at the target: in G, and in the indicator at t.
+        let policy = match &mg.policy {
+            Some(pt) => {
+                let pt = pt.clone()?;
+                g_sum = g_sum + pt.weight;
+                n_extra += 1;
+                if cot.token == Some(j) {
+                    ind = ind + pt.weight;
+                    n_extra += 1;
+                }
+                Some(pt)
+            }
+            None => None,
+        };
         // p-terms: |g^| p_j rho_j (T10).
         let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
         // `(lambda_j, p_dev)` of the p-term, for the h-term when its set
         // and entry are the same bits (no sampling mask): same results.
         let mut p_terms: Option<(Hi, Hi)> = None;
-        if g_sum.0 > 0.0 && dj.hi > f64::NEG_INFINITY {
+        if (g_sum.0 > 0.0 || policy.is_some()) && dj.hi > f64::NEG_INFINITY {
             let set = self.p.as_ref().map_err(Clone::clone)?;
             let (lw, arg, lam) = self.prob_arg(set, dj);
             p_hi = sh.ep;
@@ -1130,6 +1153,10 @@ impl<'a> RowBounds<'a> {
             let (e, u_hi) = lt.extra(l, j, cot.token, p_hi + p_dev, g_sum);
             pre = finite(pre + e * inv_t, "grad_logits")?;
             v_abs = v_abs + u_hi * inv_t;
+        }
+        if let Some(pt) = &policy {
+            // |w^ - w| |1[j = t] - p_j|, p_j <= p_hi (T21).
+            pre = finite(pre + pt.extra(j, cot.token, p_hi) * inv_t, "grad_logits")?;
         }
         if let Some(df) = c.cap_df {
             // (T18) dx^ = fl(dx'^ f^) with f = 1 - t^2 <= 1:
@@ -1217,6 +1244,9 @@ struct ModelGrad {
     h_hi: Hi,
     /// The two sets' bounds are the same bits (no sampling mask).
     pw_same: bool,
+    /// (T21) The policy terms' log-prob cotangent: its magnitude and error
+    /// (`None` without policy cotangents).
+    policy: Option<Result<PolicyGradTerms, NoBound>>,
 }
 
 /// What the gradient bound of element `j` shares across the models of
@@ -1240,8 +1270,10 @@ impl GradShared {
             Some(x) if used && x.hi > f64::NEG_INFINITY => (Hi(x.hi) - Lo(ln_s.lo)).exp(),
             _ => Hi::ZERO,
         };
-        let g_used =
-            cot.g != 0.0 || cot.topk.iter().any(|&(_, gk)| gk != 0.0) || cot.loss.is_some();
+        let g_used = cot.g != 0.0
+            || cot.topk.iter().any(|&(_, gk)| gk != 0.0)
+            || cot.loss.is_some()
+            || cot.policy.is_some();
         let ind_t = cot.token == Some(j) && cot.g != 0.0;
         let mut ind_k = Hi::ZERO;
         let mut n_extra = usize::from(ind_t);

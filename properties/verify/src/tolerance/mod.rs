@@ -45,6 +45,7 @@ mod judge;
 mod loss_grad;
 mod model;
 mod policy;
+mod policy_grad;
 mod statistical;
 mod upward;
 mod walk;
@@ -59,6 +60,7 @@ pub use bounds::{
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use loss_grad::LossGradCotangents;
+pub use policy_grad::PolicyGradCotangents;
 pub use model::{
     foreign_presets, tightest, EntropyForm, K3Form, Model, Order, RowContext, SoftcapContext,
 };

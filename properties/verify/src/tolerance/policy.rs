@@ -64,16 +64,12 @@ fn try_bound(
         what: "the policy term's input",
     })?;
     let b = rb.policy_base()?;
-    // d = lp - x, its enclosure and the error of d^ = fl(lp^ - fl(x))
-    // before (pre_d) and after (e_d) the subtraction's rounding.
-    let d = Interval {
-        lo: (b.lp.lo - x).next_down(),
-        hi: (b.lp.hi - x).next_up(),
-    };
-    let d_abs = Hi(d.lo.abs().max(d.hi.abs()));
-    let x_err = Hi((b.acc.round_f64(x) - x).abs());
-    let pre_d = b.lp_err + x_err;
-    let e_d = pre_d + half_ulp(b.acc, d_abs + pre_d);
+    let DError {
+        d,
+        d_abs,
+        pre_d,
+        e_d,
+    } = d_error(&b, x);
     let what = output.name();
     Ok(match term {
         // d^ (one rounding), |d^| (exact).
@@ -139,9 +135,42 @@ fn try_bound(
     })
 }
 
+/// `d = lp - x` as (T20) sees it: its enclosure and the error of the
+/// kernel's `d^ = fl(lp^ - fl(x))` before and after the subtraction's
+/// rounding.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DError {
+    /// Enclosure of the exact `d` (nats).
+    pub d: Interval,
+    /// `max |d|` over the enclosure.
+    pub d_abs: Hi,
+    /// `pre_d = E_lp + e_x`: the error before the subtraction's rounding.
+    pub pre_d: Hi,
+    /// `E_d = pre_d + 1/2 ulp_acc(D + pre_d)`: the error of `d^`.
+    pub e_d: Hi,
+}
+
+/// (T20) `d = lp - x` for the exact input `x` (`ref` or `old`).
+pub(crate) fn d_error(b: &Base, x: f64) -> DError {
+    let d = Interval {
+        lo: (b.lp.lo - x).next_down(),
+        hi: (b.lp.hi - x).next_up(),
+    };
+    let d_abs = Hi(d.lo.abs().max(d.hi.abs()));
+    let x_err = Hi((b.acc.round_f64(x) - x).abs());
+    let pre_d = b.lp_err + x_err;
+    let e_d = pre_d + half_ulp(b.acc, d_abs + pre_d);
+    DError {
+        d,
+        d_abs,
+        pre_d,
+        e_d,
+    }
+}
+
 /// An upper bound of `|expm1(-xi)|`: `expm1(|xi|)` for `xi <= 0`,
 /// `1 - e^{-xi} <= min(xi, 1)` for `xi > 0`.
-fn abs_expm1_neg(xi: f64) -> Hi {
+pub(crate) fn abs_expm1_neg(xi: f64) -> Hi {
     if xi <= 0.0 {
         Hi(-xi).exp_m1()
     } else {
@@ -153,7 +182,7 @@ fn abs_expm1_neg(xi: f64) -> Hi {
 /// `xi >= 0` (alternating series); `xi^2 / 2 e^{|xi|}` for `-1 <= xi < 0`
 /// (every term of the series is at most `xi^2 / 2` times one of
 /// `e^{|xi|}`'s); `expm1(|xi|)` below.
-fn phi_up(xi: f64) -> Hi {
+pub(crate) fn phi_up(xi: f64) -> Hi {
     let a = Hi(xi.abs());
     if xi >= 0.0 {
         a * a * Hi(0.5)

@@ -9,10 +9,13 @@
 use ndarray::ArrayView1;
 
 use logprobe_reference::oracle::Exact;
-use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Reduction};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Output, PerOutput, PolicyTerm, Problem, Reduction,
+};
 
 use super::bounds::{GradCotangents, KlTarget};
 use super::loss_grad::LossGradCotangents;
+use super::policy_grad::PolicyGradCotangents;
 
 /// What the bounds of one row need besides its statistics: the vocabulary
 /// entries its outputs are at, and the gradient's upstream cotangents.
@@ -46,6 +49,10 @@ pub struct RowTargets {
     /// The row's policy-term inputs (T20; `None` without `ref_log_probs`
     /// and `old_log_probs`).
     pub policy: Option<PolicyTarget>,
+    /// The row's nonzero policy-term cotangents `(term, c)` for the
+    /// gradient bound (T21; [`Problem::policy_cotangents`]: none on an
+    /// `ignore_index` row).
+    pub policy_grad: Vec<(PolicyTerm, f64)>,
 }
 
 /// What the bounds of one row's policy terms need besides the row
@@ -231,6 +238,7 @@ impl RowTargets {
             }),
             loss_grad: LossGradRow::new(problem, row, cotangents),
             policy: (!problem.policy.is_empty()).then(|| PolicyTarget::of(problem, row)),
+            policy_grad: problem.policy_cotangents(cotangents, row),
             topk_kl: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
                 (Some(kl), Some(a)) => Some(KlTarget {
                     teacher: a.row(row).to_vec(),
@@ -257,6 +265,13 @@ impl RowTargets {
                 count: l.count,
                 mask: l.allowed.as_deref().map(ArrayView1::from),
             }),
+            policy: match (&self.policy, self.policy_grad.is_empty()) {
+                (Some(inputs), false) => Some(PolicyGradCotangents {
+                    terms: &self.policy_grad,
+                    inputs: *inputs,
+                }),
+                _ => None,
+            },
         }
     }
 }

@@ -79,9 +79,9 @@ impl<'a> RowBounds<'a> {
         row: &GradRow<M>,
         cot: &GradCotangents<'_>,
     ) -> Option<GradScreen<M>> {
-        // The loss side's terms (T19) are not in the screen: every element
-        // takes the full bound.
-        if cot.loss.is_some() {
+        // The loss side's terms (T19) and the policy terms' (T21) are not
+        // in the screen: every element takes the full bound.
+        if cot.loss.is_some() || cot.policy.is_some() {
             return None;
         }
         let first = all.first()?;
