@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 30, "{paths:?}");
+    assert_eq!(paths.len(), 32, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -100,6 +100,25 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     assert_eq!(
         output(by("kl_k3_naive_in_bf16"), "kl_k3").verdict,
         ReportVerdict::Fail
+    );
+    // Their gradients (T21): autograd's grad_logits of a k3 penalty plus a
+    // PPO ratio term passes with every element (tree-tight); a k3 backward
+    // with the slope 1 - e^d fails on grad_logits alone.
+    let r = by("policy_grad_k3_ratio_bf16");
+    for name in ["log_probs", "kl_k3", "ratio", "grad_logits"] {
+        assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
+    let g = output(r, "grad_logits");
+    assert_eq!(g.count, 8 * 32000);
+    assert_eq!(g.tightest_model.as_deref(), Some("tree"), "{g:?}");
+    let r = by("policy_grad_k3_wrong_sign");
+    for name in ["log_probs", "kl_k3", "ratio"] {
+        assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
+    let g = output(r, "grad_logits");
+    assert!(
+        g.verdict == ReportVerdict::Fail && g.max_ratio.unwrap() > 100.0,
+        "{g:?}"
     );
     // The loss side: z_loss squared from an lse stored in bf16 fails on
     // z_loss alone (that lse, correctly rounded to bf16, passes).
@@ -186,8 +205,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the twenty-eight small dumps (sixteen pass, two are
-/// SUSPECT, the ten bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the thirty small dumps (seventeen pass, two are
+/// SUSPECT, the eleven bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -196,7 +215,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 28);
+    assert_eq!(small.len(), 30);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -217,7 +236,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 28);
+    assert_eq!(files.len(), 30);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");
