@@ -28,4 +28,4 @@ pub use kernel::{
     Summation,
 };
 pub use row::cpu_path;
-pub use stats::{pairwise_depth, PAIRWISE_LEAF};
+pub use stats::{pairwise_depth, topk_kl_slopes, PAIRWISE_LEAF};

@@ -505,6 +505,57 @@ pub fn topk_kl<A: Acc>(lp: &[A], teacher: &[f64], renormalized: bool) -> (A, A) 
     )
 }
 
+/// The top-k KL's cotangents `w [K]` on the student's log-probs at the K
+/// ids, in the accumulation dtype: the backward of [`topk_kl`] for the
+/// upstream cotangents `g_f` (`forward_kl`) and `g_r` (`reverse_kl`), as
+/// autograd forms it (DESIGN: "Loss side"; the oracle's exact form is the
+/// spec's `topk_kl` module docs). Per id the gathered cotangent `c_k =
+/// -(g_f e^{a_k}) + ((g_r (l_k - a_k)) p_k + g_r p_k)` (`p_k = e^{l_k}`; a
+/// teacher `-inf` adds no forward term, a student `-inf` no reverse term);
+/// renormalised, `l_k` is [`renormalize`]'s and the renormalisation's
+/// backward gives `w_k = c_k - q_k sum_i c_i` ([`pairwise_sum`], `q_k =
+/// e^{l'_k}`: log_softmax's backward). The caller adds `w_k (1[j = id_k]
+/// - p_j)` per element. A reverse cotangent where `a_k = -inf` meets a
+/// live student is refused before ([`Problem::validate_cotangents`]).
+pub fn topk_kl_slopes<A: Acc>(
+    lp: &[A],
+    teacher: &[f64],
+    renormalized: bool,
+    gf: A,
+    gr: A,
+) -> Vec<A> {
+    let l = if renormalized {
+        renormalize(lp)
+    } else {
+        lp.to_vec()
+    };
+    let mut c: Vec<A> = l
+        .iter()
+        .zip(teacher)
+        .map(|(&lk, &a)| {
+            let a = A::from_f64(a);
+            let mut ck = A::ZERO;
+            if gf != A::ZERO && a > A::NEG_INF {
+                ck = ck - gf * a.exp_nonpos();
+            }
+            if gr != A::ZERO && lk > A::NEG_INF && a > A::NEG_INF {
+                let p = lk.exp_nonpos();
+                ck = ck + ((gr * (lk - a)) * p + gr * p);
+            }
+            ck
+        })
+        .collect();
+    if renormalized {
+        let sum = pairwise_sum(0..c.len(), &|k| c[k]);
+        for (ck, &lk) in c.iter_mut().zip(&l) {
+            if lk > A::NEG_INF {
+                *ck = *ck - lk.exp_nonpos() * sum;
+            }
+        }
+    }
+    c
+}
+
 /// Leaf width of [`pairwise_sum`].
 pub const PAIRWISE_LEAF: usize = 8;
 

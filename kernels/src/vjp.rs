@@ -56,6 +56,47 @@ pub struct RowCot<A> {
     /// one more source at the target, of weight `sum c k'(lp^)` from the
     /// row's own log-prob ([`crate::policy`]), added in [`grad_row`].
     pub policy: Option<crate::policy::PolicySide<A>>,
+    /// The top-k KL's cotangents (`None`: none nonzero on this row): one
+    /// more source at each id, of weight [`crate::stats::topk_kl_slopes`]
+    /// from the row's own log-probs at the ids, added in [`grad_row`].
+    pub kl: Option<KlSide<A>>,
+}
+
+/// One row's top-k KL cotangents and inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KlSide<A> {
+    /// The ids `[K]` (validated: live, distinct, `< V`).
+    pub ids: Vec<usize>,
+    /// The teacher's log-probs `a_k [K]`, exact.
+    pub teacher: Vec<f64>,
+    /// The student's log-probs renormalised over the ids.
+    pub renormalized: bool,
+    /// `g_f`, `g_r` in `A`.
+    pub gf: A,
+    /// `g_r`.
+    pub gr: A,
+}
+
+impl<A: Acc> KlSide<A> {
+    /// Row `row`'s side (`None` without a nonzero KL cotangent).
+    pub fn of(problem: &Problem<'_>, cot: &Cotangents<'_>, row: usize) -> Option<Self> {
+        let (gf, gr) = problem.kl_cotangents(cot, row);
+        if gf == 0.0 && gr == 0.0 {
+            return None;
+        }
+        let (kl, ids, a) = (
+            problem.options.topk_kl?,
+            problem.topk_ids?,
+            problem.teacher_topk_log_probs?,
+        );
+        Some(KlSide {
+            ids: ids.row(row).iter().map(|&i| i as usize).collect(),
+            teacher: a.row(row).to_vec(),
+            renormalized: kl.renormalized,
+            gf: A::from_f64(gf),
+            gr: A::from_f64(gr),
+        })
+    }
 }
 
 /// The loss-side terms of one row (DESIGN: "Loss side"), folded into the
@@ -141,6 +182,7 @@ impl<A: Acc> RowCot<A> {
             h,
             loss,
             policy: crate::policy::PolicySide::of(problem, cot, row),
+            kl: KlSide::of(problem, cot, row),
         }
     }
 
@@ -574,8 +616,30 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
         let lp = crate::stats::log_prob(io.get(ps.target), st, p.scale);
         (ps.target, ps.weight(lp))
     });
-    let sources: Vec<(usize, A)> = rc.sources.iter().copied().chain(pol).collect();
+    // The top-k KL's sources at the ids (read before any write).
+    let kl: Vec<(usize, A)> = match &rc.kl {
+        Some(ks) => {
+            let lps: Vec<A> = ks
+                .ids
+                .iter()
+                .map(|&id| crate::stats::log_prob(io.get(id), st, p.scale))
+                .collect();
+            let w = crate::stats::topk_kl_slopes(&lps, &ks.teacher, ks.renormalized, ks.gf, ks.gr);
+            ks.ids.iter().copied().zip(w).collect()
+        }
+        None => Vec::new(),
+    };
+    let sources: Vec<(usize, A)> = rc
+        .sources
+        .iter()
+        .copied()
+        .chain(pol)
+        .chain(kl.iter().copied())
+        .collect();
     if let Some((_, w)) = pol {
+        total = total + w;
+    }
+    for &(_, w) in &kl {
         total = total + w;
     }
     let h = rc.h;

@@ -47,6 +47,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
             entropy: true,
             topk: true,
             loss: false,
+            policy: false,
         }
         .expand(&data);
         let (p, c) = (data.problem(), cot.view());
@@ -75,6 +76,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         entropy: true,
         topk: false,
         loss: false,
+        policy: false,
     }
     .expand(&data);
     for (k, chunk) in budgeted(&[8]) {

@@ -154,6 +154,7 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         entropy: true,
         topk: false,
         loss: false,
+        policy: false,
     }
     .expand(&data);
     CpuKernel::fused()

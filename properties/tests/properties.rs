@@ -223,6 +223,7 @@ fn real_vocab_loss_gradients_within_bound() {
             entropy: false,
             topk: false,
             loss: true,
+            policy: false,
         };
         let loss = LossRecipe {
             seed: 5,
@@ -267,6 +268,7 @@ fn zero_chunk_size_is_a_typed_error() {
         entropy: false,
         topk: false,
         loss: false,
+        policy: false,
     }
     .expand(&data);
     let k = CpuKernel::chunked(0);
@@ -349,6 +351,7 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
         entropy,
         topk: true,
         loss: false,
+        policy: false,
     };
     let kernels = cpu_kernels();
     let all_ok = |name: &str, verdicts: Vec<logprobe_testkit::checks::KernelOutcome>| {
@@ -435,6 +438,7 @@ fn once_persisted_shrunk_cases_pass() {
         entropy: false,
         topk: false,
         loss: false,
+        policy: false,
     };
     let acc = TemperatureDtype::Accumulation;
     let llm0 = RowKind::LlmLike { entropy: 0.0 };

@@ -179,15 +179,10 @@ fn unknown_names_are_bad_input_with_the_closest() {
         &bytes(&t, &[]),
         &["row_mask", "format_version"],
     );
-    let mut t = base();
-    t.push((
-        "grad_reverse_kl",
-        DumpTensor::floats(Dtype::F64, &[N], &[0.0; N]),
-    ));
     bad_input(
         "v2_unbuilt",
-        &bytes(&t, &[("format_version", "2")]),
-        &["grad_reverse_kl", "not supported yet"],
+        &bytes(&base(), &[("format_version", "2"), ("z_loss_rows", "1")]),
+        &["z_loss_rows", "not supported yet"],
     );
 }
 
@@ -691,4 +686,119 @@ fn help_describes_the_binary_and_verify() {
             "verify --help lacks {needle:?}:\n{out}"
         );
     }
+}
+
+// ---- The top-k KL's gradients (issue 18) --------------------------------
+
+/// A dump of f32 logits with a teacher's top-3, both KL cotangents and
+/// grad_logits from `grad` (the CPU kernel's backward, or a planted one).
+fn kl_grad_dump(
+    renormalized: bool,
+    grad: impl Fn(&Problem<'_>, &Cotangents<'_>) -> Array2<f64>,
+) -> Vec<u8> {
+    use logprobe_reference::spec::TopkKl;
+    let x: Vec<f32> = logits().iter().map(|&v| v as f32).collect();
+    let xa = Array2::from_shape_vec((N, V), x.clone()).unwrap();
+    let ids: Vec<i64> = (0..N)
+        .flat_map(|r| [(r * 5) as i64, (r * 5 + 7) as i64, 23])
+        .collect();
+    let ida = Array2::from_shape_vec((N, 3), ids.clone()).unwrap();
+    let a: Vec<f64> = (0..N * 3).map(|i| -1.5 - (i % 5) as f64 * 0.375).collect();
+    let aa = Array2::from_shape_vec((N, 3), a.clone()).unwrap();
+    let gf = [1.0, -0.5, 0.25, 2.0];
+    let gr = [0.75, 1.5, -1.0, 0.125];
+    let (gfa, gra) = (Array1::from(gf.to_vec()), Array1::from(gr.to_vec()));
+    let mut p = Problem::new(Logits::F32(xa.view()));
+    p.options.entropy = None;
+    p.topk_ids = Some(ida.view());
+    p.teacher_topk_log_probs = Some(aa.view());
+    p.options.topk_kl = Some(TopkKl {
+        forward: false,
+        reverse: false,
+        renormalized,
+        teacher_dtype: Dtype::F32,
+    });
+    let cot = Cotangents {
+        grad_forward_kl: Some(gfa.view()),
+        grad_reverse_kl: Some(gra.view()),
+        ..Default::default()
+    };
+    let g: Vec<f64> = grad(&p, &cot).iter().copied().collect();
+    let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let renorm = if renormalized { "true" } else { "false" };
+    bytes(
+        &[
+            ("logits", DumpTensor::floats(Dtype::F32, &[N, V], &xf)),
+            ("topk_ids", DumpTensor::i64s(&[N, 3], &ids)),
+            (
+                "teacher_topk_log_probs",
+                DumpTensor::floats(Dtype::F32, &[N, 3], &a),
+            ),
+            ("grad_forward_kl", DumpTensor::floats(Dtype::F32, &[N], &gf)),
+            ("grad_reverse_kl", DumpTensor::floats(Dtype::F32, &[N], &gr)),
+            ("grad_logits", DumpTensor::floats(Dtype::F32, &[N, V], &g)),
+        ],
+        &[("format_version", "2"), ("kl_renormalized", renorm)],
+    )
+}
+
+#[test]
+fn kl_gradients_are_judged_through_grad_logits() {
+    use logprobe_kernels::{topk_kl_slopes, CpuKernel, Kernel};
+    for renorm in [false, true] {
+        let ok = kl_grad_dump(renorm, |p, cot| {
+            CpuKernel::fused().backward(p, cot, Dtype::F32).unwrap()
+        });
+        let r = report(&ok, RowSelection::All).unwrap();
+        assert_eq!(r.verdict, ReportVerdict::Pass, "renorm {renorm}: {r:?}");
+        // The reverse KL's slope without `+ p_k` (and the forward's right).
+        let bug = kl_grad_dump(renorm, |p, cot| {
+            let k = CpuKernel::fused();
+            let lps = k.forward(p, Dtype::F32).unwrap().values[Output::TopkLogProbs].clone();
+            let a = p.teacher_topk_log_probs.unwrap();
+            let (gf, gr) = (cot.grad_forward_kl.unwrap(), cot.grad_reverse_kl.unwrap());
+            let w = Array2::from_shape_fn((N, 3), |(r, c)| {
+                let l: Vec<f32> = lps.row(r).iter().map(|&x| x as f32).collect();
+                let f = topk_kl_slopes(&l, &a.row(r).to_vec(), renorm, gf[r] as f32, 0.0)[c];
+                let (lk, ak) = (l[c], a[[r, c]] as f32);
+                (f + gr[r] as f32 * lk.exp() * (lk - ak)) as f64
+            });
+            let topk = Cotangents {
+                grad_topk_log_probs: Some(w.view()),
+                ..Default::default()
+            };
+            k.backward(p, &topk, Dtype::F32).unwrap()
+        });
+        let r = report(&bug, RowSelection::All).unwrap();
+        assert_eq!(r.verdict, ReportVerdict::Fail, "renorm {renorm}: {r:?}");
+    }
+    // A reverse cotangent at an infinite reverse KL is bad input, named.
+    let x: Vec<f64> = logits().iter().map(|&v| v as f32 as f64).collect();
+    let ids: Vec<i64> = (0..N as i64).flat_map(|r| [r, r + 4]).collect();
+    let mut a = vec![-2.0; N * 2];
+    a[3] = f64::NEG_INFINITY;
+    let b = bytes(
+        &[
+            ("logits", DumpTensor::floats(Dtype::F32, &[N, V], &x)),
+            ("topk_ids", DumpTensor::i64s(&[N, 2], &ids)),
+            (
+                "teacher_topk_log_probs",
+                DumpTensor::floats(Dtype::F32, &[N, 2], &a),
+            ),
+            (
+                "grad_reverse_kl",
+                DumpTensor::floats(Dtype::F32, &[N], &[1.0; N]),
+            ),
+            (
+                "grad_logits",
+                DumpTensor::floats(Dtype::F32, &[N, V], &vec![0.0; N * V]),
+            ),
+        ],
+        &[("format_version", "2")],
+    );
+    bad_input(
+        "kl_grad_infinite",
+        &b,
+        &["grad_reverse_kl[1]", "teacher_topk_log_probs[1, 1]"],
+    );
 }

@@ -184,9 +184,8 @@ def test_keywords_metadata_rows_and_options(rng):
     logits, tokens = f32_case(rng)
     with pytest.raises(TypeError, match="did you mean 'log_probs'"):
         logprobe.verify(logits, tokens, log_prob=np.zeros(8, np.float32))
-    # A name reserved for format version 2 but not built (`lse` and `loss` since issue 17,
-    # `forward_kl` since issue 18; its cotangent not yet).
-    with pytest.raises(logprobe.BadInputError, match="not supported yet"):
+    # The top-k KL's cotangent (built since issue 18) needs the teacher it differentiates.
+    with pytest.raises(logprobe.BadInputError, match="teacher_topk_log_probs"):
         logprobe.verify(logits, tokens, grad_reverse_kl=np.zeros(8, np.float32))
     with pytest.raises(ValueError, match="model="):
         logprobe.verify(logits, tokens, log_probs=np.zeros(8, np.float32), model="lanes=0")

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
 use logprobe_reference::spec::{
-    Columns, Dtype, EntropyLogits, Output, Reduction, SoftcapDtype, TemperatureDtype,
+    Columns, Dtype, EntropyLogits, Output, PolicyTerm, Reduction, SoftcapDtype, TemperatureDtype,
 };
 use logprobe_testkit::checks::{asked, loss_problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
@@ -119,7 +119,45 @@ pub fn dump_bytes(
                     ));
                 }
             }
+            // The policy terms', with their inputs (exact f32 values).
+            let mut policy_inputs = [false; 2];
+            for term in PolicyTerm::ALL {
+                let input = if term.uses_old() {
+                    p.policy.old_log_probs
+                } else {
+                    p.policy.ref_log_probs
+                };
+                if let (Some(g), Some(_), Some(name)) =
+                    (cot.policy(term), input, term.output().cotangent_name())
+                {
+                    t.push((name, f32s1(&g.to_owned())));
+                    policy_inputs[usize::from(term.uses_old())] = true;
+                }
+            }
+            for (slot, (name, a)) in [
+                ("ref_log_probs", p.policy.ref_log_probs),
+                ("old_log_probs", p.policy.old_log_probs),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if let (Some(a), true) = (a, policy_inputs[slot]) {
+                    t.push((
+                        name,
+                        DumpTensor::floats(Dtype::F32, &[a.len()], &a.to_vec()),
+                    ));
+                }
+            }
             let mut cv = cot.view();
+            if p.policy.ref_log_probs.is_none() {
+                cv.grad_kl_k1 = None;
+                cv.grad_kl_k2 = None;
+                cv.grad_kl_k3 = None;
+                cv.grad_kl_abs = None;
+            }
+            if p.policy.old_log_probs.is_none() {
+                cv.grad_ratio = None;
+            }
             if p.options.entropy.is_none() {
                 cv.grad_entropy = None;
             }
@@ -261,7 +299,9 @@ pub fn dump_bytes(
         finding.call,
         Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec
     );
-    if forward_like && !p.policy.is_empty() {
+    let policy_grad = matches!(finding.call, Call::Backward(_) | Call::InPlace)
+        && PolicyTerm::ALL.iter().any(|&t| e.cot.policy(t).is_some());
+    if (forward_like || policy_grad) && !p.policy.is_empty() {
         let c = &o.policy_clamps;
         for (key, v) in [
             ("kl_input_clamp", c.kl_input),

@@ -134,8 +134,8 @@ pub const NAMES: &[Name] = &[
     t("forward_kl", 2, true),
     t("reverse_kl", 2, true),
     m("kl_renormalized", 2, true),
-    t("grad_forward_kl", 2, false),
-    t("grad_reverse_kl", 2, false),
+    t("grad_forward_kl", 2, true),
+    t("grad_reverse_kl", 2, true),
 ];
 
 /// What is wrong with one name.

@@ -142,7 +142,8 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
         // The f64 tier has no loss-side terms (`grad_lse`, `grad_z_loss`,
-        // `grad_loss`) and no policy terms (`grad_kl_*`, `grad_ratio`):
+        // `grad_loss`), no policy terms (`grad_kl_*`, `grad_ratio`) and no
+        // top-k KL (`grad_forward_kl`, `grad_reverse_kl`):
         // such rows take [`Oracle::vjp`] (which itself keeps the f64 tier
         // for a row whose loss-side cotangents are all 0).
         let loss_side = cotangents.grad_lse.is_some()
@@ -150,7 +151,9 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             || cotangents.grad_loss.is_some()
             || PolicyTerm::ALL
                 .iter()
-                .any(|&t| cotangents.policy(t).is_some());
+                .any(|&t| cotangents.policy(t).is_some())
+            || cotangents.grad_forward_kl.is_some()
+            || cotangents.grad_reverse_kl.is_some();
         let fast = match &self.fast {
             Some(fast) if !loss_side => fast,
             _ => {

@@ -142,6 +142,7 @@ fn judge<'a>(
             topk: &[],
             loss: Some(loss_cot(p, cot, r)),
             policy: None,
+            kl: None,
         };
         for j in 0..V {
             let ErrorBound::Abs(bound) = rb.grad(j, &gc, out) else {

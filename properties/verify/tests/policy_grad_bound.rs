@@ -198,7 +198,10 @@ fn correct_kernels_pass_and_the_bound_is_tight_at_real_vocab() {
         // Within about 10x of the worst error over the row; at the target,
         // where (T21)'s `delta_w` enters, as tight as the log-prob's own
         // bound it inherits through `E_d` (T20's base) allows.
-        assert!(w.ratio >= 1.0 / 12.0, "{term:?}: the bound is over 12x loose: {w:?}");
+        assert!(
+            w.ratio >= 1.0 / 12.0,
+            "{term:?}: the bound is over 12x loose: {w:?}"
+        );
         assert!(
             w.target >= lp_ratio / 2.0,
             "{term:?}: looser at the target than the log-prob bound: {w:?}, log_probs {lp_ratio}"
@@ -242,7 +245,10 @@ fn correct_kernels_pass_every_staging_dtype_and_clamp() {
             }
         }
     }
-    println!("V = 1500, every staging, worst f32 err/bound {:.3}", worst.ratio);
+    println!(
+        "V = 1500, every staging, worst f32 err/bound {:.3}",
+        worst.ratio
+    );
     assert!(worst.ratio > 1.0 / 64.0, "vacuous: {worst:?}");
 }
 

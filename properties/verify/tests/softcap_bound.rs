@@ -138,6 +138,7 @@ fn judge(
             topk: &live,
             loss: None,
             policy: None,
+            kl: None,
         };
         for j in 0..V {
             wg.add(&dx[[r, j]], grad[[r, j]], rb.grad(j, &gc, out), "grad");

@@ -558,6 +558,10 @@ impl Oracle {
                 z_loss_coef,
                 loss,
                 policy: problem.policy_cotangents(cotangents, r),
+                kl: match problem.kl_cotangents(cotangents, r) {
+                    (0.0, 0.0) => None,
+                    (gf, gr) => problem.options.topk_kl.map(|kl| (gf, gr, kl)),
+                },
             };
             let entropy = if cot.h != 0.0 {
                 problem.options.entropy

@@ -269,3 +269,126 @@ pub(crate) fn kl_fast(
     }
     sum.is_finite().then_some(sum)
 }
+
+/// The top-k KL terms' cotangents on the student's log-probs at the K ids,
+/// for the VJP (DESIGN: "Loss side"; the spec's `topk_kl` module docs):
+/// with `g_f`, `g_r` the upstream cotangents of `forward_kl`, `reverse_kl`,
+/// `d (g_f F + g_r R) / d z_j = sum_k w_k (1[j = id_k] - p_j)`, the form of
+/// a top-k log-prob cotangent, with
+///
+/// - `F`: `w_k = -g_f t_k` (`t_k = e^{a_k}`);
+/// - `R`: `w_k = g_r p_k (l_k - a_k + 1)` (`p_k = e^{l_k}`; 0 where
+///   `p_k = 0`, the limit of `p ln p`);
+/// - renormalised (`q_k = e^{l'_k}`, `S = sum_k t_k`, `R'` the renormalised
+///   reverse KL): `w_k = g_f (S q_k - t_k)` and `w_k = g_r q_k (l'_k - a_k -
+///   R')`. Both sum to exactly 0 over the ids (the renormalisation's
+///   backward `c_k - q_k sum_i c_i`), so they add nothing to the row's
+///   `p_j` coefficient and the gradient is 0 off the ids.
+///
+/// `topk [K]`: the row's top-k log-prob enclosures at `prec` bits (all
+/// ids live: validated); `teacher [K]` the exact `a_k`. Returns `w [K]` and
+/// whether their sum is exactly 0 (renormalised). A reverse-KL cotangent
+/// where `a_k = -inf` meets `p_k > 0` has an infinite gradient: the caller
+/// refuses it first ([`crate::spec::SpecError::KlGradientInfinite`]).
+pub(crate) fn kl_slopes_mpfr(
+    topk: &[MpfrInterval],
+    teacher: &[f64],
+    kl: &TopkKl,
+    (gf, gr): (f64, f64),
+    prec: u32,
+) -> (Vec<MpfrInterval>, bool) {
+    let acc = prec + 64;
+    let mut scratch = Float::new(acc);
+    let mut w: Vec<MpfrInterval> = (0..topk.len())
+        .map(|_| MpfrInterval::point(acc, 0.0))
+        .collect();
+    let live = topk.iter().filter(|x| !is_neg_inf(x)).count();
+    // One live id under renormalisation: l' = 0 and q = 1 whatever the
+    // logits, so the KL is constant and its gradient exactly 0.
+    if kl.renormalized && live <= 1 {
+        return (w, true);
+    }
+    let renorm;
+    let l: &[MpfrInterval] = if kl.renormalized {
+        renorm = renormalize_mpfr(topk, acc);
+        &renorm
+    } else {
+        topk
+    };
+    let mut e = MpfrInterval::new(acc);
+    let mut tmp = MpfrInterval::new(acc);
+    let mut term = MpfrInterval::new(acc);
+    let add = |out: &mut MpfrInterval, x: &MpfrInterval, tmp: &mut MpfrInterval| {
+        tmp.assign_outward(out);
+        out.add(tmp, x);
+    };
+    // The teacher's mass `S` (renormalised forward only).
+    let mut s = MpfrInterval::point(acc, 0.0);
+    if gf != 0.0 && kl.renormalized {
+        for &a in teacher {
+            if a != f64::NEG_INFINITY {
+                exp_interval(&mut e, &MpfrInterval::point(acc, a));
+                add(&mut s, &e, &mut tmp);
+            }
+        }
+    }
+    // `R'` (renormalised reverse only): the same sum as `kl_mpfr`'s.
+    let r = (gr != 0.0 && kl.renormalized).then(|| {
+        let mut r = MpfrInterval::point(acc, 0.0);
+        for (lk, &a) in l.iter().zip(teacher) {
+            if is_neg_inf(lk) {
+                continue;
+            }
+            exp_interval(&mut e, lk);
+            let mut diff = MpfrInterval::new(acc);
+            diff.sub(lk, &MpfrInterval::point(acc, a));
+            term.mul(&e, &diff, &mut scratch);
+            add(&mut r, &term, &mut tmp);
+        }
+        r
+    });
+    for (k, (lk, &a)) in l.iter().zip(teacher).enumerate() {
+        let a_iv = MpfrInterval::point(acc, a);
+        if gf != 0.0 && a != f64::NEG_INFINITY {
+            // -g_f t_k, or g_f (S q_k - t_k).
+            exp_interval(&mut e, &a_iv);
+            let mut x = MpfrInterval::new(acc);
+            if kl.renormalized {
+                let mut q = MpfrInterval::new(acc);
+                exp_interval(&mut q, lk);
+                let mut sq = MpfrInterval::new(acc);
+                sq.mul(&s, &q, &mut scratch);
+                x.sub(&sq, &e);
+            } else {
+                x.assign_outward(&e);
+                x.neg();
+            }
+            term.mul(&MpfrInterval::point(acc, gf), &x, &mut scratch);
+            add(&mut w[k], &term, &mut tmp);
+        } else if gf != 0.0 && kl.renormalized {
+            // t_k = 0: g_f S q_k.
+            let mut q = MpfrInterval::new(acc);
+            exp_interval(&mut q, lk);
+            let mut sq = MpfrInterval::new(acc);
+            sq.mul(&s, &q, &mut scratch);
+            term.mul(&MpfrInterval::point(acc, gf), &sq, &mut scratch);
+            add(&mut w[k], &term, &mut tmp);
+        }
+        if gr != 0.0 && !is_neg_inf(lk) && a != f64::NEG_INFINITY {
+            // g_r p_k (l_k - a_k + 1), or g_r q_k (l'_k - a_k - R').
+            exp_interval(&mut e, lk);
+            let mut diff = MpfrInterval::new(acc);
+            diff.sub(lk, &a_iv);
+            let mut y = MpfrInterval::new(acc);
+            match &r {
+                Some(r) => y.sub(&diff, r),
+                None => y.add(&diff, &MpfrInterval::point(acc, 1.0)),
+            }
+            let mut x = MpfrInterval::new(acc);
+            x.mul(&e, &y, &mut scratch);
+            term.mul(&MpfrInterval::point(acc, gr), &x, &mut scratch);
+            add(&mut w[k], &term, &mut tmp);
+        }
+    }
+    (w, kl.renormalized)
+}

@@ -63,6 +63,10 @@ pub(crate) struct RowCot {
     /// ([`crate::spec::Problem::policy_cotangents`]): each adds `c k'(d)`
     /// to the log-prob's cotangent (module `policy`).
     pub policy: Vec<(crate::spec::PolicyTerm, f64)>,
+    /// The top-k KL's cotangents `(g_f, g_r)` of this row and its options,
+    /// when one is nonzero: each id's log-prob gains the cotangent `w_k`
+    /// of module `topk_kl` ([`super::topk_kl::kl_slopes_mpfr`]).
+    pub kl: Option<(f64, f64, crate::spec::TopkKl)>,
 }
 
 impl RowCot {
@@ -72,6 +76,7 @@ impl RowCot {
             || (self.z_loss != 0.0 && self.z_loss_coef != 0.0)
             || self.loss.is_some()
             || !self.policy.is_empty()
+            || self.kl.is_some()
     }
 }
 
@@ -178,6 +183,21 @@ pub(crate) fn vjp_row(
     if let Some(t) = policy {
         a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
     }
+    // So are the top-k KL's ids (their cotangents `w_k` are set per precision).
+    let kl_ids: Vec<usize> = match cot.kl {
+        Some(_) => row
+            .topk
+            .iter()
+            .filter_map(|id| match id {
+                TopId::Live(j) => Some(*j),
+                TopId::Masked => None,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    for &j in &kl_ids {
+        a_map.entry(j).or_insert_with(|| Float::new(EXACT_SUM_PREC));
+    }
     let loss_side = cot.has_loss_side();
     if c.is_zero() && cot.h == 0.0 && a_map.is_empty() && !loss_side {
         return out;
@@ -283,6 +303,23 @@ pub(crate) fn vjp_row(
                 }
             });
         }
+        // The top-k KL's cotangents `w_k` at the ids, enclosed from the
+        // top-k log-probs at this precision; in `C` unless they sum to 0.
+        let mut kl_w: BTreeMap<usize, MpfrInterval> = BTreeMap::new();
+        if let Some((gf, gr, kl)) = &cot.kl {
+            let vals = super::row::values(row, &sums, acc);
+            let (w, sums_to_zero) =
+                super::topk_kl::kl_slopes_mpfr(&vals.topk, &row.teacher, kl, (*gf, *gr), prec);
+            for (id, wk) in row.topk.iter().zip(w) {
+                if let TopId::Live(j) = id {
+                    if !sums_to_zero {
+                        tmp.assign_outward(&cc);
+                        cc.add(&tmp, &wk);
+                    }
+                    kl_w.insert(*j, wk);
+                }
+            }
+        }
         let specials: Specials = a_map
             .iter()
             .map(|(&j, a)| {
@@ -295,6 +332,11 @@ pub(crate) fn vjp_row(
                         x.add(&aj, at);
                         aj = x;
                     }
+                }
+                if let Some(wk) = kl_w.get(&j) {
+                    let mut x = MpfrInterval::new(acc);
+                    x.add(&aj, wk);
+                    aj = x;
                 }
                 let mut rest = MpfrInterval::new(acc);
                 rest.sub(&cc, &aj);

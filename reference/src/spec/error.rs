@@ -245,4 +245,18 @@ pub enum SpecError {
         /// Row index.
         row: usize,
     },
+    /// A `grad_reverse_kl` cotangent on a row whose reverse KL is `+inf`
+    /// (a teacher entry `-inf` where the student's probability is `> 0`):
+    /// its gradient is infinite, not a number to check.
+    #[error("grad_reverse_kl[{row}] = {cotangent} differentiates an infinite reverse_kl: teacher_topk_log_probs[{row}, {k}] is -inf at topk_ids[{row}, {k}] = {id}, whose student probability is > 0")]
+    KlGradientInfinite {
+        /// Row index.
+        row: usize,
+        /// Position in the row's top-k list.
+        k: usize,
+        /// The id.
+        id: i64,
+        /// The row's `grad_reverse_kl`.
+        cotangent: f64,
+    },
 }

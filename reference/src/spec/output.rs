@@ -289,8 +289,8 @@ impl Output {
             Output::KlK3 => col(cotangents.grad_kl_k3),
             Output::KlAbs => col(cotangents.grad_kl_abs),
             Output::Ratio => col(cotangents.grad_ratio),
-            // The KL's gradients are not built yet.
-            Output::ForwardKl | Output::ReverseKl => None,
+            Output::ForwardKl => col(cotangents.grad_forward_kl),
+            Output::ReverseKl => col(cotangents.grad_reverse_kl),
         }
     }
 }
@@ -320,6 +320,8 @@ impl<'a> Cotangents<'a> {
             grad_kl_k3: one(Output::KlK3),
             grad_kl_abs: one(Output::KlAbs),
             grad_ratio: one(Output::Ratio),
+            grad_forward_kl: one(Output::ForwardKl),
+            grad_reverse_kl: one(Output::ReverseKl),
         }
     }
 }

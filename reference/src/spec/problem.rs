@@ -448,6 +448,11 @@ pub struct Cotangents<'a> {
     pub grad_kl_abs: Option<ArrayView1<'a, f64>>,
     /// Cotangent of `ratio` `[N]`.
     pub grad_ratio: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `forward_kl` `[N]` (the top-k KL to a teacher:
+    /// [`Problem::kl_cotangents`]).
+    pub grad_forward_kl: Option<ArrayView1<'a, f64>>,
+    /// Cotangent of `reverse_kl` `[N]`.
+    pub grad_reverse_kl: Option<ArrayView1<'a, f64>>,
 }
 
 impl<'a> Cotangents<'a> {
@@ -478,6 +483,8 @@ impl<'a> Cotangents<'a> {
             grad_kl_k3: one(self.grad_kl_k3),
             grad_kl_abs: one(self.grad_kl_abs),
             grad_ratio: one(self.grad_ratio),
+            grad_forward_kl: one(self.grad_forward_kl),
+            grad_reverse_kl: one(self.grad_reverse_kl),
         }
     }
 
@@ -501,6 +508,8 @@ impl<'a> Cotangents<'a> {
             && self.grad_z_loss.is_none()
             && self.grad_loss.is_none()
             && PolicyTerm::ALL.iter().all(|&t| self.policy(t).is_none())
+            && self.grad_forward_kl.is_none()
+            && self.grad_reverse_kl.is_none()
     }
 }
 
@@ -654,7 +663,7 @@ impl<'a> Problem<'a> {
         if cot.is_empty() {
             return Err(SpecError::NoCotangent {
                 what:
-                    "no cotangent of log_probs, entropy, topk_log_probs, lse, z_loss or loss given",
+                    "no cotangent of log_probs, entropy, topk_log_probs, lse, z_loss, loss, a policy term or a top-k KL given",
             });
         }
         if let Some(g) = cot.grad_log_probs {
@@ -761,7 +770,62 @@ impl<'a> Problem<'a> {
             }
             check_finite(name, g.iter())?;
         }
+        for (name, g) in [
+            ("grad_forward_kl", cot.grad_forward_kl),
+            ("grad_reverse_kl", cot.grad_reverse_kl),
+        ] {
+            let Some(g) = g else { continue };
+            if self.options.topk_kl.is_none() {
+                return Err(SpecError::NoCotangent {
+                    what: "grad_forward_kl / grad_reverse_kl given but options.topk_kl is None",
+                });
+            }
+            if g.len() != shape.n {
+                return Err(shape_err(name, vec![shape.n], g.shape()));
+            }
+            check_finite(name, g.iter())?;
+        }
+        if let (Some(g), Some(ids), Some(a)) = (
+            cot.grad_reverse_kl,
+            self.topk_ids,
+            self.teacher_topk_log_probs,
+        ) {
+            // An infinite reverse KL (a teacher zero where the student has
+            // mass: a finite logit, or any under a softcap) has an infinite
+            // gradient. Ids out of range are left to `validate`.
+            for (row, &cotangent) in g.iter().enumerate().filter(|(_, &c)| c != 0.0) {
+                for (k, (&id, &ak)) in ids.row(row).iter().zip(a.row(row)).enumerate() {
+                    let live = usize::try_from(id).is_ok_and(|c| {
+                        c < shape.vocab_size
+                            && (self.options.softcap.is_some()
+                                || self.logits.get_f64(row, c) != f64::NEG_INFINITY)
+                    });
+                    if ak == f64::NEG_INFINITY && live {
+                        return Err(SpecError::KlGradientInfinite {
+                            row,
+                            k,
+                            id,
+                            cotangent,
+                        });
+                    }
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Row `row`'s top-k KL cotangents `(forward, reverse)` (0 where not
+    /// given): `d (g_f forward_kl + g_r reverse_kl) / d z` is the VJP's KL
+    /// term (DESIGN: "Loss side"; [`crate::spec::TopkKl`]'s module docs).
+    /// Call after [`Problem::validate_cotangents`]; `row < N`.
+    pub fn kl_cotangents(&self, cot: &Cotangents<'_>, row: usize) -> (f64, f64) {
+        if self.options.topk_kl.is_none() {
+            return (0.0, 0.0);
+        }
+        (
+            cot.grad_forward_kl.map_or(0.0, |g| g[row]),
+            cot.grad_reverse_kl.map_or(0.0, |g| g[row]),
+        )
     }
 
     /// Row `row`'s nonzero policy-term cotangents `(term, c)` (module

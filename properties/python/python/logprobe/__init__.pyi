@@ -68,6 +68,8 @@ def verify(
     teacher_topk_log_probs: Optional[TensorLike] = None,
     forward_kl: Optional[TensorLike] = None,
     reverse_kl: Optional[TensorLike] = None,
+    grad_forward_kl: Optional[TensorLike] = None,
+    grad_reverse_kl: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,

@@ -47,6 +47,8 @@ def assert_verified(
     teacher_topk_log_probs: Optional[TensorLike] = None,
     forward_kl: Optional[TensorLike] = None,
     reverse_kl: Optional[TensorLike] = None,
+    grad_forward_kl: Optional[TensorLike] = None,
+    grad_reverse_kl: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,

@@ -105,6 +105,7 @@ impl FuzzCase {
                 entropy: true,
                 topk: true,
                 loss: false,
+                policy: false,
             },
             loss: LossRecipe::plain(seed),
             chunk: 1,

@@ -94,6 +94,16 @@ pub(crate) fn cot_for<'c>(
     if data.options.loss.is_some() && asked.options.loss.is_none() {
         cv.grad_loss = None;
     }
+    // The policy terms', where the kernel is not given their inputs.
+    if asked.policy.ref_log_probs.is_none() {
+        cv.grad_kl_k1 = None;
+        cv.grad_kl_k2 = None;
+        cv.grad_kl_k3 = None;
+        cv.grad_kl_abs = None;
+    }
+    if asked.policy.old_log_probs.is_none() {
+        cv.grad_ratio = None;
+    }
     cv
 }
 

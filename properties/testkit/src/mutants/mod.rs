@@ -40,6 +40,7 @@
 //! | `k3-naive` | [`K3Naive`] | fused | `kl_k3` as `exp(-d) + d - 1` in the accumulation dtype: cancels near `d = 0` |
 //! | `ratio-inverted` | [`RatioInverted`] | fused | `ratio = exp(old - lp)` where `lp != old` |
 //! | `clamp-missing` | [`ClampMissing`] | fused | `kl_k3` / `ratio` without their declared clamps, where one binds |
+//! | `k3-grad-wrong-sign` | [`K3GradWrongSign`] | fused | backward with a nonzero `grad_kl_k3`: `k3'(d)` taken as `1 - e^{d}` instead of `1 - e^{-d}` where `d` is inside the clamps and not tiny |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -76,7 +77,7 @@ pub use loss_grad::{MeanGradOverN, SmoothingGradOnIgnored, ZLossGradMissingTwo};
 pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
-pub use policy::{ClampMissing, K3Naive, RatioInverted};
+pub use policy::{ClampMissing, K3GradWrongSign, K3Naive, RatioInverted};
 pub use softcap::SoftcapGradMissingTanh;
 pub use topk_kl::{KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb};
 pub use tp::TpVocabOffset;
@@ -483,6 +484,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(K3Naive, Fused, memory: false),
     entry!(RatioInverted, Fused, memory: false),
     entry!(ClampMissing, Fused, memory: false),
+    entry!(K3GradWrongSign, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

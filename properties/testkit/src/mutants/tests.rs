@@ -26,6 +26,7 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
         entropy: true,
         topk: true,
         loss: false,
+        policy: false,
     }
     .expand(&data);
     let widths = vec![13, 0, 20, 7];

@@ -4,7 +4,9 @@
 use half::{bf16, f16};
 use ndarray::{Array1, Array2};
 
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, LogitsMut, Options, Problem};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Logits, LogitsMut, Options, PolicyTerm, Problem,
+};
 
 use super::*;
 
@@ -171,6 +173,10 @@ pub struct CotangentData {
     /// Cotangent of the cross-entropy `loss`: `[N]` under `none`, `[1]`
     /// under `sum` / `mean`.
     pub grad_loss: Option<Array1<f64>>,
+    /// Cotangents of the policy terms, `[N]` each, in
+    /// [`PolicyTerm::ALL`] order (`kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`,
+    /// `ratio`).
+    pub grad_policy: [Option<Array1<f64>>; 5],
 }
 
 impl CotangentData {
@@ -183,8 +189,20 @@ impl CotangentData {
             grad_lse: self.grad_lse.as_ref().map(|g| g.view()),
             grad_z_loss: self.grad_z_loss.as_ref().map(|g| g.view()),
             grad_loss: self.grad_loss.as_ref().map(|g| g.view()),
+            grad_kl_k1: self.policy(PolicyTerm::K1),
+            grad_kl_k2: self.policy(PolicyTerm::K2),
+            grad_kl_k3: self.policy(PolicyTerm::K3),
+            grad_kl_abs: self.policy(PolicyTerm::Abs),
+            grad_ratio: self.policy(PolicyTerm::Ratio),
             ..Default::default()
         }
+    }
+
+    /// The cotangent `[N]` of a policy term, if given.
+    pub fn policy(&self, term: PolicyTerm) -> Option<ndarray::ArrayView1<'_, f64>> {
+        self.grad_policy[term_index(term)]
+            .as_ref()
+            .map(|g| g.view())
     }
 
     /// Whether no cotangent is present ([`Cotangents::is_empty`] of the
@@ -192,6 +210,14 @@ impl CotangentData {
     pub fn is_empty(&self) -> bool {
         self.view().is_empty()
     }
+}
+
+/// The position of `term` in [`PolicyTerm::ALL`].
+fn term_index(term: PolicyTerm) -> usize {
+    PolicyTerm::ALL
+        .iter()
+        .position(|&t| t == term)
+        .unwrap_or_default()
 }
 
 /// Which cotangents to give; expanded against a problem by
@@ -210,6 +236,11 @@ pub struct CotangentRecipe {
     /// with tokens, `grad_loss`, the problem asked for the cross-entropy
     /// `loss` by [`CotangentRecipe::ask`]; issue 17).
     pub loss: bool,
+    /// Give policy-term cotangents (`grad_kl_k1` .. `grad_ratio`, issue
+    /// 18) where the problem has tokens and the terms' inputs
+    /// (`ref_log_probs`, `old_log_probs`): each term's with probability
+    /// 1/2, at least one.
+    pub policy: bool,
 }
 
 impl CotangentRecipe {
@@ -261,6 +292,7 @@ impl CotangentRecipe {
             (true, Some(l), Some(_)) => Some(Array1::from_shape_fn(l.reduction.len(n), |_| draw())),
             _ => None,
         };
+        let grad_policy = self.policy_cotangents(data);
         CotangentData {
             grad_log_probs,
             grad_entropy,
@@ -268,7 +300,46 @@ impl CotangentRecipe {
             grad_lse,
             grad_z_loss,
             grad_loss,
+            grad_policy,
         }
+    }
+
+    /// The policy terms' cotangents of [`CotangentRecipe::expand`], from a
+    /// stream of their own (the other cotangents' values are unchanged by
+    /// them): which terms (each with probability 1/2, else one drawn
+    /// among those with an input), and values as the others' (`[-2, 2]`
+    /// rounded to f32, zeros and ones mixed in).
+    fn policy_cotangents(&self, data: &ProblemData) -> [Option<Array1<f64>>; 5] {
+        let mut out: [Option<Array1<f64>>; 5] = Default::default();
+        if !self.policy || data.tokens.is_none() {
+            return out;
+        }
+        let n = data.n();
+        let mut rng = rng_for(self.seed, 0xC07A + 18);
+        let avail: Vec<PolicyTerm> = PolicyTerm::ALL
+            .into_iter()
+            .filter(|t| data.policy[usize::from(t.uses_old())].is_some())
+            .collect();
+        if avail.is_empty() {
+            return out;
+        }
+        let mut pick: Vec<PolicyTerm> = avail.iter().copied().filter(|_| rng.chance(0.5)).collect();
+        if pick.is_empty() {
+            pick.push(avail[rng.below(avail.len())]);
+        }
+        for t in pick {
+            out[term_index(t)] = Some(Array1::from_shape_fn(n, |_| {
+                let u = rng.uniform();
+                if u < 0.1 {
+                    0.0
+                } else if u < 0.2 {
+                    1.0
+                } else {
+                    Dtype::F32.round_f64(rng.uniform_in(-2.0, 2.0))
+                }
+            }));
+        }
+        out
     }
 
     /// With [`CotangentRecipe::loss`] and tokens: asks `data` for the

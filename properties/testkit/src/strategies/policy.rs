@@ -8,7 +8,7 @@
 
 use ndarray::{Array1, Array2};
 
-use logprobe_reference::spec::{Dtype, PolicyClamps};
+use logprobe_reference::spec::{Dtype, Options, PolicyClamps, SoftcapDtype, TemperatureDtype};
 
 use super::rng_for;
 
@@ -16,18 +16,39 @@ use super::rng_for;
 const STREAM: u64 = u64::MAX - 18;
 
 /// `(ref_log_probs, old_log_probs)` `[N]` (f32 values, exact f64) and the
-/// clamps for logits `x` `[N, V_total]` (exact f64 values of the logits'
-/// dtype; the first `v` columns real), `mask`, `tokens` (`ignore` rows get
-/// 0), temperature `t`.
+/// clamps for logits `x` `[N, V_total]` (exact f64 values of `dtype`; the
+/// first `v` columns real), `mask`, `tokens` (`ignore` rows get 0) and the
+/// case's `options` (temperature, softcap and how each is materialised:
+/// the log-prob the inputs are placed near is the one the spec defines,
+/// so `|lp - old|` stays as drawn, and an f32 kernel's `ratio` stays in
+/// range).
 pub(crate) fn draw(
     seed: u64,
     x: &Array2<f64>,
     v: usize,
     mask: Option<&Array2<bool>>,
     tokens: &Array1<i64>,
-    ignore_index: i64,
-    t: f64,
+    options: &Options,
+    dtype: Dtype,
 ) -> ([Option<Array1<f64>>; 2], PolicyClamps) {
+    let (ignore_index, t) = (options.ignore_index, options.temperature);
+    // The logits as the spec takes them, where they differ from `x / T`
+    // (a softcap, or z materialised in the input dtype).
+    let plain =
+        options.softcap.is_none() && options.temperature_dtype == TemperatureDtype::Accumulation;
+    let z_of = |x: f64| -> f64 {
+        let xc = match options.softcap {
+            None => x,
+            Some(c) => match options.softcap_dtype {
+                SoftcapDtype::Input => dtype.softcapped_input(x, c),
+                SoftcapDtype::Accumulation => c * (x / c).tanh(),
+            },
+        };
+        match options.temperature_dtype {
+            TemperatureDtype::Input => dtype.scaled_input(xc, t),
+            TemperatureDtype::Accumulation => xc / t,
+        }
+    };
     let mut rng = rng_for(seed, STREAM);
     let n = x.nrows();
     let mut refs = Array1::zeros(n);
@@ -39,16 +60,30 @@ pub(crate) fn draw(
         }
         // The log-prob in f64 (an approximation is enough: it only places
         // the inputs near it).
-        let allowed = |j: usize| mask.is_none_or(|m| m[[i, j]]) && x[[i, j]].is_finite();
-        let m = (0..v)
-            .filter(|&j| allowed(j))
-            .map(|j| x[[i, j]])
-            .fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = (0..v)
-            .filter(|&j| allowed(j))
-            .map(|j| ((x[[i, j]] - m) / t).exp())
-            .sum();
-        let lp = (x[[i, tok as usize]] - m) / t - s.ln();
+        let lp = if plain {
+            let allowed = |j: usize| mask.is_none_or(|m| m[[i, j]]) && x[[i, j]].is_finite();
+            let m = (0..v)
+                .filter(|&j| allowed(j))
+                .map(|j| x[[i, j]])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = (0..v)
+                .filter(|&j| allowed(j))
+                .map(|j| ((x[[i, j]] - m) / t).exp())
+                .sum();
+            (x[[i, tok as usize]] - m) / t - s.ln()
+        } else {
+            let z: Vec<f64> = (0..v).map(|j| z_of(x[[i, j]])).collect();
+            let allowed = |j: usize| mask.is_none_or(|m| m[[i, j]]) && z[j].is_finite();
+            let m = (0..v)
+                .filter(|&j| allowed(j))
+                .map(|j| z[j])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = (0..v)
+                .filter(|&j| allowed(j))
+                .map(|j| (z[j] - m).exp())
+                .sum();
+            z[tok as usize] - m - s.ln()
+        };
         let mut offset = |big: f64| -> f64 {
             if rng.chance(0.125) {
                 return 0.0;

@@ -323,15 +323,7 @@ impl ProblemRecipe {
         };
         // The policy terms ride on every case with tokens (issue 18).
         let (policy, policy_clamps) = if self.tokens {
-            super::policy::draw(
-                self.seed,
-                &x,
-                v,
-                mask.as_ref(),
-                &tokens,
-                self.ignore_index,
-                self.temperature,
-            )
+            super::policy::draw(self.seed, &x, v, mask.as_ref(), &tokens, &options, dtype)
         } else {
             Default::default()
         };

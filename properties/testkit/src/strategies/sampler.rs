@@ -490,7 +490,8 @@ impl Recipes for EdgeSpace {
 }
 
 /// Cotangent recipes: each output's cotangent present with probability 3/4,
-/// the loss side's ([`CotangentRecipe::loss`]) with probability 1/2.
+/// the loss side's ([`CotangentRecipe::loss`]) and the policy terms'
+/// ([`CotangentRecipe::policy`]) each with probability 1/2.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CotangentSpace;
 
@@ -505,6 +506,7 @@ impl Recipes for CotangentSpace {
             topk: rng.chance(0.75),
             // Drawn last: the other fields' draws are unchanged.
             loss: rng.chance(0.5),
+            policy: rng.chance(0.5),
         }
     }
 
@@ -523,6 +525,10 @@ impl Recipes for CotangentSpace {
             },
             CotangentRecipe { topk: false, ..*r },
             CotangentRecipe { loss: false, ..*r },
+            CotangentRecipe {
+                policy: false,
+                ..*r
+            },
         ] {
             if c != *r {
                 out.push(c);

@@ -369,20 +369,22 @@ impl<'a> Dump<'a> {
                 }
             }
         }
-        let want_kl =
-            candidates.contains(Output::ForwardKl) || candidates.contains(Output::ReverseKl);
+        let want_kl = candidates.contains(Output::ForwardKl)
+            || candidates.contains(Output::ReverseKl)
+            || get("grad_forward_kl").is_some()
+            || get("grad_reverse_kl").is_some();
         let teacher = match get("teacher_topk_log_probs") {
             None if want_kl => {
                 return Err(DumpError::MissingTensor {
                     tensor: "teacher_topk_log_probs",
-                    why: " (needed by forward_kl and reverse_kl)",
+                    why: " (needed by forward_kl, reverse_kl and their cotangents)",
                 })
             }
             None => None,
             Some(_) if !want_kl => {
                 return Err(DumpError::MissingTensor {
                     tensor: "forward_kl",
-                    why: " (or reverse_kl: teacher_topk_log_probs is judged through them)",
+                    why: " (or reverse_kl, or a grad_forward_kl / grad_reverse_kl: teacher_topk_log_probs is judged through them)",
                 })
             }
             Some(_) => {
@@ -477,7 +479,7 @@ impl<'a> Dump<'a> {
         }
         if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
             return Err(DumpError::Spec(SpecError::NoCotangent {
-                what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss, grad_loss or a policy term's (grad_kl_k1 .. grad_ratio)",
+                what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss, grad_loss, a policy term's (grad_kl_k1 .. grad_ratio) or a top-k KL's (grad_forward_kl, grad_reverse_kl)",
             }));
         }
         // Cotangents are judged only through grad_logits: without it they

@@ -124,6 +124,14 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
         TopkIdDuplicate { k, id, .. } => TopkIdDuplicate { row, k, id },
         TopkIdMasked { k, id, .. } => TopkIdMasked { row, k, id },
         KlNoStudentMass { .. } => KlNoStudentMass { row },
+        KlGradientInfinite {
+            k, id, cotangent, ..
+        } => KlGradientInfinite {
+            row,
+            k,
+            id,
+            cotangent,
+        },
         NonFinitePolicyInput { tensor, value, .. } => NonFinitePolicyInput { tensor, row, value },
         NonFiniteCotangent {
             tensor,

@@ -7,8 +7,8 @@ use logprobe_reference::oracle::{Interval, RowStats};
 use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
 
 use super::loss_grad::{LossGradCotangents, LossTerms};
-use super::policy_grad::{PolicyGradCotangents, PolicyGradTerms};
 use super::model::{EntropyForm, Model, RowContext};
+use super::policy_grad::{PolicyGradCotangents, PolicyGradTerms};
 use super::statistical::{Statistical, StatisticalBounds};
 use super::upward::{Hi, Lo};
 use super::walk::RowTargets;
@@ -18,7 +18,8 @@ pub(crate) mod lanes;
 mod screen;
 mod topk_kl;
 pub use screen::GradScreen;
-pub use topk_kl::KlTarget;
+use topk_kl::KlGradTerms;
+pub use topk_kl::{KlGradCotangents, KlTarget};
 
 /// Margin (nats) on the flush-to-zero test: an `exp` whose result may be
 /// below the smallest normal of the accumulation dtype is allowed to return
@@ -58,6 +59,9 @@ pub struct GradCotangents<'c> {
     /// The policy terms' cotangents (`grad_kl_k1` .. `grad_ratio`; T21),
     /// `None` without a nonzero one on this row.
     pub policy: Option<PolicyGradCotangents<'c>>,
+    /// The top-k KL's cotangents (`grad_forward_kl`, `grad_reverse_kl`;
+    /// T25), `None` without a nonzero one on this row.
+    pub kl: Option<KlGradCotangents<'c>>,
 }
 
 impl GradCotangents<'_> {
@@ -1030,6 +1034,7 @@ impl<'a> RowBounds<'a> {
                 self.policy_base()
                     .and_then(|b| PolicyGradTerms::new(&b, c.u, pg))
             }),
+            kl: cot.kl.as_ref().map(|kg| self.kl_grad_terms(kg)),
         }
     }
 
@@ -1090,12 +1095,29 @@ impl<'a> RowBounds<'a> {
             }
             None => None,
         };
+        // (T25): the top-k KL's cotangents `w^_k`, one more source at each
+        // id: in G (K terms), and in the indicator at an id.
+        let kl = match &mg.kl {
+            Some(kt) => {
+                let kt = kt.clone()?;
+                g_sum = g_sum + kt.weight;
+                n_extra += kt.per_id.len();
+                for &(id, w, _) in &kt.per_id {
+                    if id == j {
+                        ind = ind + w;
+                        n_extra += 1;
+                    }
+                }
+                Some(kt)
+            }
+            None => None,
+        };
         // p-terms: |g^| p_j rho_j (T10).
         let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
         // `(lambda_j, p_dev)` of the p-term, for the h-term when its set
         // and entry are the same bits (no sampling mask): same results.
         let mut p_terms: Option<(Hi, Hi)> = None;
-        if (g_sum.0 > 0.0 || policy.is_some()) && dj.hi > f64::NEG_INFINITY {
+        if (g_sum.0 > 0.0 || policy.is_some() || kl.is_some()) && dj.hi > f64::NEG_INFINITY {
             let set = self.p.as_ref().map_err(Clone::clone)?;
             let (lw, arg, lam) = self.prob_arg(set, dj);
             p_hi = sh.ep;
@@ -1157,6 +1179,10 @@ impl<'a> RowBounds<'a> {
         if let Some(pt) = &policy {
             // |w^ - w| |1[j = t] - p_j|, p_j <= p_hi (T21).
             pre = finite(pre + pt.extra(j, cot.token, p_hi) * inv_t, "grad_logits")?;
+        }
+        if let Some(kt) = &kl {
+            // sum_k |w^_k - w_k| |1[j = id_k] - p_j| (T25).
+            pre = finite(pre + kt.extra(j, p_hi) * inv_t, "grad_logits")?;
         }
         if let Some(df) = c.cap_df {
             // (T18) dx^ = fl(dx'^ f^) with f = 1 - t^2 <= 1:
@@ -1247,6 +1273,9 @@ struct ModelGrad {
     /// (T21) The policy terms' log-prob cotangent: its magnitude and error
     /// (`None` without policy cotangents).
     policy: Option<Result<PolicyGradTerms, NoBound>>,
+    /// (T25) The top-k KL's cotangents at the ids: magnitudes and errors
+    /// (`None` without KL cotangents).
+    kl: Option<Result<KlGradTerms, NoBound>>,
 }
 
 /// What the gradient bound of element `j` shares across the models of
@@ -1273,7 +1302,8 @@ impl GradShared {
         let g_used = cot.g != 0.0
             || cot.topk.iter().any(|&(_, gk)| gk != 0.0)
             || cot.loss.is_some()
-            || cot.policy.is_some();
+            || cot.policy.is_some()
+            || cot.kl.is_some();
         let ind_t = cot.token == Some(j) && cot.g != 0.0;
         let mut ind_k = Hi::ZERO;
         let mut n_extra = usize::from(ind_t);

@@ -60,10 +60,10 @@ pub use bounds::{
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use loss_grad::LossGradCotangents;
-pub use policy_grad::PolicyGradCotangents;
 pub use model::{
     foreign_presets, tightest, EntropyForm, K3Form, Model, Order, RowContext, SoftcapContext,
 };
+pub use policy_grad::PolicyGradCotangents;
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,

@@ -173,7 +173,14 @@ fn slope(b: &Base, term: PolicyTerm, de: &DError, clamps: &PolicyClamps) -> (Hi,
             let r_max = Hi(y_hi).exp();
             let err = r_max * (de.e_d.exp_m1() * (Hi::ONE + b.eps_exp) + b.eps_exp) + b.eta;
             let s_hi = r_max + err;
-            (s_hi, if s == Side::Straddle { err.max(s_hi) } else { err })
+            (
+                s_hi,
+                if s == Side::Straddle {
+                    err.max(s_hi)
+                } else {
+                    err
+                },
+            )
         }
     }
 }
@@ -262,10 +269,15 @@ mod tests {
     #[test]
     fn phi_down_is_below_phi() {
         let phi = |x: f64| (-x).exp_m1() + x;
-        for &x in &[-30.0, -3.0, -1.0, -0.3, -1e-5, 1e-5, 0.2, 1.0, 2.5, 7.0, 40.0] {
+        for &x in &[
+            -30.0, -3.0, -1.0, -0.3, -1e-5, 1e-5, 0.2, 1.0, 2.5, 7.0, 40.0,
+        ] {
             let lo = phi_down(x, x).0;
             assert!(lo <= phi(x), "{x}: {lo} > {}", phi(x));
-            assert!(lo >= 0.5 * phi(x) - 1e-300 || x.abs() > 2.0, "{x}: {lo} loose");
+            assert!(
+                lo >= 0.5 * phi(x) - 1e-300 || x.abs() > 2.0,
+                "{x}: {lo} loose"
+            );
         }
         assert!(phi_down(-1.0, 2.0).0 <= 0.0);
     }

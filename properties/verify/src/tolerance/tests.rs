@@ -260,6 +260,7 @@ fn bounds_are_finite_and_positive_on_ordinary_rows() {
                     topk: &[(5, 0.25), (3, -2.0)],
                     loss: None,
                     policy: None,
+                    kl: None,
                 };
                 for j in [0, 3, 5, 999] {
                     let v = abs(&rb.grad(j, &cot, out));
@@ -292,6 +293,7 @@ fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
         topk: &[],
         loss: None,
         policy: None,
+        kl: None,
     };
     assert!(matches!(
         rb.grad(1, &cot, Dtype::Bf16),
@@ -327,6 +329,7 @@ fn bounds_grow_with_leaf_depth() {
             topk: &[],
             loss: None,
             policy: None,
+            kl: None,
         };
         let now = [
             abs(&rb.log_prob(Dtype::F32)),
@@ -453,6 +456,7 @@ fn uniform_one_hot_and_single_entry_rows_have_finite_bounds() {
                 topk: &[],
                 loss: None,
                 policy: None,
+                kl: None,
             };
             for j in 0..x.len() {
                 let b = abs(&rb.grad(j, &cot, Dtype::F32));
@@ -620,6 +624,7 @@ fn f32_autograd_gradients_are_within_the_element_bound() {
             topk: &[],
             loss: None,
             policy: None,
+            kl: None,
         };
         let r_mid = 0.5 * (st.r.lo + st.r.hi);
         for j in 0..v {
@@ -967,6 +972,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
                 topk,
                 loss: None,
                 policy: None,
+                kl: None,
             };
             let (now, before) = (mk(&live), mk(&old));
             let mut old_fails = false;
@@ -1010,6 +1016,7 @@ fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
                 topk: &[(6, 0.25)],
                 loss: None,
                 policy: None,
+                kl: None,
             };
             for (model, shared) in models.iter().zip(&all) {
                 let one = model.row_bounds(&st, &ctx1());
@@ -1169,6 +1176,7 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
                 topk: &[(6, 0.25)],
                 loss: None,
                 policy: None,
+                kl: None,
             };
             for out in [Dtype::F32, Dtype::Bf16] {
                 for (o, (g, u)) in one.iter().zip(grouped.iter().zip(&ungrouped)) {
@@ -1286,6 +1294,7 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
                     topk,
                     loss: None,
                     policy: None,
+                    kl: None,
                 };
                 let row_c = RowBounds::grad_row(&all, &cot);
                 let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {
@@ -1394,6 +1403,7 @@ fn four_lane_walks_equal_the_scalar_walks() {
                         topk: &[(6, 0.25)],
                         loss: None,
                         policy: None,
+                        kl: None,
                     };
                     let row_c = RowBounds::grad_row(&vb, &cot);
                     let screen = || RowBounds::grad_screen(&vb, &row_c, &cot);

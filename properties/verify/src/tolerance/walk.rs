@@ -13,6 +13,7 @@ use logprobe_reference::spec::{
     Cotangents, Dtype, Output, PerOutput, PolicyTerm, Problem, Reduction,
 };
 
+use super::bounds::KlGradCotangents;
 use super::bounds::{GradCotangents, KlTarget};
 use super::loss_grad::LossGradCotangents;
 use super::policy_grad::PolicyGradCotangents;
@@ -53,6 +54,9 @@ pub struct RowTargets {
     /// gradient bound (T21; [`Problem::policy_cotangents`]: none on an
     /// `ignore_index` row).
     pub policy_grad: Vec<(PolicyTerm, f64)>,
+    /// The row's top-k KL cotangents `(g_f, g_r)` for the gradient bound
+    /// (T25; [`Problem::kl_cotangents`], `(0, 0)` without any).
+    pub kl_grad: (f64, f64),
 }
 
 /// What the bounds of one row's policy terms need besides the row
@@ -239,6 +243,7 @@ impl RowTargets {
             loss_grad: LossGradRow::new(problem, row, cotangents),
             policy: (!problem.policy.is_empty()).then(|| PolicyTarget::of(problem, row)),
             policy_grad: problem.policy_cotangents(cotangents, row),
+            kl_grad: problem.kl_cotangents(cotangents, row),
             topk_kl: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
                 (Some(kl), Some(a)) => Some(KlTarget {
                     teacher: a.row(row).to_vec(),
@@ -271,6 +276,15 @@ impl RowTargets {
                     inputs: *inputs,
                 }),
                 _ => None,
+            },
+            kl: match (&self.topk_kl, self.kl_grad) {
+                (_, (0.0, 0.0)) | (None, _) => None,
+                (Some(kl), (gf, gr)) => Some(KlGradCotangents {
+                    gf,
+                    gr,
+                    ids: &self.topk_ids,
+                    kl,
+                }),
             },
         }
     }

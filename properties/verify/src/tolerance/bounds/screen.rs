@@ -81,7 +81,7 @@ impl<'a> RowBounds<'a> {
     ) -> Option<GradScreen<M>> {
         // The loss side's terms (T19) and the policy terms' (T21) are not
         // in the screen: every element takes the full bound.
-        if cot.loss.is_some() || cot.policy.is_some() {
+        if cot.loss.is_some() || cot.policy.is_some() || cot.kl.is_some() {
             return None;
         }
         let first = all.first()?;

@@ -69,36 +69,8 @@ impl RowBounds<'_> {
         ids: &[usize],
         kl: &KlTarget,
     ) -> Result<Option<(Hi, Hi)>, NoBound> {
-        let set = self.p.as_ref().map_err(Clone::clone)?;
-        let ln_s = set.ln_s;
+        let students = self.students(ids, kl)?;
         let acc = self.c.acc;
-        let mut students = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let d = *self.stats.d.get(id).ok_or(NoBound::MissingStatistic {
-                what: "d of a top-k id (out of range)",
-            })?;
-            if d.hi == f64::NEG_INFINITY {
-                students.push(Student {
-                    lo: f64::NEG_INFINITY,
-                    hi: f64::NEG_INFINITY,
-                    e: Hi::ZERO,
-                });
-                continue;
-            }
-            // (T7) and the value's own rounding in the accumulation dtype.
-            let d_abs = mag(&d);
-            let pre = self.c.lp_err_pre(set, d_abs);
-            let l_abs = d_abs + Hi(ln_s.hi);
-            let e = pre + half_ulp(acc, l_abs + pre);
-            students.push(Student {
-                lo: -l_abs.0,
-                hi: (Hi(d.hi) - Lo(ln_s.lo)).0.min(0.0),
-                e,
-            });
-        }
-        if kl.renormalized {
-            students = self.renormalized(&students)?;
-        }
         let forward = output == Output::ForwardKl;
         let u = self.c.u;
         let (mut err, mut mag_sum, mut v_abs) = (Hi::ZERO, Hi::ZERO, Hi::ZERO);
@@ -138,6 +110,42 @@ impl RowBounds<'_> {
         let g = gamma(ids.len().saturating_sub(1), u.0)?;
         let pre = finite(err + g * mag_sum, output.name())?;
         Ok(Some((pre, v_abs)))
+    }
+
+    /// The row's students at `ids` ((T7) and the value's own rounding in
+    /// the accumulation dtype), renormalised (T24) when `kl` says so.
+    fn students(&self, ids: &[usize], kl: &KlTarget) -> Result<Vec<Student>, NoBound> {
+        let set = self.p.as_ref().map_err(Clone::clone)?;
+        let ln_s = set.ln_s;
+        let acc = self.c.acc;
+        let mut students = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let d = *self.stats.d.get(id).ok_or(NoBound::MissingStatistic {
+                what: "d of a top-k id (out of range)",
+            })?;
+            if d.hi == f64::NEG_INFINITY {
+                students.push(Student {
+                    lo: f64::NEG_INFINITY,
+                    hi: f64::NEG_INFINITY,
+                    e: Hi::ZERO,
+                });
+                continue;
+            }
+            // (T7) and the value's own rounding in the accumulation dtype.
+            let d_abs = mag(&d);
+            let pre = self.c.lp_err_pre(set, d_abs);
+            let l_abs = d_abs + Hi(ln_s.hi);
+            let e = pre + half_ulp(acc, l_abs + pre);
+            students.push(Student {
+                lo: -l_abs.0,
+                hi: (Hi(d.hi) - Lo(ln_s.lo)).0.min(0.0),
+                e,
+            });
+        }
+        if kl.renormalized {
+            students = self.renormalized(&students)?;
+        }
+        Ok(students)
     }
 
     /// `|w^ - w|` for `w = e^y` computed as `exp(y^)` with `|y^ - y| <=
@@ -202,5 +210,159 @@ impl RowBounds<'_> {
                 }
             })
             .collect())
+    }
+}
+
+/// One row's top-k KL cotangents for the gradient bound (T25), part of
+/// [`super::GradCotangents`]: `g_f`, `g_r` (exact, f64; not both 0), the
+/// ids `[K]` (validated: distinct, live, `< V`) and the teacher.
+#[derive(Clone, Copy, Debug)]
+pub struct KlGradCotangents<'c> {
+    /// `grad_forward_kl[row]`.
+    pub gf: f64,
+    /// `grad_reverse_kl[row]`.
+    pub gr: f64,
+    /// `topk_ids[row]`, `[K]`.
+    pub ids: &'c [usize],
+    /// The teacher and the renormalisation.
+    pub kl: &'c KlTarget,
+}
+
+/// The row constants of (T25) for one model: per id `(id_k, W_k,
+/// delta_k)` with `W_k >= |w^_k|` (the kernel's top-k cotangent at the
+/// id) and `delta_k >= |w^_k - w_k|`, and their sums.
+#[derive(Clone, Debug)]
+pub(crate) struct KlGradTerms {
+    pub per_id: Vec<(usize, Hi, Hi)>,
+    /// `sum_k W_k`.
+    pub weight: Hi,
+    /// `sum_k delta_k`.
+    pub delta: Hi,
+}
+
+impl KlGradTerms {
+    /// The error (T14) does not see at element `j`, before the division
+    /// by `T`: `sum_k (w^_k - w_k)(1[j = id_k] - p_j)`, at most `delta_k`
+    /// at `id_k` plus `p_j sum_k delta_k` (`p_j <= p_hi`).
+    pub(crate) fn extra(&self, j: usize, p_hi: Hi) -> Hi {
+        let at = self
+            .per_id
+            .iter()
+            .filter(|&&(id, _, _)| id == j)
+            .fold(Hi::ZERO, |s, &(_, _, d)| s + d);
+        at + self.delta * p_hi
+    }
+}
+
+/// `|fl(x) - x|` upward (exact inputs).
+fn rounding_of(acc: Dtype, x: f64) -> Hi {
+    let r = acc.round_f64(x);
+    if r >= x {
+        Hi(r) - Lo(x)
+    } else {
+        Hi(x) - Lo(r)
+    }
+}
+
+impl RowBounds<'_> {
+    /// (T25) The top-k KL's cotangents on the ids' log-probs as a kernel
+    /// forms them (module `logprobe_kernels::stats::topk_kl_slopes`'s
+    /// operations, in any association): per id the gathered cotangent
+    /// `c_k = -(g_f t_k) + g_r p_k (D_k + 1)` (`D_k = l_k - a_k`), then,
+    /// renormalised, `w_k = c_k - q_k sum_i c_i`.
+    ///
+    /// # Errors
+    /// [`NoBound::NonFinite`] for a reverse cotangent at an infinite
+    /// reverse KL (refused before by the spec) or an overflow;
+    /// [`NoBound::GammaUndefined`] when `K u >= 1`; the statistics' errors.
+    pub(crate) fn kl_grad_terms(&self, kg: &KlGradCotangents<'_>) -> Result<KlGradTerms, NoBound> {
+        let students = self.students(kg.ids, kg.kl)?;
+        let c = &self.c;
+        let (u, acc, eta) = (c.u, c.acc, c.eta + c.eta_sub);
+        let gamma3 = gamma(3, u.0)?;
+        let (gf_hat, gr_hat) = (
+            Hi(acc.round_f64(kg.gf).abs()),
+            Hi(acc.round_f64(kg.gr).abs()),
+        );
+        let (e_gf, e_gr) = (rounding_of(acc, kg.gf), rounding_of(acc, kg.gr));
+        // (M_k, dc_k): |c^_k| and |c^_k - c_k|.
+        let mut gathered = Vec::with_capacity(students.len());
+        for (s, &a) in students.iter().zip(&kg.kl.teacher) {
+            let (mut m, mut dc) = (Hi::ZERO, Hi::ZERO);
+            let rho = rounding_of(acc, a);
+            if kg.gf != 0.0 && a != f64::NEG_INFINITY {
+                // fl(g^ exp(a^)): t's error (T23's dev), the product's rounding.
+                let t = Hi(a).exp();
+                let dev = self.weight_dev(t, rho, a);
+                let tm = t + dev;
+                m = m + gf_hat * tm * (Hi::ONE + u);
+                dc = dc + e_gf * tm + Hi(kg.gf.abs()) * dev + u * gf_hat * tm + eta;
+            }
+            if kg.gr != 0.0 && s.hi > f64::NEG_INFINITY {
+                if a == f64::NEG_INFINITY {
+                    return Err(NoBound::NonFinite {
+                        what: "grad_reverse_kl at an infinite reverse_kl",
+                    });
+                }
+                // g^ p^ (D^ + 1) in three roundings: p^ = exp(lp^) (T23's
+                // dev at exponent error E_k), D^ = fl(lp^ - a^) within e_D.
+                let delta = Hi((a - s.lo).abs().max((a - s.hi).abs()).next_up());
+                let e_d = rho + s.e + u * (delta + rho + s.e);
+                let f = delta + e_d + Hi::ONE;
+                let p = Hi(s.hi).exp();
+                let dev = self.weight_dev(p, s.e, s.lo - s.e.0);
+                let pm = p + dev;
+                let mag = gr_hat * pm * f;
+                dc = dc
+                    + e_gr * pm * f
+                    + Hi(kg.gr.abs()) * (dev * f + p * e_d)
+                    + gamma3 * mag
+                    + Hi(2.0) * eta;
+                m = m + mag * (Hi::ONE + gamma3);
+            }
+            // The two terms' sum: one rounding more.
+            dc = dc + u * m;
+            m = m * (Hi::ONE + u);
+            gathered.push((m, dc));
+        }
+        let mut per_id = Vec::with_capacity(students.len());
+        if kg.kl.renormalized {
+            // w^_k = fl(c^_k - fl(q^_k C^)), C^ any-order sum of the c^.
+            let g = gamma(students.len().saturating_sub(1), u.0)?;
+            let (m_sum, dc_sum) = gathered
+                .iter()
+                .fold((Hi::ZERO, Hi::ZERO), |(a, b), &(m, d)| (a + m, b + d));
+            let big_c = m_sum * (Hi::ONE + g);
+            let d_c = dc_sum + g * m_sum;
+            for ((s, &(m, dc)), &id) in students.iter().zip(&gathered).zip(kg.ids) {
+                if s.hi == f64::NEG_INFINITY {
+                    // q = 0 exactly, for the kernel too.
+                    per_id.push((id, m, dc));
+                    continue;
+                }
+                let q = Hi(s.hi).exp();
+                let dev = self.weight_dev(q, s.e, s.lo - s.e.0);
+                let qm = q + dev;
+                let prod = qm * big_c * (Hi::ONE + u);
+                let delta = dc + q * d_c + dev * big_c + u * qm * big_c + u * (m + prod) + eta;
+                per_id.push((id, (m + prod) * (Hi::ONE + u), delta));
+            }
+        } else {
+            for (&(m, dc), &id) in gathered.iter().zip(kg.ids) {
+                per_id.push((id, m, dc));
+            }
+        }
+        let weight = per_id.iter().fold(Hi::ZERO, |s, &(_, w, _)| s + w);
+        let delta = per_id.iter().fold(Hi::ZERO, |s, &(_, _, d)| s + d);
+        if !(weight.0.is_finite() && delta.0.is_finite()) {
+            return Err(NoBound::NonFinite {
+                what: "the top-k KL's cotangents",
+            });
+        }
+        Ok(KlGradTerms {
+            per_id,
+            weight,
+            delta,
+        })
     }
 }
