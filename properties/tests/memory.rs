@@ -48,6 +48,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
             topk: true,
             loss: false,
             policy: false,
+            kl: false,
         }
         .expand(&data);
         let (p, c) = (data.problem(), cot.view());
@@ -77,6 +78,7 @@ fn peak_extra_memory_within_chunk_and_row_budgets() {
         topk: false,
         loss: false,
         policy: false,
+        kl: false,
     }
     .expand(&data);
     for (k, chunk) in budgeted(&[8]) {

@@ -155,6 +155,7 @@ fn planted_mutants_are_killed_and_correct_kernels_survive() {
         topk: false,
         loss: false,
         policy: false,
+        kl: false,
     }
     .expand(&data);
     CpuKernel::fused()

@@ -224,6 +224,7 @@ fn real_vocab_loss_gradients_within_bound() {
             topk: false,
             loss: true,
             policy: false,
+            kl: false,
         };
         let loss = LossRecipe {
             seed: 5,
@@ -269,6 +270,7 @@ fn zero_chunk_size_is_a_typed_error() {
         topk: false,
         loss: false,
         policy: false,
+        kl: false,
     }
     .expand(&data);
     let k = CpuKernel::chunked(0);
@@ -352,6 +354,7 @@ fn live_topk_ids_with_neg_inf_logits_shrunk_cases_pass() {
         topk: true,
         loss: false,
         policy: false,
+        kl: false,
     };
     let kernels = cpu_kernels();
     let all_ok = |name: &str, verdicts: Vec<logprobe_testkit::checks::KernelOutcome>| {
@@ -439,6 +442,7 @@ fn once_persisted_shrunk_cases_pass() {
         topk: false,
         loss: false,
         policy: false,
+        kl: false,
     };
     let acc = TemperatureDtype::Accumulation;
     let llm0 = RowKind::LlmLike { entropy: 0.0 };

@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 32, "{paths:?}");
+    assert_eq!(paths.len(), 35, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -65,6 +65,28 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
     let r = by("topk_forward_kl_teacher_prob_as_log_prob");
     assert_eq!(output(r, "forward_kl").verdict, ReportVerdict::Fail);
+    // Their gradients (T25): autograd's passes, renormalised or not; the
+    // normaliser detached passes forward and fails grad_logits alone.
+    for name in ["topk_kl_grad_verl_bf16", "topk_kl_grad_renormalized_bf16"] {
+        let r = by(name);
+        let g = output(r, "grad_logits");
+        assert_eq!(g.verdict, ReportVerdict::Pass, "{name}: {g:?}");
+        assert_eq!(g.count, 12 * 32000, "{name}");
+        assert_eq!(
+            output(r, "forward_kl").verdict,
+            ReportVerdict::Pass,
+            "{name}"
+        );
+    }
+    let r = by("topk_kl_grad_normalizer_detached");
+    for name in ["forward_kl", "reverse_kl"] {
+        assert_eq!(output(r, name).verdict, ReportVerdict::Pass, "{name}");
+    }
+    let g = output(r, "grad_logits");
+    assert!(
+        g.verdict == ReportVerdict::Fail && g.max_ratio.unwrap() > 100.0,
+        "{g:?}"
+    );
 
     // Each failing dump fails on the output its bug is in, and only there.
     let r = by("neg_inf_logits_naive_entropy");
@@ -205,8 +227,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the thirty small dumps (seventeen pass, two are
-/// SUSPECT, the eleven bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the thirty-three small dumps (nineteen pass, two are
+/// SUSPECT, the twelve bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -215,7 +237,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 30);
+    assert_eq!(small.len(), 33);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -236,7 +258,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 30);
+    assert_eq!(files.len(), 33);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

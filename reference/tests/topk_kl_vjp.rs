@@ -287,6 +287,35 @@ fn edge_gradients_of_the_kl() {
     let x = array![[0.5f32, 1.0, 2.0]];
     let g = grad_of(x, array![[1i64]], array![[-0.25f64]], 1.0, -2.0, true).unwrap();
     assert!(g.iter().all(|&v| v == 0.0), "{g:?}");
+    // One live id renormalised beside a dead one (a -inf logit) where the
+    // teacher has mass: the forward KL is +inf and its gradient the limit
+    // z_1 -> -inf of the finite rows' (autograd's): -g t_1 at the dead id,
+    // +g t_1 at the live one, 0 elsewhere; the reverse KL adds nothing.
+    // The limit checked against the definition at z_1 = -60 (900 bits: the
+    // two differ by ~e^-60 relative).
+    let x = array![[0.5f32, f32::NEG_INFINITY, 2.0]];
+    let (gf, gr, a) = (1.5f64, -2.0f64, [-3.0f64, -0.25]);
+    let g = grad_of(x, array![[1i64, 2]], array![a], gf, gr, true).unwrap();
+    let t1 = a[0].exp();
+    assert_eq!(g[0], 0.0, "{g:?}");
+    assert!((g[1] + gf * t1).abs() <= 1e-16 * t1, "{g:?}");
+    assert!((g[2] - gf * t1).abs() <= 1e-16 * t1, "{g:?}");
+    let f = |z1: &Float| {
+        let xs = [Float::with_val(P, 0.5), z1.clone(), Float::with_val(P, 2.0)];
+        objective(&xs, 1.0, &[1, 2], &a, true, (gf, gr), &[0.0, 0.0])
+    };
+    let h = Float::with_val(P, Float::i_exp(1, -160));
+    let z1 = Float::with_val(P, -60.0);
+    let fd = Float::with_val(
+        P,
+        f(&Float::with_val(P, &z1 + &h)) - f(&Float::with_val(P, &z1 - &h)),
+    );
+    let fd = (fd / Float::with_val(P, &h * 2u32)).to_f64();
+    assert!(
+        (fd - g[1]).abs() <= 1e-20,
+        "finite difference {fd} vs {}",
+        g[1]
+    );
     // A cotangent without options.topk_kl is refused.
     let x = array![[0.5f32, 1.0]];
     let ones = array![1.0f64];

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use logprobe_kernels::kernel::Kernel;
 use logprobe_reference::spec::{
     Columns, Dtype, EntropyLogits, Output, PolicyTerm, Reduction, SoftcapDtype, TemperatureDtype,
+    TopkKl,
 };
 use logprobe_testkit::checks::{asked, loss_problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
@@ -148,7 +149,27 @@ pub fn dump_bytes(
                     ));
                 }
             }
+            // The top-k KL's, with its teacher (in the dtype it was drawn in).
+            if let (Some(kl), Some(a)) = (p.options.topk_kl, p.teacher_topk_log_probs) {
+                let given = [
+                    ("grad_forward_kl", &cot.grad_forward_kl),
+                    ("grad_reverse_kl", &cot.grad_reverse_kl),
+                ];
+                for (name, g) in given {
+                    if let Some(g) = g {
+                        t.push((name, f32s1(g)));
+                    }
+                }
+                if given.iter().any(|(_, g)| g.is_some()) {
+                    t.push(("teacher_topk_log_probs", teacher_tensor(&kl, &a)));
+                    meta_kl = Some(kl.renormalized);
+                }
+            }
             let mut cv = cot.view();
+            if p.options.topk_kl.is_none() || p.teacher_topk_log_probs.is_none() {
+                cv.grad_forward_kl = None;
+                cv.grad_reverse_kl = None;
+            }
             if p.policy.ref_log_probs.is_none() {
                 cv.grad_kl_k1 = None;
                 cv.grad_kl_k2 = None;
@@ -228,15 +249,7 @@ pub fn dump_bytes(
                     if fo.values.contains(Output::ForwardKl)
                         || fo.values.contains(Output::ReverseKl)
                     {
-                        let (r, c) = a.dim();
-                        t.push((
-                            "teacher_topk_log_probs",
-                            DumpTensor::floats(
-                                kl.teacher_dtype,
-                                &[r, c],
-                                &a.iter().copied().collect::<Vec<_>>(),
-                            ),
-                        ));
+                        t.push(("teacher_topk_log_probs", teacher_tensor(&kl, &a)));
                         meta_kl = Some(kl.renormalized);
                     }
                 }
@@ -390,4 +403,15 @@ pub fn read_meta(path: &Path) -> Result<(String, String, String, String), String
         get(META_PROPERTY).unwrap_or_default(),
         get(META_SEED).unwrap_or_default(),
     ))
+}
+
+/// The top-k KL's teacher `[N, K]` as a dump tensor, in the dtype it was
+/// drawn in (its values are exact there).
+fn teacher_tensor(kl: &TopkKl, a: &ndarray::ArrayView2<'_, f64>) -> DumpTensor {
+    let (r, c) = a.dim();
+    DumpTensor::floats(
+        kl.teacher_dtype,
+        &[r, c],
+        &a.iter().copied().collect::<Vec<_>>(),
+    )
 }

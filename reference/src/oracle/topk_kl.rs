@@ -303,9 +303,40 @@ pub(crate) fn kl_slopes_mpfr(
         .map(|_| MpfrInterval::point(acc, 0.0))
         .collect();
     let live = topk.iter().filter(|x| !is_neg_inf(x)).count();
-    // One live id under renormalisation: l' = 0 and q = 1 whatever the
-    // logits, so the KL is constant and its gradient exactly 0.
+    let mut e = MpfrInterval::new(acc);
+    let mut tmp = MpfrInterval::new(acc);
+    let mut term = MpfrInterval::new(acc);
+    let add = |out: &mut MpfrInterval, x: &MpfrInterval, tmp: &mut MpfrInterval| {
+        tmp.assign_outward(out);
+        out.add(tmp, x);
+    };
+    // At most one live id under renormalisation: there `l' = 0` and `q = 1`
+    // exactly, whatever the logits, so the reverse KL is constant (slopes
+    // 0). A dead id (`p = 0`) where the teacher has mass (`t_k > 0`: an
+    // infinite forward KL) keeps the forward slope `-g_f t_k` of the limit
+    // `z_{id_k} -> -inf` (autograd's, and the unrenormalised case's), and
+    // the live id takes minus their sum (the renormalisation's backward
+    // `c_k - q_k sum_i c_i`); no live id: every slope 0.
     if kl.renormalized && live <= 1 {
+        let live_k = topk.iter().position(|x| !is_neg_inf(x));
+        if let (Some(lk), true) = (live_k, gf != 0.0) {
+            let mut dead = MpfrInterval::point(acc, 0.0);
+            for (k, (x, &a)) in topk.iter().zip(teacher).enumerate() {
+                if k == lk || a == f64::NEG_INFINITY {
+                    continue;
+                }
+                debug_assert!(is_neg_inf(x));
+                exp_interval(&mut e, &MpfrInterval::point(acc, a));
+                add(&mut dead, &e, &mut tmp);
+                let mut minus = MpfrInterval::new(acc);
+                minus.assign_outward(&e);
+                minus.neg();
+                term.mul(&MpfrInterval::point(acc, gf), &minus, &mut scratch);
+                add(&mut w[k], &term, &mut tmp);
+            }
+            term.mul(&MpfrInterval::point(acc, gf), &dead, &mut scratch);
+            add(&mut w[lk], &term, &mut tmp);
+        }
         return (w, true);
     }
     let renorm;
@@ -314,13 +345,6 @@ pub(crate) fn kl_slopes_mpfr(
         &renorm
     } else {
         topk
-    };
-    let mut e = MpfrInterval::new(acc);
-    let mut tmp = MpfrInterval::new(acc);
-    let mut term = MpfrInterval::new(acc);
-    let add = |out: &mut MpfrInterval, x: &MpfrInterval, tmp: &mut MpfrInterval| {
-        tmp.assign_outward(out);
-        out.add(tmp, x);
     };
     // The teacher's mass `S` (renormalised forward only).
     let mut s = MpfrInterval::point(acc, 0.0);

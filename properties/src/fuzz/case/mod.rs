@@ -106,6 +106,7 @@ impl FuzzCase {
                 topk: true,
                 loss: false,
                 policy: false,
+                kl: false,
             },
             loss: LossRecipe::plain(seed),
             chunk: 1,

@@ -35,6 +35,8 @@ impl FuzzCase {
             (self.cot.entropy, "h"),
             (self.cot.topk, "topk"),
             (self.cot.loss, "loss"),
+            (self.cot.policy, "policy"),
+            (self.cot.kl, "kl"),
         ]
         .iter()
         .filter(|(on, _)| *on)
@@ -403,13 +405,20 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
         }
         "grad" => {
             let parts: Vec<&str> = v.split('+').collect();
-            if v != "none" && parts.iter().any(|p| !["lp", "h", "topk", "loss"].contains(p)) {
-                return Err(bad_value(key, v, "none, or lp, h, topk, loss joined by +"));
+            const PARTS: [&str; 6] = ["lp", "h", "topk", "loss", "policy", "kl"];
+            if v != "none" && parts.iter().any(|p| !PARTS.contains(p)) {
+                return Err(bad_value(
+                    key,
+                    v,
+                    "none, or lp, h, topk, loss, policy, kl joined by +",
+                ));
             }
             c.cot.log_probs = parts.contains(&"lp");
             c.cot.entropy = parts.contains(&"h");
             c.cot.topk = parts.contains(&"topk");
             c.cot.loss = parts.contains(&"loss");
+            c.cot.policy = parts.contains(&"policy");
+            c.cot.kl = parts.contains(&"kl");
         }
         "grad_seed" => c.cot.seed = int(key, v)?,
         "bad" => {

@@ -104,6 +104,11 @@ pub(crate) fn cot_for<'c>(
     if asked.policy.old_log_probs.is_none() {
         cv.grad_ratio = None;
     }
+    // The top-k KL's, where the kernel is not asked the KL.
+    if asked.options.topk_kl.is_none() || asked.teacher_topk_log_probs.is_none() {
+        cv.grad_forward_kl = None;
+        cv.grad_reverse_kl = None;
+    }
     cv
 }
 

@@ -241,13 +241,15 @@ pub fn judge_backward(
         (Ok(g), None, _) => g,
     };
     let key = format!(
-        "{vjp_key} asked={:?}/{:?} loss-side={}/{}/{} policy={:?}",
+        "{vjp_key} asked={:?}/{:?} loss-side={}/{}/{} policy={:?} kl={}/{}",
         a.problem.options.entropy,
         a.problem.topk_ids.is_some(),
         cv.grad_lse.is_some(),
         cv.grad_z_loss.is_some(),
         cv.grad_loss.is_some(),
         logprobe_reference::spec::PolicyTerm::ALL.map(|t| cv.policy(t).is_some()),
+        cv.grad_forward_kl.is_some(),
+        cv.grad_reverse_kl.is_some(),
     );
     // The problem and cotangents the kernel was given (options and top-k
     // ids as asked).

@@ -34,6 +34,7 @@
 //! | `kl-teacher-prob-as-log-prob` | [`TeacherProbAsLogProb`] | fused | `forward_kl`: the teacher's `a_k` taken as its probability instead of `e^{a_k}` (issue 18) |
 //! | `kl-renormalization-skipped` | [`KlRenormalizationSkipped`] | fused | `kl_renormalized = true`: the student not renormalised over the K ids |
 //! | `kl-ids-shard-local` | [`KlIdsShardLocal`] | fused | `forward_kl` / `reverse_kl` rows with an id in the vocabulary's second half: the student's log-prob gathered at the shard-local id (TP offset not added) |
+//! | `kl-grad-normalizer-detached` | [`KlGradNormalizerDetached`] | fused | backward with a nonzero `grad_forward_kl` / `grad_reverse_kl` of a KL not renormalised: the KL's slopes `w_k` added at the ids only, log_softmax's `- p_j sum_k w_k` lost (the normaliser detached) |
 //! | `z-loss-grad-missing-2` | [`ZLossGradMissingTwo`] | fused | backward with a nonzero `grad_z_loss` and `z_loss_coef > 0`: `d(coef lse^2)` taken as `coef lse p_j` (the factor 2 lost) |
 //! | `mean-grad-over-n` | [`MeanGradOverN`] | fused | backward with `grad_loss` under `mean` and `W != N`: the gradient divided by `N` rows instead of the counted weight `W` |
 //! | `smoothing-grad-on-ignored` | [`SmoothingGradOnIgnored`] | fused | backward with `grad_loss`, `label_smoothing > 0` and an ignored row: the row's smoothing term differentiated (pytorch/pytorch #73205's gradient side) |
@@ -79,7 +80,9 @@ pub use options::{
 };
 pub use policy::{ClampMissing, K3GradWrongSign, K3Naive, RatioInverted};
 pub use softcap::SoftcapGradMissingTanh;
-pub use topk_kl::{KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb};
+pub use topk_kl::{
+    KlGradNormalizerDetached, KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb,
+};
 pub use tp::TpVocabOffset;
 pub use values::{Bf16Accumulation, MissingMaxShift, NanOnNegInf, RawEntropyFormula};
 
@@ -478,6 +481,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(TeacherProbAsLogProb, Fused, memory: false),
     entry!(KlRenormalizationSkipped, Fused, memory: true),
     entry!(KlIdsShardLocal, Fused, memory: false),
+    entry!(KlGradNormalizerDetached, Fused, memory: false),
     entry!(ZLossGradMissingTwo, Fused, memory: false),
     entry!(MeanGradOverN, Fused, memory: false),
     entry!(SmoothingGradOnIgnored, Fused, memory: false),

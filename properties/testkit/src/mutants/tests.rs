@@ -27,6 +27,7 @@ fn tp_mutant_differs_from_vocab_parallel_only_where_triggered() {
         topk: true,
         loss: false,
         policy: false,
+        kl: false,
     }
     .expand(&data);
     let widths = vec![13, 0, 20, 7];

@@ -3,12 +3,16 @@
 //! student's log-probs gathered at a shard's local ids. Each changes only
 //! the `forward_kl` / `reverse_kl` values (or the options they are
 //! computed with); every other output, the backward and the memory are the
-//! wrapped kernel's.
+//! wrapped kernel's. One more is a backward bug: the KL's gradient with
+//! log_softmax's normaliser detached ([`KlGradNormalizerDetached`]).
 
-use ndarray::Array2;
+use ndarray::{Array1, Array2};
 
-use logprobe_kernels::kernel::{ForwardOutput, Kernel};
-use logprobe_reference::spec::{Dtype, Logits, Options, Output, Problem, Shape, TopkKl};
+use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
+use logprobe_kernels::topk_kl_slopes;
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Logits, Options, Output, Problem, Shape, TopkKl,
+};
 
 use super::{PlantedBug, FUSED};
 
@@ -187,5 +191,93 @@ impl PlantedBug for KlIdsShardLocal {
                 }
             }
         }
+    }
+}
+
+/// The top-k KL's backward with the log-softmax normaliser detached: the
+/// slopes `w_k` on the student's log-probs at the ids
+/// ([`logprobe_kernels::topk_kl_slopes`]) added as `w_k 1[j = id_k]` only,
+/// the `- p_j sum_k w_k` of log_softmax's backward lost (a hand-fused
+/// backward that differentiates `z_id - lse` through `z_id` alone, as with
+/// `lse.detach()`). Formed as the correct gradient plus the `lse`
+/// gradient of the cotangent `sum_k w_k` (`d lse / d z_j = p_j`, through
+/// the temperature and softcap as the correct term), rounded to the output
+/// dtype. Triggered by a nonzero `grad_forward_kl` / `grad_reverse_kl`
+/// on a row of a KL that is not renormalised (renormalised, `sum_k w_k = 0`
+/// and the normaliser cancels).
+pub struct KlGradNormalizerDetached;
+
+impl KlGradNormalizerDetached {
+    /// Catalog name.
+    pub const NAME: &'static str = "kl-grad-normalizer-detached";
+
+    /// The bug around [`logprobe_kernels::CpuKernel::fused`] (`chunk_size`
+    /// ignored).
+    pub fn new(_chunk_size: usize) -> KlGradNormalizerDetached {
+        KlGradNormalizerDetached
+    }
+}
+
+impl PlantedBug for KlGradNormalizerDetached {
+    fn inner(&self) -> &dyn Kernel {
+        &FUSED
+    }
+
+    fn backward(
+        &self,
+        problem: &Problem<'_>,
+        cotangents: &Cotangents<'_>,
+        out: Dtype,
+    ) -> Result<Array2<f64>, KernelError> {
+        // The correct kernel's validation and typed errors first.
+        let correct = FUSED.backward(problem, cotangents, out)?;
+        let (Some(kl), Some(a)) = (problem.options.topk_kl, problem.teacher_topk_log_probs) else {
+            return Ok(correct);
+        };
+        if kl.renormalized
+            || (cotangents.grad_forward_kl.is_none() && cotangents.grad_reverse_kl.is_none())
+        {
+            return Ok(correct);
+        }
+        // The student's top-k log-probs as the kernel holds them.
+        let acc = problem.logits.dtype().accumulation();
+        let mut lp_problem = *problem;
+        lp_problem.options.entropy = None;
+        lp_problem.options.topk_kl = None;
+        lp_problem.teacher_topk_log_probs = None;
+        lp_problem.policy = Default::default();
+        let Ok(fo) = FUSED.forward(&lp_problem, acc) else {
+            return Ok(correct);
+        };
+        let Some(lp) = fo.values.get(Output::TopkLogProbs) else {
+            return Ok(correct);
+        };
+        let n = lp.nrows();
+        let lost = Array1::from_shape_fn(n, |r| {
+            let (gf, gr) = problem.kl_cotangents(cotangents, r);
+            if gf == 0.0 && gr == 0.0 {
+                return 0.0;
+            }
+            let l: Vec<f64> = lp.row(r).to_vec();
+            let w = topk_kl_slopes(&l, &a.row(r).to_vec(), false, gf, gr);
+            acc.round_f64(w.iter().sum::<f64>())
+        });
+        let mut lse_problem = lp_problem;
+        lse_problem.options.lse = true;
+        lse_problem.options.z_loss_coef = None;
+        lse_problem.options.loss = None;
+        lse_problem.loss_weights = None;
+        lse_problem.topk_ids = None;
+        let Ok(extra) = FUSED.backward(
+            &lse_problem,
+            &Cotangents {
+                grad_lse: Some(lost.view()),
+                ..Default::default()
+            },
+            Dtype::F64,
+        ) else {
+            return Ok(correct);
+        };
+        Ok((correct + extra).mapv(|x| out.round_f64(x)))
     }
 }

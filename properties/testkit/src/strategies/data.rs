@@ -7,6 +7,7 @@ use ndarray::{Array1, Array2};
 use logprobe_reference::spec::{
     Cotangents, Dtype, Logits, LogitsMut, Options, PolicyTerm, Problem,
 };
+use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
 
@@ -177,6 +178,10 @@ pub struct CotangentData {
     /// [`PolicyTerm::ALL`] order (`kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`,
     /// `ratio`).
     pub grad_policy: [Option<Array1<f64>>; 5],
+    /// Cotangent of the top-k KL's `forward_kl` `[N]` (issue 18).
+    pub grad_forward_kl: Option<Array1<f64>>,
+    /// Cotangent of the top-k KL's `reverse_kl` `[N]` (issue 18).
+    pub grad_reverse_kl: Option<Array1<f64>>,
 }
 
 impl CotangentData {
@@ -194,6 +199,8 @@ impl CotangentData {
             grad_kl_k3: self.policy(PolicyTerm::K3),
             grad_kl_abs: self.policy(PolicyTerm::Abs),
             grad_ratio: self.policy(PolicyTerm::Ratio),
+            grad_forward_kl: self.grad_forward_kl.as_ref().map(|g| g.view()),
+            grad_reverse_kl: self.grad_reverse_kl.as_ref().map(|g| g.view()),
             ..Default::default()
         }
     }
@@ -209,6 +216,19 @@ impl CotangentData {
     /// view).
     pub fn is_empty(&self) -> bool {
         self.view().is_empty()
+    }
+}
+
+/// One cotangent value: 0 or 1 with probability 1/10 each, else uniform
+/// in `[-2, 2]` rounded to f32.
+fn cotangent_value(rng: &mut SplitMix64) -> f64 {
+    let u = rng.uniform();
+    if u < 0.1 {
+        0.0
+    } else if u < 0.2 {
+        1.0
+    } else {
+        Dtype::F32.round_f64(rng.uniform_in(-2.0, 2.0))
     }
 }
 
@@ -241,6 +261,11 @@ pub struct CotangentRecipe {
     /// (`ref_log_probs`, `old_log_probs`): each term's with probability
     /// 1/2, at least one.
     pub policy: bool,
+    /// Give the top-k KL's cotangents (`grad_forward_kl`,
+    /// `grad_reverse_kl`, issue 18) where the problem computes the KL
+    /// (a teacher at its top-k ids): each with probability 1/2, at least
+    /// one.
+    pub kl: bool,
 }
 
 impl CotangentRecipe {
@@ -269,16 +294,7 @@ impl CotangentRecipe {
             }
         }
         let mut rng = rng_for(self.seed, 0xC07A);
-        let mut draw = move || -> f64 {
-            let u = rng.uniform();
-            if u < 0.1 {
-                0.0
-            } else if u < 0.2 {
-                1.0
-            } else {
-                Dtype::F32.round_f64(rng.uniform_in(-2.0, 2.0))
-            }
-        };
+        let mut draw = move || cotangent_value(&mut rng);
         let grad_log_probs = lp.then(|| Array1::from_shape_fn(n, |_| draw()));
         let grad_entropy = h.then(|| Array1::from_shape_fn(n, |_| draw()));
         let kk = data.topk_ids.as_ref().map_or(0, |ids| ids.ncols());
@@ -293,6 +309,7 @@ impl CotangentRecipe {
             _ => None,
         };
         let grad_policy = self.policy_cotangents(data);
+        let [grad_forward_kl, grad_reverse_kl] = self.kl_cotangents(data);
         CotangentData {
             grad_log_probs,
             grad_entropy,
@@ -301,7 +318,56 @@ impl CotangentRecipe {
             grad_z_loss,
             grad_loss,
             grad_policy,
+            grad_forward_kl,
+            grad_reverse_kl,
         }
+    }
+
+    /// The top-k KL's cotangents `[forward, reverse]` of
+    /// [`CotangentRecipe::expand`], from a stream of their own (every
+    /// other cotangent's value is unchanged by them): each with
+    /// probability 1/2, else one of the two; values as the others'. The
+    /// reverse KL's is 0 on a row whose teacher has a `-inf` entry: there
+    /// the KL is infinite wherever the student has mass, and a nonzero
+    /// cotangent is refused ([`logprobe_reference::spec::SpecError::KlGradientInfinite`],
+    /// judged by the edge-case property's bad inputs instead).
+    fn kl_cotangents(&self, data: &ProblemData) -> [Option<Array1<f64>>; 2] {
+        let (true, Some(kl), Some(a)) = (
+            self.kl,
+            data.options.topk_kl,
+            data.teacher_topk_log_probs.as_ref(),
+        ) else {
+            return [None, None];
+        };
+        let avail = [kl.forward, kl.reverse];
+        if !(avail[0] || avail[1]) {
+            return [None, None];
+        }
+        let mut rng = rng_for(self.seed, 0xC07A + 25);
+        let mut pick = avail.map(|on| on && rng.chance(0.5));
+        if !(pick[0] || pick[1]) {
+            let one = if avail[0] && avail[1] {
+                rng.below(2)
+            } else {
+                usize::from(avail[1])
+            };
+            pick[one] = true;
+        }
+        let n = data.n();
+        let mut draw = |side: usize| {
+            Array1::from_shape_fn(n, |row| {
+                let v = cotangent_value(&mut rng);
+                let infinite = side == 1 && a.row(row).iter().any(|&ak| ak == f64::NEG_INFINITY);
+                if infinite {
+                    0.0
+                } else {
+                    v
+                }
+            })
+        };
+        let f = pick[0].then(|| draw(0));
+        let r = pick[1].then(|| draw(1));
+        [f, r]
     }
 
     /// The policy terms' cotangents of [`CotangentRecipe::expand`], from a
@@ -328,16 +394,7 @@ impl CotangentRecipe {
             pick.push(avail[rng.below(avail.len())]);
         }
         for t in pick {
-            out[term_index(t)] = Some(Array1::from_shape_fn(n, |_| {
-                let u = rng.uniform();
-                if u < 0.1 {
-                    0.0
-                } else if u < 0.2 {
-                    1.0
-                } else {
-                    Dtype::F32.round_f64(rng.uniform_in(-2.0, 2.0))
-                }
-            }));
+            out[term_index(t)] = Some(Array1::from_shape_fn(n, |_| cotangent_value(&mut rng)));
         }
         out
     }

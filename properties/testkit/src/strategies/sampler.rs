@@ -491,7 +491,8 @@ impl Recipes for EdgeSpace {
 
 /// Cotangent recipes: each output's cotangent present with probability 3/4,
 /// the loss side's ([`CotangentRecipe::loss`]) and the policy terms'
-/// ([`CotangentRecipe::policy`]) each with probability 1/2.
+/// ([`CotangentRecipe::policy`]) and the top-k KL's
+/// ([`CotangentRecipe::kl`]) each with probability 1/2.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CotangentSpace;
 
@@ -507,6 +508,7 @@ impl Recipes for CotangentSpace {
             // Drawn last: the other fields' draws are unchanged.
             loss: rng.chance(0.5),
             policy: rng.chance(0.5),
+            kl: rng.chance(0.5),
         }
     }
 
@@ -529,6 +531,7 @@ impl Recipes for CotangentSpace {
                 policy: false,
                 ..*r
             },
+            CotangentRecipe { kl: false, ..*r },
         ] {
             if c != *r {
                 out.push(c);
