@@ -11,12 +11,14 @@
 //! it were not renormalised, and the teacher's probability taken for its
 //! log-prob.
 
+mod common;
+use common::Worst;
 use half::{bf16, f16};
 use logprobe_kernels::{topk_kl_slopes, CpuKernel, Kernel};
 use logprobe_reference::oracle::{Exact, Oracle};
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem, TopkKl};
 use logprobe_reference::splitmix::SplitMix64;
-use logprobe_verify::tolerance::{ErrorBound, Model, RowContext, RowTargets};
+use logprobe_verify::tolerance::Model;
 use ndarray::{Array1, Array2};
 
 struct Case {
@@ -104,17 +106,8 @@ fn cotangents<'a>(c: &'a Case, which: Which) -> Cotangents<'a> {
     }
 }
 
-#[derive(Default, Debug, Clone, Copy)]
-struct Worst {
-    /// Worst `error / bound` over the elements.
-    ratio: f64,
-    /// The same at the ids only.
-    at_ids: f64,
-    fails: usize,
-}
-
-/// Judges `grad` against the exact `dx` under `model`, the bound built
-/// from the row's [`RowTargets`] as verify builds it.
+/// Judges `grad` against the exact `dx` under `model` ([`common::judge`]),
+/// marking the top-k ids.
 fn judge(
     p: &Problem<'_>,
     cot: &Cotangents<'_>,
@@ -123,36 +116,7 @@ fn judge(
     dx: &Array2<Exact>,
     out: Dtype,
 ) -> Worst {
-    let o = Oracle::default();
-    let (n, v) = p.logits.dim();
-    let mut w = Worst::default();
-    for r in 0..n {
-        let stats = o.row_stats(p, r).unwrap();
-        let ctx = RowContext::from_problem(p, r).unwrap();
-        let rb = model.row_bounds(&stats, &ctx);
-        let targets = RowTargets::new(p, r, cot);
-        for j in 0..v {
-            let ErrorBound::Abs(bound) = rb.bound(Output::GradLogits, j, &targets, out) else {
-                panic!("no bound at [{r}, {j}]")
-            };
-            let err = dx[[r, j]].error(grad[[r, j]]);
-            if err > bound {
-                w.fails += 1;
-            }
-            let ratio = if bound > 0.0 {
-                err / bound
-            } else if err > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            };
-            w.ratio = w.ratio.max(ratio);
-            if targets.topk_ids.contains(&j) {
-                w.at_ids = w.at_ids.max(ratio);
-            }
-        }
-    }
-    w
+    common::judge(p, cot, model, grad, dx, out, |t, j| t.topk_ids.contains(&j))
 }
 
 #[test]

@@ -11,6 +11,8 @@
 //! wrong derivatives fail: `kl_k3`'s slope taken as `1 - e^{d}` and the
 //! ratio's gradient without the ratio factor.
 
+mod common;
+use common::Worst;
 use half::{bf16, f16};
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::{Exact, Oracle};
@@ -18,7 +20,7 @@ use logprobe_reference::spec::{
     Cotangents, Dtype, Logits, Output, PolicyClamps, PolicyInputs, PolicyTerm, Problem,
 };
 use logprobe_reference::splitmix::SplitMix64;
-use logprobe_verify::tolerance::{ErrorBound, Model, RowContext, RowTargets};
+use logprobe_verify::tolerance::{Model, RowContext};
 use ndarray::{Array1, Array2};
 
 /// Offsets `lp - ref` and `lp - old` of the rows (row `r` takes entry `r`).
@@ -96,17 +98,8 @@ fn cotangents<'a>(terms: &[PolicyTerm], c: &'a Array1<f64>) -> Cotangents<'a> {
     cot
 }
 
-#[derive(Default, Debug, Clone, Copy)]
-struct Worst {
-    /// Worst `error / bound` over the elements.
-    ratio: f64,
-    /// The same at the target columns only.
-    target: f64,
-    fails: usize,
-}
-
-/// Judges `grad` against the exact `dx` under `model`, the bound built
-/// from the row's [`RowTargets`] as verify builds it.
+/// Judges `grad` against the exact `dx` under `model` ([`common::judge`]),
+/// marking the target columns.
 fn judge(
     p: &Problem<'_>,
     cot: &Cotangents<'_>,
@@ -115,36 +108,7 @@ fn judge(
     dx: &Array2<Exact>,
     out: Dtype,
 ) -> Worst {
-    let o = Oracle::default();
-    let (n, v) = p.logits.dim();
-    let mut w = Worst::default();
-    for r in 0..n {
-        let stats = o.row_stats(p, r).unwrap();
-        let ctx = RowContext::from_problem(p, r).unwrap();
-        let rb = model.row_bounds(&stats, &ctx);
-        let targets = RowTargets::new(p, r, cot);
-        for j in 0..v {
-            let ErrorBound::Abs(bound) = rb.bound(Output::GradLogits, j, &targets, out) else {
-                panic!("no bound at [{r}, {j}]")
-            };
-            let err = dx[[r, j]].error(grad[[r, j]]);
-            if err > bound {
-                w.fails += 1;
-            }
-            let ratio = if bound > 0.0 {
-                err / bound
-            } else if err > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            };
-            w.ratio = w.ratio.max(ratio);
-            if targets.token == Some(j) {
-                w.target = w.target.max(ratio);
-            }
-        }
-    }
-    w
+    common::judge(p, cot, model, grad, dx, out, |t, j| t.token == Some(j))
 }
 
 const NO_CLAMPS: PolicyClamps = PolicyClamps {
@@ -203,7 +167,7 @@ fn correct_kernels_pass_and_the_bound_is_tight_at_real_vocab() {
             "{term:?}: the bound is over 12x loose: {w:?}"
         );
         assert!(
-            w.target >= lp_ratio / 2.0,
+            w.marked >= lp_ratio / 2.0,
             "{term:?}: looser at the target than the log-prob bound: {w:?}, log_probs {lp_ratio}"
         );
     }
