@@ -172,6 +172,7 @@ fn main() {
                     g: -1.0,
                     h: 0.25,
                     topk: &[],
+                    ..Default::default()
                 });
                 decided += fv
                     .decide_row(Dtype::F32)

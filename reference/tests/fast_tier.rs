@@ -567,6 +567,7 @@ fn violations(c: &Case, mutant: Option<Mutant>) -> Vec<String> {
         g: gt,
         h: c.h,
         topk: &c.gk,
+        ..Default::default()
     };
     let fv = fv_row.vjp(&rc);
     let qv = (c.h != 0.0).then_some(&qf);

@@ -142,20 +142,31 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
         // The f64 tier has no loss-side terms (`grad_lse`, `grad_z_loss`,
-        // `grad_loss`), no policy terms (`grad_kl_*`, `grad_ratio`) and no
-        // top-k KL (`grad_forward_kl`, `grad_reverse_kl`):
+        // `grad_loss`) and no policy terms (`grad_kl_*`, `grad_ratio`):
         // such rows take [`Oracle::vjp`] (which itself keeps the f64 tier
-        // for a row whose loss-side cotangents are all 0).
+        // for a row whose loss-side cotangents are all 0). The top-k KL's
+        // (`grad_forward_kl`, `grad_reverse_kl`) it has, as slopes on the
+        // top-k log-probs ([`FastRow::kl_slopes`]), unless they are not
+        // finite there.
         let loss_side = cotangents.grad_lse.is_some()
             || cotangents.grad_z_loss.is_some()
             || cotangents.grad_loss.is_some()
             || PolicyTerm::ALL
                 .iter()
-                .any(|&t| cotangents.policy(t).is_some())
-            || cotangents.grad_forward_kl.is_some()
-            || cotangents.grad_reverse_kl.is_some();
-        let fast = match &self.fast {
-            Some(fast) if !loss_side => fast,
+                .any(|&t| cotangents.policy(t).is_some());
+        // Validated first: the KL's cotangents are read below.
+        let shape = self.problem.validate_shapes()?;
+        self.problem.validate_cotangents(&shape, cotangents)?;
+        let kl = match self.problem.kl_cotangents(cotangents, 0) {
+            (0.0, 0.0) => None,
+            (gf, gr) => self.problem.options.topk_kl.map(|kl| (gf, gr, kl)),
+        };
+        let kl_w = match (&self.fast, kl) {
+            (Some(fast), Some((gf, gr, k))) => fast.kl_slopes(gf, gr, &k),
+            _ => Some((Vec::new(), false)),
+        };
+        let fast = match (&self.fast, &kl_w) {
+            (Some(fast), Some(_)) if !loss_side => fast,
             _ => {
                 let (g, fb) = self.oracle.vjp_counted(self.problem, cotangents, target)?;
                 self.fallback.outputs += fb.outputs;
@@ -164,8 +175,6 @@ impl<'p, 'a> RowOracle<'p, 'a> {
                 return Ok(g);
             }
         };
-        let shape = self.problem.validate_shapes()?;
-        self.problem.validate_cotangents(&shape, cotangents)?;
         let gk: Vec<f64> = cotangents
             .grad_topk_log_probs
             .map_or(Vec::new(), |a| a.row(0).to_vec());
@@ -176,6 +185,9 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             },
             h: cotangents.grad_entropy.map_or(0.0, |h| h[0]),
             topk: &gk,
+            kl,
+            kl_w: kl_w.as_ref().map_or(&[], |w| &w.0),
+            kl_sum_zero: kl_w.as_ref().is_some_and(|w| w.1),
         };
         let v = fast.vocab_size();
         let (mut out, mut pending) = (Vec::with_capacity(shape.v_total), Vec::new());

@@ -600,9 +600,13 @@ impl Oracle {
         out: &mut [Exact],
     ) -> Fallback {
         let v = row.v.len() as u64;
-        // The f64 tier encloses the log-prob, entropy and top-k terms only:
-        // a loss-side cotangent takes the MPFR path for the row.
-        let fast_mutant = self.tier.fast_vjp().filter(|_| !cot.has_loss_side());
+        // The f64 tier encloses the log-prob, entropy, top-k and top-k KL
+        // terms only: another loss-side cotangent takes the MPFR path for
+        // the row.
+        let fast_mutant = self
+            .tier
+            .fast_vjp()
+            .filter(|_| !cot.has_loss_side_besides_kl());
         let Some(mutant) = fast_mutant else {
             out.copy_from_slice(&vjp::vjp_row(&row, cot, target, precs, None));
             return Fallback {
@@ -620,13 +624,21 @@ impl Oracle {
                 ..Default::default()
             },
         );
+        let kl_w = match cot.kl {
+            Some((gf, gr, kl)) => fast.kl_slopes(gf, gr, &kl),
+            None => Some((Vec::new(), false)),
+        };
+        let (kl_w, kl_sum_zero) = kl_w.unwrap_or_default();
         let rc = fast::RowCotangents {
             g: cot.g,
             h: cot.h,
             topk: &cot.gk,
+            kl: cot.kl,
+            kl_w: &kl_w,
+            kl_sum_zero,
         };
         let mut pending = Vec::new();
-        if fast.vjp_applicable() {
+        if fast.vjp_applicable() && (cot.kl.is_none() || !kl_w.is_empty()) {
             fast.vjp(&rc).decide_slice(target, out, &mut pending);
         } else {
             out.fill(Exact::point(0.0));
@@ -665,6 +677,7 @@ impl Oracle {
             g: cotangents.g,
             h: cotangents.h,
             gk: cotangents.topk.to_vec(),
+            kl: cotangents.kl,
             ..Default::default()
         };
         vjp::vjp_row(

@@ -270,6 +270,96 @@ pub(crate) fn kl_fast(
     sum.is_finite().then_some(sum)
 }
 
+/// [`kl_slopes_mpfr`] on the f64 tier: the slopes `w [K]` enclosed from
+/// the f64 top-k enclosures `topk [K]` ([`super::fast::FastRow::topk`])
+/// and the exact `teacher [K]`, each operation rounded outward, and
+/// whether their sum is exactly 0 (renormalised). `None` where an
+/// enclosure is not finite, or under renormalisation with no live id:
+/// the caller leaves the row to MPFR.
+pub(crate) fn kl_slopes_fast(
+    topk: &[Interval],
+    teacher: &[f64],
+    kl: &TopkKl,
+    (gf, gr): (f64, f64),
+) -> Option<(Vec<Interval>, bool)> {
+    let dead = |x: &Interval| x.hi == f64::NEG_INFINITY;
+    let mut w = vec![Interval::point(0.0); topk.len()];
+    let live = topk.iter().filter(|x| !dead(x)).count();
+    let (gf_iv, gr_iv) = (Interval::point(gf), Interval::point(gr));
+    if kl.renormalized && live <= 1 {
+        // As kl_slopes_mpfr: the dead ids' limit slopes, minus their sum
+        // at the live id; no live id: left to MPFR.
+        let lk = topk.iter().position(|x| !dead(x))?;
+        if gf != 0.0 {
+            let mut sum = Interval::point(0.0);
+            for (k, &a) in teacher.iter().enumerate() {
+                if k == lk || a == f64::NEG_INFINITY {
+                    continue;
+                }
+                let t = exp_fast(Interval::point(a));
+                sum = sum.add(t);
+                w[k] = gf_iv.mul(t).neg();
+            }
+            w[lk] = gf_iv.mul(sum);
+        }
+        return w.iter().all(|x| x.is_finite()).then_some((w, true));
+    }
+    let renorm;
+    let l: &[Interval] = if kl.renormalized {
+        renorm = renormalize_fast(topk);
+        &renorm
+    } else {
+        topk
+    };
+    // The teacher's mass `S` (renormalised forward only).
+    let mut s = Interval::point(0.0);
+    if gf != 0.0 && kl.renormalized {
+        for &a in teacher {
+            if a != f64::NEG_INFINITY {
+                s = s.add(exp_fast(Interval::point(a)));
+            }
+        }
+    }
+    // `R'` (renormalised reverse only).
+    let r = (gr != 0.0 && kl.renormalized).then(|| {
+        let mut r = Interval::point(0.0);
+        for (&lk, &a) in l.iter().zip(teacher) {
+            if !dead(&lk) {
+                r = r.add(exp_fast(lk).mul(lk.sub(Interval::point(a))));
+            }
+        }
+        r
+    });
+    for (k, (&lk, &a)) in l.iter().zip(teacher).enumerate() {
+        let a_iv = Interval::point(a);
+        if gf != 0.0 && a != f64::NEG_INFINITY {
+            // -g_f t_k, or g_f (S q_k - t_k).
+            let t = exp_fast(a_iv);
+            let x = if kl.renormalized {
+                s.mul(exp_fast(lk)).sub(t)
+            } else {
+                t.neg()
+            };
+            w[k] = w[k].add(gf_iv.mul(x));
+        } else if gf != 0.0 && kl.renormalized {
+            // t_k = 0: g_f S q_k.
+            w[k] = w[k].add(gf_iv.mul(s.mul(exp_fast(lk))));
+        }
+        if gr != 0.0 && !dead(&lk) && a != f64::NEG_INFINITY {
+            // g_r p_k (l_k - a_k + 1), or g_r q_k (l'_k - a_k - R').
+            let diff = lk.sub(a_iv);
+            let y = match r {
+                Some(r) => diff.sub(r),
+                None => diff.add(Interval::point(1.0)),
+            };
+            w[k] = w[k].add(gr_iv.mul(exp_fast(lk).mul(y)));
+        }
+    }
+    w.iter()
+        .all(|x| x.is_finite())
+        .then_some((w, kl.renormalized))
+}
+
 /// The top-k KL terms' cotangents on the student's log-probs at the K ids,
 /// for the VJP (DESIGN: "Loss side"; the spec's `topk_kl` module docs):
 /// with `g_f`, `g_r` the upstream cotangents of `forward_kl`, `reverse_kl`,

@@ -72,11 +72,16 @@ pub(crate) struct RowCot {
 impl RowCot {
     /// Whether any term beyond the log-prob / entropy / top-k ones is given.
     pub(crate) fn has_loss_side(&self) -> bool {
+        self.has_loss_side_besides_kl() || self.kl.is_some()
+    }
+
+    /// Whether any term beyond the log-prob / entropy / top-k / top-k KL
+    /// ones is given (the f64 tier's VJP has those four).
+    pub(crate) fn has_loss_side_besides_kl(&self) -> bool {
         self.lse != 0.0
             || (self.z_loss != 0.0 && self.z_loss_coef != 0.0)
             || self.loss.is_some()
             || !self.policy.is_empty()
-            || self.kl.is_some()
     }
 }
 

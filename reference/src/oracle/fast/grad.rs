@@ -31,14 +31,25 @@ pub struct RowCotangents<'c> {
     pub h: f64,
     /// `G_k`, `[K]` (empty without top-k cotangents).
     pub topk: &'c [f64],
+    /// The top-k KL's upstream cotangents `(g_f, g_r)` and options, when
+    /// one is nonzero (what the MPFR path differentiates;
+    /// [`crate::spec::Problem::kl_cotangents`]).
+    pub kl: Option<(f64, f64, crate::spec::TopkKl)>,
+    /// The KL's slopes `w_k` on the top-k log-probs, `[K]` in the order
+    /// of `topk_ids`, enclosed on this tier ([`FastRow::kl_slopes`]);
+    /// empty without `kl`. Each adds to `A_{id_k}` as a `G_k` does.
+    pub kl_w: &'c [Interval],
+    /// Whether the `kl_w` sum to exactly 0 (renormalised): then they add
+    /// nothing to `C`, and `C - A_j` loses only `w_j`'s own part.
+    pub kl_sum_zero: bool,
 }
 
 /// A coefficient sum as an enclosure (exact when representable: the sum
 /// is rounded in each direction exactly).
-fn sum_interval(terms: impl Iterator<Item = f64>) -> Interval {
+fn sum_interval(terms: impl Iterator<Item = Interval>) -> Interval {
     let mut acc = Interval::ZERO;
     for t in terms {
-        acc = acc.add(Interval::point(t));
+        acc = acc.add(t);
     }
     acc
 }
@@ -95,16 +106,24 @@ fn mid_rad(iv: Interval) -> (f64, f64) {
 impl<'r, 'a> FastVjp<'r, 'a> {
     pub(crate) fn new(row: &'r FastRow<'a>, cot: &RowCotangents<'_>) -> Self {
         let pr = &row.row;
-        let mut coeffs: Vec<(usize, f64)> = Vec::new();
+        // `(j, coefficient, is a KL slope)`.
+        let mut coeffs: Vec<(usize, Interval, bool)> = Vec::new();
         if let (Some(t), true) = (pr.target, cot.g != 0.0) {
-            coeffs.push((t, cot.g));
+            coeffs.push((t, Interval::point(cot.g), false));
         }
         for (id, &gk) in pr.topk.iter().zip(cot.topk) {
             if let (TopId::Live(j), true) = (id, gk != 0.0) {
-                coeffs.push((*j, gk));
+                coeffs.push((*j, Interval::point(gk), false));
             }
         }
-        let c = sum_interval(coeffs.iter().map(|x| x.1));
+        for (id, &wk) in pr.topk.iter().zip(cot.kl_w) {
+            if let (TopId::Live(j), false) = (id, wk.lo == 0.0 && wk.hi == 0.0) {
+                coeffs.push((*j, wk, true));
+            }
+        }
+        // A slope summing to 0 with the others is in no `C`.
+        let in_c = |x: &&(usize, Interval, bool)| !(x.2 && cot.kl_sum_zero);
+        let c = sum_interval(coeffs.iter().filter(in_c).map(|x| x.1));
         let mut ids: Vec<usize> = coeffs.iter().map(|x| x.0).collect();
         ids.sort_unstable();
         ids.dedup();
@@ -112,7 +131,20 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             .into_iter()
             .map(|j| {
                 let a = sum_interval(coeffs.iter().filter(|x| x.0 == j).map(|x| x.1));
-                let rest = sum_interval(coeffs.iter().filter(|x| x.0 != j).map(|x| x.1));
+                // `C - A_j`: the others in `C`, less `j`'s own slopes not in `C`.
+                let rest = sum_interval(
+                    coeffs
+                        .iter()
+                        .filter(in_c)
+                        .filter(|x| x.0 != j)
+                        .map(|x| x.1)
+                        .chain(
+                            coeffs
+                                .iter()
+                                .filter(|x| x.0 == j && x.2 && cot.kl_sum_zero)
+                                .map(|x| x.1.neg()),
+                        ),
+                );
                 (j, a, rest)
             })
             .collect::<Vec<_>>();

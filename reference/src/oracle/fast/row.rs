@@ -485,6 +485,21 @@ impl<'a> FastRow<'a> {
             .collect()
     }
 
+    /// The top-k KL's slopes `w [K]` on this row's top-k log-probs for
+    /// the upstream cotangents `(g_f, g_r)` (of `forward_kl`,
+    /// `reverse_kl`), enclosed on this tier from [`FastRow::topk`], and
+    /// whether they sum to exactly 0 (renormalised): the
+    /// [`super::RowCotangents::kl_w`] and `kl_sum_zero` of a VJP. `None`
+    /// where an enclosure is not finite: the row's VJP is MPFR's.
+    pub fn kl_slopes(
+        &self,
+        gf: f64,
+        gr: f64,
+        kl: &crate::spec::TopkKl,
+    ) -> Option<(Vec<Interval>, bool)> {
+        crate::oracle::topk_kl::kl_slopes_fast(&self.topk(), &self.row.teacher, kl, (gf, gr))
+    }
+
     /// Entropy `ln S_w + R` (nats; `None` without entropy family).
     pub fn entropy(&self) -> Option<Interval> {
         let q = self.qfam()?;

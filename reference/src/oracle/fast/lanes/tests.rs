@@ -261,6 +261,7 @@ fn four_lanes_equal_the_scalar_decide_slice() {
             g,
             h,
             topk: if case % 2 == 0 { &gk } else { &[] },
+            ..Default::default()
         };
         let fv = fr.vjp(&cot);
         assert!(fv.pt.is_some(), "case {case}: the plain form applies");
