@@ -19,13 +19,8 @@ use logprobe_kernels::{CpuKernel, GradElement, Kernel};
 use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
 
 fn logits(n: usize, v: usize) -> Array2<f32> {
-    let mut state = 1u64;
-    let mut unit = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut rng = logprobe_reference::splitmix::SplitMix64::new(1);
+    let mut unit = move || rng.uniform() as f32;
     let mut x = Array2::from_shape_fn((n, v), |_| (unit() + unit() + unit() - 1.5) * 5.0 - 2.0);
     for mut row in x.rows_mut() {
         for k in 0..16 {

@@ -44,13 +44,8 @@ fn read_sum<T: Copy + Sync>(x: &[T], widen: impl Fn(T) -> f32 + Sync) -> f32 {
 }
 
 fn main() {
-    let mut state = 1u64;
-    let x = Array2::from_shape_fn((N, V), |_| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 20.0
-    });
+    let mut rng = logprobe_reference::splitmix::SplitMix64::new(1);
+    let x = Array2::from_shape_fn((N, V), |_| ((rng.uniform() - 0.5) * 20.0) as f32);
     let xb = x.mapv(bf16::from_f32);
     let tokens = Array1::from_shape_fn(N, |r| (r * 2377 % V) as i64);
     println!(

@@ -466,13 +466,8 @@ mod tests {
     /// ragged lengths, masks, both temperature modes, each entropy term.
     #[test]
     fn every_cpu_path_gives_the_scalar_bits() {
-        let mut state = 7u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut rng = logprobe_reference::splitmix::SplitMix64::new(7);
+        let mut next = move || rng.uniform() as f32;
         for &n in &[1usize, 15, 16, 17, 127, 128, 129, 300, 2047, 2048] {
             let mut z: Vec<f32> = (0..n).map(|_| -(next() * 40.0)).collect();
             z[0] = 0.0;

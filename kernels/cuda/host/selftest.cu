@@ -76,22 +76,21 @@ extern "C" __global__ void lp_selftest_dynamic_shared(float* out) {
     out[(lp_i64)lp_selftest_block_linear() * n + t] = lp_selftest_dyn[n - 1 - t];
 }
 
+// o[0..3] = x, y, z.
+__device__ __forceinline__ void lp_selftest_put3(unsigned* o, unsigned x, unsigned y, unsigned z) {
+    o[0] = x;
+    o[1] = y;
+    o[2] = z;
+}
+
 // out[global thread, 0..12] = threadIdx, blockIdx, blockDim, gridDim.
 extern "C" __global__ void lp_selftest_indices(unsigned* out) {
     const lp_i64 n = (lp_i64)blockDim.x * blockDim.y * blockDim.z;
     unsigned* o = out + 12 * ((lp_i64)lp_selftest_block_linear() * n + lp_selftest_linear());
-    o[0] = threadIdx.x;
-    o[1] = threadIdx.y;
-    o[2] = threadIdx.z;
-    o[3] = blockIdx.x;
-    o[4] = blockIdx.y;
-    o[5] = blockIdx.z;
-    o[6] = blockDim.x;
-    o[7] = blockDim.y;
-    o[8] = blockDim.z;
-    o[9] = gridDim.x;
-    o[10] = gridDim.y;
-    o[11] = gridDim.z;
+    lp_selftest_put3(o, threadIdx.x, threadIdx.y, threadIdx.z);
+    lp_selftest_put3(o + 3, blockIdx.x, blockIdx.y, blockIdx.z);
+    lp_selftest_put3(o + 6, blockDim.x, blockDim.y, blockDim.z);
+    lp_selftest_put3(o + 9, gridDim.x, gridDim.y, gridDim.z);
 }
 
 // A shuffle that half the warp never reaches (undefined in CUDA): the host

@@ -107,15 +107,7 @@ pub fn fused_forward_bandwidth(
     let ent = rt.zeros::<f32>(&tracker, AllocKind::Output, n)?;
     let topk = rt.zeros::<f32>(&tracker, AllocKind::Output, 1)?;
     let mask = DeviceMask::none();
-    let params = RowParams {
-        zmode: 0,
-        temp_z: 1.0,
-        temp: 1.0,
-        t_one: 1,
-        two_sets: 0,
-        grad_temp: 1.0,
-        grad_t_one: 1,
-    };
+    let params = RowParams::PLAIN;
     let run = || -> Result<(), CudaError> {
         launch_row_stats(rt, &x, 0, n, v, 0, &mask, 0, &params, &state, 0)?;
         launch_gather(rt, &x, n, v, 0, &gidx, 1, &params, &gz)?;

@@ -38,6 +38,18 @@ pub struct RowParams {
 }
 
 impl RowParams {
+    /// No temperature (`T = 1`: `z = x`), no second entropy set: what
+    /// [`RowParams::new`] gives a plain problem.
+    pub const PLAIN: RowParams = RowParams {
+        zmode: 0,
+        temp_z: 1.0,
+        temp: 1.0,
+        t_one: 1,
+        two_sets: 0,
+        grad_temp: 1.0,
+        grad_t_one: 1,
+    };
+
     /// The parameters of `problem` (validated into `shape`).
     pub fn new(problem: &Problem<'_>, shape: &Shape) -> Self {
         let t = shape.temperature as f32;
@@ -293,18 +305,7 @@ mod tests {
         let m = array![[true, false]];
         let mut p = Problem::new(Logits::F32(x.view()));
         let shape = p.validate().unwrap();
-        assert_eq!(
-            RowParams::new(&p, &shape),
-            RowParams {
-                zmode: 0,
-                temp_z: 1.0,
-                temp: 1.0,
-                t_one: 1,
-                two_sets: 0,
-                grad_temp: 1.0,
-                grad_t_one: 1,
-            }
-        );
+        assert_eq!(RowParams::new(&p, &shape), RowParams::PLAIN);
         p.options = Options {
             temperature: 0.7,
             ..Options::default()

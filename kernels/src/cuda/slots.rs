@@ -111,18 +111,40 @@ pub fn grad_slots(problem: &Problem<'_>, shape: &Shape, cot: &Cotangents<'_>) ->
 mod tests {
     use super::*;
     use logprobe_reference::spec::Logits;
-    use ndarray::{array, Array2};
+    use ndarray::{array, Array1, Array2};
+
+    /// A `[2, 4]` row pair: targets `[2, -100]` (the second ignored), the
+    /// given top-k ids, column 3 of row 0 masked.
+    struct Rows {
+        x: Array2<f32>,
+        t: Array1<i64>,
+        ids: Array2<i64>,
+        m: Array2<bool>,
+    }
+
+    impl Rows {
+        fn new(ids: Array2<i64>) -> Self {
+            Rows {
+                x: Array2::zeros((2, 4)),
+                t: array![2i64, -100],
+                ids,
+                m: array![[true, true, true, false], [true, true, true, true]],
+            }
+        }
+
+        fn problem(&self) -> Problem<'_> {
+            let mut p = Problem::new(Logits::F32(self.x.view()));
+            p.tokens = Some(self.t.view());
+            p.topk_ids = Some(self.ids.view());
+            p.sampling_mask = Some(self.m.view());
+            p
+        }
+    }
 
     #[test]
     fn gather_indices_mark_ignored_targets_and_masked_ids() {
-        let x = Array2::<f32>::zeros((2, 4));
-        let t = array![2i64, -100];
-        let ids = array![[0i64, 3], [1, 1]];
-        let m = array![[true, true, true, false], [true, true, true, true]];
-        let mut p = Problem::new(Logits::F32(x.view()));
-        p.tokens = Some(t.view());
-        p.topk_ids = Some(ids.view());
-        p.sampling_mask = Some(m.view());
+        let rows = Rows::new(array![[0i64, 3], [1, 1]]);
+        let mut p = rows.problem();
         let shape = p.validate().unwrap();
         assert_eq!(
             gather_indices(&p, &shape),
@@ -136,14 +158,8 @@ mod tests {
 
     #[test]
     fn grad_slots_merge_duplicate_columns_and_skip_masked_ids() {
-        let x = Array2::<f32>::zeros((2, 4));
-        let t = array![2i64, -100];
-        let ids = array![[2i64, 3, 0], [1, 1, 0]];
-        let m = array![[true, true, true, false], [true, true, true, true]];
-        let mut p = Problem::new(Logits::F32(x.view()));
-        p.tokens = Some(t.view());
-        p.topk_ids = Some(ids.view());
-        p.sampling_mask = Some(m.view());
+        let rows = Rows::new(array![[2i64, 3, 0], [1, 1, 0]]);
+        let p = rows.problem();
         let shape = p.validate().unwrap();
         let g = array![1.0, 5.0];
         let gk = array![[0.5, 7.0, 0.25], [2.0, 3.0, 0.125]];

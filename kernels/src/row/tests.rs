@@ -71,13 +71,8 @@ type Block = (Vec<f32>, Option<Vec<bool>>, Option<f32>, bool);
 /// Blocks that stress the evaluation: ragged lengths, ties at the max,
 /// a zero max with both signs, `-inf`, NaN and `+inf`, masks, temperatures.
 fn blocks() -> Vec<Block> {
-    let mut state = 9u64;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut rng = logprobe_reference::splitmix::SplitMix64::new(9);
+    let mut next = move || rng.uniform() as f32;
     let mut out = Vec::new();
     for (k, &n) in [
         1usize,

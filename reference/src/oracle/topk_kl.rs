@@ -27,6 +27,7 @@
 //! undecided (a tiny KL next to its terms, a rounding midpoint) MPFR
 //! decides ([`kl_mpfr`]) at the row's working precision.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use rug::float::Round;
@@ -56,6 +57,16 @@ fn is_neg_inf(iv: &MpfrInterval) -> bool {
 fn exp_interval(out: &mut MpfrInterval, x: &MpfrInterval) {
     out.lo.assign_round(x.lo.exp_ref(), Round::Down);
     out.hi.assign_round(x.hi.exp_ref(), Round::Up);
+}
+
+/// The student log-probs the KL reads: `l` itself, or renormalised
+/// ([`renormalize_mpfr`]) when `kl.renormalized`.
+fn kl_log_probs<'a>(l: &'a [MpfrInterval], kl: &TopkKl, prec: u32) -> Cow<'a, [MpfrInterval]> {
+    if kl.renormalized {
+        Cow::Owned(renormalize_mpfr(l, prec))
+    } else {
+        Cow::Borrowed(l)
+    }
 }
 
 /// The renormalised log-probs `l'_k` (module docs) from `l [K]` at
@@ -118,13 +129,7 @@ pub(crate) fn kl_mpfr(
     prec: u32,
 ) -> MpfrInterval {
     let acc = prec + 64;
-    let renorm;
-    let l: &[MpfrInterval] = if kl.renormalized {
-        renorm = renormalize_mpfr(topk, acc);
-        &renorm
-    } else {
-        topk
-    };
+    let l = kl_log_probs(topk, kl, acc);
     let mut sum = MpfrInterval::new(acc);
     let (mut w, mut diff, mut term) = (
         MpfrInterval::new(acc),
@@ -429,13 +434,7 @@ pub(crate) fn kl_slopes_mpfr(
         }
         return (w, true);
     }
-    let renorm;
-    let l: &[MpfrInterval] = if kl.renormalized {
-        renorm = renormalize_mpfr(topk, acc);
-        &renorm
-    } else {
-        topk
-    };
+    let l = kl_log_probs(topk, kl, acc);
     // The teacher's mass `S` (renormalised forward only).
     let mut s = MpfrInterval::point(acc, 0.0);
     if gf != 0.0 && kl.renormalized {

@@ -91,14 +91,8 @@ pub fn judge_values(
                 let j = tolerance::judge(x, c, out, &bound);
                 if !j.pass {
                     return Err(format!(
-                        "{}: candidate {c:e}, exact [{:e}, {:e}], error {:e} ({:.1} ulp {out}), bound {} ({}); targets {targets:?}",
-                        at(),
-                        x.enclosure.lo,
-                        x.enclosure.hi,
-                        j.error_abs,
-                        j.error_ulps,
-                        j.bound,
-                        j.verdict()
+                        "{}; targets {targets:?}",
+                        out_of_bound(at(), x, c, out, &j)
                     ));
                 }
                 ratios.record(e.output, j.ratio.unwrap_or(0.0));

@@ -201,16 +201,7 @@ pub fn judge_loss(
         let bound = &b.as_ref().expect("bounds built")[i];
         let j = tolerance::judge(x, c, out, bound);
         if !j.pass {
-            return Err(format!(
-                "{}: candidate {c:e}, exact [{:e}, {:e}], error {:e} ({:.1} ulp {out}), bound {} ({})",
-                at(i),
-                x.enclosure.lo,
-                x.enclosure.hi,
-                j.error_abs,
-                j.error_ulps,
-                j.bound,
-                j.verdict()
-            ));
+            return Err(out_of_bound(at(i), x, c, out, &j));
         }
         worst = worst.max(j.ratio.unwrap_or(0.0));
     }

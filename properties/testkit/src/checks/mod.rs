@@ -209,6 +209,27 @@ pub fn survey<C: fmt::Debug, K: ?Sized>(
     out
 }
 
+/// The failure text of a value outside its bound: where (`at`), the
+/// candidate `c`, the exact enclosure `x`, the error (absolute, and in ulps
+/// of `out`) and the bound with its verdict.
+fn out_of_bound(
+    at: impl fmt::Display,
+    x: &logprobe_reference::oracle::Exact,
+    c: f64,
+    out: logprobe_reference::spec::Dtype,
+    j: &logprobe_verify::tolerance::Judgement,
+) -> String {
+    format!(
+        "{at}: candidate {c:e}, exact [{:e}, {:e}], error {:e} ({:.1} ulp {out}), bound {} ({})",
+        x.enclosure.lo,
+        x.enclosure.hi,
+        j.error_abs,
+        j.error_ulps,
+        j.bound,
+        j.verdict()
+    )
+}
+
 fn seed_bytes(seed: u64) -> [u8; 32] {
     let mut b = [0u8; 32];
     for (i, c) in b.chunks_mut(8).enumerate() {

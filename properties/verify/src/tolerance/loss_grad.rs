@@ -14,7 +14,7 @@ use super::NoBound;
 
 /// The loss-side cotangents of one row (DESIGN: "Loss side"), exact
 /// inputs; part of [`super::GradCotangents`].
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LossGradCotangents<'c> {
     /// `a`: the row's `grad_lse` (0 without).
     pub a: f64,

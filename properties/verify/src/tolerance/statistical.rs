@@ -101,14 +101,13 @@ impl<'a> StatisticalBounds<'a> {
         StatisticalBounds(rb)
     }
 
-    /// The threshold of column `col` of `output` (as [`RowBounds::bound`]),
+    /// The threshold of the cell `(output, col)` (as [`RowBounds::bound`]),
     /// `None` for an output without a statistical tier (not
     /// [`Output::is_forward`]: gradients; and the cross-entropy `loss`,
     /// whose bound (T17) has no probabilistic counterpart derived yet).
-    pub fn bound(
+    pub fn threshold(
         &self,
-        output: Output,
-        col: usize,
+        (output, col): (Output, usize),
         targets: &RowTargets,
         out: Dtype,
     ) -> Option<ErrorBound> {

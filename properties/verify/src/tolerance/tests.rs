@@ -174,6 +174,42 @@ fn row(rng: &mut SplitMix64, v: usize, kind: usize) -> Vec<f64> {
         .collect()
 }
 
+/// verify's four models of an f32-accumulating kernel: its `lanes=8` and
+/// the three foreign presets.
+fn verify_models() -> [Model; 4] {
+    let [a, b, c] = foreign_presets(Dtype::F32);
+    [Model::lanes(8), a, b, c]
+}
+
+/// A mask over `n` entries that drops `start`, `start + step`, ...
+fn mask_every(n: usize, start: usize, step: usize) -> Vec<bool> {
+    (0..n)
+        .map(|j| j < start || (j - start) % step != 0)
+        .collect()
+}
+
+/// Each of [`row`]'s kinds `0..6` (`n` entries, drawn from `seed`), without
+/// and with a mask that drops every `every`-th entry from 0: `f(kind, x,
+/// mask, statistics (T = 1, target 3), verify_models(), their bounds)`.
+fn each_masked_row(
+    seed: u64,
+    n: usize,
+    every: usize,
+    mut f: impl FnMut(usize, &[f64], Option<&[bool]>, &RowStats, &[Model; 4], &[RowBounds<'_>; 4]),
+) {
+    let mut rng = SplitMix64::new(seed);
+    let models = verify_models();
+    for kind in 0..6 {
+        let x = row(&mut rng, n, kind);
+        let mask = mask_every(x.len(), 0, every);
+        for m in [None, Some(&mask[..])] {
+            let st = stats_f64(&x, 1.0, m, Some(3));
+            let all = RowBounds::new_all(&models, &st, &ctx1());
+            f(kind, &x, m, &st, &models, &all);
+        }
+    }
+}
+
 // ---------------------------------------------------------------- f32 kernels under test
 
 #[derive(Clone, Copy)]
@@ -258,9 +294,7 @@ fn bounds_are_finite_and_positive_on_ordinary_rows() {
                     h: -1.3,
                     token: Some(3),
                     topk: &[(5, 0.25), (3, -2.0)],
-                    loss: None,
-                    policy: None,
-                    kl: None,
+                    ..Default::default()
                 };
                 for j in [0, 3, 5, 999] {
                     let v = abs(&rb.grad(j, &cot, out));
@@ -291,9 +325,7 @@ fn bf16_accumulation_over_a_real_vocabulary_gives_no_bound() {
         h: 1.0,
         token: Some(0),
         topk: &[],
-        loss: None,
-        policy: None,
-        kl: None,
+        ..Default::default()
     };
     assert!(matches!(
         rb.grad(1, &cot, Dtype::Bf16),
@@ -327,9 +359,7 @@ fn bounds_grow_with_leaf_depth() {
             h: 1.0,
             token: Some(10),
             topk: &[],
-            loss: None,
-            policy: None,
-            kl: None,
+            ..Default::default()
         };
         let now = [
             abs(&rb.log_prob(Dtype::F32)),
@@ -454,9 +484,7 @@ fn uniform_one_hot_and_single_entry_rows_have_finite_bounds() {
                 h: 1.0,
                 token: Some(t),
                 topk: &[],
-                loss: None,
-                policy: None,
-                kl: None,
+                ..Default::default()
             };
             for j in 0..x.len() {
                 let b = abs(&rb.grad(j, &cot, Dtype::F32));
@@ -622,9 +650,7 @@ fn f32_autograd_gradients_are_within_the_element_bound() {
             h: h as f64,
             token: Some(tgt),
             topk: &[],
-            loss: None,
-            policy: None,
-            kl: None,
+            ..Default::default()
         };
         let r_mid = 0.5 * (st.r.lo + st.r.hi);
         for j in 0..v {
@@ -970,9 +996,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
                 h: 0.0,
                 token: Some(0),
                 topk,
-                loss: None,
-                policy: None,
-                kl: None,
+                ..Default::default()
             };
             let (now, before) = (mk(&live), mk(&old));
             let mut old_fails = false;
@@ -997,47 +1021,33 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
 /// model's bounds run the same shared walks).
 #[test]
 fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
-    let mut rng = SplitMix64::new(7);
-    for kind in 0..6 {
-        let x = row(&mut rng, 2000, kind);
-        let mut mask = vec![true; x.len()];
-        for j in (0..x.len()).step_by(5) {
-            mask[j] = false;
-        }
-        for m in [None, Some(&mask[..])] {
-            let st = stats_f64(&x, 1.0, m, Some(3));
-            let [a, b, c] = foreign_presets(Dtype::F32);
-            let models = [Model::lanes(8), a, b, c];
-            let all = RowBounds::new_all(&models, &st, &ctx1());
-            let cot = GradCotangents {
-                g: 0.7,
-                h: -1.3,
-                token: Some(3),
-                topk: &[(6, 0.25)],
-                loss: None,
-                policy: None,
-                kl: None,
-            };
-            for (model, shared) in models.iter().zip(&all) {
-                let one = model.row_bounds(&st, &ctx1());
-                for out in [Dtype::F32, Dtype::Bf16] {
-                    let pairs = [
-                        (one.log_prob(out), shared.log_prob(out)),
-                        (one.entropy(out), shared.entropy(out)),
-                        (one.topk(6, out), shared.topk(6, out)),
-                        (one.grad(4, &cot, out), shared.grad(4, &cot, out)),
-                    ];
-                    for (p, q) in pairs {
-                        assert_eq!(
-                            abs(&p).to_bits(),
-                            abs(&q).to_bits(),
-                            "{kind} {out}: {p} vs {q}"
-                        );
-                    }
+    each_masked_row(7, 2000, 5, |kind, _, _, st, models, all| {
+        let cot = GradCotangents {
+            g: 0.7,
+            h: -1.3,
+            token: Some(3),
+            topk: &[(6, 0.25)],
+            ..Default::default()
+        };
+        for (model, shared) in models.iter().zip(all) {
+            let one = model.row_bounds(&st, &ctx1());
+            for out in [Dtype::F32, Dtype::Bf16] {
+                let pairs = [
+                    (one.log_prob(out), shared.log_prob(out)),
+                    (one.entropy(out), shared.entropy(out)),
+                    (one.topk(6, out), shared.topk(6, out)),
+                    (one.grad(4, &cot, out), shared.grad(4, &cot, out)),
+                ];
+                for (p, q) in pairs {
+                    assert_eq!(
+                        abs(&p).to_bits(),
+                        abs(&q).to_bits(),
+                        "{kind} {out}: {p} vs {q}"
+                    );
                 }
             }
         }
-    }
+    });
 }
 
 /// Gate: our own kernels (Fused, Chunked) are never SUSPECT: their errors
@@ -1144,10 +1154,7 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
             .iter()
             .map(|&v| u32::from(half::bf16::from_f32(v as f32).to_bits()))
             .collect();
-        let mut mask = vec![true; x.len()];
-        for j in (0..x.len()).step_by(7) {
-            mask[j] = false;
-        }
+        let mask = mask_every(x.len(), 0, 7);
         for m in [None, Some(&mask[..])] {
             let keys: Vec<u32> = match m {
                 None => keys.clone(),
@@ -1158,8 +1165,7 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
                     .collect(),
             };
             let st = stats_f64(&x, 1.0, m, Some(3));
-            let [a, b, c] = foreign_presets(Dtype::F32);
-            let models = [Model::lanes(8), a, b, c];
+            let models = verify_models();
             let stat = Statistical::new(models[0]);
             let (one, _) = RowBounds::new_shared(&models, None, &st, &ctx1(), None);
             let (grouped, sg) =
@@ -1174,9 +1180,7 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
                 h: -1.3,
                 token: Some(3),
                 topk: &[(6, 0.25)],
-                loss: None,
-                policy: None,
-                kl: None,
+                ..Default::default()
             };
             for out in [Dtype::F32, Dtype::Bf16] {
                 for (o, (g, u)) in one.iter().zip(grouped.iter().zip(&ungrouped)) {
@@ -1270,62 +1274,48 @@ fn sech2_y_max_bounds_the_maximum() {
 /// cannot rule out, so a loose screen would only be slow).
 #[test]
 fn grad_screen_lower_bounds_are_below_every_models_bound() {
-    let mut rng = SplitMix64::new(11);
-    for kind in 0..6 {
-        let x = row(&mut rng, 1500, kind);
-        let mut mask = vec![true; x.len()];
-        for j in (0..x.len()).step_by(7) {
-            mask[j] = false;
-        }
-        for m in [None, Some(&mask[..])] {
-            let st = stats_f64(&x, 1.0, m, Some(3));
-            let [a, b, c] = foreign_presets(Dtype::F32);
-            let models = [Model::lanes(8), a, b, c];
-            let all = RowBounds::new_all(&models, &st, &ctx1());
-            for (g, h, topk) in [
-                (0.7, -1.3, &[(6, 0.25)][..]),
-                (-1.0, 0.0, &[][..]),
-                (0.0, 0.5, &[][..]),
-            ] {
-                let cot = GradCotangents {
-                    g,
-                    h,
-                    token: Some(3),
-                    topk,
-                    loss: None,
-                    policy: None,
-                    kl: None,
+    each_masked_row(11, 1500, 7, |kind, x, m, _, _, all| {
+        for (g, h, topk) in [
+            (0.7, -1.3, &[(6, 0.25)][..]),
+            (-1.0, 0.0, &[][..]),
+            (0.0, 0.5, &[][..]),
+        ] {
+            let cot = GradCotangents {
+                g,
+                h,
+                token: Some(3),
+                topk,
+                ..Default::default()
+            };
+            let row_c = RowBounds::grad_row(all, &cot);
+            let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {
+                panic!("{kind}: no screen for this row");
+            };
+            let (mut answered, mut tight) = (0usize, 0usize);
+            for j in 0..x.len() {
+                let exact = RowBounds::grad_many_with(&all, &row_c, j, &cot, Dtype::F32);
+                let Some(lower) = screen.lower(&all, j, &cot) else {
+                    continue;
                 };
-                let row_c = RowBounds::grad_row(&all, &cot);
-                let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {
-                    panic!("{kind}: no screen for this row");
-                };
-                let (mut answered, mut tight) = (0usize, 0usize);
-                for j in 0..x.len() {
-                    let exact = RowBounds::grad_many_with(&all, &row_c, j, &cot, Dtype::F32);
-                    let Some(lower) = screen.lower(&all, j, &cot) else {
-                        continue;
+                answered += 1;
+                let mut all_tight = true;
+                for (l, e) in lower.iter().zip(&exact) {
+                    let ErrorBound::Abs(e) = *e else {
+                        panic!("{kind} {j}: screened but no bound: {e}");
                     };
-                    answered += 1;
-                    let mut all_tight = true;
-                    for (l, e) in lower.iter().zip(&exact) {
-                        let ErrorBound::Abs(e) = *e else {
-                            panic!("{kind} {j}: screened but no bound: {e}");
-                        };
-                        assert!(e.is_finite() && *l <= e, "{kind} {j}: {l} > {e}");
-                        all_tight &= 2.0 * l >= e;
-                    }
-                    tight += usize::from(all_tight);
+                    assert!(e.is_finite() && *l <= e, "{kind} {j}: {l} > {e}");
+                    all_tight &= 2.0 * l >= e;
                 }
-                let live = x.len() - m.map_or(0, |m| m.iter().filter(|a| !**a).count());
-                assert!(
-                    answered + 2 >= live,
-                    "{kind}: {answered} of {live} answered"
-                );
-                assert!(2 * tight >= answered, "{kind}: {tight} of {answered} tight");
+                tight += usize::from(all_tight);
             }
+            let live = x.len() - m.map_or(0, |m| m.iter().filter(|a| !**a).count());
+            assert!(
+                answered + 2 >= live,
+                "{kind}: {answered} of {live} answered"
+            );
+            assert!(2 * tight >= answered, "{kind}: {tight} of {answered} tight");
         }
-    }
+    });
 }
 
 /// The four-lane walks (`bounds/lanes.rs`: the log-softmax entropy sums
@@ -1339,7 +1329,7 @@ fn four_lane_walks_equal_the_scalar_walks() {
     use super::bounds::lanes;
     use super::{GradScreen, Statistical};
     if !lanes::available() {
-        eprintln!("no AVX on this CPU: the lanes never run");
+        eprintln!("no AVX2 on this CPU: the lanes never run");
         return;
     }
     let mut rng = SplitMix64::new(21);
@@ -1354,10 +1344,7 @@ fn four_lane_walks_equal_the_scalar_walks() {
         for j in (5..x.len()).step_by(97) {
             x[j] = f64::NEG_INFINITY;
         }
-        let mut mask = vec![true; x.len()];
-        for j in (1..x.len()).step_by(11) {
-            mask[j] = false;
-        }
+        let mask = mask_every(x.len(), 1, 11);
         for m in [None, Some(&mask[..])] {
             for t in [1.0, 0.7] {
                 let st = stats_f64(&x, t, m, Some(3));
@@ -1370,8 +1357,7 @@ fn four_lane_walks_equal_the_scalar_walks() {
                     z_max_abs: z,
                     softcap: None,
                 };
-                let [a, b, c] = foreign_presets(Dtype::F32);
-                let models = [Model::lanes(8), a, b, c];
+                let models = verify_models();
                 let stat = Statistical::new(models[0]);
                 let build = || RowBounds::new_shared(&models, Some(&stat), &st, &ctx, None);
                 let (vb, vs) = build();
@@ -1401,9 +1387,7 @@ fn four_lane_walks_equal_the_scalar_walks() {
                         h,
                         token: Some(3),
                         topk: &[(6, 0.25)],
-                        loss: None,
-                        policy: None,
-                        kl: None,
+                        ..Default::default()
                     };
                     let row_c = RowBounds::grad_row(&vb, &cot);
                     let screen = || RowBounds::grad_screen(&vb, &row_c, &cot);

@@ -64,22 +64,12 @@ pub struct RowTargets {
 /// the spec gives them for a row.
 pub type PolicyTarget = logprobe_reference::spec::PolicyRow;
 
-/// One row's loss-side cotangents, owned ([`LossGradCotangents`] borrows
-/// them): see that type for the fields.
+/// One row's loss-side cotangents, owned: [`LossGradCotangents`]'s
+/// scalar terms (its `mask` `None` here) and the mask's row.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LossGradRow {
-    /// `grad_lse[row]`.
-    pub a: f64,
-    /// `2 coef grad_z_loss[row]` (upward in magnitude).
-    pub zb: f64,
-    /// An upper bound of `|ell|` (`|g w|`, `/ W` under `mean`).
-    pub ell: f64,
-    /// `N` under `mean`.
-    pub mean_rows: Option<usize>,
-    /// `eps` as the computation takes it.
-    pub eps: f64,
-    /// `|A|`.
-    pub count: usize,
+    /// `a`, `zb`, `ell`, `mean_rows`, `eps`, `count` (see that type).
+    pub terms: LossGradCotangents<'static>,
     /// Which entries `j < V` the sampling mask allows (`None`: all).
     pub allowed: Option<Vec<bool>>,
 }
@@ -130,7 +120,7 @@ impl LossGradRow {
                 }
             }
         };
-        Some(LossGradRow {
+        let terms = LossGradCotangents {
             a: cot.grad_lse.map_or(0.0, |a| a[row]),
             zb: up(up(2.0 * coef.abs()) * cot.grad_z_loss.map_or(0.0, |b| b[row]).abs()),
             ell,
@@ -142,6 +132,10 @@ impl LossGradRow {
                 .and_then(|c| c.effective_label_smoothing(acc).ok())
                 .unwrap_or(0.0),
             count: (0..v).filter(|&j| problem.allowed(row, j)).count(),
+            mask: None,
+        };
+        Some(LossGradRow {
+            terms,
             allowed: problem
                 .sampling_mask
                 .map(|m| m.row(row).iter().take(v).copied().collect()),
@@ -262,13 +256,8 @@ impl RowTargets {
             token: self.token,
             topk: &self.live_topk,
             loss: self.loss_grad.as_ref().map(|l| LossGradCotangents {
-                a: l.a,
-                zb: l.zb,
-                ell: l.ell,
-                mean_rows: l.mean_rows,
-                eps: l.eps,
-                count: l.count,
                 mask: l.allowed.as_deref().map(ArrayView1::from),
+                ..l.terms
             }),
             policy: match (&self.policy, self.policy_grad.is_empty()) {
                 (Some(inputs), false) => Some(PolicyGradCotangents {

@@ -685,7 +685,7 @@ fn verify_row(
             // kernel's error on the same element.
             if let Some(t) = st
                 .as_ref()
-                .and_then(|s| s.bound(e.output, e.col, &targets, e.dtype))
+                .and_then(|s| s.threshold((e.output, e.col), &targets, e.dtype))
             {
                 // Measured as in f64: for a finite candidate that is the
                 // judgement's above (only an infinite candidate's error

@@ -21,37 +21,9 @@ use crate::spec::Dtype;
 
 use super::grad::PointForm;
 
+pub(super) use crate::simd::available;
 #[cfg(test)]
-thread_local! {
-    /// Tests: the lanes are off on this thread ([`scalar`]).
-    static SCALAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests: `f` with the lanes off on this thread (the scalar code runs).
-#[cfg(test)]
-pub(crate) fn scalar<R>(f: impl FnOnce() -> R) -> R {
-    SCALAR.with(|s| s.set(true));
-    let r = f();
-    SCALAR.with(|s| s.set(false));
-    r
-}
-
-/// Whether this CPU runs [`plain4`] (x86-64 with AVX2).
-#[inline]
-pub(super) fn available() -> bool {
-    #[cfg(test)]
-    if SCALAR.with(|s| s.get()) {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
+pub(crate) use crate::simd::scalar;
 
 /// Four plain elements' results, lane `l` for element `j + l`: the
 /// enclosure `[lo, hi]` ((F7')), and, where `decided` (bit `l`), the
@@ -115,85 +87,14 @@ pub(super) fn plain4(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::simd::x86::*;
+
     use super::super::decide::round_to;
     use super::super::grad::{PointForm, CE};
     use super::super::ival::{TINY, U};
     use super::super::pass::C1;
     use super::Block;
     use crate::spec::Dtype;
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn splat(x: f64) -> __m256d {
-        _mm256_set1_pd(x)
-    }
-
-    /// `|x|` (the sign bit cleared, as `f64::abs`).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn abs(x: __m256d) -> __m256d {
-        _mm256_andnot_pd(_mm256_set1_pd(-0.0), x)
-    }
-
-    /// `-x` (the sign bit flipped, as `Neg`).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn neg(x: __m256d) -> __m256d {
-        _mm256_xor_pd(_mm256_set1_pd(-0.0), x)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn add(a: __m256d, b: __m256d) -> __m256d {
-        _mm256_add_pd(a, b)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn sub(a: __m256d, b: __m256d) -> __m256d {
-        _mm256_sub_pd(a, b)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn mul(a: __m256d, b: __m256d) -> __m256d {
-        _mm256_mul_pd(a, b)
-    }
-
-    /// `if m { x } else { y }` per lane (`m` all ones or all zeros).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn select(m: __m256d, x: __m256d, y: __m256d) -> __m256d {
-        _mm256_blendv_pd(y, x, m)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn bits(x: __m256d) -> __m256i {
-        _mm256_castpd_si256(x)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn float(x: __m256i) -> __m256d {
-        _mm256_castsi256_pd(x)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn lanes(x: __m256d) -> [f64; 4] {
-        let mut a = [0.0; 4];
-        // SAFETY: `a` holds four f64 (unaligned store).
-        unsafe { _mm256_storeu_pd(a.as_mut_ptr(), x) };
-        a
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn load(a: &[f64; 4]) -> __m256d {
-        // SAFETY: `a` holds four f64 (unaligned load).
-        unsafe { _mm256_loadu_pd(a.as_ptr()) }
-    }
 
     /// `f64::next_up` per lane, on the bits as the standard library does:
     /// NaN and `+inf` unchanged, `+-0` to the smallest subnormal, else one

@@ -1,4 +1,4 @@
-//! Per-entry work of up to four models in the four f64 lanes of one AVX
+//! Per-entry work of up to four models in the four f64 lanes of one AVX2
 //! vector: the log-softmax entropy sums (T12, T13) of a row
 //! ([`sums4`], the vector twin of [`super::logsoftmax_sums`]) and the
 //! gradient screen's lower bounds (T14s) of an element ([`lower4`], of
@@ -14,41 +14,14 @@ use logprobe_reference::oracle::RowStats;
 
 use super::{Consts, Hi, LsSums, SetBounds};
 
+pub(crate) use logprobe_reference::simd::available;
 #[cfg(test)]
-thread_local! {
-    /// Tests: the lanes are off on this thread ([`scalar`]).
-    static SCALAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests: `f` with the lanes off on this thread (the scalar code runs).
-#[cfg(test)]
-pub(crate) fn scalar<R>(f: impl FnOnce() -> R) -> R {
-    SCALAR.with(|s| s.set(true));
-    let r = f();
-    SCALAR.with(|s| s.set(false));
-    r
-}
-
-/// Whether this CPU runs [`sums4`] and [`lower4`] (x86-64 with AVX).
-pub(crate) fn available() -> bool {
-    #[cfg(test)]
-    if SCALAR.with(|s| s.get()) {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
+pub(crate) use logprobe_reference::simd::scalar;
 
 /// The [`LsSums`] of the models `cs` (1 to 4, each with its entropy set
 /// bounds `ws`) over every entry of `st.e` one by one (no groups), `ew`
 /// the entries' `e^lw` ([`super::EntropyShared::ew`]). `None` when the
-/// CPU has no AVX ([`available`]) or there are more than four models.
+/// CPU has no AVX2 ([`available`]) or there are more than four models.
 pub(super) fn sums4(
     cs: &[&Consts],
     ws: &[SetBounds],
@@ -60,7 +33,7 @@ pub(super) fn sums4(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX is present (checked above).
+        // SAFETY: AVX2 is present (checked above).
         Some(unsafe { x86::sums4(cs, ws, st, ew) })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -146,14 +119,14 @@ pub(super) struct ElementIn {
 
 /// [`super::GradScreen::lower`] of one element for the `l.n` models of
 /// `l`; `None` where it answers `None` (an exponent above 1), and when the
-/// CPU has no AVX.
+/// CPU has no AVX2.
 pub(super) fn lower4(l: &ScreenLanes, x: &ElementIn) -> Option<[f64; 4]> {
     if !available() {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX is present (checked above).
+        // SAFETY: AVX2 is present (checked above).
         unsafe { x86::lower4(l, x) }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -173,6 +146,8 @@ fn per_model<T>(items: &[T], f: impl Fn(&T) -> f64) -> [f64; 4] {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use logprobe_reference::simd::x86::{lanes, load, max_nan, splat};
+
     use logprobe_reference::oracle::RowStats;
 
     use super::super::{Consts, Hi, Lo, LsSums, SetBounds};
@@ -184,7 +159,7 @@ mod x86 {
 
     /// [`crate::tolerance::upward`]'s `up`, per lane.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn up(x: __m256d) -> __m256d {
         let abs = _mm256_andnot_pd(_mm256_set1_pd(-0.0), x);
         _mm256_add_pd(
@@ -195,21 +170,21 @@ mod x86 {
 
     /// `Hi + Hi`.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn add(a: __m256d, b: __m256d) -> __m256d {
         up(_mm256_add_pd(a, b))
     }
 
     /// `Hi * Hi`.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn mul(a: __m256d, b: __m256d) -> __m256d {
         up(_mm256_mul_pd(a, b))
     }
 
     /// [`crate::tolerance::upward`]'s `dn`, per lane.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn dn(x: __m256d) -> __m256d {
         let abs = _mm256_andnot_pd(_mm256_set1_pd(-0.0), x);
         _mm256_sub_pd(
@@ -220,53 +195,23 @@ mod x86 {
 
     /// `Lo + Lo`.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn add_lo(a: __m256d, b: __m256d) -> __m256d {
         dn(_mm256_add_pd(a, b))
     }
 
     /// `Lo * Lo`.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn mul_lo(a: __m256d, b: __m256d) -> __m256d {
         dn(_mm256_mul_pd(a, b))
-    }
-
-    /// [`Hi::max`]: NaN when either is.
-    #[inline]
-    #[target_feature(enable = "avx")]
-    fn max_nan(a: __m256d, b: __m256d) -> __m256d {
-        let nan = _mm256_cmp_pd::<_CMP_UNORD_Q>(a, b);
-        _mm256_blendv_pd(_mm256_max_pd(a, b), _mm256_set1_pd(f64::NAN), nan)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx")]
-    fn splat(x: f64) -> __m256d {
-        _mm256_set1_pd(x)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx")]
-    fn lanes(x: __m256d) -> [f64; 4] {
-        let mut a = [0.0; 4];
-        // SAFETY: `a` holds four f64 (unaligned store).
-        unsafe { _mm256_storeu_pd(a.as_mut_ptr(), x) };
-        a
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx")]
-    fn load(a: [f64; 4]) -> __m256d {
-        // SAFETY: `a` holds four f64 (unaligned load).
-        unsafe { _mm256_loadu_pd(a.as_ptr()) }
     }
 
     /// See [`super::sums4`].
     ///
     /// # Safety
-    /// The CPU has AVX.
-    #[target_feature(enable = "avx")]
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
     pub(super) unsafe fn sums4(
         cs: &[&Consts],
         ws: &[SetBounds],
@@ -274,14 +219,14 @@ mod x86 {
         ew: &[Hi],
     ) -> Vec<LsSums> {
         let n = cs.len();
-        let a_lp = load(per_model(cs, |c| c.a_lp.0));
-        let b_lp = load(per_model(cs, |c| c.b_lp.0));
-        let u = load(per_model(cs, |c| c.u.0));
+        let a_lp = load(&per_model(cs, |c| c.a_lp.0));
+        let b_lp = load(&per_model(cs, |c| c.b_lp.0));
+        let u = load(&per_model(cs, |c| c.u.0));
         // `Hi::ONE + u`, as `Consts::lambda` evaluates it.
         let one_u = add(splat(1.0), u);
-        let lmn = load(per_model(cs, |c| c.ln_min_normal));
-        let lse_err = load(per_model(ws, |w| w.lse_err.0));
-        let ln_s_hi = load(per_model(ws, |w| w.ln_s.hi));
+        let lmn = load(&per_model(cs, |c| c.ln_min_normal));
+        let lse_err = load(&per_model(ws, |w| w.lse_err.0));
+        let ln_s_hi = load(&per_model(ws, |w| w.ln_s.hi));
         let zero = _mm256_setzero_pd();
         let (mut s_dem, mut s_em, mut s_lam, mut fl_d, mut fl_1, mut sdl) =
             (zero, zero, zero, zero, zero, zero);
@@ -380,19 +325,22 @@ mod x86 {
     /// `|d_j| = d_abs`: the larger of `lambda_j` and `alpha_j - ln(1 -
     /// theta_S) + 2u`.
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn prob_arg(l: &ArgLanes, d_abs: __m256d) -> __m256d {
-        let alpha = add(mul(load(l.a), d_abs), load(l.b));
-        let via_div = add(add(alpha, load(l.nl_theta)), load(l.two_u));
-        let lp_abs = add(d_abs, load(l.ln_s_hi));
-        let pre = add(add(mul(load(l.a_lp), d_abs), load(l.b_lp)), load(l.lse_err));
-        let lam = add(mul(pre, load(l.one_u)), mul(load(l.u), lp_abs));
+        let alpha = add(mul(load(&l.a), d_abs), load(&l.b));
+        let via_div = add(add(alpha, load(&l.nl_theta)), load(&l.two_u));
+        let lp_abs = add(d_abs, load(&l.ln_s_hi));
+        let pre = add(
+            add(mul(load(&l.a_lp), d_abs), load(&l.b_lp)),
+            load(&l.lse_err),
+        );
+        let lam = add(mul(pre, load(&l.one_u)), mul(load(&l.u), lp_abs));
         max_nan(lam, via_div)
     }
 
     /// Whether `x <= 1` in every one of the first `n` lanes (NaN: no).
     #[inline]
-    #[target_feature(enable = "avx")]
+    #[target_feature(enable = "avx2")]
     fn at_most_one(x: __m256d, n: usize) -> bool {
         let ok = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_LE_OQ>(x, splat(1.0)));
         let want = (1 << n) - 1;
@@ -402,8 +350,8 @@ mod x86 {
     /// See [`super::lower4`].
     ///
     /// # Safety
-    /// The CPU has AVX.
-    #[target_feature(enable = "avx")]
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
     pub(super) unsafe fn lower4(l: &ScreenLanes, x: &ElementIn) -> Option<[f64; 4]> {
         let zero = _mm256_setzero_pd();
         let mut arg_p = None;
@@ -415,7 +363,7 @@ mod x86 {
             arg_p = Some(arg);
         }
         let k = usize::from(x.h_term);
-        let gm = load(l.gm[k]);
+        let gm = load(&l.gm[k]);
         let t_h = if x.h_term {
             let arg_w = match arg_p {
                 Some(arg) if x.same => arg,
@@ -431,9 +379,9 @@ mod x86 {
             let c_hi = Hi(x.e.1) + Hi(x.r.1);
             let c_lo = Lo(x.e.0) + Lo(x.r.0);
             let c_abs = splat(c_hi.max(c_lo.neg()).0);
-            let lpw_abs = add(splat(-x.e.0), load(l.w.ln_s_hi));
-            let mags = add_lo(add_lo(lpw_abs, load(l.h_hi)), splat(2.0));
-            let inner = add_lo(add_lo(mul_lo(arg_w, c_abs), load(l.dh)), mul_lo(gm, mags));
+            let lpw_abs = add(splat(-x.e.0), load(&l.w.ln_s_hi));
+            let mags = add_lo(add_lo(lpw_abs, load(&l.h_hi)), splat(2.0));
+            let inner = add_lo(add_lo(mul_lo(arg_w, c_abs), load(&l.dh)), mul_lo(gm, mags));
             mul_lo(mul_lo(splat(x.h), splat(x.eq)), inner)
         } else {
             zero
@@ -442,7 +390,7 @@ mod x86 {
             Some(arg) => mul_lo(mul_lo(splat(x.g_sum), splat(x.ep)), add_lo(arg, gm)),
             None => zero,
         };
-        let out = mul_lo(add_lo(t_p, t_h), load(l.inv_t));
+        let out = mul_lo(add_lo(t_p, t_h), load(&l.inv_t));
         Some(lanes(_mm256_max_pd(out, zero)))
     }
 }
