@@ -914,14 +914,31 @@ impl<'a> Problem<'a> {
         let capped = self.options.softcap.is_some();
         let any_allowed_finite = with_logits!(self.logits, lv => {
             let r = lv.row(row);
-            let mut any = false;
-            for j in 0..v {
-                let x = r[j].to_f64();
-                if x.is_nan() || x == f64::INFINITY {
-                    return Err(SpecError::NonFiniteLogit { tensor: "logits", row, col: j, value: x });
+            // One branch-free sweep; only a bad row is walked again for
+            // its first bad column.
+            let (mut bad, mut any) = (false, false);
+            match mask {
+                None => {
+                    for x in r.iter().take(v) {
+                        let x = x.to_f64();
+                        bad |= x.is_nan() | (x == f64::INFINITY);
+                        any |= capped | x.is_finite();
+                    }
                 }
-                if (capped || x.is_finite()) && mask.is_none_or(|m| m[j]) {
-                    any = true;
+                Some(m) => {
+                    for (x, &allowed) in r.iter().take(v).zip(m.iter()) {
+                        let x = x.to_f64();
+                        bad |= x.is_nan() | (x == f64::INFINITY);
+                        any |= (capped | x.is_finite()) & allowed;
+                    }
+                }
+            }
+            if bad {
+                for (j, x) in r.iter().take(v).enumerate() {
+                    let x = x.to_f64();
+                    if x.is_nan() || x == f64::INFINITY {
+                        return Err(SpecError::NonFiniteLogit { tensor: "logits", row, col: j, value: x });
+                    }
                 }
             }
             any

@@ -216,6 +216,95 @@ pub(crate) struct Sums {
     pub bad: bool,
 }
 
+thread_local! {
+    /// [`accumulate`]'s memo of `(a^_j, exact, RN(exp(-a^_j)))` by logit.
+    static SHIFT_MEMO: std::cell::RefCell<ShiftMemo> = std::cell::RefCell::new(ShiftMemo::default());
+}
+
+/// Slots of [`ShiftMemo`] (a 16-bit hash of the logit's bits).
+const MEMO_SLOTS: usize = 1 << 16;
+/// Members after which [`MemoPass`] checks its hit rate.
+const MEMO_TRIAL: u32 = 4096;
+
+/// A direct-mapped memo of one pass's per-entry `(a^, exact, r)`, keyed by
+/// the logit's bits: every slot holds the logit it answers for and the
+/// pass that wrote it, so a hit is the same value the computation gives
+/// (bit for bit). Rows of 16-bit logits repeat a few thousand values over
+/// `V`, so most entries skip the shift and the exp; a row whose first
+/// [`MEMO_TRIAL`] members hit less than a quarter of the time (f32 logits)
+/// stops looking.
+#[derive(Default)]
+struct ShiftMemo {
+    /// `(logit bits, pass, a^, r, exact)`.
+    slots: Vec<(u64, u32, f64, f64, bool)>,
+    /// The current pass (a slot of another pass is empty).
+    pass: u32,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: the memo is off on this thread.
+    static MEMO_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl ShiftMemo {
+    fn start(&mut self) -> MemoPass<'_> {
+        #[cfg(test)]
+        let on = !MEMO_OFF.with(|o| o.get());
+        #[cfg(not(test))]
+        let on = true;
+        if self.slots.is_empty() {
+            self.slots = vec![(0, 0, 0.0, 0.0, false); MEMO_SLOTS];
+        }
+        self.pass = self.pass.wrapping_add(1);
+        if self.pass == 0 {
+            // Wrapped: no slot may claim the new pass.
+            self.slots.fill((0, 0, 0.0, 0.0, false));
+            self.pass = 1;
+        }
+        MemoPass {
+            memo: self,
+            on,
+            seen: 0,
+            hits: 0,
+        }
+    }
+}
+
+/// One pass's use of the [`ShiftMemo`].
+struct MemoPass<'m> {
+    memo: &'m mut ShiftMemo,
+    on: bool,
+    seen: u32,
+    hits: u32,
+}
+
+impl MemoPass<'_> {
+    /// `f()` for logit `x`: from the memo when this pass already computed
+    /// it for the same bits.
+    #[inline(always)]
+    fn get(&mut self, x: f64, f: impl FnOnce() -> (f64, bool, f64)) -> (f64, bool, f64) {
+        if !self.on {
+            return f();
+        }
+        let bits = x.to_bits();
+        let key = (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize;
+        let pass = self.memo.pass;
+        let slot = &mut self.memo.slots[key];
+        self.seen += 1;
+        if slot.0 == bits && slot.1 == pass {
+            self.hits += 1;
+            return (slot.2, slot.4, slot.3);
+        }
+        let (a, exact, r) = f();
+        *slot = (bits, pass, a, r, exact);
+        if self.seen == MEMO_TRIAL && self.hits < MEMO_TRIAL / 4 {
+            self.on = false;
+        }
+        (a, exact, r)
+    }
+}
+
 /// The pass over one family: every member `j` (finite `v_j` with
 /// `member(j)`), one correctly rounded exp each (CORE-MATH). `B` adds the
 /// `a1` sum, `M2` the `a2` sum; with `cache`, every member's `(a^, r,
@@ -241,35 +330,41 @@ pub(crate) fn accumulate<const B: bool, const M2: bool>(
     let (mut x0, mut amax, mut bad) = (0.0f64, 0.0f64, false);
     let (mut a0, mut a1, mut a2) = (Dd::default(), Dd::default(), Dd::default());
     let mut n = 0u64;
-    for (j, &x) in v.iter().enumerate() {
-        if x == f64::NEG_INFINITY || !member(j) {
-            continue;
-        }
-        let (a, exact) = shift(vmax, x, div);
-        bad |= !(vmax - x <= f64::MAX);
-        let r = if j == argmax { 1.0 } else { core_math::exp(-a) };
-        if let Some(c) = cache.as_deref_mut() {
-            c.a[j] = a;
-            c.r[j] = r;
-            c.exact[j] = exact;
-        }
-        if j == argmax {
-            continue;
-        }
-        n += 1;
-        a0.add(r);
-        let ac = a.min(f64::MAX);
-        let flag = ((!exact) & (r > 0.0)) as u8 as f64;
-        let pr = r * ac;
-        if B {
-            a1.add(pr);
-            if M2 {
-                a2.add(pr * ac);
+    SHIFT_MEMO.with_borrow_mut(|memo| {
+        let mut memo = memo.start();
+        for (j, &x) in v.iter().enumerate() {
+            if x == f64::NEG_INFINITY || !member(j) {
+                continue;
             }
+            bad |= !(vmax - x <= f64::MAX);
+            let (a, exact, r) = memo.get(x, || {
+                let (a, exact) = shift(vmax, x, div);
+                (a, exact, core_math::exp(-a))
+            });
+            let r = if j == argmax { 1.0 } else { r };
+            if let Some(c) = cache.as_deref_mut() {
+                c.a[j] = a;
+                c.r[j] = r;
+                c.exact[j] = exact;
+            }
+            if j == argmax {
+                continue;
+            }
+            n += 1;
+            a0.add(r);
+            let ac = a.min(f64::MAX);
+            let flag = ((!exact) & (r > 0.0)) as u8 as f64;
+            let pr = r * ac;
+            if B {
+                a1.add(pr);
+                if M2 {
+                    a2.add(pr * ac);
+                }
+            }
+            x0 += flag * pr;
+            amax = amax.max(flag * ac);
         }
-        x0 += flag * pr;
-        amax = amax.max(flag * ac);
-    }
+    });
     s.n = n;
     s.a0 = a0;
     s.a1 = a1;
@@ -427,6 +522,49 @@ fn pow2(e: i32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memo changes no bit of a pass: rows of bf16 values (most
+    /// entries hit), of f32 values (the memo stops after its trial), the
+    /// same logits again under another max and divisor (a slot of the
+    /// earlier pass must not answer), with a mask, against the memo off.
+    #[test]
+    fn the_shift_memo_changes_no_bit() {
+        let mut rng = crate::splitmix::SplitMix64::new(5);
+        let bf = |x: f64| f64::from(half::bf16::from_f64(x));
+        let rows: Vec<Vec<f64>> = vec![
+            (0..20000).map(|_| bf(3.0 * rng.normal())).collect(),
+            (0..20000)
+                .map(|_| 3.0 * rng.normal() as f32 as f64)
+                .collect(),
+        ];
+        let mask: Vec<bool> = (0..20000).map(|j| j % 7 != 3).collect();
+        let run = |v: &[f64], vmax: f64, div: Div, masked: bool, per_entry: bool| {
+            let argmax = v.iter().position(|&x| x == vmax).unwrap_or(0);
+            let mut cache = per_entry.then(Cache::default);
+            let sums = if masked {
+                accumulate::<true, true>(v, |j| mask[j], vmax, argmax, div, cache.as_mut())
+            } else {
+                accumulate::<true, false>(v, |_| true, vmax, argmax, div, cache.as_mut())
+            };
+            let c = cache.map(|c| format!("{:?} {:?} {:?}", c.a, c.r, c.exact));
+            format!("{sums:?} {c:?}")
+        };
+        for v in &rows {
+            let vmax = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            for (div, masked, per_entry) in [
+                (Div::One, false, true),
+                (Div::new(0.7), true, false),
+                (Div::new(0.5), false, false),
+                (Div::One, true, true),
+            ] {
+                let with = run(v, vmax, div, masked, per_entry);
+                MEMO_OFF.with(|o| o.set(true));
+                let without = run(v, vmax, div, masked, per_entry);
+                MEMO_OFF.with(|o| o.set(false));
+                assert_eq!(with, without, "{div:?} masked {masked}");
+            }
+        }
+    }
 
     #[test]
     fn constants_hold() {
