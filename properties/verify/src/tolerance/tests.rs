@@ -63,30 +63,18 @@ fn set_f64(x: &[f64], t: f64, allowed: &dyn Fn(usize) -> bool) -> SetF64 {
             )
         })
         .collect();
-    let r_lo: f64 = p
-        .iter()
-        .zip(&d)
-        .filter(|(_, d)| d.hi.is_finite())
-        .map(|(p, d)| p.lo * -d.hi)
-        .sum();
-    let r_hi: f64 = p
-        .iter()
-        .zip(&d)
-        .filter(|(_, d)| d.hi.is_finite())
-        .map(|(p, d)| p.hi * -d.lo)
-        .sum();
-    let m2_lo: f64 = p
-        .iter()
-        .zip(&d)
-        .filter(|(_, d)| d.hi.is_finite())
-        .map(|(p, d)| p.lo * d.hi * d.hi)
-        .sum();
-    let m2_hi: f64 = p
-        .iter()
-        .zip(&d)
-        .filter(|(_, d)| d.hi.is_finite())
-        .map(|(p, d)| p.hi * d.lo * d.lo)
-        .sum();
+    // Sum of `f(p_j, d_j)` over the finite entries.
+    let sum = |f: fn(&Interval, &Interval) -> f64| -> f64 {
+        p.iter()
+            .zip(&d)
+            .filter(|(_, d)| d.hi.is_finite())
+            .map(|(p, d)| f(p, d))
+            .sum()
+    };
+    let r_lo = sum(|p, d| p.lo * -d.hi);
+    let r_hi = sum(|p, d| p.hi * -d.lo);
+    let m2_lo = sum(|p, d| p.lo * d.hi * d.hi);
+    let m2_hi = sum(|p, d| p.hi * d.lo * d.lo);
     SetF64 {
         d,
         s: Interval { lo: s_lo, hi: s_hi },
