@@ -162,6 +162,17 @@ fn row(rng: &mut SplitMix64, v: usize, kind: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Cotangents `g = 0.7` at target 3, `h = -1.3`, `G = 0.25` at top-k id 6.
+fn target_and_id_cot() -> GradCotangents<'static> {
+    GradCotangents {
+        g: 0.7,
+        h: -1.3,
+        token: Some(3),
+        topk: &[(6, 0.25)],
+        ..Default::default()
+    }
+}
+
 /// verify's four models of an f32-accumulating kernel: its `lanes=8` and
 /// the three foreign presets.
 fn verify_models() -> [Model; 4] {
@@ -1010,13 +1021,7 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
 #[test]
 fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
     each_masked_row(7, 2000, 5, |kind, _, _, st, models, all| {
-        let cot = GradCotangents {
-            g: 0.7,
-            h: -1.3,
-            token: Some(3),
-            topk: &[(6, 0.25)],
-            ..Default::default()
-        };
+        let cot = target_and_id_cot();
         for (model, shared) in models.iter().zip(all) {
             let one = model.row_bounds(&st, &ctx1());
             for out in [Dtype::F32, Dtype::Bf16] {
@@ -1163,13 +1168,7 @@ fn grouped_and_statistical_bounds_equal_the_one_by_one_bounds() {
             // A key naming two different logits alike: no grouping, same bounds.
             let bad = vec![0u32; x.len()];
             let (ungrouped, _) = RowBounds::new_shared(&models, None, &st, &ctx1(), Some(&bad));
-            let cot = GradCotangents {
-                g: 0.7,
-                h: -1.3,
-                token: Some(3),
-                topk: &[(6, 0.25)],
-                ..Default::default()
-            };
+            let cot = target_and_id_cot();
             for out in [Dtype::F32, Dtype::Bf16] {
                 for (o, (g, u)) in one.iter().zip(grouped.iter().zip(&ungrouped)) {
                     for (p, q, r) in [
