@@ -10,7 +10,7 @@ use super::loss_grad::{LossGradCotangents, LossTerms};
 use super::model::{EntropyForm, Model, RowContext};
 use super::policy_grad::{PolicyGradCotangents, PolicyGradTerms};
 use super::statistical::{Statistical, StatisticalBounds};
-use super::upward::{Hi, Lo};
+use super::upward::{ExpM1Base, Hi, Lo};
 use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
@@ -1580,6 +1580,13 @@ impl LsSums {
     };
 }
 
+/// The base of a model's `lambda_j` on set `w` ([`Consts::lambda`] at
+/// `|d| = 0`: every `lambda_j` of an entry with `|d_j| >= 0` is at least
+/// it, the upward operations being monotone) for [`ExpM1Base::exp_m1`].
+fn lambda_base(c: &Consts, w: &SetBounds) -> ExpM1Base {
+    ExpM1Base::new(c.lambda(w, Hi::ZERO))
+}
+
 /// One walk over `w` for every model's [`LsSums`] (models without a
 /// bound for `w` get zeros, unused).
 fn logsoftmax_sums(
@@ -1614,6 +1621,11 @@ fn logsoftmax_sums(
         }
     }
     let ell = Hi(st.ln_s_w.hi);
+    let bases: Vec<Option<ExpM1Base>> = cs
+        .iter()
+        .zip(ws)
+        .map(|(c, w)| Some(lambda_base(c, w.as_ref().ok()?)))
+        .collect();
     let mut i = 0usize;
     for (j, k) in entries.iter() {
         let e = &st.e[j];
@@ -1625,11 +1637,11 @@ fn logsoftmax_sums(
         let d_abs = mag(e);
         let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
         let dl = d_abs + ell;
-        for ((c, w), o) in cs.iter().zip(ws).zip(out.iter_mut()) {
-            let Ok(w) = w else { continue };
+        for (((c, w), o), base) in cs.iter().zip(ws).zip(out.iter_mut()).zip(&bases) {
+            let (Ok(w), Some(base)) = (w, base) else { continue };
             let lam = c.lambda(w, d_abs);
             let (wl, wel) = if lam.0 <= 1.0 {
-                let em = lam.exp_m1();
+                let em = base.exp_m1(lam);
                 (elw * em, elw * (Hi::ONE + em))
             } else {
                 ((lw + lam).exp(), (lw + lam).exp())

@@ -96,6 +96,47 @@ impl Hi {
     }
 }
 
+/// `e^x - 1` for arguments `x` just above a fixed base `b` (a row's
+/// `lambda_j`, T9, are `b` plus a term proportional to `|d_j|`): from the
+/// exact identity `e^(b + delta) - 1 = (e^b - 1) + e^b (e^delta - 1)`,
+/// with `e^b - 1` and `e^b` rounded up once and `e^delta - 1` by
+/// [`Hi::exp_m1`]'s polynomial, no libm call an entry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ExpM1Base {
+    /// The base `b` (any f64; NaN disables the shift).
+    pub b: f64,
+    /// `e^b - 1`, rounded up.
+    pub em: f64,
+    /// `e^b`, rounded up.
+    pub e: f64,
+}
+
+impl ExpM1Base {
+    /// The base `b` with its two exps.
+    pub(crate) fn new(b: Hi) -> ExpM1Base {
+        ExpM1Base {
+            b: b.0,
+            em: b.exp_m1().0,
+            e: b.exp().0,
+        }
+    }
+
+    /// `e^x - 1`, rounded up: [`Hi::exp_m1`] of `x` where `x <= 2^-16`
+    /// or `x > 1` or `delta = x - b` (rounded up) is outside `[0, 2^-16]`;
+    /// else `(e^b - 1)^ + (e^b)^ (e^delta - 1)^` (upward, the polynomial for
+    /// `e^delta - 1`). Sound for every `x`: `delta^ >= x - b` and `e^t - 1`
+    /// is increasing, so the sum is at least `e^x - 1`.
+    pub(crate) fn exp_m1(&self, x: Hi) -> Hi {
+        if x.0 > TAYLOR_MAX && x.0 <= 1.0 {
+            let delta = x - Lo(self.b);
+            if (0.0..=TAYLOR_MAX).contains(&delta.0) {
+                return Hi(self.em) + Hi(self.e) * delta.exp_m1();
+            }
+        }
+        x.exp_m1()
+    }
+}
+
 impl Lo {
     /// The lower bound as an upper bound of its negation.
     pub(crate) fn neg(self) -> Hi {
@@ -178,5 +219,16 @@ mod tests {
         assert!(Hi(0.5).neg_ln_1m().0 >= std::f64::consts::LN_2);
         assert!(Hi(1.0 + 1e-9).powi(1000).0 >= 1.0 + 1e-6);
         assert!(Hi(f64::NAN).max(Hi::ONE).0.is_nan());
+        // Near a base: an upper bound of libm's expm1, within 1e-14.
+        for b in [1e-5, 1e-3, 0.009, 0.3, 0.99] {
+            let base = ExpM1Base::new(Hi(b));
+            for k in 0..40 {
+                let x = b + f64::from(k) * 4e-7;
+                let (near, libm) = (base.exp_m1(Hi(x)).0, x.exp_m1());
+                assert!(near >= libm * (1.0 + 2.0 * f64::EPSILON), "{b} {x}");
+                assert!(near <= libm * (1.0 + 1e-14), "{b} {x}");
+            }
+        }
+        assert!(ExpM1Base::new(Hi(f64::NAN)).exp_m1(Hi(0.5)).0 >= 0.5_f64.exp_m1());
     }
 }

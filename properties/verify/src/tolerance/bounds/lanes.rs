@@ -150,7 +150,8 @@ mod x86 {
 
     use logprobe_reference::oracle::RowStats;
 
-    use super::super::{Consts, Hi, Lo, LsSums, SetBounds};
+    use super::super::{lambda_base, Consts, Hi, Lo, LsSums, SetBounds};
+    use crate::tolerance::upward::ExpM1Base;
     use super::{per_model, ArgLanes, ElementIn, ScreenLanes};
     use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
 
@@ -207,6 +208,29 @@ mod x86 {
         dn(_mm256_mul_pd(a, b))
     }
 
+    /// [`Hi::exp_m1`]'s polynomial, per lane (for `0 <= x <= 2^-16`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn taylor(x: __m256d) -> __m256d {
+        add(
+            x,
+            mul(
+                mul(x, x),
+                add(splat(0.5), mul(x, add(splat(SIXTH_UP), mul(x, splat(0.0625))))),
+            ),
+        )
+    }
+
+    /// The lanes with `0 <= x <= 2^-16` (the polynomial's range).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn in_taylor(x: __m256d) -> __m256d {
+        _mm256_and_pd(
+            _mm256_cmp_pd::<_CMP_GE_OQ>(x, _mm256_setzero_pd()),
+            _mm256_cmp_pd::<_CMP_LE_OQ>(x, splat(TAYLOR_MAX)),
+        )
+    }
+
     /// See [`super::sums4`].
     ///
     /// # Safety
@@ -227,6 +251,11 @@ mod x86 {
         let lmn = load(&per_model(cs, |c| c.ln_min_normal));
         let lse_err = load(&per_model(ws, |w| w.lse_err.0));
         let ln_s_hi = load(&per_model(ws, |w| w.ln_s.hi));
+        // Each lane's base of lambda (`ExpM1Base`, as the scalar walk).
+        let bases: Vec<ExpM1Base> = cs.iter().zip(ws).map(|(c, w)| lambda_base(c, w)).collect();
+        let base_b = load(&per_model(&bases, |b| b.b));
+        let base_em = load(&per_model(&bases, |b| b.em));
+        let base_e = load(&per_model(&bases, |b| b.e));
         let zero = _mm256_setzero_pd();
         let (mut s_dem, mut s_em, mut s_lam, mut fl_d, mut fl_1, mut sdl) =
             (zero, zero, zero, zero, zero, zero);
@@ -248,26 +277,25 @@ mod x86 {
             let lp_abs = add(d_abs_v, ln_s_hi);
             let pre = add(add(mul(a_lp, d_abs_v), b_lp), lse_err);
             let lam = add(mul(pre, one_u), mul(u, lp_abs));
-            // expm1(lambda) by the polynomial of Hi::exp_m1 where
-            // 0 <= lambda <= 2^-16, else per lane as the scalar walk.
-            let poly = add(
-                lam,
-                mul(
-                    mul(lam, lam),
-                    add(
-                        splat(0.5),
-                        mul(lam, add(splat(SIXTH_UP), mul(lam, splat(0.0625)))),
-                    ),
+            // expm1(lambda) as ExpM1Base::exp_m1: the polynomial of
+            // Hi::exp_m1 where 0 <= lambda <= 2^-16; where 2^-16 < lambda
+            // <= 1 and 0 <= delta = lambda - b <= 2^-16, the base's
+            // (e^b - 1) + e^b (e^delta - 1); else per lane as the scalar walk.
+            let in_poly = in_taylor(lam);
+            let delta = up(_mm256_sub_pd(lam, base_b));
+            let in_shift = _mm256_and_pd(
+                _mm256_and_pd(
+                    _mm256_cmp_pd::<_CMP_GT_OQ>(lam, splat(TAYLOR_MAX)),
+                    _mm256_cmp_pd::<_CMP_LE_OQ>(lam, splat(1.0)),
                 ),
+                in_taylor(delta),
             );
-            let in_poly = _mm256_and_pd(
-                _mm256_cmp_pd::<_CMP_GE_OQ>(lam, zero),
-                _mm256_cmp_pd::<_CMP_LE_OQ>(lam, splat(TAYLOR_MAX)),
-            );
+            let shifted = add(base_em, mul(base_e, taylor(delta)));
+            let em = _mm256_blendv_pd(taylor(lam), shifted, in_shift);
             let lw_lam = add(lw_v, lam);
-            let mut wl = mul(elw_v, poly);
-            let mut wel = mul(elw_v, add(splat(1.0), poly));
-            let off = !_mm256_movemask_pd(in_poly) & 0b1111;
+            let mut wl = mul(elw_v, em);
+            let mut wel = mul(elw_v, add(splat(1.0), em));
+            let off = !_mm256_movemask_pd(_mm256_or_pd(in_poly, in_shift)) & 0b1111;
             if off != 0 {
                 // The lanes outside the polynomial's range, one by one
                 // (rebuilt with `set`, not through memory: no stall on the sums).
@@ -279,7 +307,7 @@ mod x86 {
                     }
                     let lam = Hi(lam_a[l]);
                     if lam.0 <= 1.0 {
-                        let em = lam.exp_m1();
+                        let em = bases[l.min(n - 1)].exp_m1(lam);
                         wl_a[l] = (elw * em).0;
                         wel_a[l] = (elw * (Hi::ONE + em)).0;
                     } else {
