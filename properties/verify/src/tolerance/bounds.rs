@@ -1638,7 +1638,9 @@ fn logsoftmax_sums(
         let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
         let dl = d_abs + ell;
         for (((c, w), o), base) in cs.iter().zip(ws).zip(out.iter_mut()).zip(&bases) {
-            let (Ok(w), Some(base)) = (w, base) else { continue };
+            let (Ok(w), Some(base)) = (w, base) else {
+                continue;
+            };
             let lam = c.lambda(w, d_abs);
             let (wl, wel) = if lam.0 <= 1.0 {
                 let em = base.exp_m1(lam);

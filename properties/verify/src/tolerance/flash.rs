@@ -14,6 +14,9 @@ use logprobe_reference::spec::{Dtype, EntropyLogits, Output, Problem};
 
 use super::walk::RowTargets;
 
+mod exp_f32;
+use exp_f32::{exp_f32_in_place, BLOCK};
+
 /// The naive log_softmax of one row in `dtype`, `[V]` (nats).
 ///
 /// `row` holds the logits (`-inf` for disallowed entries); `temperature`
@@ -66,7 +69,9 @@ pub fn naive_entropy_of(lp: &[f64], dtype: Dtype) -> f64 {
 /// at the ids asked for, one pass for the entropy. In bf16 and f16 each
 /// entry's `exp` terms depend only on its rounded shift `d_j` (a 16-bit
 /// value), so they come from a per-thread cache keyed by `d_j`
-/// ([`ExpCache`]); the order-dependent roundings of the sums stay per entry.
+/// ([`ExpCache`]); in f32 they are computed four at a time in vector lanes,
+/// the same bits ([`exp_f32`]). The order-dependent roundings of the sums
+/// stay per entry.
 #[derive(Debug)]
 pub struct NaiveRow {
     /// Logits over the real vocabulary, `-inf` where the mask disallows
@@ -126,6 +131,16 @@ impl Naive {
         self.dtype.round_f64(self.z(x) - self.m)
     }
 
+    /// `d_j` ([`Naive::d`]) of each logit of `xs` into `out` when `dtype`
+    /// is f32 (its rounding inlined, [`r32`]).
+    fn d_f32(&self, xs: &[f64], out: &mut [f64]) {
+        let (t, m) = (self.t, self.m);
+        for (o, &x) in out.iter_mut().zip(xs) {
+            let z = if t == 1.0 { r32(x) } else { r32(x / t) };
+            *o = r32(z - m);
+        }
+    }
+
     /// `lp_j` of a logit.
     fn lp(&self, x: f64) -> f64 {
         self.dtype.round_f64(self.d(x) - self.l)
@@ -147,6 +162,19 @@ impl Naive {
             let mut c = c.borrow_mut();
             let mut cache = c.start(nv.logits16.unwrap_or(dtype), nv.m, f64::NAN);
             let mut s = 0.0;
+            if cache.is_none() && dtype == Dtype::F32 {
+                // f32: the exps a block at a time, in lanes (the same bits).
+                let mut buf = [0.0; BLOCK];
+                for block in row.chunks(BLOCK) {
+                    let e = &mut buf[..block.len()];
+                    nv.d_f32(block, e);
+                    exp_f32_in_place(e);
+                    for &e in e.iter() {
+                        s = r32(s + e);
+                    }
+                }
+                return s;
+            }
             for &x in row {
                 let e = match cache {
                     Some(ref mut k) if nv.logits16.is_some() => k.get(x, 0, |x| r(nv.d(x).exp())),
@@ -180,6 +208,27 @@ impl Naive {
             let mut c = c.borrow_mut();
             let mut cache = c.start(self.logits16.unwrap_or(self.dtype), self.m, self.l);
             let mut acc = 0.0;
+            if cache.is_none() && self.dtype == Dtype::F32 {
+                // f32: `term` a block at a time, its exps in lanes (the same bits).
+                let (mut l, mut p) = ([0.0; BLOCK], [0.0; BLOCK]);
+                for block in row.chunks(BLOCK) {
+                    let n = block.len();
+                    self.d_f32(block, &mut l[..n]);
+                    for (l, p) in l[..n].iter_mut().zip(p.iter_mut()) {
+                        *l = r32(*l - self.l);
+                        *p = *l;
+                    }
+                    exp_f32_in_place(&mut p[..n]);
+                    for (&l, &p) in l[..n].iter().zip(&p[..n]) {
+                        // As `term`: `p = 0` adds nothing.
+                        let t = if p != 0.0 { r32(p * l) } else { f64::INFINITY };
+                        if t != f64::INFINITY {
+                            acc = r32(acc - t);
+                        }
+                    }
+                }
+                return acc;
+            }
             for &x in row {
                 let t = match cache {
                     Some(ref mut k) if self.logits16.is_some() => k.get(x, 1, |x| term(self.d(x))),
@@ -193,6 +242,13 @@ impl Naive {
             acc
         })
     }
+}
+
+/// [`Dtype::round_f64`] to f32: `x as f32` (zero, infinities and NaN
+/// stay what they are; a NaN's payload may differ, never its NaN-ness).
+#[inline(always)]
+fn r32(x: f64) -> f64 {
+    x as f32 as f64
 }
 
 /// Slots of [`ExpCache`] (a 16-bit shift's key).

@@ -151,8 +151,8 @@ mod x86 {
     use logprobe_reference::oracle::RowStats;
 
     use super::super::{lambda_base, Consts, Hi, Lo, LsSums, SetBounds};
-    use crate::tolerance::upward::ExpM1Base;
     use super::{per_model, ArgLanes, ElementIn, ScreenLanes};
+    use crate::tolerance::upward::ExpM1Base;
     use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
 
     /// `1/6` rounded up (as [`Hi::exp_m1`]).
@@ -216,7 +216,10 @@ mod x86 {
             x,
             mul(
                 mul(x, x),
-                add(splat(0.5), mul(x, add(splat(SIXTH_UP), mul(x, splat(0.0625))))),
+                add(
+                    splat(0.5),
+                    mul(x, add(splat(SIXTH_UP), mul(x, splat(0.0625)))),
+                ),
             ),
         )
     }
