@@ -1305,16 +1305,16 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
     });
 }
 
-/// The four-lane walks (`bounds/lanes.rs`: the log-softmax entropy sums
-/// and the gradient screen's lower bounds, four models per AVX vector)
-/// give every bound the scalar code gives, bit for bit: log-prob, entropy,
-/// top-k and statistical bounds, every element's screen lower bound and
-/// (T14) bound, on rows with `-inf` entries, entries below f32's normal
-/// range (the flush terms), masks, a temperature, and twin models.
+/// The four-lane walks (`bounds/lanes.rs`: the log-softmax entropy sums,
+/// four models per AVX vector) give every bound the scalar code gives, bit
+/// for bit: log-prob, entropy, top-k and statistical bounds, and every
+/// (T14) bound built on them, on rows with `-inf` entries, entries below
+/// f32's normal range (the flush terms), masks, a temperature, and twin
+/// models.
 #[test]
 fn four_lane_walks_equal_the_scalar_walks() {
     use super::bounds::lanes;
-    use super::{GradScreen, Statistical};
+    use super::Statistical;
     if !lanes::available() {
         eprintln!("no AVX2 on this CPU: the lanes never run");
         return;
@@ -1377,28 +1377,15 @@ fn four_lane_walks_equal_the_scalar_walks() {
                         ..Default::default()
                     };
                     let row_c = RowBounds::grad_row(&vb, &cot);
-                    let screen = || RowBounds::grad_screen(&vb, &row_c, &cot);
-                    let (sv, ss) = (screen(), lanes::scalar(screen));
-                    let (mut answered, mut n) = (0usize, 0usize);
-                    for j in 0..x.len() {
-                        let lower = |s: &Option<GradScreen<4>>| {
-                            s.as_ref().and_then(|s| s.lower(&vb, j, &cot))
-                        };
-                        let (lv, ls) = (lower(&sv), lower(&ss));
-                        assert_eq!(format!("{lv:?}"), format!("{ls:?}"), "{what} {g} {h} {j}");
-                        answered += usize::from(lv.is_some());
-                        n += 1;
-                        if j % 16 == 0 {
-                            let e = RowBounds::grad_many_with(&vb, &row_c, j, &cot, Dtype::F32);
-                            for (rb, b) in vb.iter().zip(&e) {
-                                assert_eq!(&rb.grad(j, &cot, Dtype::F32), b, "{what} {j}");
-                            }
+                    let row_s = RowBounds::grad_row(&sb, &cot);
+                    for j in (0..x.len()).step_by(16) {
+                        let v = RowBounds::grad_many_with(&vb, &row_c, j, &cot, Dtype::F32);
+                        let s = RowBounds::grad_many_with(&sb, &row_s, j, &cot, Dtype::F32);
+                        assert_eq!(v, s, "{what} {g} {h} {j}");
+                        for (rb, b) in vb.iter().zip(&v) {
+                            assert_eq!(&rb.grad(j, &cot, Dtype::F32), b, "{what} {j}");
                         }
                     }
-                    assert!(
-                        2 * answered >= n,
-                        "{what}: the screen answered {answered} of {n}"
-                    );
                 }
             }
         }

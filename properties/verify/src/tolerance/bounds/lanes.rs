@@ -1,14 +1,13 @@
 //! Per-entry work of up to four models in the four f64 lanes of one AVX2
-//! vector: the log-softmax entropy sums (T12, T13) of a row
-//! ([`sums4`], the vector twin of [`super::logsoftmax_sums`]) and the
-//! gradient screen's lower bounds (T14s) of an element ([`lower4`], of
-//! [`super::GradScreen::lower`]). Lane `i` is model `i`, and every lane
-//! runs the same IEEE operations in the same order as the scalar code,
-//! each widened by the same step as [`crate::tolerance::upward`] (`x +- (|x| 4 eps
-//! + 2^-1074)`, no fused multiply-add), so each model's results are the
-//! same bits either way (tests `four_lane_*_equal_the_scalar_*`). What a
-//! lane cannot do in a vector (libm `expm1` and `exp` outside the
-//! polynomial's range) it does in scalar, as the scalar code does.
+//! vector: the log-softmax entropy sums (T12, T13) of a row ([`sums4`],
+//! the vector twin of [`super::logsoftmax_sums`]). Lane `i` is model `i`,
+//! and every lane runs the same IEEE operations in the same order as the
+//! scalar code, each widened by the same step as
+//! [`crate::tolerance::upward`] (`x + (|x| 4 eps + 2^-1074)`, no fused
+//! multiply-add), so each model's results are the same bits either way
+//! (test `four_lane_walks_equal_the_scalar_walks`). What a lane cannot do
+//! in a vector (libm `expm1` and `exp` outside the polynomials' ranges) it
+//! does in scalar, as the scalar code does.
 
 use logprobe_reference::oracle::RowStats;
 
@@ -43,99 +42,6 @@ pub(super) fn sums4(
     }
 }
 
-/// Per lane (model), the constants of [`super::RowBounds::prob_arg`] on
-/// one logit set (T10): the shift's `a`, `b`, `2u`, the set's
-/// `-ln(1 - theta_S)`, and `lambda`'s (T9) `a_lp`, `b_lp`, `err(lse)`,
-/// `1 + u`, `u`, `ln S` (upper).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct ArgLanes {
-    pub a: [f64; 4],
-    pub b: [f64; 4],
-    pub two_u: [f64; 4],
-    pub nl_theta: [f64; 4],
-    pub a_lp: [f64; 4],
-    pub b_lp: [f64; 4],
-    pub lse_err: [f64; 4],
-    pub one_u: [f64; 4],
-    pub u: [f64; 4],
-    pub ln_s_hi: [f64; 4],
-}
-
-impl ArgLanes {
-    /// The lanes of models `cs` (1 to 4) on their sets `sets` (padding
-    /// lanes repeat the last model).
-    pub(super) fn new(cs: &[&Consts], sets: &[&SetBounds]) -> ArgLanes {
-        let c = |f: fn(&Consts) -> f64| per_model(cs, |c| f(c));
-        let s = |f: fn(&SetBounds) -> f64| per_model(sets, |w| f(w));
-        ArgLanes {
-            a: c(|c| c.a.0),
-            b: c(|c| c.b.0),
-            two_u: c(|c| (Hi(2.0) * c.u).0),
-            nl_theta: s(|w| w.nl_theta.0),
-            a_lp: c(|c| c.a_lp.0),
-            b_lp: c(|c| c.b_lp.0),
-            lse_err: s(|w| w.lse_err.0),
-            one_u: c(|c| (Hi::ONE + c.u).0),
-            u: c(|c| c.u.0),
-            ln_s_hi: s(|w| w.ln_s.hi),
-        }
-    }
-}
-
-/// Per lane (model), the row constants of the gradient screen
-/// ([`super::GradScreen`]): its sets' [`ArgLanes`], `gamma_m` without /
-/// with the h-term, `(1/T)^`, `Delta H_g`, `ln S_w + R`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct ScreenLanes {
-    pub n: usize,
-    pub p: ArgLanes,
-    pub w: ArgLanes,
-    pub gm: [[f64; 4]; 2],
-    pub inv_t: [f64; 4],
-    pub dh: [f64; 4],
-    pub h_hi: [f64; 4],
-}
-
-/// One element's inputs of [`lower4`] (model-independent, as
-/// [`super::GradScreen::lower`] computes them).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct ElementIn {
-    pub g_sum: f64,
-    pub h: f64,
-    /// `d_j`, `e_j` enclosures `(lo, hi)`.
-    pub d: (f64, f64),
-    pub e: (f64, f64),
-    /// `e^lw` of `p_j`, `q_j` ([`super::GradShared`]).
-    pub ep: f64,
-    pub eq: f64,
-    /// `|c_j|` and `|e_j| + ln S_w` are computed per lane; `R` (lo, hi).
-    pub r: (f64, f64),
-    pub p_term: bool,
-    pub h_term: bool,
-    /// The h-term may reuse the p-term's exponent in every lane (sets and
-    /// entry the same bits).
-    pub same: bool,
-}
-
-/// [`super::GradScreen::lower`] of one element for the `l.n` models of
-/// `l`; `None` where it answers `None` (an exponent above 1), and when the
-/// CPU has no AVX2.
-pub(super) fn lower4(l: &ScreenLanes, x: &ElementIn) -> Option<[f64; 4]> {
-    if !available() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: AVX2 is present (checked above).
-        unsafe { x86::lower4(l, x) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (l, x);
-        None
-    }
-}
-
 /// Per lane, item `min(i, n - 1)`'s field `f` (the padding lanes repeat
 /// the last item; their results are dropped).
 fn per_model<T>(items: &[T], f: impl Fn(&T) -> f64) -> [f64; 4] {
@@ -146,12 +52,12 @@ fn per_model<T>(items: &[T], f: impl Fn(&T) -> f64) -> [f64; 4] {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use logprobe_reference::simd::x86::{lanes, load, max_nan, splat};
+    use logprobe_reference::simd::x86::{lanes, load, splat};
 
     use logprobe_reference::oracle::RowStats;
 
     use super::super::{lambda_base, Consts, Hi, Lo, LsSums, SetBounds};
-    use super::{per_model, ArgLanes, ElementIn, ScreenLanes};
+    use super::per_model;
     use crate::tolerance::upward::ExpM1Base;
     use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
 
@@ -181,31 +87,6 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     fn mul(a: __m256d, b: __m256d) -> __m256d {
         up(_mm256_mul_pd(a, b))
-    }
-
-    /// [`crate::tolerance::upward`]'s `dn`, per lane.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn dn(x: __m256d) -> __m256d {
-        let abs = _mm256_andnot_pd(_mm256_set1_pd(-0.0), x);
-        _mm256_sub_pd(
-            _mm256_sub_pd(x, _mm256_mul_pd(abs, _mm256_set1_pd(SAFETY))),
-            _mm256_set1_pd(QUANTUM),
-        )
-    }
-
-    /// `Lo + Lo`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn add_lo(a: __m256d, b: __m256d) -> __m256d {
-        dn(_mm256_add_pd(a, b))
-    }
-
-    /// `Lo * Lo`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn mul_lo(a: __m256d, b: __m256d) -> __m256d {
-        dn(_mm256_mul_pd(a, b))
     }
 
     /// [`Hi::exp_m1`]'s polynomial, per lane (for `0 <= x <= 2^-16`).
@@ -350,78 +231,5 @@ mod x86 {
                 sdl: Hi(sdl[l]),
             })
             .collect()
-    }
-
-    /// `arg_j` of [`super::super::RowBounds::prob_arg`] per lane for
-    /// `|d_j| = d_abs`: the larger of `lambda_j` and `alpha_j - ln(1 -
-    /// theta_S) + 2u`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn prob_arg(l: &ArgLanes, d_abs: __m256d) -> __m256d {
-        let alpha = add(mul(load(&l.a), d_abs), load(&l.b));
-        let via_div = add(add(alpha, load(&l.nl_theta)), load(&l.two_u));
-        let lp_abs = add(d_abs, load(&l.ln_s_hi));
-        let pre = add(
-            add(mul(load(&l.a_lp), d_abs), load(&l.b_lp)),
-            load(&l.lse_err),
-        );
-        let lam = add(mul(pre, load(&l.one_u)), mul(load(&l.u), lp_abs));
-        max_nan(lam, via_div)
-    }
-
-    /// Whether `x <= 1` in every one of the first `n` lanes (NaN: no).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn at_most_one(x: __m256d, n: usize) -> bool {
-        let ok = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_LE_OQ>(x, splat(1.0)));
-        let want = (1 << n) - 1;
-        ok & want == want
-    }
-
-    /// See [`super::lower4`].
-    ///
-    /// # Safety
-    /// The CPU has AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn lower4(l: &ScreenLanes, x: &ElementIn) -> Option<[f64; 4]> {
-        let zero = _mm256_setzero_pd();
-        let mut arg_p = None;
-        if x.p_term {
-            let arg = prob_arg(&l.p, splat(-x.d.0));
-            if !at_most_one(arg, l.n) {
-                return None;
-            }
-            arg_p = Some(arg);
-        }
-        let k = usize::from(x.h_term);
-        let gm = load(&l.gm[k]);
-        let t_h = if x.h_term {
-            let arg_w = match arg_p {
-                Some(arg) if x.same => arg,
-                _ => {
-                    let arg = prob_arg(&l.w, splat(-x.e.0));
-                    if !at_most_one(arg, l.n) {
-                        return None;
-                    }
-                    arg
-                }
-            };
-            // |c_j| and |lp_j| + ln S_w as `grad_elem` computes them.
-            let c_hi = Hi(x.e.1) + Hi(x.r.1);
-            let c_lo = Lo(x.e.0) + Lo(x.r.0);
-            let c_abs = splat(c_hi.max(c_lo.neg()).0);
-            let lpw_abs = add(splat(-x.e.0), load(&l.w.ln_s_hi));
-            let mags = add_lo(add_lo(lpw_abs, load(&l.h_hi)), splat(2.0));
-            let inner = add_lo(add_lo(mul_lo(arg_w, c_abs), load(&l.dh)), mul_lo(gm, mags));
-            mul_lo(mul_lo(splat(x.h), splat(x.eq)), inner)
-        } else {
-            zero
-        };
-        let t_p = match arg_p {
-            Some(arg) => mul_lo(mul_lo(splat(x.g_sum), splat(x.ep)), add_lo(arg, gm)),
-            None => zero,
-        };
-        let out = mul_lo(add_lo(t_p, t_h), load(&l.inv_t));
-        Some(lanes(_mm256_max_pd(out, zero)))
     }
 }

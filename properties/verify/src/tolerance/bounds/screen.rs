@@ -27,46 +27,128 @@
 //! `M_j >= G p^+ + |h| q^+ (|lp_j|^ + H^ + 2)`; every other term is dropped
 //! (`>= 0`). [`Lo`] operations then evaluate the right side rounded down.
 //!
+//! # How it is evaluated
+//!
+//! `arg_j` is at least `max(a |d_j| + b_v, a_l |d_j| + b_l)` (T10's two
+//! forms as the affine functions of `|d_j|` they are, [`RowBounds::prob_arg`]:
+//! `alpha_j - ln(1 - theta_S) + 2u` and `lambda_j`, T9), likewise `arg^w_j`
+//! in `|e_j|`. With `(1/T)^`, `G` and `|h|` folded in, the right side is,
+//! per model and row, ten coefficients ([`Affine`], computed with [`Lo`]
+//! operations: lower bounds of the reals, clamped at 0) and per element
+//!
+//! ```text
+//! L = p^+ max(pa1 |d| + pb1, pa2 |d| + pb2)
+//!   + q^+ (max(ha1 |e| + hb1, ha2 |e| + hb2) |c|^ + hc + hg |e|)
+//! ```
+//!
+//! in plain f64 (round to nearest, no fused multiply-add). Every operand is
+//! nonnegative and at most [`CAP`]^3, so each of its at most 24 operations
+//! errs by at most `2^-53` relative plus `2^-1075` absolute (underflow), the
+//! latter amplified by the later factors (`|c|^ <= CAP < 2^100`, `p^+, q^+
+//! <= 2`) to at most `2^-968` in all: the result is at most `L (1 + 2^-48) +
+//! 2^-968`, so `L (1 - 2^-44) - 2^-960` (rounded, then clamped at 0) is
+//! below the real `L`, hence below `E_j`.
+//!
 //! # When it is used
 //!
 //! Only where `E_j` is a finite [`ErrorBound::Abs`] under every model: the
 //! row has the statistics, set bounds, entropy error and `gamma_m` the
 //! element needs, every magnitude is at most [`CAP`] and the exps' arguments
-//! at most 1, so no operation of `E_j` overflows. Elsewhere [`GradScreen::lower`]
-//! answers `None` and the caller computes `E_j`.
+//! at most 1 (`|d_j|`, `|e_j|` at most the row's thresholds: the largest
+//! magnitudes whose computed `arg` is at most 1 under every model, `arg`
+//! being monotone in them), so no operation of `E_j` overflows. Elsewhere
+//! [`GradScreen::lower`] answers `None` and the caller computes `E_j`.
 
-use super::lanes::{self, ArgLanes, ElementIn, ScreenLanes};
-use super::{bits, mag, GradCotangents, GradRow, GradShared, Hi, Lo, RowBounds, SetBounds};
+use super::{mag, GradCotangents, GradRow, GradShared, Hi, Lo, RowBounds, SetBounds};
+use logprobe_reference::oracle::Interval;
 
 /// Magnitude cap of every quantity entering (T14) on a screened element:
 /// products of five such factors stay far below `f64::MAX`.
 const CAP: f64 = 1e30;
+
+/// `1 - 2^-44`: the plain evaluation's relative widening (module docs).
+const SHRINK: f64 = 1.0 - 1.0 / 17_592_186_044_416.0;
+/// `2^-960`: its absolute widening (underflow).
+const FLOOR: f64 = f64::from_bits((1023 - 960) << 52);
+
+/// One model's coefficients of the screen for one `gamma_m` (module docs):
+/// the p-term's two affine pieces in `|d_j|` (`(1/T) G` and `gamma_m`
+/// folded in), the h-term's two pieces of `arg^w_j` in `|e_j|` (`(1/T)
+/// |h|` folded in), its constant and its `|e_j|` coefficient. All
+/// nonnegative lower bounds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Affine {
+    pa1: f64,
+    pb1: f64,
+    pa2: f64,
+    pb2: f64,
+    ha1: f64,
+    hb1: f64,
+    ha2: f64,
+    hb2: f64,
+    hc: f64,
+    hg: f64,
+}
 
 /// The row's part of the screen of `M` models ([`RowBounds::grad_screen`]).
 #[derive(Clone, Debug)]
 pub struct GradScreen<const M: usize> {
     g_sum: f64,
     h: f64,
-    /// Per model: `gamma_m` without / with the h-term's two terms.
-    gm: [[f64; 2]; M],
-    /// Per model: `(1/T)^`.
-    inv_t: [f64; M],
-    /// Per model: `Delta H_g` (0 when `h = 0`).
-    dh: [f64; M],
-    /// Per model: `ln S_w + R` (upper; 0 when `h = 0`).
-    h_hi: [f64; M],
+    /// Per model: the coefficients without / with the h-term's two terms
+    /// (`gamma_m`'s two indices).
+    coef: [[Affine; 2]; M],
     /// Per model: the first model with the same bounds ([`GradRow`]'s
     /// twins): its lower bound is that one's.
     twin: [usize; M],
-    /// The same constants in vector lanes ([`lanes::lower4`]) when the CPU
-    /// has them and `M <= 4`.
-    lanes: Option<ScreenLanes>,
-    /// Every model's two sets are the same bits (no sampling mask).
-    pw_same: bool,
+    /// Largest `|d_j|` (`|e_j|`) whose p-term (h-term) exponent is at
+    /// most 1 under every model (`-1`: none).
+    d_max: f64,
+    e_max: f64,
 }
 
 fn capped(x: f64) -> bool {
     (0.0..=CAP).contains(&x)
+}
+
+/// A lower bound's f64, clamped at 0 (the real it bounds is nonnegative).
+fn nonneg(x: Lo) -> Lo {
+    Lo(x.0.max(0.0))
+}
+
+/// The largest `x` in `[0, CAP]` with `ok(x)`, for `ok` true up to a
+/// point and false beyond (monotone); `-1` when `ok(0)` fails.
+fn largest(ok: impl Fn(f64) -> bool) -> f64 {
+    if !ok(0.0) {
+        return -1.0;
+    }
+    if ok(CAP) {
+        return CAP;
+    }
+    // Nonnegative f64s are ordered as their bits.
+    let (mut lo, mut hi) = (0u64, CAP.to_bits());
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if ok(f64::from_bits(mid)) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    f64::from_bits(lo)
+}
+
+/// The two affine pieces `(slope, intercept)` below a set's `arg` ((T10):
+/// `alpha + nl_theta + 2u`, `lambda`), lower bounds of the reals.
+fn arg_pieces(rb: &RowBounds<'_>, set: &SetBounds) -> [(Lo, Lo); 2] {
+    let c = &rb.c;
+    let one_u = Hi::ONE + c.u;
+    let via = nonneg(Lo(c.b.0) + Lo(set.nl_theta.0) + Lo((Hi(2.0) * c.u).0));
+    let lam_a = nonneg(Lo(c.a_lp.0) * Lo(one_u.0) + Lo(c.u.0));
+    let lam_b = nonneg(
+        nonneg(Lo(c.b_lp.0) + Lo(set.lse_err.0)) * Lo(one_u.0) + Lo(c.u.0) * Lo(set.ln_s.hi),
+    );
+    [(Lo(c.a.0), via), (lam_a, lam_b)]
 }
 
 impl<'a> RowBounds<'a> {
@@ -90,10 +172,8 @@ impl<'a> RowBounds<'a> {
         if !(capped(g_sum) && capped(h)) {
             return None;
         }
-        let mut gm = [[0.0; 2]; M];
-        let mut inv_t = [0.0; M];
-        let mut dh = [0.0; M];
-        let mut h_hi = [0.0; M];
+        let mut coef = [[Affine::default(); 2]; M];
+        let (mut d_max, mut e_max) = (CAP, CAP);
         for (i, rb) in all.iter().enumerate() {
             let mg = &row.models[i];
             let c = &rb.c;
@@ -101,76 +181,92 @@ impl<'a> RowBounds<'a> {
             if !std::ptr::eq(st, first.stats) {
                 return None;
             }
-            // (T14)'s sets and row constants, all present and in range.
+            // (T14)'s sets and row constants, all present and in range;
+            // the affine pieces' leaves nonnegative.
             let p = rb.p.as_ref().ok()?;
-            if !capped(p.ln_s.lo.abs()) || !capped(p.ln_s.hi.abs()) {
+            if !capped(p.ln_s.lo.abs()) || !capped(p.ln_s.hi) {
                 return None;
             }
+            let (mut dh, mut h_hi, mut w_ln_s) = (0.0, 0.0, 0.0);
+            let mut w_pieces = [(Lo(0.0), Lo(0.0)); 2];
             if h > 0.0 {
                 let w = rb.w.as_ref().ok()?;
                 let d = rb.entropy_grad.as_ref().ok()?.0;
                 let r_abs = st.r.lo.abs().max(st.r.hi.abs());
-                if !(capped(d) && capped(r_abs) && capped(w.ln_s.hi.abs()) && capped(mg.h_hi.0)) {
+                if !(capped(d) && capped(r_abs) && capped(w.ln_s.hi) && capped(mg.h_hi.0)) {
                     return None;
                 }
-                dh[i] = d;
-                h_hi[i] = mg.h_hi.0;
+                dh = d;
+                h_hi = mg.h_hi.0;
+                w_ln_s = w.ln_s.hi;
+                w_pieces = arg_pieces(rb, w);
+                e_max = e_max.min(largest(|x| {
+                    let e = Interval { lo: -x, hi: -x };
+                    rb.prob_arg(w, &e).1 .0 <= 1.0
+                }));
             }
-            for (k, n_extra) in [0usize, 2].into_iter().enumerate() {
-                let g = mg.gm.get(n_extra)?.as_ref().ok()?.0;
-                let f = *mg.floor.get(n_extra)?;
-                if !((0.0..=1.0).contains(&g) && (0.0..=1.0).contains(&f.0)) {
-                    return None;
-                }
-                gm[i][k] = g;
+            if g_sum > 0.0 {
+                d_max = d_max.min(largest(|x| {
+                    let d = Interval { lo: -x, hi: -x };
+                    rb.prob_arg(p, &d).1 .0 <= 1.0
+                }));
             }
             let small = |x: Hi| (0.0..=1.0).contains(&x.0);
             if !(capped(mg.inv_t.0)
                 && small(c.u)
                 && small(c.eps_exp)
                 && small(c.eta_sub)
-                && c.cap_df.is_none_or(small))
+                && c.cap_df.is_none_or(small)
+                && [c.a, c.b, c.a_lp, c.b_lp, p.nl_theta, p.lse_err]
+                    .iter()
+                    .all(|x| capped(x.0)))
             {
                 return None;
             }
-            inv_t[i] = mg.inv_t.0;
+            let inv_t = Lo(mg.inv_t.0);
+            let g_t = nonneg(inv_t * Lo(g_sum));
+            let h_t = nonneg(inv_t * Lo(h));
+            let p_pieces = arg_pieces(rb, p);
+            for (k, n_extra) in [0usize, 2].into_iter().enumerate() {
+                let g = mg.gm.get(n_extra)?.as_ref().ok()?.0;
+                let f = *mg.floor.get(n_extra)?;
+                if !((0.0..=1.0).contains(&g) && (0.0..=1.0).contains(&f.0)) {
+                    return None;
+                }
+                let gm = Lo(g);
+                let [(a1, b1), (a2, b2)] = p_pieces;
+                let [(wa1, wb1), (wa2, wb2)] = w_pieces;
+                // `gamma_m (ln S_w + H + 2)`: the `|lp_j| + H + 2` factor's
+                // constant part.
+                let mags0 = Lo(w_ln_s) + Lo(h_hi) + Lo(2.0);
+                let a = Affine {
+                    pa1: nonneg(g_t * a1).0,
+                    pb1: nonneg(g_t * nonneg(b1 + gm)).0,
+                    pa2: nonneg(g_t * a2).0,
+                    pb2: nonneg(g_t * nonneg(b2 + gm)).0,
+                    ha1: nonneg(h_t * wa1).0,
+                    hb1: nonneg(h_t * wb1).0,
+                    ha2: nonneg(h_t * wa2).0,
+                    hb2: nonneg(h_t * wb2).0,
+                    hc: nonneg(h_t * nonneg(Lo(dh) + nonneg(gm * nonneg(mags0)))).0,
+                    hg: nonneg(h_t * gm).0,
+                };
+                let fields = [
+                    a.pa1, a.pb1, a.pa2, a.pb2, a.ha1, a.hb1, a.ha2, a.hb2, a.hc, a.hg,
+                ];
+                if !fields.iter().all(|&x| x <= CAP * CAP * CAP) {
+                    return None;
+                }
+                coef[i][k] = a;
+            }
         }
-        let pw_same = row.models.iter().all(|mg| mg.pw_same);
-        let lanes = (M <= 4 && lanes::available()).then(|| {
-            let cs: Vec<_> = all.iter().map(|rb| &rb.c).collect();
-            let sets = |w: bool| -> Option<Vec<&SetBounds>> {
-                all.iter()
-                    .map(|rb| if w { &rb.w } else { &rb.p }.as_ref().ok())
-                    .collect()
-            };
-            let p = ArgLanes::new(&cs, &sets(false)?);
-            // Without an h-term the w lanes are never read.
-            let w = match sets(true) {
-                Some(w) => ArgLanes::new(&cs, &w),
-                None if h == 0.0 => p,
-                None => return None,
-            };
-            let lane = |a: &[f64; M]| std::array::from_fn(|l| a[l.min(M - 1)]);
-            Some(ScreenLanes {
-                n: M,
-                p,
-                w,
-                gm: [0, 1].map(|k| std::array::from_fn(|l| gm[l.min(M - 1)][k])),
-                inv_t: lane(&inv_t),
-                dh: lane(&dh),
-                h_hi: lane(&h_hi),
-            })
-        });
         Some(GradScreen {
             g_sum,
             h,
-            gm,
-            inv_t,
-            dh,
-            h_hi,
+            coef,
             twin: row.twin,
-            lanes: lanes.flatten(),
-            pw_same,
+            d_max,
+            e_max,
         })
     }
 }
@@ -192,88 +288,48 @@ impl<const M: usize> GradScreen<M> {
         if cot.topk.iter().any(|&(id, gk)| id == j && gk != 0.0) {
             return None;
         }
-        let first = all.first()?;
-        let st = first.stats;
+        let st = all.first()?.stats;
         let (dj, ej) = (st.d.get(j)?, st.e.get(j)?);
         let sh = GradShared::new(st, j, cot);
         let p_term = self.g_sum > 0.0 && dj.hi > f64::NEG_INFINITY;
         let h_term = self.h > 0.0 && ej.hi > f64::NEG_INFINITY;
-        if p_term && !(capped(mag(dj).0) && capped(dj.hi.abs()) && sh.ep.0 <= 2.0) {
+        // A term that does not apply reads 0 (`-inf` entries: no NaN).
+        let d = if p_term { mag(dj).0 } else { 0.0 };
+        let e = if h_term { mag(ej).0 } else { 0.0 };
+        if p_term && !(capped(d) && d <= self.d_max && capped(dj.hi.abs()) && sh.ep.0 <= 2.0) {
             return None;
         }
-        if h_term && !(capped(mag(ej).0) && capped(ej.hi.abs()) && sh.eq.0 <= 2.0) {
+        if h_term && !(capped(e) && e <= self.e_max && capped(ej.hi.abs()) && sh.eq.0 <= 2.0) {
             return None;
         }
-        if let Some(l) = &self.lanes {
-            let x = ElementIn {
-                g_sum: self.g_sum,
-                h: self.h,
-                d: (dj.lo, dj.hi),
-                e: (ej.lo, ej.hi),
-                ep: sh.ep.0,
-                eq: sh.eq.0,
-                r: (st.r.lo, st.r.hi),
-                p_term,
-                h_term,
-                same: self.pw_same
-                    && bits(dj.lo, ej.lo)
-                    && bits(dj.hi, ej.hi)
-                    && bits(sh.ep.0, sh.eq.0),
-            };
-            let v = lanes::lower4(l, &x)?;
-            return Some(std::array::from_fn(|i| v[i]));
-        }
+        let (ep, eq) = (
+            if p_term { sh.ep.0 } else { 0.0 },
+            if h_term { sh.eq.0 } else { 0.0 },
+        );
+        // |c_j| as `grad_elem` computes it.
+        let c = if h_term {
+            let c_hi = Hi(ej.hi) + Hi(st.r.hi);
+            let c_lo = Lo(ej.lo) + Lo(st.r.lo);
+            let c = c_hi.max(c_lo.neg()).0;
+            if !capped(c) {
+                return None;
+            }
+            c
+        } else {
+            0.0
+        };
         let k = usize::from(h_term);
         let mut out = [0.0; M];
-        for (i, rb) in all.iter().enumerate() {
+        for i in 0..M {
             let t = self.twin[i];
             if t < i {
                 out[i] = out[t];
                 continue;
             }
-            let mut arg_p = None;
-            if p_term {
-                let set = rb.p.as_ref().ok()?;
-                let (_, arg, _) = rb.prob_arg(set, dj);
-                if !(arg.0 <= 1.0) {
-                    return None;
-                }
-                arg_p = Some(arg.0);
-            }
-            let gm = Lo(self.gm[i][k]);
-            let t_h = if h_term {
-                // The h-term reuses the p-term's exponent when the sets and
-                // the entry are the same bits; else its own must be <= 1 too.
-                let w = rb.w.as_ref().ok()?;
-                let same = rb.p.as_ref().ok()?.same_bits(w)
-                    && bits(dj.lo, ej.lo)
-                    && bits(dj.hi, ej.hi)
-                    && bits(sh.ep.0, sh.eq.0);
-                let arg_w = match arg_p {
-                    Some(arg) if same => arg,
-                    _ => {
-                        let (_, arg, _) = rb.prob_arg(w, ej);
-                        if !(arg.0 <= 1.0) {
-                            return None;
-                        }
-                        arg.0
-                    }
-                };
-                // |c_j| and |lp_j| + ln S_w as `grad_elem` computes them.
-                let c_hi = Hi(ej.hi) + Hi(st.r.hi);
-                let c_lo = Lo(ej.lo) + Lo(st.r.lo);
-                let c_abs = c_hi.max(c_lo.neg()).0;
-                let lpw_abs = (mag(ej) + Hi(w.ln_s.hi)).0;
-                let mags = Lo(lpw_abs) + Lo(self.h_hi[i]) + Lo(2.0);
-                Lo(self.h) * Lo(sh.eq.0) * (Lo(arg_w) * Lo(c_abs) + Lo(self.dh[i]) + gm * mags)
-            } else {
-                Lo(0.0)
-            };
-            let t_p = match arg_p {
-                Some(arg) => Lo(self.g_sum) * Lo(sh.ep.0) * (Lo(arg) + gm),
-                None => Lo(0.0),
-            };
-            out[i] = ((t_p + t_h) * Lo(self.inv_t[i])).0.max(0.0);
+            let a = &self.coef[i][k];
+            let tp = ep * (a.pa1 * d + a.pb1).max(a.pa2 * d + a.pb2);
+            let th = eq * ((a.ha1 * e + a.hb1).max(a.ha2 * e + a.hb2) * c + a.hc + a.hg * e);
+            out[i] = ((tp + th) * SHRINK - FLOOR).max(0.0);
         }
         Some(out)
     }
