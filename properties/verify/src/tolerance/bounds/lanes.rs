@@ -174,8 +174,9 @@ mod x86 {
                 ),
                 in_taylor(delta),
             );
-            let shifted = add(base_em, mul(base_e, taylor(delta)));
-            let em = _mm256_blendv_pd(taylor(lam), shifted, in_shift);
+            // One polynomial a lane: of delta where shifted, else of lambda.
+            let t = taylor(_mm256_blendv_pd(lam, delta, in_shift));
+            let em = _mm256_blendv_pd(t, add(base_em, mul(base_e, t)), in_shift);
             let lw_lam = add(lw_v, lam);
             let mut wl = mul(elw_v, em);
             let mut wel = mul(elw_v, add(splat(1.0), em));
