@@ -101,6 +101,11 @@ pub struct RowBounds<'a> {
     /// Error of the entropy value a gradient may use, rounding included
     /// (any form, and the autograd form `sum p (lp + 1)`).
     entropy_grad: Result<Hi, NoBound>,
+    /// `e^(d_j.hi - ln S.lo)` (upward) of every entry `j < V`, when the
+    /// shared walk evaluated them (every entry finite, no sampling mask:
+    /// they are its `e^lw`, the same bits): what the gradient screen reads
+    /// for `p^+` instead of one `exp` an element.
+    ep: Option<std::sync::Arc<Vec<Hi>>>,
 }
 
 /// Row-independent constants of a model (T1-T3).
@@ -546,6 +551,11 @@ impl<'a> RowBounds<'a> {
             .iter()
             .map(|t| ls_uniq[uniq.iter().position(|u| u == t).expect("a unique model")])
             .collect();
+        // Entry by entry over finite entries with equal sets: `ew` is each
+        // entry's `p^+` (GradShared::new's exp, the same operands).
+        let ep =
+            (matches!(entries, Entries::All(_)) && same_sets && shared.ew.len() == stats.d.len())
+                .then(|| std::sync::Arc::new(shared.ew.clone()));
         let mut out = Vec::with_capacity(cs.len());
         for (i, (c, p)) in cs.into_iter().zip(p).enumerate() {
             let (entropy_pre, entropy_grad) = match &w[i] {
@@ -559,6 +569,7 @@ impl<'a> RowBounds<'a> {
                 w: w[i].clone(),
                 entropy_pre,
                 entropy_grad,
+                ep: ep.clone(),
             });
         }
         out
@@ -636,6 +647,7 @@ impl DetachedBounds {
             w: self.w.clone(),
             entropy_pre: self.entropy_pre.clone(),
             entropy_grad: self.entropy_grad.clone(),
+            ep: None,
         })
     }
 }
@@ -665,6 +677,7 @@ impl<'a> RowBounds<'a> {
             w,
             entropy_pre,
             entropy_grad,
+            ep: None,
         }
     }
 
@@ -1295,6 +1308,12 @@ struct GradShared {
 
 impl GradShared {
     fn new(st: &RowStats, j: usize, cot: &GradCotangents<'_>) -> GradShared {
+        Self::with_ep(st, j, cot, None)
+    }
+
+    /// [`GradShared::new`], `p_j`'s exp read from `ep` ([`RowBounds`]'s,
+    /// the same bits) when given.
+    fn with_ep(st: &RowStats, j: usize, cot: &GradCotangents<'_>, ep: Option<&[Hi]>) -> GradShared {
         let e = |used: bool, x: Option<&Interval>, ln_s: Interval| match x {
             Some(x) if used && x.hi > f64::NEG_INFINITY => (Hi(x.hi) - Lo(ln_s.lo)).exp(),
             _ => Hi::ZERO,
@@ -1313,7 +1332,10 @@ impl GradShared {
                 n_extra += 1;
             }
         }
-        let ep = e(g_used, st.d.get(j), st.ln_s);
+        let ep = match ep.and_then(|ep| ep.get(j)) {
+            Some(&ep) if g_used && st.d.get(j).is_some_and(|d| d.hi > f64::NEG_INFINITY) => ep,
+            _ => e(g_used, st.d.get(j), st.ln_s),
+        };
         // Without a sampling mask `q_j`'s exponent is `p_j`'s, bit for bit:
         // one exp.
         let same = g_used

@@ -288,9 +288,10 @@ impl<const M: usize> GradScreen<M> {
         if cot.topk.iter().any(|&(id, gk)| id == j && gk != 0.0) {
             return None;
         }
-        let st = all.first()?.stats;
+        let first = all.first()?;
+        let st = first.stats;
         let (dj, ej) = (st.d.get(j)?, st.e.get(j)?);
-        let sh = GradShared::new(st, j, cot);
+        let sh = GradShared::with_ep(st, j, cot, first.ep.as_deref().map(|v| &v[..]));
         let p_term = self.g_sum > 0.0 && dj.hi > f64::NEG_INFINITY;
         let h_term = self.h > 0.0 && ej.hi > f64::NEG_INFINITY;
         // A term that does not apply reads 0 (`-inf` entries: no NaN).
