@@ -126,6 +126,7 @@ impl ExpM1Base {
     /// else `(e^b - 1)^ + (e^b)^ (e^delta - 1)^` (upward, the polynomial for
     /// `e^delta - 1`). Sound for every `x`: `delta^ >= x - b` and `e^t - 1`
     /// is increasing, so the sum is at least `e^x - 1`.
+    #[inline]
     pub(crate) fn exp_m1(&self, x: Hi) -> Hi {
         if x.0 > TAYLOR_MAX && x.0 <= 1.0 {
             let delta = x - Lo(self.b);
