@@ -276,6 +276,7 @@ impl<const M: usize> GradScreen<M> {
     /// element `j < V` (same `all`, row constants and `cot` as
     /// [`RowBounds::grad_screen`]), each a finite [`super::ErrorBound::Abs`]
     /// there; `None` when `j` is an indicator or out of the screen's range.
+    #[inline(always)]
     pub fn lower(
         &self,
         all: &[RowBounds<'_>; M],
