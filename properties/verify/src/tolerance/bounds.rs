@@ -1370,6 +1370,10 @@ struct SetSums {
 }
 
 fn set_sums(c: &Consts, ds: &[Interval], ln_s: Interval, entries: Entries<'_>) -> SetSums {
+    if let Entries::All(_) = entries {
+        // The same sums as the entropy set's (`entropy_all`), bit for bit.
+        return entropy_all(c, ds, ln_s.lo).set;
+    }
     let (mut e1, mut fl, mut n_fin) = (Hi::ZERO, Hi::ZERO, 0usize);
     for (j, k) in entries.iter() {
         let d = &ds[j];
@@ -1540,6 +1544,115 @@ struct EntropyShared {
 }
 
 fn entropy_shared(c: &Consts, st: &RowStats, entries: Entries<'_>) -> EntropyShared {
+    match entries {
+        Entries::All(_) => entropy_shared_all(c, st),
+        Entries::Groups(_) => entropy_shared_groups(c, st, entries),
+    }
+}
+
+/// One lane's share of [`EntropyShared`]'s sums over every entry
+/// ([`entropy_shared_all`]): the entries `j` with `j % 4` its lane.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct EntropyPart {
+    pub e1: Hi,
+    pub fl: Hi,
+    pub e2: Hi,
+    pub fl2: Hi,
+    pub sd: Hi,
+}
+
+impl EntropyPart {
+    const ZERO: EntropyPart = EntropyPart {
+        e1: Hi::ZERO,
+        fl: Hi::ZERO,
+        e2: Hi::ZERO,
+        fl2: Hi::ZERO,
+        sd: Hi::ZERO,
+    };
+}
+
+/// [`entropy_shared`] entry by entry (no groups): `e^lw_j` of every
+/// finite entry first (one libm `exp` each), then the sums in four
+/// partial sums, entry `j` into part `j % 4`, added as `(p0 + p1) + (p2 +
+/// p3)` (upward: any order bounds the sum from above). The parts come
+/// from [`lanes::entropy4`] (four entries a vector, the same bits) when
+/// the CPU has the lanes; `expm1(alpha_j)` from [`ExpM1Base::exp_m1`] at
+/// the base `b` (T3's `alpha_j = a |d_j| + b >= b`).
+fn entropy_shared_all(c: &Consts, st: &RowStats) -> EntropyShared {
+    entropy_all(c, &st.e, st.ln_s_w.lo)
+}
+
+/// [`entropy_shared_all`] over the shifts `es` `[V]` of a set with `ln S
+/// >= ln_s_lo` (also [`set_sums`]' `E1`, `F` of any set, entry by entry).
+fn entropy_all(c: &Consts, es: &[Interval], ln_s_lo: f64) -> EntropyShared {
+    let ew: Vec<Hi> = es
+        .iter()
+        .filter(|e| e.hi != f64::NEG_INFINITY)
+        .map(|e| (Hi(e.hi) - Lo(ln_s_lo)).exp())
+        .collect();
+    let base = ExpM1Base::new(c.b);
+    let mut parts = [EntropyPart::ZERO; 4];
+    let (from, i) = lanes::entropy4(c, es, ln_s_lo, &ew, &base, &mut parts).unwrap_or((0, 0));
+    entropy_parts(c, es, ln_s_lo, &ew, &base, from, i, &mut parts);
+    let sum =
+        |f: fn(&EntropyPart) -> Hi| (f(&parts[0]) + f(&parts[1])) + (f(&parts[2]) + f(&parts[3]));
+    EntropyShared {
+        set: SetSums {
+            e1: sum(|p| p.e1),
+            fl: sum(|p| p.fl),
+            n_fin: ew.len(),
+        },
+        e2: sum(|p| p.e2),
+        fl2: sum(|p| p.fl2),
+        sd: sum(|p| p.sd),
+        ew,
+    }
+}
+
+/// The entries `j >= from` of [`entropy_all`] into `parts`, `i`
+/// the index in `ew` of the first finite one.
+#[allow(clippy::too_many_arguments)]
+fn entropy_parts(
+    c: &Consts,
+    es: &[Interval],
+    ln_s_lo: f64,
+    ew: &[Hi],
+    base: &ExpM1Base,
+    from: usize,
+    mut i: usize,
+    parts: &mut [EntropyPart; 4],
+) {
+    let ln_s_lo = Lo(ln_s_lo);
+    for (j, e) in es.iter().enumerate().skip(from) {
+        if e.hi == f64::NEG_INFINITY {
+            continue;
+        }
+        let elw = ew[i];
+        i += 1;
+        let d_abs = mag(e);
+        let lw = Hi(e.hi) - ln_s_lo;
+        let alpha = c.a * d_abs + c.b;
+        // w_expm1(lw, alpha), with e^lw computed once.
+        let wm = if alpha.0 <= 1.0 {
+            elw * base.exp_m1(alpha)
+        } else {
+            (lw + alpha).exp()
+        };
+        let p = &mut parts[j % 4];
+        p.e1 = p.e1 + wm;
+        p.e2 = p.e2 + d_abs * wm;
+        p.sd = p.sd + d_abs;
+        if (Hi(e.hi) + alpha).0 < c.ln_min_normal {
+            let we = (lw + alpha).exp();
+            p.fl = p.fl + we;
+            p.fl2 = p.fl2 + d_abs * we;
+        }
+    }
+}
+
+/// [`entropy_shared`] over groups of equal entries, one term a group
+/// times its size.
+fn entropy_shared_groups(c: &Consts, st: &RowStats, entries: Entries<'_>) -> EntropyShared {
     let ln_s = st.ln_s_w;
     let (mut e1, mut fl, mut e2, mut fl2, mut sd) =
         (Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO, Hi::ZERO);
@@ -1602,11 +1715,38 @@ impl LsSums {
     };
 }
 
-/// The base of a model's `lambda_j` on set `w` ([`Consts::lambda`] at
-/// `|d| = 0`: every `lambda_j` of an entry with `|d_j| >= 0` is at least
-/// it, the upward operations being monotone) for [`ExpM1Base::exp_m1`].
-fn lambda_base(c: &Consts, w: &SetBounds) -> ExpM1Base {
-    ExpM1Base::new(c.lambda(w, Hi::ZERO))
+/// A model's `lambda_j` on set `w` (T9) as `k |d_j| + b`, for the
+/// entropy walks: `lambda_j = (a_lp |d_j| + b_lp + lse_err)(1 + u) + u
+/// (|d_j| + ln S)` ([`Consts::lambda`]) is affine in `|d_j|` with nonnegative coefficients, so
+/// `k >= a_lp (1 + u) + u` and `b >= (b_lp + lse_err)(1 + u) + u ln S`,
+/// each rounded up once a row, give an upper bound in two upward
+/// operations an entry (never below [`Consts::lambda`]'s real value).
+#[derive(Clone, Copy, Debug)]
+struct LambdaAffine {
+    k: Hi,
+    b: Hi,
+}
+
+impl LambdaAffine {
+    fn new(c: &Consts, w: &SetBounds) -> LambdaAffine {
+        let one_u = Hi::ONE + c.u;
+        LambdaAffine {
+            k: c.a_lp * one_u + c.u,
+            b: (c.b_lp + w.lse_err) * one_u + c.u * Hi(w.ln_s.hi),
+        }
+    }
+
+    /// `lambda_j` of an entry with `|d_j| <= d_abs`, rounded up.
+    #[inline]
+    fn at(&self, d_abs: Hi) -> Hi {
+        self.k * d_abs + self.b
+    }
+
+    /// The base for [`ExpM1Base::exp_m1`]: `b`, which every [`Self::at`]
+    /// is at least (the upward operations are monotone, `|d| >= 0`).
+    fn base(&self) -> ExpM1Base {
+        ExpM1Base::new(self.b)
+    }
 }
 
 /// One walk over `w` for every model's [`LsSums`] (models without a
@@ -1643,10 +1783,13 @@ fn logsoftmax_sums(
         }
     }
     let ell = Hi(st.ln_s_w.hi);
-    let bases: Vec<Option<ExpM1Base>> = cs
+    let affs: Vec<Option<(LambdaAffine, ExpM1Base)>> = cs
         .iter()
         .zip(ws)
-        .map(|(c, w)| Some(lambda_base(c, w.as_ref().ok()?)))
+        .map(|(c, w)| {
+            let a = LambdaAffine::new(c, w.as_ref().ok()?);
+            Some((a, a.base()))
+        })
         .collect();
     let mut i = 0usize;
     for (j, k) in entries.iter() {
@@ -1659,11 +1802,11 @@ fn logsoftmax_sums(
         let d_abs = mag(e);
         let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
         let dl = d_abs + ell;
-        for (((c, w), o), base) in cs.iter().zip(ws).zip(out.iter_mut()).zip(&bases) {
-            let (Ok(w), Some(base)) = (w, base) else {
+        for ((c, o), aff) in cs.iter().zip(out.iter_mut()).zip(&affs) {
+            let Some((aff, base)) = aff else {
                 continue;
             };
-            let lam = c.lambda(w, d_abs);
+            let lam = aff.at(d_abs);
             let (wl, wel) = if lam.0 <= 1.0 {
                 let em = base.exp_m1(lam);
                 (elw * em, elw * (Hi::ONE + em))
@@ -1674,7 +1817,7 @@ fn logsoftmax_sums(
             o.s_em = o.s_em + times(k, wl);
             o.s_lam = o.s_lam + times(k, wel * lam);
             o.sdl = if k == 1 {
-                o.sdl + dl + lam
+                o.sdl + (dl + lam)
             } else {
                 o.sdl + times(k, dl + lam)
             };

@@ -96,11 +96,28 @@ impl Hi {
     }
 }
 
+/// `1/2 + 2^-18`: with it `x + x^2 C` bounds `e^x - 1` from above for
+/// `0 <= x <= 2^-16` ([`Hi::exp_m1_tiny`]).
+pub(crate) const TINY_C: f64 = 0.5 + 1.0 / 262_144.0;
+
+impl Hi {
+    /// `e^x - 1`, rounded up, for `0 <= x <= 2^-16` only (the caller
+    /// checks the range): `x + x^2 C` in three upward operations, `C =
+    /// 1/2 + 2^-18` ([`TINY_C`]). Sound: `e^x - 1 = x + x^2 (1/2 + x/6 +
+    /// x^2/24 + ...)` and `x/6 + x^2/16 <= 2^-16/6 + 2^-36 <= 2^-18` there
+    /// ([`Hi::exp_m1`]'s tail bound). At most `x 2^-18 <= 2^-34` relative
+    /// above `e^x - 1`.
+    #[inline]
+    pub(crate) fn exp_m1_tiny(self) -> Hi {
+        self + self * self * Hi(TINY_C)
+    }
+}
+
 /// `e^x - 1` for arguments `x` just above a fixed base `b` (a row's
 /// `lambda_j`, T9, are `b` plus a term proportional to `|d_j|`): from the
 /// exact identity `e^(b + delta) - 1 = (e^b - 1) + e^b (e^delta - 1)`,
 /// with `e^b - 1` and `e^b` rounded up once and `e^delta - 1` by
-/// [`Hi::exp_m1`]'s polynomial, no libm call an entry.
+/// [`Hi::exp_m1_tiny`], no libm call an entry.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ExpM1Base {
     /// The base `b` (any f64; NaN disables the shift).
@@ -121,17 +138,21 @@ impl ExpM1Base {
         }
     }
 
-    /// `e^x - 1`, rounded up: [`Hi::exp_m1`] of `x` where `x <= 2^-16`
-    /// or `x > 1` or `delta = x - b` (rounded up) is outside `[0, 2^-16]`;
-    /// else `(e^b - 1)^ + (e^b)^ (e^delta - 1)^` (upward, the polynomial for
-    /// `e^delta - 1`). Sound for every `x`: `delta^ >= x - b` and `e^t - 1`
-    /// is increasing, so the sum is at least `e^x - 1`.
+    /// `e^x - 1`, rounded up: [`Hi::exp_m1_tiny`] of `x` where `0 <= x <=
+    /// 2^-16`; where `2^-16 < x <= 1` and `delta = x - b` (rounded up) is
+    /// in `[0, 2^-16]`, `(e^b - 1)^ + (e^b)^ (e^delta - 1)^` (upward, the
+    /// tiny polynomial for `e^delta - 1`); else [`Hi::exp_m1`]. Sound for
+    /// every `x`: `delta^ >= x - b` and `e^t - 1` is increasing, so the sum
+    /// is at least `e^x - 1`.
     #[inline]
     pub(crate) fn exp_m1(&self, x: Hi) -> Hi {
+        if (0.0..=TAYLOR_MAX).contains(&x.0) {
+            return x.exp_m1_tiny();
+        }
         if x.0 > TAYLOR_MAX && x.0 <= 1.0 {
             let delta = x - Lo(self.b);
             if (0.0..=TAYLOR_MAX).contains(&delta.0) {
-                return Hi(self.em) + Hi(self.e) * delta.exp_m1();
+                return Hi(self.em) + Hi(self.e) * delta.exp_m1_tiny();
             }
         }
         x.exp_m1()
@@ -220,14 +241,23 @@ mod tests {
         assert!(Hi(0.5).neg_ln_1m().0 >= std::f64::consts::LN_2);
         assert!(Hi(1.0 + 1e-9).powi(1000).0 >= 1.0 + 1e-6);
         assert!(Hi(f64::NAN).max(Hi::ONE).0.is_nan());
-        // Near a base: an upper bound of libm's expm1, within 1e-14.
+        // The tiny polynomial: above libm's expm1, within 2^-34 relative.
+        let mut x = TAYLOR_MAX;
+        while x > 1e-300 {
+            let (tiny, libm) = (Hi(x).exp_m1_tiny().0, x.exp_m1());
+            assert!(tiny >= libm * (1.0 + 2.0 * f64::EPSILON), "{x}");
+            assert!(tiny <= libm * (1.0 + 2f64.powi(-34)), "{x}");
+            x *= 0.37;
+        }
+        // Near a base: an upper bound of libm's expm1, within 2^-34 (the
+        // tiny polynomial's excess, of x or of delta <= x).
         for b in [1e-5, 1e-3, 0.009, 0.3, 0.99] {
             let base = ExpM1Base::new(Hi(b));
             for k in 0..40 {
                 let x = b + f64::from(k) * 4e-7;
                 let (near, libm) = (base.exp_m1(Hi(x)).0, x.exp_m1());
                 assert!(near >= libm * (1.0 + 2.0 * f64::EPSILON), "{b} {x}");
-                assert!(near <= libm * (1.0 + 1e-14), "{b} {x}");
+                assert!(near <= libm * (1.0 + 2f64.powi(-34)), "{b} {x}");
             }
         }
         assert!(ExpM1Base::new(Hi(f64::NAN)).exp_m1(Hi(0.5)).0 >= 0.5_f64.exp_m1());

@@ -9,9 +9,10 @@
 //! in a vector (libm `expm1` and `exp` outside the polynomials' ranges) it
 //! does in scalar, as the scalar code does.
 
-use logprobe_reference::oracle::RowStats;
+use logprobe_reference::oracle::{Interval, RowStats};
 
-use super::{Consts, Hi, LsSums, SetBounds};
+use super::{Consts, EntropyPart, Hi, LsSums, SetBounds};
+use crate::tolerance::upward::ExpM1Base;
 
 pub(crate) use logprobe_reference::simd::available;
 #[cfg(test)]
@@ -42,6 +43,35 @@ pub(super) fn sums4(
     }
 }
 
+/// [`super::entropy_all`]'s four parts over the shifts `es` `[V]` (of a
+/// set with `ln S >= ln_s_lo`), entries `j < 4 floor(V / 4)`, four
+/// entries a vector (entry `j` in lane `j % 4`, the same bits as
+/// [`super::entropy_parts`]), added into `parts`; `(from,
+/// i)`: the first entry left and its index in `ew`. `None` (nothing
+/// done) without AVX2.
+pub(super) fn entropy4(
+    c: &Consts,
+    es: &[Interval],
+    ln_s_lo: f64,
+    ew: &[Hi],
+    base: &ExpM1Base,
+    parts: &mut [EntropyPart; 4],
+) -> Option<(usize, usize)> {
+    if !available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2 is present (checked above).
+        Some(unsafe { x86::entropy4(c, es, ln_s_lo, ew, base, parts) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (c, es, ln_s_lo, ew, base, parts);
+        None
+    }
+}
+
 /// Per lane, item `min(i, n - 1)`'s field `f` (the padding lanes repeat
 /// the last item; their results are dropped).
 fn per_model<T>(items: &[T], f: impl Fn(&T) -> f64) -> [f64; 4] {
@@ -54,15 +84,12 @@ mod x86 {
 
     use logprobe_reference::simd::x86::{lanes, load, splat};
 
-    use logprobe_reference::oracle::RowStats;
+    use logprobe_reference::oracle::{Interval, RowStats};
 
-    use super::super::{lambda_base, Consts, Hi, Lo, LsSums, SetBounds};
+    use super::super::{Consts, EntropyPart, Hi, LambdaAffine, Lo, LsSums, SetBounds};
     use super::per_model;
     use crate::tolerance::upward::ExpM1Base;
-    use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX};
-
-    /// `1/6` rounded up (as [`Hi::exp_m1`]).
-    const SIXTH_UP: f64 = 0.166_666_666_666_666_69;
+    use crate::tolerance::upward::{QUANTUM, SAFETY, TAYLOR_MAX, TINY_C};
 
     /// [`crate::tolerance::upward`]'s `up`, per lane.
     #[inline]
@@ -89,20 +116,11 @@ mod x86 {
         up(_mm256_mul_pd(a, b))
     }
 
-    /// [`Hi::exp_m1`]'s polynomial, per lane (for `0 <= x <= 2^-16`).
+    /// [`Hi::exp_m1_tiny`], per lane (for `0 <= x <= 2^-16`).
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn taylor(x: __m256d) -> __m256d {
-        add(
-            x,
-            mul(
-                mul(x, x),
-                add(
-                    splat(0.5),
-                    mul(x, add(splat(SIXTH_UP), mul(x, splat(0.0625)))),
-                ),
-            ),
-        )
+    fn tiny(x: __m256d) -> __m256d {
+        add(x, mul(mul(x, x), splat(TINY_C)))
     }
 
     /// The lanes with `0 <= x <= 2^-16` (the polynomial's range).
@@ -127,16 +145,16 @@ mod x86 {
         ew: &[Hi],
     ) -> Vec<LsSums> {
         let n = cs.len();
-        let a_lp = load(&per_model(cs, |c| c.a_lp.0));
-        let b_lp = load(&per_model(cs, |c| c.b_lp.0));
-        let u = load(&per_model(cs, |c| c.u.0));
-        // `Hi::ONE + u`, as `Consts::lambda` evaluates it.
-        let one_u = add(splat(1.0), u);
+        // Each lane's lambda, `k |d| + b`, and its base (as the scalar walk).
+        let affs: Vec<LambdaAffine> = cs
+            .iter()
+            .zip(ws)
+            .map(|(c, w)| LambdaAffine::new(c, w))
+            .collect();
+        let bases: Vec<ExpM1Base> = affs.iter().map(LambdaAffine::base).collect();
+        let lam_k = load(&per_model(&affs, |a| a.k.0));
+        let lam_b = load(&per_model(&affs, |a| a.b.0));
         let lmn = load(&per_model(cs, |c| c.ln_min_normal));
-        let lse_err = load(&per_model(ws, |w| w.lse_err.0));
-        let ln_s_hi = load(&per_model(ws, |w| w.ln_s.hi));
-        // Each lane's base of lambda (`ExpM1Base`, as the scalar walk).
-        let bases: Vec<ExpM1Base> = cs.iter().zip(ws).map(|(c, w)| lambda_base(c, w)).collect();
         let base_b = load(&per_model(&bases, |b| b.b));
         let base_em = load(&per_model(&bases, |b| b.em));
         let base_e = load(&per_model(&bases, |b| b.e));
@@ -157,12 +175,10 @@ mod x86 {
             let dl = d_abs + ell;
             let (d_abs_v, lw_v, dl_v, elw_v) =
                 (splat(d_abs.0), splat(lw.0), splat(dl.0), splat(elw.0));
-            // lambda_j (Consts::lambda).
-            let lp_abs = add(d_abs_v, ln_s_hi);
-            let pre = add(add(mul(a_lp, d_abs_v), b_lp), lse_err);
-            let lam = add(mul(pre, one_u), mul(u, lp_abs));
-            // expm1(lambda) as ExpM1Base::exp_m1: the polynomial of
-            // Hi::exp_m1 where 0 <= lambda <= 2^-16; where 2^-16 < lambda
+            // lambda_j (LambdaAffine::at).
+            let lam = add(mul(lam_k, d_abs_v), lam_b);
+            // expm1(lambda) as ExpM1Base::exp_m1: the tiny polynomial
+            // where 0 <= lambda <= 2^-16; where 2^-16 < lambda
             // <= 1 and 0 <= delta = lambda - b <= 2^-16, the base's
             // (e^b - 1) + e^b (e^delta - 1); else per lane as the scalar walk.
             let in_poly = in_taylor(lam);
@@ -175,7 +191,7 @@ mod x86 {
                 in_taylor(delta),
             );
             // One polynomial a lane: of delta where shifted, else of lambda.
-            let t = taylor(_mm256_blendv_pd(lam, delta, in_shift));
+            let t = tiny(_mm256_blendv_pd(lam, delta, in_shift));
             let em = _mm256_blendv_pd(t, add(base_em, mul(base_e, t)), in_shift);
             let lw_lam = add(lw_v, lam);
             let mut wl = mul(elw_v, em);
@@ -207,7 +223,7 @@ mod x86 {
             s_dem = add(s_dem, mul(dl_v, wl));
             s_em = add(s_em, wl);
             s_lam = add(s_lam, mul(wel, lam));
-            sdl = add(add(sdl, dl_v), lam);
+            sdl = add(sdl, add(dl_v, lam));
             let flush = _mm256_cmp_pd::<_CMP_LT_OQ>(lw_lam, lmn);
             if _mm256_movemask_pd(flush) != 0 {
                 fl_d = _mm256_blendv_pd(fl_d, add(fl_d, mul(dl_v, wel)), flush);
@@ -232,5 +248,128 @@ mod x86 {
                 sdl: Hi(sdl[l]),
             })
             .collect()
+    }
+    /// `expm1(x)` as [`ExpM1Base::exp_m1`] where its two polynomial
+    /// branches apply, and the mask of those lanes (the others are left
+    /// to the scalar code).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn exp_m1_base(x: __m256d, b: __m256d, em: __m256d, e: __m256d) -> (__m256d, __m256d) {
+        let in_poly = in_taylor(x);
+        let delta = up(_mm256_sub_pd(x, b));
+        let in_shift = _mm256_and_pd(
+            _mm256_and_pd(
+                _mm256_cmp_pd::<_CMP_GT_OQ>(x, splat(TAYLOR_MAX)),
+                _mm256_cmp_pd::<_CMP_LE_OQ>(x, splat(1.0)),
+            ),
+            in_taylor(delta),
+        );
+        let t = tiny(_mm256_blendv_pd(x, delta, in_shift));
+        let v = _mm256_blendv_pd(t, add(em, mul(e, t)), in_shift);
+        (v, _mm256_or_pd(in_poly, in_shift))
+    }
+
+    /// `acc + x` in the lanes of `m`, `acc` elsewhere.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn add_in(acc: __m256d, x: __m256d, m: __m256d) -> __m256d {
+        _mm256_blendv_pd(acc, add(acc, x), m)
+    }
+
+    /// See [`super::entropy4`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn entropy4(
+        c: &Consts,
+        es: &[Interval],
+        ln_s_lo: f64,
+        ew: &[Hi],
+        base: &ExpM1Base,
+        parts: &mut [EntropyPart; 4],
+    ) -> (usize, usize) {
+        let (a, b, lmn) = (splat(c.a.0), splat(c.b.0), splat(c.ln_min_normal));
+        let (base_b, base_em, base_e) = (splat(base.b), splat(base.em), splat(base.e));
+        let get = |f: fn(&EntropyPart) -> Hi| load(&std::array::from_fn(|l| f(&parts[l]).0));
+        let (mut e1, mut fl, mut e2, mut fl2, mut sd) = (
+            get(|p| p.e1),
+            get(|p| p.fl),
+            get(|p| p.e2),
+            get(|p| p.fl2),
+            get(|p| p.sd),
+        );
+        let neg_inf = splat(f64::NEG_INFINITY);
+        let n4 = es.len() / 4 * 4;
+        let mut i = 0usize;
+        for j in (0..n4).step_by(4) {
+            let e = &es[j..j + 4];
+            let lo = _mm256_set_pd(e[3].lo, e[2].lo, e[1].lo, e[0].lo);
+            let hi = _mm256_set_pd(e[3].hi, e[2].hi, e[1].hi, e[0].hi);
+            let fin = _mm256_cmp_pd::<_CMP_NEQ_UQ>(hi, neg_inf);
+            let fin_bits = _mm256_movemask_pd(fin);
+            if fin_bits == 0 {
+                continue;
+            }
+            let elw = if fin_bits == 0b1111 {
+                let w = &ew[i..i + 4];
+                i += 4;
+                _mm256_set_pd(w[3].0, w[2].0, w[1].0, w[0].0)
+            } else {
+                let mut w = [0.0; 4];
+                for (l, w) in w.iter_mut().enumerate() {
+                    if fin_bits & (1 << l) != 0 {
+                        *w = ew[i].0;
+                        i += 1;
+                    }
+                }
+                load(&w)
+            };
+            let d = _mm256_xor_pd(lo, splat(-0.0));
+            let lw = up(_mm256_sub_pd(hi, splat(ln_s_lo)));
+            let alpha = add(mul(a, d), b);
+            let (em, ok) = exp_m1_base(alpha, base_b, base_em, base_e);
+            let mut wm = mul(elw, em);
+            let off = !_mm256_movemask_pd(ok) & fin_bits;
+            if off != 0 {
+                // Outside the polynomials: one by one, as the scalar code.
+                let (alpha_a, lw_a, elw_a) = (lanes(alpha), lanes(lw), lanes(elw));
+                let mut wm_a = lanes(wm);
+                for l in 0..4 {
+                    if off & (1 << l) == 0 {
+                        continue;
+                    }
+                    let alpha = Hi(alpha_a[l]);
+                    wm_a[l] = if alpha.0 <= 1.0 {
+                        (Hi(elw_a[l]) * base.exp_m1(alpha)).0
+                    } else {
+                        (Hi(lw_a[l]) + alpha).exp().0
+                    };
+                }
+                wm = load(&wm_a);
+            }
+            e1 = add_in(e1, wm, fin);
+            e2 = add_in(e2, mul(d, wm), fin);
+            sd = add_in(sd, d, fin);
+            let flush = _mm256_and_pd(_mm256_cmp_pd::<_CMP_LT_OQ>(add(hi, alpha), lmn), fin);
+            if _mm256_movemask_pd(flush) != 0 {
+                let (alpha_a, lw_a) = (lanes(alpha), lanes(lw));
+                let we: [f64; 4] = std::array::from_fn(|l| (Hi(lw_a[l]) + Hi(alpha_a[l])).exp().0);
+                let we = load(&we);
+                fl = add_in(fl, we, flush);
+                fl2 = add_in(fl2, mul(d, we), flush);
+            }
+        }
+        let (e1, fl, e2, fl2, sd) = (lanes(e1), lanes(fl), lanes(e2), lanes(fl2), lanes(sd));
+        for (l, p) in parts.iter_mut().enumerate() {
+            *p = EntropyPart {
+                e1: Hi(e1[l]),
+                fl: Hi(fl[l]),
+                e2: Hi(e2[l]),
+                fl2: Hi(fl2[l]),
+                sd: Hi(sd[l]),
+            };
+        }
+        (n4, i)
     }
 }
