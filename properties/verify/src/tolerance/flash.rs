@@ -10,7 +10,7 @@
 //! so the rounded result is within a hair of correctly rounded).
 
 use logprobe_reference::oracle::Exact;
-use logprobe_reference::spec::{Dtype, EntropyLogits, Output, Problem};
+use logprobe_reference::spec::{pow2, Dtype, EntropyLogits, Output, Problem};
 
 use super::walk::RowTargets;
 
@@ -157,7 +157,14 @@ impl Naive {
             l: 0.0,
             logits16: matches!(logits_dtype, Dtype::Bf16 | Dtype::F16).then_some(logits_dtype),
         };
-        nv.m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(nv.z(x)));
+        nv.m = if nv.t > 0.0 && nv.t.is_finite() {
+            // `z` is nondecreasing in the logit (a division by `t > 0` and
+            // a rounding, both monotone): `max z = z(max x)`, NaN ignored
+            // by both.
+            nv.z(max_of(row))
+        } else {
+            row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(nv.z(x)))
+        };
         let s = EXP_CACHE.with(|c| {
             let mut c = c.borrow_mut();
             let mut cache = c.start(nv.logits16.unwrap_or(dtype), nv.m, f64::NAN);
@@ -175,13 +182,23 @@ impl Naive {
                 }
                 return s;
             }
+            let term = |x: f64| r(nv.d(x).exp());
+            // Logits `x <= below` add nothing to `s` (`below_adds_nothing`).
+            let mut below = f64::NEG_INFINITY;
             for &x in row {
+                if x <= below && cache.is_some() {
+                    continue;
+                }
                 let e = match cache {
-                    Some(ref mut k) if nv.logits16.is_some() => k.get(x, 0, |x| r(nv.d(x).exp())),
+                    Some(ref mut k) if nv.logits16.is_some() => k.get(x, 0, term),
                     Some(ref mut k) => k.get(nv.d(x), 0, |d| r(d.exp())),
-                    None => r(nv.d(x).exp()),
+                    None => term(x),
                 };
-                s = r(s + e);
+                let next = r(s + e);
+                if cache.is_some() && next != s {
+                    below = below_adds_nothing(next, dtype, nv, term);
+                }
+                s = next;
             }
             s
         });
@@ -229,18 +246,124 @@ impl Naive {
                 }
                 return acc;
             }
+            // Logits `x <= below` add nothing to `acc` (`Naive::entropy_below`).
+            let mut below = f64::NEG_INFINITY;
             for &x in row {
+                if x <= below && cache.is_some() {
+                    continue;
+                }
                 let t = match cache {
                     Some(ref mut k) if self.logits16.is_some() => k.get(x, 1, |x| term(self.d(x))),
                     Some(ref mut k) => k.get(self.d(x), 1, term),
                     None => term(self.d(x)),
                 };
                 if t != f64::INFINITY {
-                    acc = r(acc - t);
+                    let next = r(acc - t);
+                    if cache.is_some() && next != acc {
+                        below = self.entropy_below(next);
+                    }
+                    acc = next;
                 }
             }
             acc
         })
+    }
+}
+
+/// `max_j xs_j` as `fold(-inf, f64::max)` (NaN ignored; `-inf` for none),
+/// in eight independent lanes.
+fn max_of(xs: &[f64]) -> f64 {
+    let mut m = [f64::NEG_INFINITY; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (m, &x) in m.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+    m.iter().fold(tail, |a, &x| a.max(x))
+}
+
+/// A logit `y` such that every logit `x <= y` leaves a naive sum `s` (a
+/// positive `dtype` value, bf16 or f16) as it is, `r(s + term(x)) = s`
+/// with `term(x) = r(exp(d(x)))`; `-inf` when none is found (only `-inf`
+/// logits, whose term is 0, are then passed over).
+///
+/// With `E = floor(log2 s)` and `p` the precision, `s + t` rounds to `s`
+/// whenever `0 <= t < ulp(s) / 4 = 2^(E - p - 1)` (the f64 sum errs by far
+/// less than the quarter ulp left). `y` is taken with `term(y) <= e_max =
+/// 2^(E - p - 2)`, `e_max` at least the least normal (checked). For `x <=
+/// y`, `d(x) <= d(y)` (monotone IEEE operations and roundings), so libm's
+/// `exp(d(x)) <= exp(d(y)) (1 + 2^-50)` (within 2 ulps of `e^t` each, as
+/// [`crate::tolerance::upward`] assumes) `<= e_max (1 + 2^-p) (1 + 2^-50)`,
+/// and rounded `term(x) <= e_max (1 + 2^-p)^2 (1 + 2^-50) < 2 e_max` (a
+/// value below the least normal rounds to at most it): below the quarter ulp.
+fn below_adds_nothing(s: f64, dtype: Dtype, nv: Naive, term: impl Fn(f64) -> f64) -> f64 {
+    if !(s.is_finite() && s > 0.0) || !matches!(dtype, Dtype::Bf16 | Dtype::F16) {
+        return f64::NEG_INFINITY;
+    }
+    let e = ((s.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let e_max = pow2(e - dtype.precision() as i32 - 2);
+    if e_max < pow2(dtype.min_normal_exp()) {
+        return f64::NEG_INFINITY;
+    }
+    // `term(y) ~ e^(y / t - m)`: a first guess, lowered until it checks.
+    let mut y = nv.t * (nv.m + e_max.ln()) - 0.01;
+    for _ in 0..4 {
+        if !y.is_finite() {
+            break;
+        }
+        if term(y) <= e_max {
+            return y;
+        }
+        y -= y.abs() * (1.0 / 64.0) + 0.1;
+    }
+    f64::NEG_INFINITY
+}
+
+impl Naive {
+    /// A logit `y` such that every logit `x <= y` leaves the naive entropy's
+    /// partial sum `acc` (a positive bf16 / f16 value) as it is: its term
+    /// `t(x) = r(p l)`, `l = r(d(x) - ln S^)`, `p = r(exp(l))`, is the
+    /// skipped `p = 0` or has `|t| < ulp(acc) / 4` (then `r(acc - t) = acc`,
+    /// as in [`below_adds_nothing`]); `-inf` when none is found.
+    ///
+    /// `y` is taken with `l(y) <= -2` and `1.2 (-l(y)) e^l(y) < ulp(acc) /
+    /// 4`. For `x <= y`, `l(x) <= l(y)` (monotone operations), and `-l e^l`
+    /// increases for `l <= -1`, so `p |l| <= (1 + 2^-p)(1 + 2^-50) (-l(y))
+    /// e^l(y)` where `exp(l)` rounds to a normal value; where it rounds
+    /// below the least normal `N`, `p |l| <= N |l| <= 150 N` (`p > 0` needs
+    /// `l > -104`), checked below the quarter ulp too. The rounded `|t|`
+    /// gains one more `1 + 2^-p`: all within the `1.2`.
+    fn entropy_below(&self, acc: f64) -> f64 {
+        let dtype = self.dtype;
+        if !(acc.is_finite() && acc > 0.0) || !matches!(dtype, Dtype::Bf16 | Dtype::F16) {
+            return f64::NEG_INFINITY;
+        }
+        let e = ((acc.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let quarter = pow2(e - dtype.precision() as i32 - 1);
+        let least = pow2(dtype.min_normal_exp());
+        if quarter < 2.0 * least || 150.0 * least * 1.2 >= quarter {
+            return f64::NEG_INFINITY;
+        }
+        // `-l e^l = c` near `l = ln c - ln(-ln c)`; `l(x) ~ x / t - m - ln S`.
+        let c = quarter / 2.0;
+        let l0 = (c.ln() - (-c.ln()).ln()).min(-2.0);
+        let mut y = self.t * (self.m + self.l + l0) - 0.01;
+        for _ in 0..4 {
+            if !y.is_finite() {
+                break;
+            }
+            let l = self.dtype.round_f64(self.d(y) - self.l);
+            if l <= -2.0 && 1.2 * (-l * l.exp()) < quarter {
+                return y;
+            }
+            y -= y.abs() * (1.0 / 64.0) + 0.1;
+        }
+        f64::NEG_INFINITY
     }
 }
 
