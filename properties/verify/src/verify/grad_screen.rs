@@ -291,7 +291,7 @@ mod tests {
             return;
         }
         let mut g = SplitMix64::new(5);
-        let mut mag = |g: &mut SplitMix64| 10f64.powf(g.uniform_in(-320.0, 30.0));
+        let mag = |g: &mut SplitMix64| 10f64.powf(g.uniform_in(-320.0, 30.0));
         for i in 0..200_000 {
             let l0 = mag(&mut g);
             let err = match i % 5 {

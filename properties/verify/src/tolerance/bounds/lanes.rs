@@ -177,26 +177,13 @@ mod x86 {
                 (splat(d_abs.0), splat(lw.0), splat(dl.0), splat(elw.0));
             // lambda_j (LambdaAffine::at).
             let lam = add(mul(lam_k, d_abs_v), lam_b);
-            // expm1(lambda) as ExpM1Base::exp_m1: the tiny polynomial
-            // where 0 <= lambda <= 2^-16; where 2^-16 < lambda
-            // <= 1 and 0 <= delta = lambda - b <= 2^-16, the base's
-            // (e^b - 1) + e^b (e^delta - 1); else per lane as the scalar walk.
-            let in_poly = in_taylor(lam);
-            let delta = up(_mm256_sub_pd(lam, base_b));
-            let in_shift = _mm256_and_pd(
-                _mm256_and_pd(
-                    _mm256_cmp_pd::<_CMP_GT_OQ>(lam, splat(TAYLOR_MAX)),
-                    _mm256_cmp_pd::<_CMP_LE_OQ>(lam, splat(1.0)),
-                ),
-                in_taylor(delta),
-            );
-            // One polynomial a lane: of delta where shifted, else of lambda.
-            let t = tiny(_mm256_blendv_pd(lam, delta, in_shift));
-            let em = _mm256_blendv_pd(t, add(base_em, mul(base_e, t)), in_shift);
+            // expm1(lambda) as ExpM1Base::exp_m1 where a polynomial
+            // applies; else per lane as the scalar walk.
+            let (em, ok) = exp_m1_base(lam, base_b, base_em, base_e);
             let lw_lam = add(lw_v, lam);
             let mut wl = mul(elw_v, em);
             let mut wel = mul(elw_v, add(splat(1.0), em));
-            let off = !_mm256_movemask_pd(_mm256_or_pd(in_poly, in_shift)) & 0b1111;
+            let off = !_mm256_movemask_pd(ok) & 0b1111;
             if off != 0 {
                 // The lanes outside the polynomial's range, one by one
                 // (rebuilt with `set`, not through memory: no stall on the sums).
@@ -249,9 +236,12 @@ mod x86 {
             })
             .collect()
     }
+
     /// `expm1(x)` as [`ExpM1Base::exp_m1`] where its two polynomial
-    /// branches apply, and the mask of those lanes (the others are left
-    /// to the scalar code).
+    /// branches apply (the tiny polynomial where `0 <= x <= 2^-16`; where
+    /// `2^-16 < x <= 1` and `0 <= delta = x - b <= 2^-16`, the base's `(e^b
+    /// - 1) + e^b (e^delta - 1)`, one polynomial a lane), and the mask of
+    /// those lanes (the others are left to the scalar code).
     #[inline]
     #[target_feature(enable = "avx2")]
     fn exp_m1_base(x: __m256d, b: __m256d, em: __m256d, e: __m256d) -> (__m256d, __m256d) {
