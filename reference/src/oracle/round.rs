@@ -131,6 +131,7 @@ fn finish(s: &mut Float, ord: Ordering, dtype: Dtype) -> f64 {
 
 /// `|a - b|` rounded up, for finite `a`, `b` (TwoSum gives the exact error
 /// of the f64 difference: Knuth, TAOCP vol. 2, 4.2.2).
+#[inline]
 fn abs_diff_up(a: f64, b: f64) -> f64 {
     let s = a - b;
     if !s.is_finite() {
@@ -147,6 +148,7 @@ fn abs_diff_up(a: f64, b: f64) -> f64 {
 }
 
 /// The next f64 above a finite `x >= 0`.
+#[inline]
 fn next_up(x: f64) -> f64 {
     debug_assert!(x >= 0.0);
     if x == 0.0 {
@@ -207,6 +209,7 @@ impl Exact {
     /// enclosure is that same infinity (then 0), and for a finite candidate
     /// against an enclosure with an infinite end. Units: those of the value
     /// (nats, or gradient units).
+    #[inline]
     pub fn error(&self, candidate: f64) -> f64 {
         let Interval { lo, hi } = self.enclosure;
         if candidate.is_nan() {
@@ -243,6 +246,7 @@ impl Exact {
 
     /// [`Exact::error_ulps`] of a candidate whose [`Exact::error`] is `err`
     /// (for a caller that measured it already).
+    #[inline]
     pub fn ulps_of_error(&self, err: f64, dtype: Dtype) -> f64 {
         if err == 0.0 || err.is_infinite() {
             return err;

@@ -1286,6 +1286,15 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
                 let Some(lower) = screen.lower(&all, j, &cot) else {
                     continue;
                 };
+                // The four-lane models give the scalar bits.
+                #[cfg(target_arch = "x86_64")]
+                if super::bounds::lanes::available() {
+                    let leaves = screen.leaves(&all, j, &cot).expect("answered above");
+                    // SAFETY: four models, AVX2 checked just above.
+                    let l4 =
+                        unsafe { logprobe_reference::simd::x86::lanes(screen.lower4(&leaves)) };
+                    assert_eq!(l4.map(f64::to_bits), lower.map(f64::to_bits), "{kind} {j}");
+                }
                 answered += 1;
                 let mut all_tight = true;
                 for (l, e) in lower.iter().zip(&exact) {

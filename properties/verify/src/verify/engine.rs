@@ -21,7 +21,7 @@ use crate::row_oracle::RowOracle;
 use crate::tolerance;
 use logprobe_kernels::{CpuKernel, Kernel};
 
-use super::grad_screen::RowScreen;
+use super::grad_screen::{RowScreen, Screened};
 use super::*;
 
 /// Whether verify screens gradient elements ([`super::grad_screen`]):
@@ -135,15 +135,16 @@ impl OutputAcc {
         }
     }
 
-    /// Adds one gradient element screened by [`super::grad_screen`] (its
-    /// error and ulps as the judge measures them): it passes, and each of
-    /// its ratios is at most that of a seed of the same row, which is pushed
-    /// in full, so only the count and the error maxima can move (the
-    /// ratio maxima become `Some` as that seed makes them).
-    fn push_screened(&mut self, error: f64, ulps: f64) {
-        self.count += 1;
-        self.max_abs = max_nan(self.max_abs, error);
-        self.max_ulps = max_nan(self.max_ulps, ulps);
+    /// Adds a row's gradient elements screened by [`super::grad_screen`]
+    /// (at least one; their count and error maxima as the judge measures
+    /// them): each passes, and each of its ratios is at most that of a seed
+    /// of the same row, which is pushed in full, so only the count and the
+    /// error maxima can move (the ratio maxima become `Some` as that seed
+    /// makes them). Maxima do not depend on the order of the elements.
+    fn push_screened(&mut self, s: Screened) {
+        self.count += s.count;
+        self.max_abs = max_nan(self.max_abs, s.max_abs);
+        self.max_ulps = max_nan(self.max_ulps, s.max_ulps);
         self.max_ratio = Some(self.max_ratio.unwrap_or(0.0));
         for acc in self.reference.iter_mut() {
             acc.0 = Some(acc.0.unwrap_or(0.0));
@@ -652,20 +653,30 @@ fn verify_row(
         }
         _ => None,
     };
+    let screened = screen.as_mut().and_then(|s| {
+        let ex = exact.get(Output::GradLogits)?;
+        let (dtype, _) = candidates.get(Output::GradLogits)?;
+        Some(s.sweep(ex.view(), *dtype))
+    });
     let mut naive = tolerance::NaiveRow::new(&p, 0);
     let mut out: RowAcc = PerOutput::new();
+    if let Some(s) = screened.filter(|s| s.count > 0) {
+        out.get_or_insert_with(Output::GradLogits, OutputAcc::new)
+            .push_screened(s);
+    }
     let walked: Result<(), std::convert::Infallible> = tolerance::walk_row(
         &exact,
         &candidates,
         |o| o.judged(&p, 0),
         |e| {
-            let acc = out.get_or_insert_with(e.output, OutputAcc::new);
-            if e.output == Output::GradLogits && e.col < targets.vocab_size {
-                if let Some(err) = screen.as_mut().and_then(|s| s.screened(e.col)) {
-                    acc.push_screened(err, e.exact.ulps_of_error(err, e.dtype));
-                    return Ok(());
-                }
+            if e.output == Output::GradLogits
+                && e.col < targets.vocab_size
+                && screen.as_ref().is_some_and(|s| s.is_screened(e.col))
+            {
+                // Counted by the sweep above.
+                return Ok(());
             }
+            let acc = out.get_or_insert_with(e.output, OutputAcc::new);
             let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
                 tolerance::RowBounds::grad_many_with(&rb, &grad_row, e.col, &grad_cot, e.dtype)
             } else {

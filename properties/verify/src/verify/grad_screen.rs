@@ -24,7 +24,7 @@ use ndarray::ArrayView1;
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::Dtype;
 
-use crate::tolerance::{self, GradCotangents, GradRow, RowBounds};
+use crate::tolerance::{self, GradCotangents, GradRow, GradScreen, RowBounds};
 
 /// How many seeds the first pass keeps beyond `keep` (chosen model), and
 /// per reference model.
@@ -39,7 +39,6 @@ pub(super) struct RowScreen<const M: usize> {
     t_keep: f64,
     /// Seed columns, ascending.
     seeds: Vec<usize>,
-    next_seed: usize,
     /// Per column `j < v`, from the first pass: `U` rounded up to f32 (4
     /// bytes a model: the row's buffer stays small), NaN when the element
     /// does not pass by `L_chosen`; `[v * M]`, from this worker's pool
@@ -47,7 +46,8 @@ pub(super) struct RowScreen<const M: usize> {
     uppers: Vec<f32>,
     /// Per column `j < v`: the element's error as the judge measures it
     /// (`Exact::error`), measured once in the first pass (NaN where `U` is
-    /// NaN); `[v]`, from this worker's pool.
+    /// NaN; after [`RowScreen::sweep`], NaN where not screened); `[v]`,
+    /// from this worker's pool.
     errors: Vec<f64>,
 }
 
@@ -102,12 +102,13 @@ fn ratio_uppers<const M: usize>(err: f64, lower: &[f64; M]) -> Option<[f64; M]> 
 
 /// [`ratio_uppers`] rounded up to f32 ([`up_f32`]), the same values;
 /// four models in one AVX2 vector when `lanes`.
+#[cfg(test)]
 fn uppers_f32<const M: usize>(err: f64, lower: &[f64; M], lanes: bool) -> Option<[f32; M]> {
     #[cfg(target_arch = "x86_64")]
-    if lanes && M == 4 && err <= lower[0] && err != 0.0 {
+    if lanes && M == 4 {
         let l: &[f64; 4] = lower[..].try_into().ok()?;
         // SAFETY: `lanes` only where AVX2 is present (`simd::available`).
-        let u = unsafe { x86::uppers4(err, l) }?;
+        let u = unsafe { x86::uppers4(err, logprobe_reference::simd::x86::load(l)) }?;
         return Some(std::array::from_fn(|i| u[i]));
     }
     let _ = lanes;
@@ -118,14 +119,20 @@ fn uppers_f32<const M: usize>(err: f64, lower: &[f64; M], lanes: bool) -> Option
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `up_f32(err / l_m)` per lane, `None` unless every `l_m > 0` (as
-    /// [`super::ratio_uppers`] for `0 < err <= l_0`).
+    /// [`super::ratio_uppers`] rounded up to f32 ([`super::up_f32`]) for
+    /// four models, one per lane of `l`: the same values.
     ///
     /// # Safety
     /// The CPU has AVX2.
+    #[inline]
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn uppers4(err: f64, l: &[f64; 4]) -> Option<[f32; 4]> {
-        let l = _mm256_loadu_pd(l.as_ptr());
+    pub(super) unsafe fn uppers4(err: f64, l: __m256d) -> Option<[f32; 4]> {
+        if !(err <= _mm256_cvtsd_f64(l)) {
+            return None;
+        }
+        if err == 0.0 {
+            return Some([0.0; 4]);
+        }
         let pos = _mm256_cmp_pd::<_CMP_GT_OQ>(l, _mm256_setzero_pd());
         if _mm256_movemask_pd(pos) != 0b1111 {
             return None;
@@ -143,6 +150,64 @@ mod x86 {
         let mut out = [0.0f32; 4];
         _mm_storeu_ps(out.as_mut_ptr(), up);
         Some(out)
+    }
+
+    /// [`super::pass1`] with the four-lane models, compiled for AVX2 (the
+    /// whole walk, so that the lanes inline).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn pass1<const M: usize>(p: &mut super::Pass1<'_, '_, '_, M>) {
+        super::pass1::<M, true>(p);
+    }
+}
+
+/// What pass 1 reads and writes.
+struct Pass1<'a, 'r, 'c, const M: usize> {
+    screen: &'a GradScreen<M>,
+    all: &'a [RowBounds<'r>; M],
+    cot: &'a GradCotangents<'c>,
+    exact: ArrayView1<'a, Exact>,
+    candidates: ArrayView1<'a, f64>,
+    v: usize,
+    keep: usize,
+    uppers: &'a mut Vec<f32>,
+    errors: &'a mut Vec<f64>,
+    top0: Vec<(f64, usize)>,
+    top: [Vec<(f64, usize)>; M],
+}
+
+/// Pass 1 over columns `j < v`: each element's error and `U`, and the
+/// candidates for seeds. `LANES`: the four-lane models (`M == 4`, AVX2
+/// only: [`x86::pass1`]).
+#[inline(always)]
+fn pass1<const M: usize, const LANES: bool>(p: &mut Pass1<'_, '_, '_, M>) {
+    for j in 0..p.v {
+        let eu = error_of(&p.exact[j], p.candidates[j]).and_then(|err| {
+            let l = p.screen.leaves(p.all, j, p.cot)?;
+            #[cfg(target_arch = "x86_64")]
+            if LANES && M == 4 {
+                // SAFETY: `LANES` only from `x86::pass1` (AVX2), `M == 4`.
+                let u = unsafe { x86::uppers4(err, p.screen.lower4(&l)) }?;
+                return Some((err, std::array::from_fn(|i| u[i % 4])));
+            }
+            let u = ratio_uppers(err, &p.screen.lower_of(&l))?;
+            Some((err, u.map(up_f32)))
+        });
+        // Seeds are ranked by the f32 uppers (any ranking is sound).
+        let Some((err, u)) = eu else {
+            p.uppers.extend([f32::NAN; M]);
+            p.errors.push(f64::NAN);
+            continue;
+        };
+        p.uppers.extend(u);
+        p.errors.push(err);
+        let u = u.map(f64::from);
+        offer(&mut p.top0, p.keep + EXTRA_SEEDS, u[0], j);
+        for (t, &u) in p.top.iter_mut().zip(&u) {
+            offer(t, SEEDS_PER_MODEL, u, j);
+        }
     }
 }
 
@@ -174,39 +239,37 @@ impl<const M: usize> RowScreen<M> {
         let screen = RowBounds::grad_screen(all, row, cot)?;
         let v = v.min(exact.len()).min(candidates.len());
         // Pass 1: the elements of largest U, per model.
-        let mut top0 = Vec::new();
-        let mut top: [Vec<(f64, usize)>; M] = std::array::from_fn(|_| Vec::new());
         let mut uppers = crate::scratch::take_f32();
         uppers.reserve(v * M);
         let mut errors = crate::scratch::take_f64();
         errors.reserve(v);
-        let lanes = logprobe_reference::simd::available();
-        for j in 0..v {
-            let eu = error_of(&exact[j], candidates[j]).and_then(|err| {
-                let l = screen.lower(all, j, cot)?;
-                Some((err, uppers_f32(err, &l, lanes)?))
-            });
-            // Seeds are ranked by the f32 uppers (any ranking is sound).
-            let eu = match eu {
-                Some((err, u)) => {
-                    uppers.extend(u);
-                    errors.push(err);
-                    Some(u.map(f64::from))
-                }
-                None => {
-                    uppers.extend([f32::NAN; M]);
-                    errors.push(f64::NAN);
-                    None
-                }
+        let mut p = Pass1 {
+            screen: &screen,
+            all,
+            cot,
+            exact: exact.view(),
+            candidates: candidates.view(),
+            v,
+            keep,
+            uppers: &mut uppers,
+            errors: &mut errors,
+            top0: Vec::new(),
+            top: std::array::from_fn(|_| Vec::new()),
+        };
+        #[cfg(target_arch = "x86_64")]
+        let lanes = M == 4 && logprobe_reference::simd::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let lanes = false;
+        if lanes {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 is present (`simd::available`).
+            unsafe {
+                x86::pass1(&mut p)
             };
-            let Some(u) = eu else {
-                continue;
-            };
-            offer(&mut top0, keep + EXTRA_SEEDS, u[0], j);
-            for (t, &u) in top.iter_mut().zip(&u) {
-                offer(t, SEEDS_PER_MODEL, u, j);
-            }
+        } else {
+            pass1::<M, false>(&mut p);
         }
+        let (top0, top) = (p.top0, p.top);
         let mut seeds: Vec<usize> = top0
             .iter()
             .chain(top.iter().flatten())
@@ -250,31 +313,69 @@ impl<const M: usize> RowScreen<M> {
             t_max,
             t_keep,
             seeds,
-            next_seed: 0,
             uppers,
             errors,
         })
     }
 
-    /// The error of gradient element `j` (columns asked in ascending
-    /// order) when it is screened, `None` when it needs its exact bounds.
-    /// The error is the one the judge measures (`Exact::error` of the
-    /// element's exact value and candidate as given to [`RowScreen::new`],
-    /// kept from its first pass).
-    pub(super) fn screened(&mut self, j: usize) -> Option<f64> {
-        while self.seeds.get(self.next_seed).is_some_and(|&s| s < j) {
-            self.next_seed += 1;
+    /// Decides every element once: which are screened (then
+    /// [`RowScreen::is_screened`]), and their count and error maxima, each
+    /// error the judge's (`Exact::error` of the element's exact value and
+    /// candidate as given to [`RowScreen::new`], kept from its first pass)
+    /// and its ulps in `dtype` ([`Exact::ulps_of_error`], `exact` as given
+    /// there). Call once, before asking [`RowScreen::is_screened`].
+    pub(super) fn sweep(&mut self, exact: ArrayView1<'_, Exact>, dtype: Dtype) -> Screened {
+        let mut out = Screened {
+            count: 0,
+            max_abs: 0.0,
+            max_ulps: 0.0,
+        };
+        let mut seeds = self.seeds.iter().copied().peekable();
+        let n = self.errors.len().min(exact.len());
+        for j in 0..n {
+            if seeds.next_if_eq(&j).is_some() {
+                self.errors[j] = f64::NAN;
+                continue;
+            }
+            let u = &self.uppers[j * M..(j + 1) * M];
+            // NaN (not screenable) fails every comparison.
+            let under = u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t);
+            if !(under && f64::from(u[0]) < self.t_keep) {
+                self.errors[j] = f64::NAN;
+                continue;
+            }
+            let err = self.errors[j];
+            out.count += 1;
+            out.max_abs = max_nan(out.max_abs, err);
+            out.max_ulps = max_nan(out.max_ulps, exact[j].ulps_of_error(err, dtype));
         }
-        if self.seeds.get(self.next_seed) == Some(&j) {
-            return None;
-        }
-        let u = self.uppers.get(j * M..(j + 1) * M)?;
-        // NaN (not screenable) fails every comparison.
-        let under = u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t);
-        if !(under && f64::from(u[0]) < self.t_keep) {
-            return None;
-        }
-        self.errors.get(j).copied()
+        self.errors.truncate(n);
+        out
+    }
+
+    /// Whether gradient element `j` is screened (after
+    /// [`RowScreen::sweep`]; false where it needs its exact bounds).
+    #[inline]
+    pub(super) fn is_screened(&self, j: usize) -> bool {
+        self.errors.get(j).is_some_and(|e| !e.is_nan())
+    }
+}
+
+/// The screened elements of a row ([`RowScreen::sweep`]): how many, their
+/// largest error and largest error in ulps (0 when none).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Screened {
+    pub count: usize,
+    pub max_abs: f64,
+    pub max_ulps: f64,
+}
+
+/// The larger of `a` and `b`, NaN when either is.
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
     }
 }
 

@@ -105,6 +105,26 @@ pub struct GradScreen<const M: usize> {
     /// most 1 under every model (`-1`: none).
     d_max: f64,
     e_max: f64,
+    /// `coef` field by field, four models a vector (`M == 4`, for
+    /// [`GradScreen::lower4`]): `[k][field][model]`, fields in
+    /// [`Affine`]'s order.
+    coef4: [[[f64; 4]; 10]; 2],
+    /// `twin` as the 32-bit lane indices that gather lane `twin[i]`'s
+    /// 64 bits into lane `i` (`M == 4`).
+    twin4: [i32; 8],
+}
+
+/// One element's leaves of its lower bound (module docs): `p^+`, `q^+`
+/// (0 for a term that does not apply), `|d_j|`, `|e_j|` (likewise),
+/// `|c_j|^` and which coefficients apply (1 with the h-term).
+#[derive(Clone, Copy, Debug)]
+pub struct Leaves {
+    ep: f64,
+    eq: f64,
+    d: f64,
+    e: f64,
+    c: f64,
+    k: usize,
 }
 
 fn capped(x: f64) -> bool {
@@ -260,6 +280,23 @@ impl<'a> RowBounds<'a> {
                 coef[i][k] = a;
             }
         }
+        let mut coef4 = [[[0.0; 4]; 10]; 2];
+        let mut twin4 = [0i32; 8];
+        if M == 4 {
+            for (i, per_k) in coef.iter().enumerate() {
+                for (k, a) in per_k.iter().enumerate() {
+                    let fields = [
+                        a.pa1, a.pb1, a.pa2, a.pb2, a.ha1, a.hb1, a.ha2, a.hb2, a.hc, a.hg,
+                    ];
+                    for (f, x) in fields.into_iter().enumerate() {
+                        coef4[k][f][i] = x;
+                    }
+                }
+                let t = i32::try_from(row.twin[i].min(i)).ok()?;
+                twin4[2 * i] = 2 * t;
+                twin4[2 * i + 1] = 2 * t + 1;
+            }
+        }
         Some(GradScreen {
             g_sum,
             h,
@@ -267,6 +304,8 @@ impl<'a> RowBounds<'a> {
             twin: row.twin,
             d_max,
             e_max,
+            coef4,
+            twin4,
         })
     }
 }
@@ -283,6 +322,17 @@ impl<const M: usize> GradScreen<M> {
         j: usize,
         cot: &GradCotangents<'_>,
     ) -> Option<[f64; M]> {
+        self.leaves(all, j, cot).map(|l| self.lower_of(&l))
+    }
+
+    /// Element `j`'s [`Leaves`] (`None` where [`GradScreen::lower`] is).
+    #[inline(always)]
+    pub fn leaves(
+        &self,
+        all: &[RowBounds<'_>; M],
+        j: usize,
+        cot: &GradCotangents<'_>,
+    ) -> Option<Leaves> {
         if cot.token == Some(j) && cot.g != 0.0 {
             return None;
         }
@@ -320,7 +370,20 @@ impl<const M: usize> GradScreen<M> {
         } else {
             0.0
         };
-        let k = usize::from(h_term);
+        Some(Leaves {
+            ep,
+            eq,
+            d,
+            e,
+            c,
+            k: usize::from(h_term),
+        })
+    }
+
+    /// The `M` lower bounds of an element from its [`Leaves`].
+    #[inline(always)]
+    pub fn lower_of(&self, l: &Leaves) -> [f64; M] {
+        let Leaves { ep, eq, d, e, c, k } = *l;
         let mut out = [0.0; M];
         for i in 0..M {
             let t = self.twin[i];
@@ -333,6 +396,36 @@ impl<const M: usize> GradScreen<M> {
             let th = eq * ((a.ha1 * e + a.hb1).max(a.ha2 * e + a.hb2) * c + a.hc + a.hg * e);
             out[i] = ((tp + th) * SHRINK - FLOOR).max(0.0);
         }
-        Some(out)
+        out
+    }
+
+    /// [`GradScreen::lower_of`] for four models, one per lane, the same
+    /// bits: every operand is finite and nonnegative (module docs), where
+    /// `_mm256_max_pd` is `f64::max`, and no operation is fused.
+    ///
+    /// # Safety
+    /// `M == 4` and the CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn lower4(&self, l: &Leaves) -> std::arch::x86_64::__m256d {
+        use logprobe_reference::simd::x86::{add, load, mul, splat, sub};
+        use std::arch::x86_64::*;
+        let c4 = &self.coef4[l.k.min(1)];
+        let [pa1, pb1, pa2, pb2, ha1, hb1, ha2, hb2, hc, hg] = c4.each_ref().map(|a| load(a));
+        let (d, e) = (splat(l.d), splat(l.e));
+        let tp = mul(
+            splat(l.ep),
+            _mm256_max_pd(add(mul(pa1, d), pb1), add(mul(pa2, d), pb2)),
+        );
+        let hw = _mm256_max_pd(add(mul(ha1, e), hb1), add(mul(ha2, e), hb2));
+        let th = mul(splat(l.eq), add(add(mul(hw, splat(l.c)), hc), mul(hg, e)));
+        let out = _mm256_max_pd(
+            sub(mul(add(tp, th), splat(SHRINK)), splat(FLOOR)),
+            _mm256_setzero_pd(),
+        );
+        // Twins take their first model's lane.
+        let idx = _mm256_loadu_si256(self.twin4.as_ptr().cast());
+        _mm256_castsi256_pd(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(out), idx))
     }
 }
