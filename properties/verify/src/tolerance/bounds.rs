@@ -1313,6 +1313,7 @@ impl GradShared {
 
     /// [`GradShared::new`], `p_j`'s exp read from `ep` ([`RowBounds`]'s,
     /// the same bits) when given.
+    #[inline(always)]
     fn with_ep(st: &RowStats, j: usize, cot: &GradCotangents<'_>, ep: Option<&[Hi]>) -> GradShared {
         let e = |used: bool, x: Option<&Interval>, ln_s: Interval| match x {
             Some(x) if used && x.hi > f64::NEG_INFINITY => (Hi(x.hi) - Lo(ln_s.lo)).exp(),

@@ -74,6 +74,7 @@ fn up_f32(x: f64) -> f32 {
 }
 
 /// The candidate's error as the judge measures it (`None` unless finite).
+#[inline(always)]
 fn error_of(exact: &Exact, candidate: f64) -> Option<f64> {
     if !candidate.is_finite() {
         return None;
