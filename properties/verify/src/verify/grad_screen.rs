@@ -153,6 +153,33 @@ mod x86 {
         Some(out)
     }
 
+    /// Whether `f64::from(u[m]) <= t[m]` for the four models (NaN: false),
+    /// in one vector.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `u` and `t` hold four items each.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn under4(u: &[f32], t: &[f64]) -> bool {
+        let u = _mm256_cvtps_pd(_mm_loadu_ps(u.as_ptr()));
+        let t = _mm256_loadu_pd(t.as_ptr());
+        _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_LE_OQ>(u, t)) == 0b1111
+    }
+
+    /// [`super::RowScreen::sweep`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `M == 4`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn sweep<const M: usize>(
+        s: &mut super::RowScreen<M>,
+        exact: ndarray::ArrayView1<'_, super::Exact>,
+        dtype: super::Dtype,
+        out: &mut super::Screened,
+    ) {
+        s.sweep_with::<true>(exact, dtype, out);
+    }
+
     /// [`super::pass1`] with the four-lane models, compiled for AVX2 (the
     /// whole walk, so that the lanes inline).
     ///
@@ -331,8 +358,29 @@ impl<const M: usize> RowScreen<M> {
             max_abs: 0.0,
             max_ulps: 0.0,
         };
+        #[cfg(target_arch = "x86_64")]
+        if M == 4 && logprobe_reference::simd::available() {
+            // SAFETY: AVX2 is present (`simd::available`), `M == 4`.
+            unsafe { x86::sweep(self, exact, dtype, &mut out) };
+            return out;
+        }
+        self.sweep_with::<false>(exact, dtype, &mut out);
+        out
+    }
+
+    /// [`RowScreen::sweep`]'s walk; `LANES`: the four models' comparisons
+    /// in one vector (`M == 4`, AVX2 only: [`x86::sweep`]), the same
+    /// decisions.
+    #[inline(always)]
+    fn sweep_with<const LANES: bool>(
+        &mut self,
+        exact: ArrayView1<'_, Exact>,
+        dtype: Dtype,
+        out: &mut Screened,
+    ) {
         let mut seeds = self.seeds.iter().copied().peekable();
         let n = self.errors.len().min(exact.len());
+        self.uppers.truncate(n * M);
         for j in 0..n {
             if seeds.next_if_eq(&j).is_some() {
                 self.errors[j] = f64::NAN;
@@ -340,7 +388,18 @@ impl<const M: usize> RowScreen<M> {
             }
             let u = &self.uppers[j * M..(j + 1) * M];
             // NaN (not screenable) fails every comparison.
-            let under = u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t);
+            let under = {
+                #[cfg(target_arch = "x86_64")]
+                if LANES && M == 4 {
+                    // SAFETY: `LANES` only from `x86::sweep` (AVX2), four
+                    // f32 at `u`.
+                    unsafe { x86::under4(u, &self.t_max[..]) }
+                } else {
+                    u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t)
+            };
             if !(under && f64::from(u[0]) < self.t_keep) {
                 self.errors[j] = f64::NAN;
                 continue;
@@ -351,7 +410,6 @@ impl<const M: usize> RowScreen<M> {
             out.max_ulps = max_nan(out.max_ulps, exact[j].ulps_of_error(err, dtype));
         }
         self.errors.truncate(n);
-        out
     }
 
     /// Whether gradient element `j` is screened (after
@@ -409,6 +467,37 @@ mod tests {
             let (v, s) = (uppers_f32(err, &l, true), uppers_f32(err, &l, false));
             let bits = |u: Option<[f32; 4]>| u.map(|u| u.map(f32::to_bits));
             assert_eq!(bits(v), bits(s), "err {err:e} l {l:?}");
+        }
+    }
+
+    /// The sweep's four-lane comparison is the scalar one (NaN, infinities,
+    /// ties, values one f32 step either side of the threshold).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn four_lane_comparison_equals_the_scalar_comparison() {
+        if !logprobe_reference::simd::available() {
+            return;
+        }
+        let mut g = SplitMix64::new(11);
+        for i in 0..200_000 {
+            let t: [f64; 4] = std::array::from_fn(|_| 10f64.powf(g.uniform_in(-50.0, 30.0)));
+            // A third of the thresholds are f32 values (exact ties).
+            let t = t.map(|t| if i % 3 == 0 { f64::from(t as f32) } else { t });
+            let u: [f32; 4] = std::array::from_fn(|m| {
+                let x = t[m] as f32;
+                match (i + m) % 7 {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => x.next_up(),
+                    3 => x.next_down(),
+                    4 => 0.0,
+                    _ => x,
+                }
+            });
+            let scalar = u.iter().zip(&t).all(|(&u, &t)| f64::from(u) <= t);
+            // SAFETY: AVX2 is present (checked above); four items each.
+            let lanes = unsafe { x86::under4(&u, &t) };
+            assert_eq!(lanes, scalar, "u {u:?} t {t:?}");
         }
     }
 }
