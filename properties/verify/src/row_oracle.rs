@@ -79,7 +79,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         )?;
         let decided = fast.stats_decided();
         let stats = if decided {
-            fast.row_stats_shifts_in(crate::scratch::take_iv(), crate::scratch::take_iv())
+            fast.row_stats_shifts_in(crate::scratch::take(), crate::scratch::take())
         } else {
             oracle.row_stats_mpfr(&fast)
         };

@@ -6,69 +6,49 @@
 //! largest row it held).
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use logprobe_reference::oracle::Interval;
 
 /// Idle buffers kept per thread and element type.
 const KEEP: usize = 8;
 
-thread_local! {
-    static F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
-    static IV: RefCell<Vec<Vec<Interval>>> = const { RefCell::new(Vec::new()) };
-    static F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+/// An element type with a per-thread pool of buffers.
+pub(crate) trait Pooled: Sized + 'static {
+    /// This thread's idle buffers of `Self`.
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
 }
 
-/// An empty `Vec<f64>` with the capacity of a buffer given back earlier on
-/// this thread (or a new one): fill it, then [`give_f64`] it back.
-pub(crate) fn take_f64() -> Vec<f64> {
-    F64.with(|p| p.borrow_mut().pop()).unwrap_or_default()
-}
-
-/// Returns a buffer of [`take_f64`] to this thread's pool (cleared).
-pub(crate) fn give_f64(mut v: Vec<f64>) {
-    if v.capacity() == 0 {
-        return;
-    }
-    v.clear();
-    F64.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() < KEEP {
-            p.push(v);
+macro_rules! pooled {
+    ($($t:ty => $pool:ident),* $(,)?) => {$(
+        thread_local! {
+            static $pool: RefCell<Vec<Vec<$t>>> = const { RefCell::new(Vec::new()) };
         }
-    });
-}
-
-/// [`take_f64`] for enclosures (the row statistics' `d`, `e`).
-pub(crate) fn take_iv() -> Vec<Interval> {
-    IV.with(|p| p.borrow_mut().pop()).unwrap_or_default()
-}
-
-/// [`give_f64`] for enclosures.
-pub(crate) fn give_iv(mut v: Vec<Interval>) {
-    if v.capacity() == 0 {
-        return;
-    }
-    v.clear();
-    IV.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() < KEEP {
-            p.push(v);
+        impl Pooled for $t {
+            fn pool() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>> {
+                &$pool
+            }
         }
-    });
+    )*};
 }
 
-/// [`take_f64`] for f32 values (the gradient screen's ratio bounds).
-pub(crate) fn take_f32() -> Vec<f32> {
-    F32.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+// f64: row values; enclosures: the row statistics' `d`, `e`; f32 and i16:
+// the gradient screen's ratio bounds and ulp exponents.
+pooled!(f64 => F64, Interval => IV, f32 => F32, i16 => I16);
+
+/// An empty `Vec<T>` with the capacity of a buffer given back earlier on
+/// this thread (or a new one): fill it, then [`give`] it back.
+pub(crate) fn take<T: Pooled>() -> Vec<T> {
+    T::pool().with(|p| p.borrow_mut().pop()).unwrap_or_default()
 }
 
-/// [`give_f64`] for f32 values.
-pub(crate) fn give_f32(mut v: Vec<f32>) {
+/// Returns a buffer of [`take`] to this thread's pool (cleared).
+pub(crate) fn give<T: Pooled>(mut v: Vec<T>) {
     if v.capacity() == 0 {
         return;
     }
     v.clear();
-    F32.with(|p| {
+    T::pool().with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < KEEP {
             p.push(v);

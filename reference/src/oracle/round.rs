@@ -22,7 +22,7 @@ use rug::Float;
 use super::fast::ival::{add_dn, add_up, two_sum};
 use super::mpfr_interval::MpfrInterval;
 use super::{Exact, Interval};
-use crate::spec::Dtype;
+use crate::spec::{pow2, Dtype};
 
 /// `x` correctly rounded (to nearest, ties to even, subnormals, overflow to
 /// `±inf`) to `dtype`, returned as the exactly equal f64. NaN stays NaN,
@@ -251,14 +251,24 @@ impl Exact {
         if err == 0.0 || err.is_infinite() {
             return err;
         }
+        // Division by a power of two: exact unless it overflows.
+        err / pow2(self.ulp_exponent(dtype))
+    }
+
+    /// The exponent of the ulp [`Exact::ulps_of_error`] divides by: `k`
+    /// with `ulps_of_error(err, dtype) == err / 2^k` for every `err`
+    /// (0 and infinities included), [`Dtype::ulp_exponent`] at the smallest
+    /// magnitude in the enclosure (0 when it contains 0). For a caller that
+    /// keeps `k` (2 bytes) instead of the value.
+    #[inline]
+    pub fn ulp_exponent(&self, dtype: Dtype) -> i32 {
         let Interval { lo, hi } = self.enclosure;
         let at = if lo <= 0.0 && hi >= 0.0 {
             0.0
         } else {
             lo.abs().min(hi.abs())
         };
-        // Division by a power of two: exact unless it overflows.
-        err / dtype.ulp(at)
+        dtype.ulp_exponent(at)
     }
 }
 

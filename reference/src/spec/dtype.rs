@@ -103,17 +103,30 @@ impl Dtype {
     /// of the top binade. Units: those of `x`. Exact (a power of two).
     #[inline]
     pub fn ulp(self, x: f64) -> f64 {
+        pow2(self.ulp_exponent(x))
+    }
+
+    /// [`Dtype::ulp`]'s exponent: `ulp(x) == 2^ulp_exponent(x)`, in
+    /// `min_subnormal_exp ..= max_exp - precision + 1` (NaN: the bottom).
+    ///
+    /// ```
+    /// use logprobe_reference::spec::Dtype;
+    /// assert_eq!(Dtype::F32.ulp_exponent(1.0), -23);
+    /// assert_eq!(Dtype::Bf16.ulp_exponent(0.0), -133);
+    /// ```
+    #[inline]
+    pub fn ulp_exponent(self, x: f64) -> i32 {
         let a = x.abs();
         let q_min = self.min_subnormal_exp();
         if a == 0.0 || a.is_nan() {
-            return pow2(q_min);
+            return q_min;
         }
         let e = if a.is_infinite() {
             self.max_exp()
         } else {
             exponent(a).min(self.max_exp())
         };
-        pow2((e - self.precision() as i32 + 1).max(q_min))
+        (e - self.precision() as i32 + 1).max(q_min)
     }
 
     /// A positive parameter (a softcap, a clamp) as the computation takes it:

@@ -91,8 +91,8 @@ pub struct NaiveRow {
 
 impl Drop for NaiveRow {
     fn drop(&mut self) {
-        crate::scratch::give_f64(std::mem::take(&mut self.masked));
-        crate::scratch::give_f64(std::mem::take(&mut self.entropy_logits));
+        crate::scratch::give(std::mem::take(&mut self.masked));
+        crate::scratch::give(std::mem::take(&mut self.entropy_logits));
     }
 }
 
@@ -476,7 +476,7 @@ impl NaiveRow {
             .sampling_mask
             .map(|m| m.index_axis_move(ndarray::Axis(0), row));
         let fill = |mask: Option<ndarray::ArrayView1<'_, bool>>| {
-            let mut out = crate::scratch::take_f64();
+            let mut out = crate::scratch::take();
             match problem.logits {
                 Logits::F64(a) => fill_row(a.row(row), mask, v, &mut out),
                 Logits::F32(a) => fill_row(a.row(row), mask, v, &mut out),

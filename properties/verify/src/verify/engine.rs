@@ -653,11 +653,8 @@ fn verify_row(
         }
         _ => None,
     };
-    let screened = screen.as_mut().and_then(|s| {
-        let ex = exact.get(Output::GradLogits)?;
-        let (dtype, _) = candidates.get(Output::GradLogits)?;
-        Some(s.sweep(ex.view(), *dtype))
-    });
+    // (The screen holds what the sweep needs of `exact` and the candidates.)
+    let screened = screen.as_mut().map(RowScreen::sweep);
     let mut naive = tolerance::NaiveRow::new(&p, 0);
     let mut out: RowAcc = PerOutput::new();
     if let Some(s) = screened.filter(|s| s.count > 0) {
@@ -758,8 +755,8 @@ fn verify_row(
     let fallback = oracle.finish();
     // The row's statistics buffers go back to this worker's pool.
     drop((rb, st));
-    crate::scratch::give_iv(std::mem::take(&mut stats.d));
-    crate::scratch::give_iv(std::mem::take(&mut stats.e));
+    crate::scratch::give(std::mem::take(&mut stats.d));
+    crate::scratch::give(std::mem::take(&mut stats.e));
     Ok((out, fallback, loss_row))
 }
 

@@ -22,7 +22,7 @@
 use ndarray::ArrayView1;
 
 use logprobe_reference::oracle::Exact;
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{pow2, Dtype};
 
 use crate::tolerance::{self, GradCotangents, GradRow, GradScreen, RowBounds};
 
@@ -49,12 +49,18 @@ pub(super) struct RowScreen<const M: usize> {
     /// NaN; after [`RowScreen::sweep`], NaN where not screened); `[v]`,
     /// from this worker's pool.
     errors: Vec<f64>,
+    /// Per column `j < v` where `errors` is not NaN: the element's
+    /// [`Exact::ulp_exponent`] in the candidates' dtype, so that the sweep
+    /// measures its ulps without reading `exact` again (0 elsewhere);
+    /// `[v]`, from this worker's pool.
+    ulp_exps: Vec<i16>,
 }
 
 impl<const M: usize> Drop for RowScreen<M> {
     fn drop(&mut self) {
-        crate::scratch::give_f32(std::mem::take(&mut self.uppers));
-        crate::scratch::give_f64(std::mem::take(&mut self.errors));
+        crate::scratch::give(std::mem::take(&mut self.uppers));
+        crate::scratch::give(std::mem::take(&mut self.errors));
+        crate::scratch::give(std::mem::take(&mut self.ulp_exps));
     }
 }
 
@@ -173,11 +179,9 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn sweep<const M: usize>(
         s: &mut super::RowScreen<M>,
-        exact: ndarray::ArrayView1<'_, super::Exact>,
-        dtype: super::Dtype,
         out: &mut super::Screened,
     ) {
-        s.sweep_with::<true>(exact, dtype, out);
+        s.sweep_with::<true>(out);
     }
 
     /// [`super::pass1`] with the four-lane models, compiled for AVX2 (the
@@ -200,8 +204,10 @@ struct Pass1<'a, 'r, 'c, const M: usize> {
     candidates: ArrayView1<'a, f64>,
     v: usize,
     keep: usize,
+    dtype: Dtype,
     uppers: &'a mut Vec<f32>,
     errors: &'a mut Vec<f64>,
+    ulp_exps: &'a mut Vec<i16>,
     top0: Vec<(f64, usize)>,
     top: [Vec<(f64, usize)>; M],
 }
@@ -223,19 +229,49 @@ fn pass1<const M: usize, const LANES: bool>(p: &mut Pass1<'_, '_, '_, M>) {
             let u = ratio_uppers(err, &p.screen.lower_of(&l))?;
             Some((err, u.map(up_f32)))
         });
-        // Seeds are ranked by the f32 uppers (any ranking is sound).
         let Some((err, u)) = eu else {
             p.uppers.extend([f32::NAN; M]);
             p.errors.push(f64::NAN);
+            p.ulp_exps.push(0);
             continue;
         };
         p.uppers.extend(u);
         p.errors.push(err);
-        let u = u.map(f64::from);
-        offer(&mut p.top0, p.keep + EXTRA_SEEDS, u[0], j);
-        for (t, &u) in p.top.iter_mut().zip(&u) {
-            offer(t, SEEDS_PER_MODEL, u, j);
+        // In `min_subnormal_exp ..= max_exp` of a dtype: fits an i16.
+        p.ulp_exps
+            .push(p.exact[j].ulp_exponent(p.dtype).clamp(-1100, 1100) as i16);
+    }
+    // The seeds' candidates, ranked by the f32 uppers (any ranking is
+    // sound), offered in column order. An element goes to a list only if it
+    // beats the list's threshold (its last value once full, `-inf` before;
+    // NaN, not screenable, beats none): the lists `offer` alone would keep.
+    let n0 = p.keep + EXTRA_SEEDS;
+    let mut th0 = threshold(&p.top0, n0);
+    let mut th = [f32::NEG_INFINITY; M];
+    for (j, u) in p.uppers.chunks_exact(M).enumerate() {
+        let hit = u.iter().zip(&th).fold(u[0] > th0, |h, (u, t)| h | (u > t));
+        if !hit {
+            continue;
         }
+        if u[0] > th0 {
+            offer(&mut p.top0, n0, f64::from(u[0]), j);
+            th0 = threshold(&p.top0, n0);
+        }
+        for ((top, t), &u) in p.top.iter_mut().zip(&mut th).zip(u) {
+            if u > *t {
+                offer(top, SEEDS_PER_MODEL, f64::from(u), j);
+                *t = threshold(top, SEEDS_PER_MODEL);
+            }
+        }
+    }
+}
+
+/// The value an f32 upper must exceed to enter `top` (kept at `n`):
+/// its last once full (an f32 value, exactly), `-inf` before.
+fn threshold(top: &[(f64, usize)], n: usize) -> f32 {
+    match top.last() {
+        Some(&(v, _)) if top.len() >= n => v as f32,
+        _ => f32::NEG_INFINITY,
     }
 }
 
@@ -267,10 +303,12 @@ impl<const M: usize> RowScreen<M> {
         let screen = RowBounds::grad_screen(all, row, cot)?;
         let v = v.min(exact.len()).min(candidates.len());
         // Pass 1: the elements of largest U, per model.
-        let mut uppers = crate::scratch::take_f32();
+        let mut uppers = crate::scratch::take();
         uppers.reserve(v * M);
-        let mut errors = crate::scratch::take_f64();
+        let mut errors = crate::scratch::take();
         errors.reserve(v);
+        let mut ulp_exps = crate::scratch::take();
+        ulp_exps.reserve(v);
         let mut p = Pass1 {
             screen: &screen,
             all,
@@ -279,8 +317,10 @@ impl<const M: usize> RowScreen<M> {
             candidates: candidates.view(),
             v,
             keep,
+            dtype,
             uppers: &mut uppers,
             errors: &mut errors,
+            ulp_exps: &mut ulp_exps,
             top0: Vec::new(),
             top: std::array::from_fn(|_| Vec::new()),
         };
@@ -343,6 +383,7 @@ impl<const M: usize> RowScreen<M> {
             seeds,
             uppers,
             errors,
+            ulp_exps,
         })
     }
 
@@ -350,9 +391,10 @@ impl<const M: usize> RowScreen<M> {
     /// [`RowScreen::is_screened`]), and their count and error maxima, each
     /// error the judge's (`Exact::error` of the element's exact value and
     /// candidate as given to [`RowScreen::new`], kept from its first pass)
-    /// and its ulps in `dtype` ([`Exact::ulps_of_error`], `exact` as given
-    /// there). Call once, before asking [`RowScreen::is_screened`].
-    pub(super) fn sweep(&mut self, exact: ArrayView1<'_, Exact>, dtype: Dtype) -> Screened {
+    /// and its ulps in the candidates' dtype ([`Exact::ulps_of_error`]: the
+    /// error over `2^k`, `k` kept from the first pass). Call once, before
+    /// asking [`RowScreen::is_screened`].
+    pub(super) fn sweep(&mut self) -> Screened {
         let mut out = Screened {
             count: 0,
             max_abs: 0.0,
@@ -361,10 +403,10 @@ impl<const M: usize> RowScreen<M> {
         #[cfg(target_arch = "x86_64")]
         if M == 4 && logprobe_reference::simd::available() {
             // SAFETY: AVX2 is present (`simd::available`), `M == 4`.
-            unsafe { x86::sweep(self, exact, dtype, &mut out) };
+            unsafe { x86::sweep(self, &mut out) };
             return out;
         }
-        self.sweep_with::<false>(exact, dtype, &mut out);
+        self.sweep_with::<false>(&mut out);
         out
     }
 
@@ -372,14 +414,9 @@ impl<const M: usize> RowScreen<M> {
     /// in one vector (`M == 4`, AVX2 only: [`x86::sweep`]), the same
     /// decisions.
     #[inline(always)]
-    fn sweep_with<const LANES: bool>(
-        &mut self,
-        exact: ArrayView1<'_, Exact>,
-        dtype: Dtype,
-        out: &mut Screened,
-    ) {
+    fn sweep_with<const LANES: bool>(&mut self, out: &mut Screened) {
         let mut seeds = self.seeds.iter().copied().peekable();
-        let n = self.errors.len().min(exact.len());
+        let n = self.errors.len().min(self.ulp_exps.len());
         self.uppers.truncate(n * M);
         for j in 0..n {
             if seeds.next_if_eq(&j).is_some() {
@@ -407,7 +444,10 @@ impl<const M: usize> RowScreen<M> {
             let err = self.errors[j];
             out.count += 1;
             out.max_abs = max_nan(out.max_abs, err);
-            out.max_ulps = max_nan(out.max_ulps, exact[j].ulps_of_error(err, dtype));
+            // `Exact::ulps_of_error`: exact division by a power of two (0
+            // stays 0).
+            let ulps = err / pow2(i32::from(self.ulp_exps[j]));
+            out.max_ulps = max_nan(out.max_ulps, ulps);
         }
         self.errors.truncate(n);
     }
