@@ -515,7 +515,7 @@ impl<'a> RowBounds<'a> {
             Some(g) => Entries::Groups(g),
             None => Entries::All(stats.e.len()),
         };
-        let shared = entropy_shared(c0, stats, entries);
+        let mut shared = entropy_shared(c0, stats, entries);
         let same_sets = stats.ln_s == stats.ln_s_w && stats.d == stats.e;
         let sp = if same_sets {
             shared.set
@@ -553,9 +553,10 @@ impl<'a> RowBounds<'a> {
             .collect();
         // Entry by entry over finite entries with equal sets: `ew` is each
         // entry's `p^+` (GradShared::new's exp, the same operands).
+        // (The sums above were `ew`'s last reader: moved, not copied.)
         let ep =
             (matches!(entries, Entries::All(_)) && same_sets && shared.ew.len() == stats.d.len())
-                .then(|| std::sync::Arc::new(shared.ew.clone()));
+                .then(|| std::sync::Arc::new(std::mem::take(&mut shared.ew)));
         let mut out = Vec::with_capacity(cs.len());
         for (i, (c, p)) in cs.into_iter().zip(p).enumerate() {
             let (entropy_pre, entropy_grad) = match &w[i] {
