@@ -1307,24 +1307,56 @@ struct GradShared {
     n_extra: usize,
 }
 
+/// The part of [`GradShared`] that is the row's, not the element's.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GradSharedRow {
+    /// A cotangent other than `h` reads `p_j`.
+    g_used: bool,
+    /// `h != 0`: the entropy's cotangent reads `q_j`.
+    h_used: bool,
+    /// `ln S.lo` and `ln S_w.lo` are the same bits.
+    same_ln: bool,
+}
+
+impl GradSharedRow {
+    pub(super) fn new(st: &RowStats, cot: &GradCotangents<'_>) -> GradSharedRow {
+        GradSharedRow {
+            g_used: cot.g != 0.0
+                || cot.topk.iter().any(|&(_, gk)| gk != 0.0)
+                || cot.loss.is_some()
+                || cot.policy.is_some()
+                || cot.kl.is_some(),
+            h_used: cot.h != 0.0,
+            same_ln: bits(st.ln_s.lo, st.ln_s_w.lo),
+        }
+    }
+}
+
 impl GradShared {
     fn new(st: &RowStats, j: usize, cot: &GradCotangents<'_>) -> GradShared {
-        Self::with_ep(st, j, cot, None)
+        Self::with_row(st, j, cot, None, &GradSharedRow::new(st, cot))
     }
 
-    /// [`GradShared::new`], `p_j`'s exp read from `ep` ([`RowBounds`]'s,
-    /// the same bits) when given.
+    /// [`GradShared::new`] with the row's part computed once (`row`:
+    /// [`GradSharedRow::new`] of the same `st` and `cot`), `p_j`'s exp read
+    /// from `ep` ([`RowBounds`]'s, the same bits) when given.
     #[inline(always)]
-    fn with_ep(st: &RowStats, j: usize, cot: &GradCotangents<'_>, ep: Option<&[Hi]>) -> GradShared {
+    fn with_row(
+        st: &RowStats,
+        j: usize,
+        cot: &GradCotangents<'_>,
+        ep: Option<&[Hi]>,
+        row: &GradSharedRow,
+    ) -> GradShared {
         let e = |used: bool, x: Option<&Interval>, ln_s: Interval| match x {
             Some(x) if used && x.hi > f64::NEG_INFINITY => (Hi(x.hi) - Lo(ln_s.lo)).exp(),
             _ => Hi::ZERO,
         };
-        let g_used = cot.g != 0.0
-            || cot.topk.iter().any(|&(_, gk)| gk != 0.0)
-            || cot.loss.is_some()
-            || cot.policy.is_some()
-            || cot.kl.is_some();
+        let GradSharedRow {
+            g_used,
+            h_used,
+            same_ln,
+        } = *row;
         let ind_t = cot.token == Some(j) && cot.g != 0.0;
         let mut ind_k = Hi::ZERO;
         let mut n_extra = usize::from(ind_t);
@@ -1342,11 +1374,11 @@ impl GradShared {
         // one exp.
         let same = g_used
             && matches!((st.d.get(j), st.e.get(j)), (Some(d), Some(e)) if bits(d.hi, e.hi))
-            && bits(st.ln_s.lo, st.ln_s_w.lo);
-        let eq = if same && cot.h != 0.0 {
+            && same_ln;
+        let eq = if same && h_used {
             ep
         } else {
-            e(cot.h != 0.0, st.e.get(j), st.ln_s_w)
+            e(h_used, st.e.get(j), st.ln_s_w)
         };
         GradShared {
             ep,

@@ -59,7 +59,9 @@
 //! being monotone in them), so no operation of `E_j` overflows. Elsewhere
 //! [`GradScreen::lower`] answers `None` and the caller computes `E_j`.
 
-use super::{mag, GradCotangents, GradRow, GradShared, Hi, Lo, RowBounds, SetBounds};
+use super::{
+    mag, GradCotangents, GradRow, GradShared, GradSharedRow, Hi, Lo, RowBounds, SetBounds,
+};
 use logprobe_reference::oracle::Interval;
 
 /// Magnitude cap of every quantity entering (T14) on a screened element:
@@ -112,6 +114,8 @@ pub struct GradScreen<const M: usize> {
     /// `twin` as the 32-bit lane indices that gather lane `twin[i]`'s
     /// 64 bits into lane `i` (`M == 4`).
     twin4: [i32; 8],
+    /// The row's part of every element's [`GradShared`].
+    shared: GradSharedRow,
 }
 
 /// One element's leaves of its lower bound (module docs): `p^+`, `q^+`
@@ -306,6 +310,7 @@ impl<'a> RowBounds<'a> {
             e_max,
             coef4,
             twin4,
+            shared: GradSharedRow::new(first.stats, cot),
         })
     }
 }
@@ -342,7 +347,8 @@ impl<const M: usize> GradScreen<M> {
         let first = all.first()?;
         let st = first.stats;
         let (dj, ej) = (st.d.get(j)?, st.e.get(j)?);
-        let sh = GradShared::with_ep(st, j, cot, first.ep.as_deref().map(|v| &v[..]));
+        let ep = first.ep.as_deref().map(|v| &v[..]);
+        let sh = GradShared::with_row(st, j, cot, ep, &self.shared);
         let p_term = self.g_sum > 0.0 && dj.hi > f64::NEG_INFINITY;
         let h_term = self.h > 0.0 && ej.hi > f64::NEG_INFINITY;
         // A term that does not apply reads 0 (`-inf` entries: no NaN).
