@@ -259,7 +259,16 @@ impl Exact {
     /// with `ulps_of_error(err, dtype) == err / 2^k` for every `err`
     /// (0 and infinities included), [`Dtype::ulp_exponent`] at the smallest
     /// magnitude in the enclosure (0 when it contains 0). For a caller that
-    /// keeps `k` (2 bytes) instead of the value.
+    /// keeps `k` (an exponent: it fits an `i16`) instead of the value.
+    /// Panics: none.
+    ///
+    /// ```
+    /// use logprobe_reference::oracle::Exact;
+    /// use logprobe_reference::spec::{pow2, Dtype};
+    /// let e = Exact::point(1.5);
+    /// assert_eq!(e.ulp_exponent(Dtype::F32), -23);
+    /// assert_eq!(e.ulps_of_error(pow2(-24), Dtype::F32), 0.5);
+    /// ```
     #[inline]
     pub fn ulp_exponent(&self, dtype: Dtype) -> i32 {
         let Interval { lo, hi } = self.enclosure;
