@@ -108,6 +108,7 @@ impl Dtype {
 
     /// [`Dtype::ulp`]'s exponent: `ulp(x) == 2^ulp_exponent(x)`, in
     /// `min_subnormal_exp ..= max_exp - precision + 1` (NaN: the bottom).
+    /// A power-of-two exponent, no unit; panics: none.
     ///
     /// ```
     /// use logprobe_reference::spec::Dtype;
