@@ -15,6 +15,9 @@ use super::walk::RowTargets;
 use super::{ErrorBound, NoBound};
 
 pub(crate) mod lanes;
+mod moments;
+#[cfg(test)]
+pub(super) use moments::without_moments;
 mod screen;
 mod topk_kl;
 pub use screen::GradScreen;
@@ -1784,7 +1787,10 @@ impl LambdaAffine {
 }
 
 /// One walk over `w` for every model's [`LsSums`] (models without a
-/// bound for `w` get zeros, unused).
+/// bound for `w` get zeros, unused). Entry by entry (no groups): the
+/// plain entries through the row's moments ([`moments`], (T12m)), the
+/// others one by one, four models at a time in one vector's lanes where
+/// the CPU has them ([`lanes::sums4`], the same bits).
 fn logsoftmax_sums(
     cs: &[Consts],
     ws: &[Result<SetBounds, NoBound>],
@@ -1792,30 +1798,6 @@ fn logsoftmax_sums(
     sh: &EntropyShared,
     entries: Entries<'_>,
 ) -> Vec<LsSums> {
-    let mut out = vec![LsSums::ZERO; cs.len()];
-    if let Entries::All(_) = entries {
-        // Entry by entry: four models at a time in one vector's lanes
-        // ([`lanes`], the same bits), when the CPU has the lanes.
-        let with_w: Vec<(usize, SetBounds)> = ws
-            .iter()
-            .enumerate()
-            .filter_map(|(i, w)| Some((i, *w.as_ref().ok()?)))
-            .collect();
-        let lanes: Option<Vec<Vec<LsSums>>> = with_w
-            .chunks(4)
-            .map(|chunk| {
-                let c4: Vec<&Consts> = chunk.iter().map(|&(i, _)| &cs[i]).collect();
-                let w4: Vec<SetBounds> = chunk.iter().map(|&(_, w)| w).collect();
-                lanes::sums4(&c4, &w4, st, &sh.ew)
-            })
-            .collect();
-        if let Some(lanes) = lanes.filter(|_| lanes::available()) {
-            for (&(i, _), s) in with_w.iter().zip(lanes.into_iter().flatten()) {
-                out[i] = s;
-            }
-            return out;
-        }
-    }
     let ell = Hi(st.ln_s_w.hi);
     let affs: Vec<Option<(LambdaAffine, ExpM1Base)>> = cs
         .iter()
@@ -1825,43 +1807,135 @@ fn logsoftmax_sums(
             Some((a, a.base()))
         })
         .collect();
-    let mut i = 0usize;
-    for (j, k) in entries.iter() {
-        let e = &st.e[j];
-        if e.hi == f64::NEG_INFINITY {
-            continue;
-        }
-        let elw = sh.ew[i];
-        i += 1;
-        let d_abs = mag(e);
-        let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
-        let dl = d_abs + ell;
-        for ((c, o), aff) in cs.iter().zip(out.iter_mut()).zip(&affs) {
-            let Some((aff, base)) = aff else {
+    let Entries::All(_) = entries else {
+        let mut out = vec![LsSums::ZERO; cs.len()];
+        let mut i = 0usize;
+        for (j, k) in entries.iter() {
+            let e = &st.e[j];
+            if e.hi == f64::NEG_INFINITY {
                 continue;
-            };
-            let lam = aff.at(d_abs);
-            let (wl, wel) = if lam.0 <= 1.0 {
-                let em = base.exp_m1(lam);
-                (elw * em, elw * (Hi::ONE + em))
-            } else {
-                ((lw + lam).exp(), (lw + lam).exp())
-            };
-            o.s_dem = o.s_dem + times(k, dl * wl);
-            o.s_em = o.s_em + times(k, wl);
-            o.s_lam = o.s_lam + times(k, wel * lam);
-            o.sdl = if k == 1 {
-                o.sdl + (dl + lam)
-            } else {
-                o.sdl + times(k, dl + lam)
-            };
-            if (lw + lam).0 < c.ln_min_normal {
-                o.fl_d = o.fl_d + times(k, dl * wel);
-                o.fl_1 = o.fl_1 + times(k, wel);
+            }
+            let elw = sh.ew[i];
+            i += 1;
+            for ((c, o), aff) in cs.iter().zip(out.iter_mut()).zip(&affs) {
+                if let Some((aff, base)) = aff {
+                    entry_terms(o, c, aff, base, st, e, elw, k);
+                }
             }
         }
+        return out;
+    };
+    let with_w: Vec<(LambdaAffine, ExpM1Base, f64)> = affs
+        .iter()
+        .zip(cs)
+        .filter_map(|(a, c)| a.map(|(a, b)| (a, b, c.ln_min_normal)))
+        .collect();
+    let cut = moments::PlainCut::new(&with_w, ell.0);
+    let mut exc = Vec::new();
+    let mo = moments::moments(st, &sh.ew, cut, &mut exc);
+    let mut out: Vec<LsSums> = affs
+        .iter()
+        .map(|a| match a {
+            Some((aff, base)) if !mo.is_empty() => mo.sums(aff, base, ell),
+            _ => LsSums::ZERO,
+        })
+        .collect();
+    if exc.is_empty() {
+        return out;
+    }
+    // The exceptions, entry by entry: four models a vector where the CPU
+    // has the lanes (the same bits as one by one).
+    let idx: Vec<usize> = (0..cs.len()).filter(|&i| affs[i].is_some()).collect();
+    let lanes: Option<Vec<Vec<LsSums>>> = idx
+        .chunks(4)
+        .map(|chunk| {
+            let c4: Vec<&Consts> = chunk.iter().map(|&i| &cs[i]).collect();
+            let w4: Vec<SetBounds> = chunk
+                .iter()
+                .filter_map(|&i| ws[i].as_ref().ok().copied())
+                .collect();
+            lanes::sums4(&c4, &w4, st, &sh.ew, &exc)
+        })
+        .collect();
+    let exc_sums: Vec<LsSums> = match lanes.filter(|_| lanes::available()) {
+        Some(l) => {
+            let mut per = vec![LsSums::ZERO; cs.len()];
+            for (&i, s) in idx.iter().zip(l.into_iter().flatten()) {
+                per[i] = s;
+            }
+            per
+        }
+        None => {
+            let mut per = vec![LsSums::ZERO; cs.len()];
+            for &(j, i) in &exc {
+                for ((c, o), aff) in cs.iter().zip(per.iter_mut()).zip(&affs) {
+                    if let Some((aff, base)) = aff {
+                        entry_terms(o, c, aff, base, st, &st.e[j], sh.ew[i], 1);
+                    }
+                }
+            }
+            per
+        }
+    };
+    for ((o, x), a) in out.iter_mut().zip(exc_sums).zip(&affs) {
+        if a.is_none() {
+            continue;
+        }
+        *o = if mo.is_empty() {
+            x
+        } else {
+            // Plain entries add exactly 0 to the flush sums.
+            LsSums {
+                s_dem: o.s_dem + x.s_dem,
+                s_em: o.s_em + x.s_em,
+                s_lam: o.s_lam + x.s_lam,
+                fl_d: x.fl_d,
+                fl_1: x.fl_1,
+                sdl: o.sdl + x.sdl,
+            }
+        };
     }
     out
+}
+
+/// Adds entry `e`'s terms (it stands for `k` equal ones; `elw` its
+/// `e^lw`) to one model's [`LsSums`] `o`: the entry-by-entry walk of
+/// (T12), (T13).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn entry_terms(
+    o: &mut LsSums,
+    c: &Consts,
+    aff: &LambdaAffine,
+    base: &ExpM1Base,
+    st: &RowStats,
+    e: &Interval,
+    elw: Hi,
+    k: u32,
+) {
+    let ell = Hi(st.ln_s_w.hi);
+    let d_abs = mag(e);
+    let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
+    let dl = d_abs + ell;
+    let lam = aff.at(d_abs);
+    let (wl, wel) = if lam.0 <= 1.0 {
+        let em = base.exp_m1(lam);
+        (elw * em, elw * (Hi::ONE + em))
+    } else {
+        ((lw + lam).exp(), (lw + lam).exp())
+    };
+    o.s_dem = o.s_dem + times(k, dl * wl);
+    o.s_em = o.s_em + times(k, wl);
+    o.s_lam = o.s_lam + times(k, wel * lam);
+    o.sdl = if k == 1 {
+        o.sdl + (dl + lam)
+    } else {
+        o.sdl + times(k, dl + lam)
+    };
+    if (lw + lam).0 < c.ln_min_normal {
+        o.fl_d = o.fl_d + times(k, dl * wel);
+        o.fl_1 = o.fl_1 + times(k, wel);
+    }
 }
 
 /// Entropy errors (T11-T13): the one the model's form needs before the

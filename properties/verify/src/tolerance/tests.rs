@@ -1402,3 +1402,75 @@ fn four_lane_walks_equal_the_scalar_walks() {
         }
     }
 }
+
+/// The log-softmax entropy sums from the row's moments ((T12m)) give the
+/// entry-by-entry walk's bounds to within `1e-9` relative (the same reals,
+/// other roundings) on every row kind, masked or not, at two temperatures,
+/// with and without the lanes: the entropy bounds and the gradient's,
+/// which read the entropy error (T13). Kind 3 at `T = 0.7` has
+/// exceptions with `K |d_j| > 2^-16`; kind 6 (logits spread over hundreds
+/// of nats) plain entries and exceptions of both kinds (also `lw_j` below
+/// `ln_min_normal`).
+#[test]
+fn moment_sums_give_the_entry_by_entry_bounds() {
+    use super::bounds::without_moments;
+    let mut rng = SplitMix64::new(33);
+    let close = |a: Option<f64>, b: Option<f64>, what: &str| match (a, b) {
+        (Some(a), Some(b)) => {
+            assert!(
+                (a - b).abs() <= 1e-9 * a.abs().max(b.abs()),
+                "{what}: {a:e} vs {b:e}"
+            )
+        }
+        (a, b) => assert_eq!(a.is_some(), b.is_some(), "{what}"),
+    };
+    for kind in 0..7 {
+        let x: Vec<f64> = match kind {
+            6 => row(&mut rng, 3000, 3)
+                .into_iter()
+                .map(|v| (4.0 * v) as f32 as f64)
+                .collect(),
+            k => row(&mut rng, 3000, k),
+        };
+        let mask = mask_every(x.len(), 2, 13);
+        for m in [None, Some(&mask[..])] {
+            for t in [1.0, 0.7] {
+                let st = stats_f64(&x, t, m, Some(3));
+                let z = x.iter().fold(0.0f64, |a, v| a.max((v / t).abs()));
+                let ctx = RowContext {
+                    temperature: t,
+                    z_max_abs: z,
+                    softcap: None,
+                };
+                let models = verify_models();
+                let build = || RowBounds::new_shared(&models, None, &st, &ctx, None).0;
+                for lanes in [true, false] {
+                    let (mo, by) = if lanes {
+                        (build(), without_moments(build))
+                    } else {
+                        let scalar = super::bounds::lanes::scalar;
+                        (scalar(build), without_moments(|| scalar(build)))
+                    };
+                    let cot = target_and_id_cot();
+                    let (rm, rb) = (
+                        RowBounds::grad_row(&mo, &cot),
+                        RowBounds::grad_row(&by, &cot),
+                    );
+                    for (i, (a, b)) in mo.iter().zip(&by).enumerate() {
+                        let what = format!("kind {kind} mask {} T {t} model {i}", m.is_some());
+                        for out in [Dtype::F32, Dtype::Bf16] {
+                            close(a.entropy(out).value(), b.entropy(out).value(), &what);
+                        }
+                    }
+                    for j in (0..x.len()).step_by(37) {
+                        let a = RowBounds::grad_many_with(&mo, &rm, j, &cot, Dtype::F32);
+                        let b = RowBounds::grad_many_with(&by, &rb, j, &cot, Dtype::F32);
+                        for (a, b) in a.iter().zip(&b) {
+                            close(a.value(), b.value(), &format!("kind {kind} grad {j}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

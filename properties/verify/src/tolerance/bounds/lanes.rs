@@ -1,16 +1,20 @@
-//! Per-entry work of up to four models in the four f64 lanes of one AVX2
-//! vector: the log-softmax entropy sums (T12, T13) of a row ([`sums4`],
-//! the vector twin of [`super::logsoftmax_sums`]). Lane `i` is model `i`,
-//! and every lane runs the same IEEE operations in the same order as the
-//! scalar code, each widened by the same step as
-//! [`crate::tolerance::upward`] (`x + (|x| 4 eps + 2^-1074)`, no fused
-//! multiply-add), so each model's results are the same bits either way
-//! (test `four_lane_walks_equal_the_scalar_walks`). What a lane cannot do
+//! Per-entry work in the four f64 lanes of one AVX2 vector: the
+//! log-softmax entropy sums (T12, T13) of up to four models over a row's
+//! exceptional entries ([`sums4`], lane `i` model `i`, the vector twin of
+//! the entry-by-entry walk `super::entry_terms`), the row's moments
+//! ([`moments4`], four entries a vector, the twin of `moments`'s scalar
+//! walk) and the entropy set's sums ([`entropy4`], likewise). Every lane
+//! runs the same IEEE operations in the same order as the scalar code,
+//! each widened by the same step as [`crate::tolerance::upward`] (`x +
+//! (|x| 4 eps + 2^-1074)`, no fused multiply-add), so the results are the
+//! same bits either way (tests `four_lane_walks_equal_the_scalar_walks`,
+//! `four_lane_moments_equal_the_scalar_moments`). What a lane cannot do
 //! in a vector (libm `expm1` and `exp` outside the polynomials' ranges) it
 //! does in scalar, as the scalar code does.
 
 use logprobe_reference::oracle::{Interval, RowStats};
 
+use super::moments::{MomentPart, PlainCut};
 use super::{Consts, EntropyPart, Hi, LsSums, SetBounds};
 use crate::tolerance::upward::ExpM1Base;
 
@@ -19,14 +23,15 @@ pub(crate) use logprobe_reference::simd::available;
 pub(crate) use logprobe_reference::simd::scalar;
 
 /// The [`LsSums`] of the models `cs` (1 to 4, each with its entropy set
-/// bounds `ws`) over every entry of `st.e` one by one (no groups), `ew`
-/// the entries' `e^lw` ([`super::EntropyShared::ew`]). `None` when the
-/// CPU has no AVX2 ([`available`]) or there are more than four models.
+/// bounds `ws`) over the entries `at` of `st.e`, `(j, i)`: column `j`
+/// (finite), `ew[i]` its `e^lw` ([`super::EntropyShared::ew`]). `None` when
+/// the CPU has no AVX2 ([`available`]) or there are more than four models.
 pub(super) fn sums4(
     cs: &[&Consts],
     ws: &[SetBounds],
     st: &RowStats,
     ew: &[Hi],
+    at: &[(usize, usize)],
 ) -> Option<Vec<LsSums>> {
     if cs.is_empty() || cs.len() > 4 || cs.len() != ws.len() || !available() {
         return None;
@@ -34,11 +39,38 @@ pub(super) fn sums4(
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: AVX2 is present (checked above).
-        Some(unsafe { x86::sums4(cs, ws, st, ew) })
+        Some(unsafe { x86::sums4(cs, ws, st, ew, at) })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (st, ew);
+        let _ = (st, ew, at);
+        None
+    }
+}
+
+/// [`super::moments::moments`]'s four parts over the entries `j < 4
+/// floor(V / 4)` of `st.e`, four entries a vector (entry `j` in lane `j %
+/// 4`, the same bits as the scalar walk), added into `parts`, the
+/// exceptions `(j, i)` pushed to `exc` in order; `(from, i)`: the first
+/// entry left and its index in `ew`. `None` (nothing done) without AVX2.
+pub(super) fn moments4(
+    st: &RowStats,
+    ew: &[Hi],
+    cut: PlainCut,
+    parts: &mut [MomentPart; 4],
+    exc: &mut Vec<(usize, usize)>,
+) -> Option<(usize, usize)> {
+    if !available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2 is present (checked above).
+        Some(unsafe { x86::moments4(st, ew, cut, parts, exc) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (st, ew, cut, parts, exc);
         None
     }
 }
@@ -86,6 +118,7 @@ mod x86 {
 
     use logprobe_reference::oracle::{Interval, RowStats};
 
+    use super::super::moments::{MomentPart, PlainCut};
     use super::super::{Consts, EntropyPart, Hi, LambdaAffine, Lo, LsSums, SetBounds};
     use super::per_model;
     use crate::tolerance::upward::ExpM1Base;
@@ -143,6 +176,7 @@ mod x86 {
         ws: &[SetBounds],
         st: &RowStats,
         ew: &[Hi],
+        at: &[(usize, usize)],
     ) -> Vec<LsSums> {
         let n = cs.len();
         // Each lane's lambda, `k |d| + b`, and its base (as the scalar walk).
@@ -162,13 +196,9 @@ mod x86 {
         let (mut s_dem, mut s_em, mut s_lam, mut fl_d, mut fl_1, mut sdl) =
             (zero, zero, zero, zero, zero, zero);
         let ell = Hi(st.ln_s_w.hi);
-        let mut i = 0usize;
-        for e in &st.e {
-            if e.hi == f64::NEG_INFINITY {
-                continue;
-            }
+        for &(j, i) in at {
+            let e = &st.e[j];
             let elw = ew[i];
-            i += 1;
             // The model-independent terms, as the scalar walk computes them.
             let d_abs = Hi(-e.lo);
             let lw = Hi(e.hi) - Lo(st.ln_s_w.lo);
@@ -264,6 +294,119 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     fn add_in(acc: __m256d, x: __m256d, m: __m256d) -> __m256d {
         _mm256_blendv_pd(acc, add(acc, x), m)
+    }
+
+    /// See [`super::moments4`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn moments4(
+        st: &RowStats,
+        ew: &[Hi],
+        cut: PlainCut,
+        parts: &mut [MomentPart; 4],
+        exc: &mut Vec<(usize, usize)>,
+    ) -> (usize, usize) {
+        let es = &st.e;
+        let get = |f: &dyn Fn(&MomentPart) -> Hi| load(&std::array::from_fn(|l| f(&parts[l]).0));
+        let mut m = [
+            get(&|p| p.m[0]),
+            get(&|p| p.m[1]),
+            get(&|p| p.m[2]),
+            get(&|p| p.m[3]),
+        ];
+        let mut sd = get(&|p| p.sd);
+        let mut n = [0u64; 4];
+        let neg_inf = splat(f64::NEG_INFINITY);
+        let ln_s_lo = splat(st.ln_s_w.lo);
+        let (zero, d_max, lw_min, big) = (
+            _mm256_setzero_pd(),
+            splat(cut.d_max),
+            splat(cut.lw_min),
+            splat(f64::MAX),
+        );
+        let n4 = es.len() / 4 * 4;
+        let mut i = 0usize;
+        for j in (0..n4).step_by(4) {
+            let e = &es[j..j + 4];
+            let lo = _mm256_set_pd(e[3].lo, e[2].lo, e[1].lo, e[0].lo);
+            let hi = _mm256_set_pd(e[3].hi, e[2].hi, e[1].hi, e[0].hi);
+            let fin_bits = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_NEQ_UQ>(hi, neg_inf));
+            if fin_bits == 0 {
+                continue;
+            }
+            // Each finite lane's index in `ew`.
+            let mut at = [0usize; 4];
+            let w = if fin_bits == 0b1111 {
+                let w = &ew[i..i + 4];
+                at = [i, i + 1, i + 2, i + 3];
+                i += 4;
+                _mm256_set_pd(w[3].0, w[2].0, w[1].0, w[0].0)
+            } else {
+                let mut w = [0.0; 4];
+                for (l, w) in w.iter_mut().enumerate() {
+                    if fin_bits & (1 << l) != 0 {
+                        *w = ew[i].0;
+                        at[l] = i;
+                        i += 1;
+                    }
+                }
+                load(&w)
+            };
+            let d = _mm256_xor_pd(lo, splat(-0.0));
+            let lw = up(_mm256_sub_pd(hi, ln_s_lo));
+            // PlainCut::plain, per lane (NaN compares false).
+            let plain = _mm256_and_pd(
+                _mm256_and_pd(
+                    _mm256_cmp_pd::<_CMP_GE_OQ>(d, zero),
+                    _mm256_cmp_pd::<_CMP_LE_OQ>(d, d_max),
+                ),
+                _mm256_and_pd(
+                    _mm256_cmp_pd::<_CMP_GE_OQ>(lw, lw_min),
+                    _mm256_and_pd(
+                        _mm256_cmp_pd::<_CMP_GE_OQ>(w, zero),
+                        _mm256_cmp_pd::<_CMP_LE_OQ>(w, big),
+                    ),
+                ),
+            );
+            let plain_bits = _mm256_movemask_pd(plain) & fin_bits;
+            if plain_bits != fin_bits {
+                for (l, &at) in at.iter().enumerate() {
+                    if fin_bits & !plain_bits & (1 << l) != 0 {
+                        exc.push((j + l, at));
+                    }
+                }
+            }
+            if plain_bits == 0 {
+                continue;
+            }
+            let plain = _mm256_castsi256_pd(_mm256_cmpeq_epi64(
+                _mm256_and_si256(
+                    _mm256_set1_epi64x(i64::from(plain_bits)),
+                    _mm256_setr_epi64x(1, 2, 4, 8),
+                ),
+                _mm256_setr_epi64x(1, 2, 4, 8),
+            ));
+            let t1 = mul(w, d);
+            let t2 = mul(t1, d);
+            let t3 = mul(t2, d);
+            m[0] = add_in(m[0], w, plain);
+            m[1] = add_in(m[1], t1, plain);
+            m[2] = add_in(m[2], t2, plain);
+            m[3] = add_in(m[3], t3, plain);
+            sd = add_in(sd, d, plain);
+            for (l, n) in n.iter_mut().enumerate() {
+                *n += u64::from(plain_bits & (1 << l) != 0);
+            }
+        }
+        let (m, sd) = (m.map(|x| lanes(x)), lanes(sd));
+        for (l, p) in parts.iter_mut().enumerate() {
+            p.m = std::array::from_fn(|k| Hi(m[k][l]));
+            p.sd = Hi(sd[l]);
+            p.n += n[l];
+        }
+        (n4, i)
     }
 
     /// See [`super::entropy4`].
