@@ -296,6 +296,43 @@ mod x86 {
         _mm256_blendv_pd(acc, add(acc, x), m)
     }
 
+    /// Entries `j .. j + 4` of `es`: their `lo` and `hi` lanes, which are
+    /// finite (`hi > -inf`, as bits), the finite lanes' `e^lw` (the next
+    /// items of `ew` from `*i`, which advances past them; 0 elsewhere) and
+    /// their indices in `ew`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn block4(
+        es: &[Interval],
+        ew: &[Hi],
+        j: usize,
+        i: &mut usize,
+    ) -> (__m256d, __m256d, i32, __m256d, [usize; 4]) {
+        let e = &es[j..j + 4];
+        let lo = _mm256_set_pd(e[3].lo, e[2].lo, e[1].lo, e[0].lo);
+        let hi = _mm256_set_pd(e[3].hi, e[2].hi, e[1].hi, e[0].hi);
+        let fin_bits =
+            _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_NEQ_UQ>(hi, splat(f64::NEG_INFINITY)));
+        let mut at = [0usize; 4];
+        let w = if fin_bits == 0b1111 {
+            let w = &ew[*i..*i + 4];
+            at = [*i, *i + 1, *i + 2, *i + 3];
+            *i += 4;
+            _mm256_set_pd(w[3].0, w[2].0, w[1].0, w[0].0)
+        } else {
+            let mut w = [0.0; 4];
+            for (l, w) in w.iter_mut().enumerate() {
+                if fin_bits & (1 << l) != 0 {
+                    *w = ew[*i].0;
+                    at[l] = *i;
+                    *i += 1;
+                }
+            }
+            load(&w)
+        };
+        (lo, hi, fin_bits, w, at)
+    }
+
     /// See [`super::moments4`].
     ///
     /// # Safety
@@ -318,7 +355,6 @@ mod x86 {
         ];
         let mut sd = get(&|p| p.sd);
         let mut n = [0u64; 4];
-        let neg_inf = splat(f64::NEG_INFINITY);
         let ln_s_lo = splat(st.ln_s_w.lo);
         let (zero, d_max, lw_min, big) = (
             _mm256_setzero_pd(),
@@ -329,31 +365,10 @@ mod x86 {
         let n4 = es.len() / 4 * 4;
         let mut i = 0usize;
         for j in (0..n4).step_by(4) {
-            let e = &es[j..j + 4];
-            let lo = _mm256_set_pd(e[3].lo, e[2].lo, e[1].lo, e[0].lo);
-            let hi = _mm256_set_pd(e[3].hi, e[2].hi, e[1].hi, e[0].hi);
-            let fin_bits = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_NEQ_UQ>(hi, neg_inf));
+            let (lo, hi, fin_bits, w, at) = block4(es, ew, j, &mut i);
             if fin_bits == 0 {
                 continue;
             }
-            // Each finite lane's index in `ew`.
-            let mut at = [0usize; 4];
-            let w = if fin_bits == 0b1111 {
-                let w = &ew[i..i + 4];
-                at = [i, i + 1, i + 2, i + 3];
-                i += 4;
-                _mm256_set_pd(w[3].0, w[2].0, w[1].0, w[0].0)
-            } else {
-                let mut w = [0.0; 4];
-                for (l, w) in w.iter_mut().enumerate() {
-                    if fin_bits & (1 << l) != 0 {
-                        *w = ew[i].0;
-                        at[l] = i;
-                        i += 1;
-                    }
-                }
-                load(&w)
-            };
             let d = _mm256_xor_pd(lo, splat(-0.0));
             let lw = up(_mm256_sub_pd(hi, ln_s_lo));
             // PlainCut::plain, per lane (NaN compares false).
@@ -436,28 +451,11 @@ mod x86 {
         let n4 = es.len() / 4 * 4;
         let mut i = 0usize;
         for j in (0..n4).step_by(4) {
-            let e = &es[j..j + 4];
-            let lo = _mm256_set_pd(e[3].lo, e[2].lo, e[1].lo, e[0].lo);
-            let hi = _mm256_set_pd(e[3].hi, e[2].hi, e[1].hi, e[0].hi);
-            let fin = _mm256_cmp_pd::<_CMP_NEQ_UQ>(hi, neg_inf);
-            let fin_bits = _mm256_movemask_pd(fin);
+            let (lo, hi, fin_bits, elw, _) = block4(es, ew, j, &mut i);
             if fin_bits == 0 {
                 continue;
             }
-            let elw = if fin_bits == 0b1111 {
-                let w = &ew[i..i + 4];
-                i += 4;
-                _mm256_set_pd(w[3].0, w[2].0, w[1].0, w[0].0)
-            } else {
-                let mut w = [0.0; 4];
-                for (l, w) in w.iter_mut().enumerate() {
-                    if fin_bits & (1 << l) != 0 {
-                        *w = ew[i].0;
-                        i += 1;
-                    }
-                }
-                load(&w)
-            };
+            let fin = _mm256_cmp_pd::<_CMP_NEQ_UQ>(hi, neg_inf);
             let d = _mm256_xor_pd(lo, splat(-0.0));
             let lw = up(_mm256_sub_pd(hi, splat(ln_s_lo)));
             let alpha = add(mul(a, d), b);
