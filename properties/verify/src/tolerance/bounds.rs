@@ -1825,77 +1825,104 @@ fn logsoftmax_sums(
         }
         return out;
     };
-    let with_w: Vec<(LambdaAffine, ExpM1Base, f64)> = affs
+    // Each model's cut of its own ([`moments::PlainCut::of`]), one walk of
+    // the row a distinct cut: a model's sums do not depend on the models
+    // it is built with (the same bits as built alone).
+    let cuts: Vec<Option<moments::PlainCut>> = affs
         .iter()
         .zip(cs)
-        .filter_map(|(a, c)| a.map(|(a, b)| (a, b, c.ln_min_normal)))
+        .map(|(a, c)| a.map(|(a, b)| moments::PlainCut::of(&(a, b, c.ln_min_normal), ell.0)))
         .collect();
-    let cut = moments::PlainCut::new(&with_w, ell.0);
-    let mut exc = Vec::new();
-    let mo = moments::moments(st, &sh.ew, cut, &mut exc);
-    let mut out: Vec<LsSums> = affs
-        .iter()
-        .map(|a| match a {
-            Some((aff, base)) if !mo.is_empty() => mo.sums(aff, base, ell),
-            _ => LsSums::ZERO,
-        })
-        .collect();
-    if exc.is_empty() {
-        return out;
+    let mut walks: Vec<(moments::PlainCut, moments::Moments, Vec<(usize, usize)>)> = Vec::new();
+    for cut in cuts.iter().flatten() {
+        if !walks.iter().any(|w| w.0.same(cut)) {
+            let mut exc = Vec::new();
+            let mo = moments::moments(st, &sh.ew, *cut, &mut exc);
+            walks.push((*cut, mo, exc));
+        }
     }
-    // The exceptions, entry by entry: four models a vector where the CPU
-    // has the lanes (the same bits as one by one).
-    let idx: Vec<usize> = (0..cs.len()).filter(|&i| affs[i].is_some()).collect();
-    let lanes: Option<Vec<Vec<LsSums>>> = idx
-        .chunks(4)
-        .map(|chunk| {
-            let c4: Vec<&Consts> = chunk.iter().map(|&i| &cs[i]).collect();
-            let w4: Vec<SetBounds> = chunk
-                .iter()
-                .filter_map(|&i| ws[i].as_ref().ok().copied())
-                .collect();
-            lanes::sums4(&c4, &w4, st, &sh.ew, &exc)
-        })
-        .collect();
-    let exc_sums: Vec<LsSums> = match lanes.filter(|_| lanes::available()) {
-        Some(l) => {
-            let mut per = vec![LsSums::ZERO; cs.len()];
-            for (&i, s) in idx.iter().zip(l.into_iter().flatten()) {
-                per[i] = s;
-            }
-            per
-        }
-        None => {
-            let mut per = vec![LsSums::ZERO; cs.len()];
-            for &(j, i) in &exc {
-                for ((c, o), aff) in cs.iter().zip(per.iter_mut()).zip(&affs) {
-                    if let Some((aff, base)) = aff {
-                        entry_terms(o, c, aff, base, st, &st.e[j], sh.ew[i], 1);
-                    }
-                }
-            }
-            per
-        }
+    let walk_of = |i: usize| {
+        let cut = cuts[i].as_ref()?;
+        walks.iter().find(|w| w.0.same(cut))
     };
-    for ((o, x), a) in out.iter_mut().zip(exc_sums).zip(&affs) {
-        if a.is_none() {
+    let per = entries_one_by_one(cs, ws, &affs, st, &sh.ew, |i| {
+        walk_of(i).map_or(&[][..], |w| &w.2[..])
+    });
+    let mut out = vec![LsSums::ZERO; cs.len()];
+    for (i, (o, x)) in out.iter_mut().zip(per).enumerate() {
+        let (Some((aff, base)), Some((_, mo, exc))) = (&affs[i], walk_of(i)) else {
             continue;
-        }
+        };
         *o = if mo.is_empty() {
             x
+        } else if exc.is_empty() {
+            mo.sums(aff, base, ell)
         } else {
+            let m = mo.sums(aff, base, ell);
             // Plain entries add exactly 0 to the flush sums.
             LsSums {
-                s_dem: o.s_dem + x.s_dem,
-                s_em: o.s_em + x.s_em,
-                s_lam: o.s_lam + x.s_lam,
+                s_dem: m.s_dem + x.s_dem,
+                s_em: m.s_em + x.s_em,
+                s_lam: m.s_lam + x.s_lam,
                 fl_d: x.fl_d,
                 fl_1: x.fl_1,
-                sdl: o.sdl + x.sdl,
+                sdl: m.sdl + x.sdl,
             }
         };
     }
     out
+}
+
+/// Each model's (with a bound for `w`) [`LsSums`] over the finite
+/// entries `at(model)` (`(j, i)`: column `j`, `ew[i]` its `e^lw`), entry by
+/// entry: four models a vector where the CPU has the lanes and the models
+/// of a chunk share their list ([`lanes::sums4`], the same bits as one by
+/// one). Zeros for the other models.
+fn entries_one_by_one<'x>(
+    cs: &[Consts],
+    ws: &[Result<SetBounds, NoBound>],
+    affs: &[Option<(LambdaAffine, ExpM1Base)>],
+    st: &RowStats,
+    ew: &[Hi],
+    at: impl Fn(usize) -> &'x [(usize, usize)],
+) -> Vec<LsSums> {
+    let mut per = vec![LsSums::ZERO; cs.len()];
+    let idx: Vec<usize> = (0..cs.len())
+        .filter(|&i| affs[i].is_some() && !at(i).is_empty())
+        .collect();
+    // Chunks of up to four models with the same list.
+    let mut chunks: Vec<Vec<usize>> = Vec::new();
+    for &i in &idx {
+        match chunks
+            .iter_mut()
+            .find(|c| c.len() < 4 && std::ptr::eq(at(c[0]), at(i)))
+        {
+            Some(c) => c.push(i),
+            None => chunks.push(vec![i]),
+        }
+    }
+    for chunk in chunks {
+        let list = at(chunk[0]);
+        let c4: Vec<&Consts> = chunk.iter().map(|&i| &cs[i]).collect();
+        let w4: Vec<SetBounds> = chunk
+            .iter()
+            .filter_map(|&i| ws[i].as_ref().ok().copied())
+            .collect();
+        if let Some(l) = lanes::sums4(&c4, &w4, st, ew, list) {
+            for (&i, s) in chunk.iter().zip(l) {
+                per[i] = s;
+            }
+            continue;
+        }
+        for &(j, i) in list {
+            for &m in &chunk {
+                if let Some((aff, base)) = &affs[m] {
+                    entry_terms(&mut per[m], &cs[m], aff, base, st, &st.e[j], ew[i], 1);
+                }
+            }
+        }
+    }
+    per
 }
 
 /// Adds entry `e`'s terms (it stands for `k` equal ones; `elw` its

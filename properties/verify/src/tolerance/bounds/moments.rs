@@ -34,9 +34,12 @@
 //! flushes in the walk's test (`lw_j >= ln_min_normal` under every model,
 //! `lambda >= 0`), so it adds nothing to `fl_d`, `fl_1`.
 //!
-//! Plain: finite `0 <= D_j <= d_max` (so `K D_j <= 2^-16` under every
-//! model, and `D_j <= 1e30`), `lw_j` at least every model's
-//! `ln_min_normal`, `w_j` finite. Every other finite entry (an
+//! Plain (for a model, [`PlainCut::of`]): finite `0 <= D_j <= d_max` (so
+//! `K D_j <= 2^-16`, and `D_j <= 1e30`), `lw_j >= ln_min_normal`, `w_j`
+//! finite, when the model meets the preconditions
+//! ([`PlainCut::eligible`]; otherwise no entry is plain). The models of a
+//! row share one walk per distinct cut (verify's share one: the same `K`
+//! and flush threshold). Every other finite entry (an
 //! *exception*) is walked entry by entry as before, four models a vector
 //! ([`super::lanes::sums4`]) or one by one, and its terms added to the
 //! models' sums. The moments are summed in four parts, entry `j` into part
@@ -67,43 +70,58 @@ pub(super) struct PlainCut {
 }
 
 impl PlainCut {
-    /// The cut for the models `(lambda, base, ln_min_normal)` on a set
-    /// with `ln S_w <= ell`: none plain unless `ell >= 0` and every model
-    /// has `K >= 0`, `0 <= B <= 1/2` and finite nonnegative `e^B - 1`,
-    /// `e^B` (the preconditions of the module docs; with `B <= 1/2` the
-    /// entry-by-entry walk would take its polynomial branch there too).
-    pub(super) fn new(models: &[(LambdaAffine, ExpM1Base, f64)], ell: f64) -> PlainCut {
-        let none = PlainCut {
-            d_max: -1.0,
-            lw_min: f64::INFINITY,
-        };
-        if models.is_empty() || !(0.0..=f64::MAX).contains(&ell) {
-            return none;
-        }
+    /// Whether a model `(lambda, base, ln_min_normal)` meets the
+    /// preconditions of the module docs: `K >= 0`, `0 <= B <= 1/2`, finite
+    /// nonnegative `e^B - 1` and `e^B` (with `B <= 1/2` the entry-by-entry
+    /// walk would take its polynomial branch there too). Others walk every
+    /// entry one by one.
+    pub(super) fn eligible(model: &(LambdaAffine, ExpM1Base, f64)) -> bool {
+        let (aff, base, ln_min_normal) = model;
         #[cfg(test)]
         if NO_PLAIN.with(|s| s.get()) {
-            return none;
+            return false;
         }
-        let mut cut = PlainCut {
-            d_max: D_CAP,
-            lw_min: f64::NEG_INFINITY,
-        };
-        for (aff, base, ln_min_normal) in models {
-            let (k, b) = (aff.k.0, aff.b.0);
-            let ok = (0.0..=f64::MAX).contains(&k)
-                && (0.0..=0.5).contains(&b)
-                && (0.0..=f64::MAX).contains(&base.em)
-                && (0.0..=f64::MAX).contains(&base.e)
-                && !ln_min_normal.is_nan();
-            if !ok {
-                return none;
-            }
-            if k > 0.0 {
-                cut.d_max = cut.d_max.min(TAYLOR_MAX / k * BELOW);
-            }
-            cut.lw_min = cut.lw_min.max(*ln_min_normal);
+        (0.0..=f64::MAX).contains(&aff.k.0)
+            && (0.0..=0.5).contains(&aff.b.0)
+            && (0.0..=f64::MAX).contains(&base.em)
+            && (0.0..=f64::MAX).contains(&base.e)
+            && !ln_min_normal.is_nan()
+    }
+
+    /// The cut of one model `(lambda, base, ln_min_normal)` on a set with
+    /// `ln S_w <= ell`: none plain unless `ell >= 0` and the model is
+    /// [`PlainCut::eligible`]. A model's cut depends on nothing else, so
+    /// its sums are the same bits whatever models it is built with.
+    pub(super) fn of(model: &(LambdaAffine, ExpM1Base, f64), ell: f64) -> PlainCut {
+        if !(0.0..=f64::MAX).contains(&ell) || !PlainCut::eligible(model) {
+            return PlainCut {
+                d_max: -1.0,
+                lw_min: f64::INFINITY,
+            };
         }
-        cut
+        let k = model.0.k.0;
+        PlainCut {
+            d_max: if k > 0.0 {
+                D_CAP.min(TAYLOR_MAX / k * BELOW)
+            } else {
+                D_CAP
+            },
+            lw_min: model.2,
+        }
+    }
+
+    /// The entries plain under both cuts (a cut for both models).
+    #[cfg(test)]
+    fn meet(self, o: PlainCut) -> PlainCut {
+        PlainCut {
+            d_max: self.d_max.min(o.d_max),
+            lw_min: self.lw_min.max(o.lw_min),
+        }
+    }
+
+    /// The same cut (bit for bit).
+    pub(super) fn same(&self, o: &PlainCut) -> bool {
+        self.d_max.to_bits() == o.d_max.to_bits() && self.lw_min.to_bits() == o.lw_min.to_bits()
     }
 
     /// Whether a finite entry with `D_j = d`, `lw_j = lw`, `w_j = w` is
@@ -214,7 +232,8 @@ impl Moments {
 
     /// One model's [`LsSums`] over the plain entries (module docs): `aff`
     /// its `lambda`, `base` its [`LambdaAffine::base`], `ell = (ln S_w)^`;
-    /// the model must be one the [`PlainCut`] was made for.
+    /// the walk's [`PlainCut`] must be the model's own
+    /// ([`PlainCut::of`]) or stricter.
     pub(super) fn sums(&self, aff: &LambdaAffine, base: &ExpM1Base, ell: Hi) -> LsSums {
         let [m0, m1, m2, m3] = self.m;
         let (k, b) = (aff.k, aff.b);
@@ -326,6 +345,14 @@ mod tests {
             .collect()
     }
 
+    /// A cut for every model of `ms` (their own cuts met).
+    fn common(ms: &[(LambdaAffine, ExpM1Base, f64)], ell: f64) -> PlainCut {
+        ms.iter()
+            .map(|m| PlainCut::of(m, ell))
+            .reduce(PlainCut::meet)
+            .expect("a model")
+    }
+
     /// The moments are the same bits with and without the lanes, the
     /// exceptions the same list; every plain entry meets the cut's
     /// promises exactly (`K D <= 2^-16` under every model, no flush).
@@ -337,7 +364,7 @@ mod tests {
             let st = stats(&mut g, v, spread);
             let w = ew(&st);
             let ell = st.ln_s_w.hi;
-            let cut = PlainCut::new(&ms, ell);
+            let cut = common(&ms, ell);
             let (mut ev, mut es) = (Vec::new(), Vec::new());
             let mv = moments(&st, &w, cut, &mut ev);
             let msc = lanes::scalar(|| moments(&st, &w, cut, &mut es));
@@ -370,7 +397,7 @@ mod tests {
             let st = stats(&mut g, v, spread);
             let w = ew(&st);
             let ell = Hi(st.ln_s_w.hi);
-            let cut = PlainCut::new(&ms, ell.0);
+            let cut = common(&ms, ell.0);
             let mut exc = Vec::new();
             let mo = moments(&st, &w, cut, &mut exc);
             assert!(mo.n > 0);
@@ -417,18 +444,19 @@ mod tests {
     }
 
     /// No plain entry when a precondition fails (a negative or large `B`,
-    /// a negative `ell`, a NaN constant).
+    /// a negative `ell`, a NaN or negative `K`).
     #[test]
     fn no_plain_entries_outside_the_preconditions() {
-        let ok = models();
-        assert!(PlainCut::new(&ok, 3.0).d_max > 0.0);
-        assert!(PlainCut::new(&ok, -1.0).d_max < 0.0);
-        assert!(PlainCut::new(&[], 3.0).d_max < 0.0);
+        for m in models() {
+            assert!(PlainCut::of(&m, 3.0).d_max > 0.0);
+            assert!(PlainCut::of(&m, -1.0).d_max < 0.0);
+        }
         for (k, b) in [(1e-7, -1e-9), (1e-7, 0.75), (f64::NAN, 1e-3), (-1e-7, 1e-3)] {
             let aff = LambdaAffine { k: Hi(k), b: Hi(b) };
-            let mut ms = ok.clone();
-            ms.push((aff, aff.base(), -87.0));
-            assert!(PlainCut::new(&ms, 3.0).d_max < 0.0, "k {k} b {b}");
+            assert!(
+                PlainCut::of(&(aff, aff.base(), -87.0), 3.0).d_max < 0.0,
+                "k {k} b {b}"
+            );
         }
     }
 }
