@@ -1833,7 +1833,9 @@ fn logsoftmax_sums(
         .zip(cs)
         .map(|(a, c)| a.map(|(a, b)| moments::PlainCut::of(&(a, b, c.ln_min_normal), ell.0)))
         .collect();
-    let mut walks: Vec<(moments::PlainCut, moments::Moments, Vec<(usize, usize)>)> = Vec::new();
+    // (cut, its moments, its exceptions `(j, i)`)
+    type Walk = (moments::PlainCut, moments::Moments, Vec<(usize, usize)>);
+    let mut walks: Vec<Walk> = Vec::new();
     for cut in cuts.iter().flatten() {
         if !walks.iter().any(|w| w.0.same(cut)) {
             let mut exc = Vec::new();

@@ -269,8 +269,8 @@ mod x86 {
 
     /// `expm1(x)` as [`ExpM1Base::exp_m1`] where its two polynomial
     /// branches apply (the tiny polynomial where `0 <= x <= 2^-16`; where
-    /// `2^-16 < x <= 1` and `0 <= delta = x - b <= 2^-16`, the base's `(e^b
-    /// - 1) + e^b (e^delta - 1)`, one polynomial a lane), and the mask of
+    /// `2^-16 < x <= 1` and `0 <= delta = x - b <= 2^-16`, the base's
+    /// `(e^b - 1) + e^b (e^delta - 1)`, one polynomial a lane), and the mask of
     /// those lanes (the others are left to the scalar code).
     #[inline]
     #[target_feature(enable = "avx2")]
