@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The two set-up commands of README.md, runnable on a fresh machine:
 #   scripts/run.sh verify   verify the shipped PyTorch dumps (the main job)
-#   scripts/run.sh test     the test gate (cargo test over the workspace)
+#   scripts/run.sh test     the test gate: cargo test --workspace --release
 # and, for CI (not a set-up command: the wheel's release build costs minutes):
-#   scripts/run.sh python   build and install the Python package (`pip install
-#                           ./properties/python`, maturin) into a fresh venv
-#                           and run its pytest suite (numpy, ml_dtypes; torch
+#   scripts/run.sh python   build the Python package's wheel (PEP 517 through
+#                           maturin, as `pip install ./properties/python`
+#                           does) into target/wheels with the workspace's
+#                           compiled crates, install it into a fresh venv and
+#                           run its pytest suite (numpy, ml_dtypes; torch
 #                           tests skip unless torch is installed there)
+# All three build in the release profile with .cargo/config.toml's flags, so
+# the second command reuses what the first compiled (docs/build.md).
 # Each first installs what a fresh machine lacks: m4 (GMP's build needs it)
 # and a C++17 compiler (the tests build the CUDA kernels for the host,
 # feature `cuda-host` of logprobe-kernels).
@@ -46,12 +50,19 @@ python_suite() {
     rm -rf "$venv"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ml_dtypes
-    local t0 t1
+    local t0 t1 t2 wheels="$PWD/target/wheels"
     t0=$(date +%s)
-    # The README's install line: maturin (from PyPI) builds the abi3 wheel.
-    "$venv/bin/pip" install -q --disable-pip-version-check ./properties/python
+    # The README's from-source path, as a wheel: pip runs maturin (PyPI) on
+    # properties/python (PEP 517), cargo compiles into the workspace's target/
+    # (its lock agrees with Cargo.lock: scripts/check-locks.py), so the crates
+    # the test build compiled are reused.
+    rm -f "$wheels"/logprobe-*.whl
+    CARGO_TARGET_DIR="$PWD/target" "$venv/bin/pip" wheel -q --disable-pip-version-check \
+        --no-deps -w "$wheels" ./properties/python
     t1=$(date +%s)
-    echo "python: pip install ./properties/python took $((t1 - t0)) s" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check "$wheels"/logprobe-*.whl
+    t2=$(date +%s)
+    echo "python: wheel built in $((t1 - t0)) s, installed in $((t2 - t1)) s" >&2
     (cd properties/python && "$venv/bin/python" -m pytest -q tests "$@")
 }
 
@@ -65,7 +76,7 @@ case "$cmd" in
         ;;
     test)
         ensure_build_deps
-        exec cargo test --workspace "$@"
+        exec cargo test --workspace --release "$@"
         ;;
     python)
         python_suite "$@"
