@@ -1,6 +1,7 @@
 //! What the `logprobe` binary prints: stdout that ends quietly when the
-//! reader goes away (`| head`), the long help of `verify`, whose tensor
-//! and metadata names come from the format's name table
+//! reader goes away (`| head`) and fails with exit 2 on a full disk
+//! ([`Out`]), stderr that never panics ([`eprint_line`]), the long help of
+//! `verify`, whose tensor and metadata names come from the format's name table
 //! ([`logprobe_verify::names`]), and the `compare` subcommand (arguments,
 //! run, help; the engine is [`logprobe_verify::compare`]).
 
@@ -8,31 +9,60 @@ use std::io::Write;
 
 use logprobe_verify::names::{built, Kind, NAMES};
 
-/// Stdout for reports. A closed pipe (`EPIPE`) is not an error of the
-/// verification: once a write fails, later writes are dropped and the exit
-/// status stays the verification's.
+/// Why the report could not be written to stdout (exit status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// A write or flush of stdout failed with something other than a closed
+    /// pipe: a full disk (`ENOSPC`), an I/O error.
+    #[error("cannot write the report to standard output: {0}")]
+    Stdout(#[source] std::io::Error),
+}
+
+/// Stdout for reports. A closed pipe (`EPIPE`, `| head`) is not an error of
+/// the verification: later writes are dropped and the exit status stays the
+/// verdict's. Any other error (`ENOSPC`, `> /dev/full`) is kept, later
+/// writes are dropped, and [`Out::finish`] turns it into exit status 2.
 pub struct Out {
     closed: bool,
+    error: Option<OutputError>,
 }
 
 impl Out {
     /// Stdout, open.
     pub fn new() -> Self {
-        Out { closed: false }
+        Out {
+            closed: false,
+            error: None,
+        }
     }
 
-    /// Writes `s` and flushes; drops it when stdout is closed.
+    /// Writes `s` and flushes; drops it once stdout is closed or failed.
     pub fn print(&mut self, s: &str) {
-        if self.closed {
+        if self.closed || self.error.is_some() {
             return;
         }
         let mut lock = std::io::stdout().lock();
-        if lock
-            .write_all(s.as_bytes())
-            .and_then(|_| lock.flush())
-            .is_err()
-        {
-            self.closed = true;
+        match lock.write_all(s.as_bytes()).and_then(|_| lock.flush()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => self.closed = true,
+            Err(e) => self.error = Some(OutputError::Stdout(e)),
+        }
+    }
+
+    /// The error that stopped the output, if any (a closed pipe is none).
+    pub fn error(&self) -> Option<&OutputError> {
+        self.error.as_ref()
+    }
+
+    /// The exit status: `status` (the verdict's) unless a write failed
+    /// otherwise than on a closed pipe; then 2, with the error on stderr.
+    pub fn finish(self, status: u8) -> u8 {
+        match &self.error {
+            None => status,
+            Some(e) => {
+                eprint_line(&format!("logprobe: {e}"));
+                2
+            }
         }
     }
 }
@@ -41,6 +71,14 @@ impl Default for Out {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Writes `s` and a newline to stderr. Errors are ignored (a closed or full
+/// stderr leaves nowhere to report them; the exit status says the rest),
+/// never a panic as with `eprintln!`.
+pub fn eprint_line(s: &str) {
+    let mut e = std::io::stderr().lock();
+    let _ = e.write_all(s.as_bytes()).and_then(|_| e.write_all(b"\n"));
 }
 
 /// The text after `logprobe verify --help`: exit codes, the names a dump may
@@ -147,12 +185,11 @@ pub fn compare(args: CompareArgs) -> u8 {
     let report = match compare_files(&args.a, &args.b, &config) {
         Ok(r) => r,
         Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
+            eprint_line(&format!(
                 "logprobe: compare {} {}: bad input: {e}",
                 args.a.display(),
                 args.b.display()
-            );
+            ));
             return 2;
         }
     };
@@ -161,17 +198,14 @@ pub fn compare(args: CompareArgs) -> u8 {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => out.print(&format!("{s}\n")),
             Err(e) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "logprobe: cannot serialise the report: {e}"
-                );
+                eprint_line(&format!("logprobe: cannot serialise the report: {e}"));
                 return 2;
             }
         }
     } else {
         out.print(&render_table(&report));
     }
-    report.exit_status
+    out.finish(report.exit_status)
 }
 
 /// The text after `logprobe compare --help`: what is reported, exit codes.
@@ -193,8 +227,9 @@ A and B must hold the same rows: the same tokens ([N] or [B, T]), row_mask and
 ignore_index. B may hold only tokens, log_probs (and row_mask): what rollout engines return.
 
 Exit status:
-  0  compared; every kernel within its bound (SUSPECT included)
-  1  compared; some side's kernel beyond its bound (or \"no bound\")
+  0  compared (at least one row); every kernel within its bound (SUSPECT included)
+  1  some side's kernel beyond its bound, \"no bound\" or unchecked; a NaN or infinite
+     candidate log-prob (a kernel fault); or no row compared (all masked or ignored)
   2  bad input (the message names the side, tensor and row)"
         .to_string()
 }

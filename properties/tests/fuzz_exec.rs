@@ -32,6 +32,15 @@ fn text(o: &std::process::Output) -> String {
     )
 }
 
+/// The first `dump:` path a report names (the names carry the dump's hash).
+fn first_dump(report: &str) -> String {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix("  dump:   "))
+        .unwrap_or_else(|| panic!("no dump line:\n{report}"))
+        .to_string()
+}
+
 fn out_dir(name: &str) -> String {
     let d = std::env::temp_dir().join(format!("logprobe-fuzz-exec-{name}-{}", std::process::id()));
     d.to_string_lossy().into_owned()
@@ -70,7 +79,7 @@ fn command_failures_are_findings_of_kind_command() {
         (
             "--exec",
             "kill -SEGV $$ # {in} {out}",
-            "was killed by signal 11",
+            "was killed by signal 11 (SIGSEGV)",
         ),
         (
             "--exec",
@@ -126,12 +135,23 @@ fn command_failures_are_findings_of_kind_command() {
         "--exec",
         "echo kernel exploded >&2; exit 3 # {in} {out}",
         &out,
-        &["--cases", "1", "--shrink-budget", "0s"],
+        &[
+            "--cases",
+            "1",
+            "--shrink-budget",
+            "0s",
+            "--options",
+            "tokens=on,vocab=1..64",
+        ],
     );
-    assert!(text(&o).contains("kernel exploded"), "{}", text(&o));
+    assert!(
+        text(&o).contains("stderr (tail):\n          kernel exploded"),
+        "{}",
+        text(&o)
+    );
     // A command finding's dump holds the inputs; replay needs the command
     // (never runs one stored in a file).
-    let dump = format!("{out}/fuzz-exec-seed1.safetensors");
+    let dump = first_dump(&text(&o));
     let o = logprobe(&["fuzz", "--replay", &dump]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
@@ -320,7 +340,7 @@ fn planted_bugs_are_found_and_their_dumps_reproduce() {
             t.contains(&format!("FOUND exec-persistent: {property}")),
             "{bug}: {t}"
         );
-        let dump = format!("{out}/fuzz-exec-persistent-seed1.safetensors");
+        let dump = first_dump(&t);
         let cmd = kernel_cmd(&py, true, bug);
         // verify reproduces an oracle finding; replay reruns any.
         let v = logprobe(&["verify", &dump]);
@@ -397,7 +417,7 @@ fn lse_and_z_loss_are_judged_when_named() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains("FOUND exec-persistent: oracle agreement"), "{t}");
-    let dump = format!("{out}/fuzz-exec-persistent-seed1.safetensors");
+    let dump = first_dump(&t);
     let v = logprobe(&["verify", &dump]);
     assert_eq!(v.status.code(), Some(1), "{}", text(&v));
     assert!(text(&v).contains("lse"), "{}", text(&v));

@@ -68,8 +68,18 @@ fn fuzz_runs_clean_finds_a_mutant_and_replays_it() {
         recipe.contains("temperature=") && !recipe.contains("temperature=1,"),
         "{recipe}"
     );
-    let dump = dir.join("fuzz-mutant-temperature-twice-seed1.safetensors");
+    // Named `fuzz-<kernel>-seed<S>-<hash>.safetensors` (never overwritten).
+    let dump = std::path::PathBuf::from(
+        t.lines()
+            .find_map(|l| l.strip_prefix("  dump:   "))
+            .expect("a dump line"),
+    );
     assert!(dump.exists(), "{t}");
+    let name = dump.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("fuzz-mutant-temperature-twice-seed1-"),
+        "{name}"
+    );
     let d = dump.to_str().unwrap();
 
     // verify reproduces the verdict; replay reruns the case.

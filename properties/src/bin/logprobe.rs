@@ -25,6 +25,7 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use logprobe_properties::bench::{render as render_bench, BenchConfig};
+use logprobe_properties::cli::{eprint_line, Out};
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::CountingAllocator;
 use logprobe_verify::tolerance::Order;
@@ -136,12 +137,13 @@ use logprobe_properties::fuzz::grammar::parse_duration;
 
 fn fuzz(args: FuzzArgs) -> u8 {
     use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    let mut out = Out::new();
     if args.list_mutants {
         // The catalog's names (scripts/fuzz-mutants.sh reads this list).
         for e in logprobe_testkit::mutants::CATALOG {
-            println!("{}", e.name);
+            out.print(&format!("{}\n", e.name));
         }
-        return 0;
+        return out.finish(0);
     }
     if args.exec.is_some() || args.exec_persistent.is_some() {
         return fuzz_exec(args);
@@ -149,30 +151,33 @@ fn fuzz(args: FuzzArgs) -> u8 {
     if let Some(path) = &args.replay {
         if let Ok((kernel, _, _, _)) = fuzz::counterexample::read_meta(path) {
             if kernel.starts_with("exec") {
-                eprintln!(
+                eprint_line(&format!(
                     "logprobe: {} is a finding of an external kernel: rerun it with --{kernel} CMD (logprobe never runs a command stored in a file)",
                     path.display()
-                );
+                ));
                 return 2;
             }
         }
         return match fuzz::replay(path) {
             Err(e) => {
-                eprintln!("logprobe: {e}");
+                eprint_line(&format!("logprobe: {e}"));
                 2
             }
             Ok((kernel, case, None)) => {
-                println!("{kernel}: passes now\n  recipe: {}", case.recipe());
-                0
+                out.print(&format!(
+                    "{kernel}: passes now\n  recipe: {}\n",
+                    case.recipe()
+                ));
+                out.finish(0)
             }
             Ok((kernel, case, Some(f))) => {
-                println!(
-                    "{kernel}: still fails {}: {}\n  recipe: {}",
+                out.print(&format!(
+                    "{kernel}: still fails {}: {}\n  recipe: {}\n",
                     f.property,
                     f.detail.lines().next().unwrap_or_default(),
                     case.recipe()
-                );
-                1
+                ));
+                out.finish(1)
             }
         };
     }
@@ -183,7 +188,7 @@ fn fuzz(args: FuzzArgs) -> u8 {
     let targets = match parse_targets(&kernels) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("logprobe: {e}");
+            eprint_line(&format!("logprobe: {e}"));
             return 2;
         }
     };
@@ -191,7 +196,7 @@ fn fuzz(args: FuzzArgs) -> u8 {
     let space = match Space::parse(&options) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("logprobe: --options: {e}");
+            eprint_line(&format!("logprobe: --options: {e}"));
             return 2;
         }
     };
@@ -200,13 +205,13 @@ fn fuzz(args: FuzzArgs) -> u8 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
     });
-    eprintln!(
+    eprint_line(&format!(
         "fuzz: kernels {}, seed {seed}, budget {:.0} s{}",
         kernels,
         args.budget.as_secs_f64(),
         args.cases
             .map_or(String::new(), |n| format!(", at most {n} cases"))
-    );
+    ));
     let config = FuzzConfig {
         targets,
         space,
@@ -220,11 +225,11 @@ fn fuzz(args: FuzzArgs) -> u8 {
     let report = fuzz::run(&config);
     for t in &report.targets {
         if let Some(f) = &t.found {
-            print!("{}", fuzz::render_found(&t.name, report.seed, f));
+            out.print(&fuzz::render_found(&t.name, report.seed, f));
         }
     }
-    print!("{}", fuzz::render_summary(&report));
-    report.exit_status()
+    out.print(&fuzz::render_summary(&report));
+    out.finish(report.exit_status())
 }
 
 #[derive(Args, Debug)]
@@ -280,9 +285,10 @@ fn bench(args: BenchArgs) -> u8 {
             return 2;
         }
     };
+    let mut out = Out::new();
     if args.json {
         match serde_json::to_string_pretty(&report) {
-            Ok(s) => logprobe_properties::cli::Out::new().print(&format!("{s}\n")),
+            Ok(s) => out.print(&format!("{s}\n")),
             Err(e) => {
                 let _ = writeln!(
                     std::io::stderr(),
@@ -292,9 +298,9 @@ fn bench(args: BenchArgs) -> u8 {
             }
         }
     } else {
-        logprobe_properties::cli::Out::new().print(&render_bench(&report));
+        out.print(&render_bench(&report));
     }
-    0
+    out.finish(0)
 }
 
 /// The search space of `args` (`--options`, `--dtype`, `--vocab`).
@@ -320,14 +326,14 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
     };
     if let Transport::OneShot(c) = &transport {
         if !(c.contains("{in}") && c.contains("{out}")) {
-            eprintln!("logprobe: --exec: the command must contain {{in}} and {{out}} (the input and output dump paths); for stdin/stdout frames use --exec-persistent");
+            eprint_line("logprobe: --exec: the command must contain {in} and {out} (the input and output dump paths); for stdin/stdout frames use --exec-persistent");
             return 2;
         }
     }
     let require = match Invariance::parse_list(&args.require) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("logprobe: {e}");
+            eprint_line(&format!("logprobe: {e}"));
             return 2;
         }
     };
@@ -344,6 +350,15 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         .outputs
         .as_deref()
         .map_or(Vec::new(), |o| o.split(',').collect());
+    // Caught from here on: a signal stops the run, whose processes and
+    // temporary directories go on the normal paths (then re-raised below).
+    if let Err(e) = exec::signals::install() {
+        eprint_line(&format!(
+            "logprobe: cannot catch SIGINT/SIGTERM/SIGHUP: {e}"
+        ));
+        return 2;
+    }
+    let mut out = Out::new();
     let mut target = ExecTarget {
         runner: Runner::new(transport, args.timeout),
         require,
@@ -354,26 +369,26 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
     if let Some(path) = &args.replay {
         return match exec::replay(path, &mut target) {
             Err(e) => {
-                eprintln!("logprobe: {e}");
+                eprint_line(&format!("logprobe: {e}"));
                 2
             }
             Ok((case, None)) => {
-                println!(
-                    "{}: passes now\n  recipe: {}",
+                out.print(&format!(
+                    "{}: passes now\n  recipe: {}\n",
                     target.runner.transport.kind(),
                     case.recipe()
-                );
-                0
+                ));
+                out.finish(0)
             }
             Ok((case, Some(f))) => {
-                println!(
-                    "{}: still fails {}: {}\n  recipe: {}",
+                out.print(&format!(
+                    "{}: still fails {}: {}\n  recipe: {}\n",
                     target.runner.transport.kind(),
                     f.property,
                     f.detail.lines().collect::<Vec<_>>().join("\n    "),
                     case.recipe()
-                );
-                1
+                ));
+                out.finish(1)
             }
         };
     }
@@ -386,7 +401,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         match exec::outputs_pins(&list, &options) {
             Ok(pins) => options = format!("{options},{pins}"),
             Err(e) => {
-                eprintln!("logprobe: --{e}");
+                eprint_line(&format!("logprobe: --{e}"));
                 return 2;
             }
         }
@@ -394,11 +409,11 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
     let space = match exec::exec_space(&options) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("logprobe: --{e}");
+            eprint_line(&format!("logprobe: --{e}"));
             return 2;
         }
     };
-    eprintln!(
+    eprint_line(&format!(
         "fuzz: {}, seed {seed}, budget {:.0} s{}, timeout {:.0} s per call, required: {}",
         target.runner.transport.flag(),
         args.budget.as_secs_f64(),
@@ -415,7 +430,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
                 .collect::<Vec<_>>()
                 .join(",")
         }
-    );
+    ));
     let run = ExecRun {
         target,
         space,
@@ -426,8 +441,14 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         progress: !args.no_progress,
     };
     let report = exec::run(&run);
-    print!("{}", exec::render(&report, &run.target));
-    report.exit_status()
+    out.print(&exec::render(&report, &run.target));
+    // Every process and temporary directory of the run goes first.
+    drop(run);
+    let status = out.finish(report.exit_status());
+    if let Some(sig) = report.signal {
+        exec::signals::reraise(sig);
+    }
+    status
 }
 
 #[derive(Args, Debug)]
@@ -552,7 +573,7 @@ fn verify(args: VerifyArgs) -> u8 {
         }
     };
     let outcomes = verify_files(&args.files, &config);
-    let mut out = logprobe_properties::cli::Out::new();
+    let mut out = Out::new();
     let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
     let status = exit_status_strict(&outcomes, expect_rows.as_deref(), args.strict);
     if args.json {
@@ -601,7 +622,7 @@ fn verify(args: VerifyArgs) -> u8 {
             out.print(&render_expect(rows));
         }
     }
-    status
+    out.finish(status)
 }
 
 fn main() -> ExitCode {

@@ -345,9 +345,10 @@ pub fn dump_bytes(
     serialize_dump(&t, &meta)
 }
 
-/// Writes the dump into `dir` as `fuzz-<kernel>-<seed>.safetensors` and
-/// returns its path with what `logprobe verify` says of it (`pass`, `FAIL`,
-/// `no bound`, or `bad input: ...`).
+/// Writes the dump into `dir` as `fuzz-<kernel>-seed<S>-<hash>.safetensors`
+/// (atomically, never over an earlier finding: [`super::files::write_new`])
+/// and returns its path with what `logprobe verify` says of it (`pass`,
+/// `FAIL`, `no bound`, or `bad input: ...`).
 ///
 /// # Errors
 /// An I/O or serialisation error, as text.
@@ -359,7 +360,6 @@ pub fn write(
     seed: u64,
 ) -> Result<(PathBuf, String), String> {
     let bytes = dump_bytes(target, case, finding, seed).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let stem: String = target
         .name
         .chars()
@@ -371,15 +371,17 @@ pub fn write(
             }
         })
         .collect();
-    let path = dir.join(format!("fuzz-{stem}-seed{seed}.safetensors"));
-    std::fs::write(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     let verdict = match Dump::parse(&bytes) {
-        Ok(d) => match verify_dump(&d, &path, &VerifyConfig::default()) {
+        Ok(d) => match verify_dump(&d, Path::new("finding"), &VerifyConfig::default()) {
             Ok(r) => r.verdict.to_string(),
             Err(e) => format!("bad input: {e}"),
         },
         Err(e) => format!("bad input: {e}"),
     };
+    let files = [(format!("fuzz-{stem}-seed{seed}.safetensors"), bytes)];
+    let path = super::files::write_new(dir, &files)
+        .map_err(|e| e.to_string())?
+        .remove(0);
     Ok((path, verdict))
 }
 

@@ -11,12 +11,13 @@
 //!
 //! Modules: [`grammar`] (the options grammar), [`case`] (cases, space,
 //! strategy), [`target`] (`--kernel` names), [`judge`], [`counterexample`],
-//! [`progress`], and [`exec`] (`--exec`: an external kernel through the fuzz
+//! [`files`] (finding files: atomic, never overwritten), [`progress`], and [`exec`] (`--exec`: an external kernel through the fuzz
 //! protocol).
 
 pub mod case;
 pub mod counterexample;
 pub mod exec;
+pub mod files;
 pub mod grammar;
 pub mod judge;
 pub mod progress;
@@ -254,8 +255,9 @@ pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
     }
     match &f.dump {
         Ok((path, verdict)) => {
+            let quoted = files::shell_word(&path.to_string_lossy());
             s.push_str(&format!("  dump:   {}\n", path.display()));
-            s.push_str(&format!("  logprobe verify {}: {verdict}", path.display()));
+            s.push_str(&format!("  logprobe verify {quoted}: {verdict}"));
             if matches!(
                 f.finding.call,
                 judge::Call::Invariance | judge::Call::Memory
@@ -265,10 +267,7 @@ pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
                 );
             }
             s.push('\n');
-            s.push_str(&format!(
-                "  rerun:  logprobe fuzz --replay {}\n",
-                path.display()
-            ));
+            s.push_str(&format!("  rerun:  logprobe fuzz --replay {quoted}\n"));
         }
         Err(e) => s.push_str(&format!("  dump not written: {e}\n")),
     }

@@ -1,6 +1,6 @@
 //! Progress of a fuzz run on stderr: an indicatif bar on a terminal (cases,
 //! failures, worst err/bound, cases/s), a plain line every few seconds
-//! otherwise. Drawn from the run's own thread between cases (no ticker
+//! otherwise; a closed or full stderr is ignored. Drawn from the run's own thread between cases (no ticker
 //! thread allocating while the memory property measures).
 
 use std::io::IsTerminal;
@@ -52,7 +52,7 @@ impl Progress {
     pub fn println(&self, s: &str) {
         match &self.bar {
             Some(b) => b.println(s),
-            None => eprintln!("{s}"),
+            None => crate::cli::eprint_line(s),
         }
     }
 
@@ -69,7 +69,7 @@ impl Progress {
             b.set_message(msg);
         } else if self.lines && self.last.elapsed() >= LINE_EVERY {
             self.last = Instant::now();
-            eprintln!("fuzz: {:.0} s: {msg}", elapsed.as_secs_f64());
+            crate::cli::eprint_line(&format!("fuzz: {:.0} s: {msg}", elapsed.as_secs_f64()));
         }
     }
 

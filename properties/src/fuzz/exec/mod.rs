@@ -24,9 +24,13 @@
 //! command again and keeps a step only when the same property fails.
 //!
 //! Files: [`transport`] (one-shot, persistent and in-process calls, the
-//! [`Runner`]), [`target`] (one case: request, judgement, variants), here
-//! the search, the shrink, the dumps and the report.
+//! [`Runner`]), [`process`] (the adapter's processes: started, killed and
+//! reaped), [`signals`] (SIGINT, SIGTERM, SIGHUP in the binary), [`target`]
+//! (one case: request, judgement, variants), here the search, the shrink,
+//! the dumps and the report.
 
+pub mod process;
+pub mod signals;
 pub mod target;
 pub mod transport;
 
@@ -268,16 +272,25 @@ pub struct ExecReport {
     /// and bytes; the first is the case joined with the kernel's answer
     /// (inputs only for a `command` finding).
     pub found_files: Files,
-    /// Whether the user interrupted the run (in-process: Ctrl-C).
+    /// Whether the run was interrupted (in-process: Ctrl-C; the binary: a
+    /// caught signal).
     pub interrupted: bool,
+    /// The signal that interrupted the run (the binary: SIGINT, SIGTERM,
+    /// SIGHUP; see [`signals`]).
+    pub signal: Option<i32>,
     /// A note on the persistent process's exit, if not clean.
     pub close_note: Option<String>,
 }
 
 impl ExecReport {
-    /// 0 clean, 1 a finding.
+    /// 1 a finding; `128 + K` interrupted by signal K; 1 when no case was
+    /// checked against the oracle (unchecked is not clean); 0 clean.
     pub fn exit_status(&self) -> u8 {
-        u8::from(self.found.is_some())
+        match (&self.found, self.signal) {
+            (Some(_), _) => 1,
+            (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+            (None, None) => u8::from(self.checked == 0),
+        }
     }
 }
 
@@ -369,19 +382,14 @@ fn file_name(stem: &str, suffix: &str) -> String {
     }
 }
 
-/// Writes named dumps into `dir` (created); returns their paths.
+/// Writes named dumps into `dir` (created), atomically and never over an
+/// earlier finding ([`super::files::write_new`]: the names get the dump's
+/// hash); returns their paths.
 ///
 /// # Errors
 /// The directory or a file cannot be written, as text.
 pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut paths = Vec::new();
-    for (name, bytes) in files {
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        paths.push(path);
-    }
-    Ok(paths)
+    super::files::write_new(dir, files).map_err(|e| e.to_string())
 }
 
 /// Runs the search on the external kernel (see the module docs).
@@ -406,6 +414,7 @@ pub fn run(config: &ExecRun) -> ExecReport {
         found_dumps: Vec::new(),
         found_files: Vec::new(),
         interrupted: false,
+        signal: None,
         close_note: None,
     };
     let name = format!(
@@ -522,6 +531,7 @@ pub fn run(config: &ExecRun) -> ExecReport {
     }
     progress.finish();
     rep.interrupted = t.runner.interrupted();
+    rep.signal = signals::caught();
     rep.close_note = t.runner.close();
     rep.cases = index;
     rep.seconds = start.elapsed().as_secs_f64();
@@ -562,7 +572,10 @@ pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
                         names.join(", ")
                     ));
                 }
-                s.push_str(&format!("  logprobe verify {}: {verdict}", path.display()));
+                s.push_str(&format!(
+                    "  logprobe verify {}: {verdict}",
+                    super::files::shell_word(&path.to_string_lossy())
+                ));
                 if f.finding.call == Call::Invariance {
                     s.push_str(
                         " (verify judges one file at a time; the invariance needs --replay)",
@@ -643,8 +656,18 @@ pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
             l.case.recipe()
         ));
     }
-    if r.interrupted {
-        s.push_str("note: interrupted (KeyboardInterrupt): the search stopped early\n");
+    if r.found.is_none() && r.checked == 0 {
+        s.push_str("UNCHECKED: no case was checked against the oracle: nothing is known of this kernel (exit 1)\n");
+    }
+    match r.signal {
+        Some(sig) => s.push_str(&format!(
+            "note: interrupted by {}: the search stopped early; the command's processes were killed\n",
+            process::signal_text(sig)
+        )),
+        None if r.interrupted => {
+            s.push_str("note: interrupted (KeyboardInterrupt): the search stopped early\n");
+        }
+        None => {}
     }
     if let Some(n) = &r.close_note {
         s.push_str(&format!("note: {n}\n"));

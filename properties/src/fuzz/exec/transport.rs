@@ -5,9 +5,8 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +14,8 @@ use std::time::{Duration, Instant};
 use logprobe_verify::protocol::{read_frame_with, write_frame, FrameError};
 
 use super::super::grammar::num;
+use super::process::{describe, signal_text, Adapter};
+use super::signals;
 
 /// A kernel called in this process (the Python package's `logprobe.fuzz`):
 /// the request's safetensors bytes in, the answer's bytes out, exactly the
@@ -90,7 +91,11 @@ impl Transport {
                 k.name(),
                 path.display().to_string()
             ),
-            _ => format!("logprobe fuzz --replay {} {}", path.display(), self.flag()),
+            _ => format!(
+                "logprobe fuzz --replay {} {}",
+                super::super::files::shell_word(&path.to_string_lossy()),
+                self.flag()
+            ),
         }
     }
 }
@@ -149,52 +154,39 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn describe(status: ExitStatus) -> String {
-    match (status.code(), status.signal()) {
-        (Some(c), _) => format!("exited with status {c}"),
-        (None, Some(s)) => format!("was killed by signal {s}"),
-        _ => format!("ended: {status}"),
-    }
-}
-
-/// Kills the process group `pid` leads (the shell and what it started).
-fn kill_group(pid: u32) {
-    // SAFETY: kill(2) has no memory effects; a negative pid names the group
-    // the child leads (spawned with `process_group(0)`).
-    unsafe {
-        libc::kill(-(pid as i32), libc::SIGKILL);
-    }
-}
-
 /// A started persistent process.
 struct Persistent {
-    pid: u32,
-    child: Arc<Mutex<Child>>,
+    adapter: Adapter,
     to_child: Option<mpsc::Sender<Vec<u8>>>,
     from_child: mpsc::Receiver<Result<Vec<u8>, FrameError>>,
     limit: Arc<AtomicU64>,
     stderr: PathBuf,
+    // Dropped after `adapter` (declaration order): killed, then removed.
     _dir: tempfile::TempDir,
 }
 
 impl Persistent {
-    fn start(cmd: &str) -> Result<Persistent, CommandFailure> {
-        let dir = temp_dir()?;
+    fn start(cmd: &str, root: Option<&Path>) -> Result<Persistent, CommandFailure> {
+        let dir = temp_dir(root)?;
         let stderr = dir.path().join("stderr");
         let err = File::create(&stderr)
             .map_err(|e| failure(format!("cannot create a stderr file: {e}"), ""))?;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| failure(format!("could not start `sh -c {cmd}`: {e}"), ""))?;
-        let pid = child.id();
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut stdout = child.stdout.take().expect("piped");
+        let mut adapter = Adapter::spawn(
+            Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(err),
+        )
+        .map_err(|e| failure(format!("could not start `sh -c {cmd}`: {e}"), ""))?;
+        let child = adapter.child_mut();
+        let (Some(mut stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(failure(
+                "the process's standard streams are not pipes".into(),
+                "",
+            ));
+        };
         let (to_child, rx) = mpsc::channel::<Vec<u8>>();
         std::thread::spawn(move || {
             for bytes in rx {
@@ -215,8 +207,7 @@ impl Persistent {
             }
         });
         Ok(Persistent {
-            pid,
-            child: Arc::new(Mutex::new(child)),
+            adapter,
             to_child: Some(to_child),
             from_child,
             limit,
@@ -224,54 +215,41 @@ impl Persistent {
             _dir: dir,
         })
     }
-
-    /// The exit status, waiting at most `wait` for it.
-    fn status_within(&self, wait: Duration) -> Option<ExitStatus> {
-        let end = Instant::now() + wait;
-        loop {
-            if let Ok(Some(s)) = self.child.lock().expect("not poisoned").try_wait() {
-                return Some(s);
-            }
-            if Instant::now() >= end {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Kills the process group while its leader is unreaped (so the group
-    /// id cannot have been reused), then reaps it.
-    fn kill(&self) {
-        let mut child = self.child.lock().expect("not poisoned");
-        if matches!(child.try_wait(), Ok(None)) {
-            kill_group(self.pid);
-        }
-        let _ = child.wait();
-    }
 }
 
 pub(super) fn failure(what: String, stderr_tail: &str) -> CommandFailure {
     CommandFailure::new(what, stderr_tail)
 }
 
-fn temp_dir() -> Result<tempfile::TempDir, CommandFailure> {
-    tempfile::Builder::new()
-        .prefix("logprobe-exec-")
-        .tempdir()
-        .map_err(|e| failure(format!("cannot create a temporary directory: {e}"), ""))
+fn temp_dir(root: Option<&Path>) -> Result<tempfile::TempDir, CommandFailure> {
+    let mut b = tempfile::Builder::new();
+    b.prefix("logprobe-exec-");
+    match root {
+        Some(r) => b.tempdir_in(r),
+        None => b.tempdir(),
+    }
+    .map_err(|e| failure(format!("cannot create a temporary directory: {e}"), ""))
 }
 
 /// Runs the command for one request at a time (see the module docs), and
-/// counts calls and their wall time.
+/// counts calls and their wall time. Every process a call starts is killed
+/// and reaped, and its temporary directory removed, before the call returns
+/// (a persistent process: when it fails, at [`Runner::close`] or on drop):
+/// see [`super::process`].
 pub struct Runner {
     /// The transport.
     pub transport: Transport,
     /// The time limit of one call.
     pub timeout: Duration,
+    /// Where the temporary directories go (`None`: the system's, `TMPDIR`).
+    pub temp_root: Option<PathBuf>,
     process: Mutex<Option<Persistent>>,
     calls: AtomicU64,
     nanos: AtomicU64,
 }
+
+/// How often a waiting call looks at the clock and for a signal.
+const POLL: Duration = Duration::from_millis(5);
 
 impl Runner {
     /// A runner; a persistent process starts on the first call.
@@ -279,16 +257,19 @@ impl Runner {
         Runner {
             transport,
             timeout,
+            temp_root: None,
             process: Mutex::new(None),
             calls: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
         }
     }
 
-    /// Whether the user interrupted an in-process run (see
-    /// [`InProcessKernel::interrupted`]).
+    /// Whether the run was interrupted: the user interrupted an in-process
+    /// run ([`InProcessKernel::interrupted`]), or the binary caught SIGINT,
+    /// SIGTERM or SIGHUP ([`signals::caught`]).
     pub fn interrupted(&self) -> bool {
-        matches!(&self.transport, Transport::InProcess(k) if k.interrupted())
+        signals::caught().is_some()
+            || matches!(&self.transport, Transport::InProcess(k) if k.interrupted())
     }
 
     /// Calls made, and their total wall time in seconds.
@@ -303,10 +284,12 @@ impl Runner {
     /// may be at most `limit` bytes.
     ///
     /// # Errors
-    /// [`CommandFailure`] (never a panic, never a hang past the timeout).
+    /// [`CommandFailure`] (never a panic, never a hang past the timeout);
+    /// `interrupted by SIGINT` (and the like) once a signal was caught.
     pub fn call(&self, request: &[u8], limit: u64) -> Result<Vec<u8>, CommandFailure> {
         let t0 = Instant::now();
         let r = match &self.transport {
+            _ if signals::caught().is_some() => Err(interrupted_failure()),
             Transport::OneShot(cmd) => self.one_shot(cmd, request, limit),
             Transport::Persistent(cmd) => self.persistent(cmd, request, limit),
             Transport::InProcess(k) => k.call(request).and_then(|out| {
@@ -330,7 +313,7 @@ impl Runner {
     }
 
     fn one_shot(&self, cmd: &str, request: &[u8], limit: u64) -> Result<Vec<u8>, CommandFailure> {
-        let dir = temp_dir()?;
+        let dir = temp_dir(self.temp_root.as_deref())?;
         let (inp, out, errp) = (
             dir.path().join("in.safetensors"),
             dir.path().join("out.safetensors"),
@@ -346,39 +329,39 @@ impl Runner {
         let err2 = err
             .try_clone()
             .map_err(|e| failure(format!("cannot create a stderr file: {e}"), ""))?;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(&line)
-            .stdin(Stdio::null())
-            .stdout(err2)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| failure(format!("could not start `sh -c {line}`: {e}"), ""))?;
-        // Poll (no waiting thread): the group is killed only while its
-        // leader is unreaped, so its id cannot have been reused.
+        // Declared after `dir`, so dropped (killed) before it is removed.
+        let mut adapter = Adapter::spawn(
+            Command::new("sh")
+                .arg("-c")
+                .arg(&line)
+                .stdin(Stdio::null())
+                .stdout(err2)
+                .stderr(err),
+        )
+        .map_err(|e| failure(format!("could not start `sh -c {line}`: {e}"), ""))?;
         let deadline = Instant::now() + self.timeout;
-        let mut nap = Duration::from_micros(100);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() >= deadline => {
-                    kill_group(child.id());
-                    let _ = child.wait();
-                    return Err(failure(
-                        format!(
-                            "timed out: no exit within {} (--timeout); killed",
-                            secs(self.timeout)
-                        ),
-                        &tail(&errp, 12),
-                    ));
-                }
-                Ok(None) => {
-                    std::thread::sleep(nap);
-                    nap = (nap * 3 / 2).min(Duration::from_millis(5));
-                }
-                Err(e) => return Err(failure(format!("waiting for the command: {e}"), "")),
+        loop {
+            if adapter.exited_within(POLL) {
+                break;
             }
+            if signals::caught().is_some() {
+                adapter.terminate();
+                return Err(interrupted_failure());
+            }
+            if Instant::now() >= deadline {
+                adapter.terminate();
+                return Err(failure(
+                    format!(
+                        "timed out: no exit within {} (--timeout); killed",
+                        secs(self.timeout)
+                    ),
+                    &tail(&errp, 12),
+                ));
+            }
+        }
+        // The leader exited: what it left running dies with it.
+        let Some(status) = adapter.terminate() else {
+            return Err(failure("waiting for the command failed".into(), ""));
         };
         if !status.success() {
             return Err(failure(
@@ -402,81 +385,135 @@ impl Runner {
     }
 
     fn persistent(&self, cmd: &str, request: &[u8], limit: u64) -> Result<Vec<u8>, CommandFailure> {
-        let mut slot = self.process.lock().expect("not poisoned");
-        if slot.is_none() {
-            *slot = Some(Persistent::start(cmd)?);
-        }
-        let p = slot.as_ref().expect("just set");
+        let mut slot = self.process.lock().unwrap_or_else(|e| e.into_inner());
+        let p = match &mut *slot {
+            Some(p) => p,
+            empty => empty.insert(Persistent::start(cmd, self.temp_root.as_deref())?),
+        };
         p.limit.store(limit, Ordering::SeqCst);
         let sent = p
             .to_child
             .as_ref()
             .is_some_and(|tx| tx.send(request.to_vec()).is_ok());
-        let r = if sent {
-            p.from_child.recv_timeout(self.timeout)
-        } else {
-            Err(mpsc::RecvTimeoutError::Disconnected)
-        };
-        match r {
-            Ok(Ok(frame)) => Ok(frame),
-            other => {
-                let what = match other {
-                    Ok(Err(FrameError::Eof(at))) => {
-                        let status = p.status_within(Duration::from_millis(500));
-                        format!(
-                            "the process closed its standard output {at}{}",
-                            status.map_or(String::new(), |s| format!("; it {}", describe(s)))
-                        )
-                    }
-                    Ok(Err(e)) => format!("bad frame: {e}"),
-                    Err(mpsc::RecvTimeoutError::Timeout) => format!(
-                        "timed out: no answer frame within {} (--timeout); killed",
-                        secs(self.timeout)
-                    ),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        "the process is gone (its standard streams closed)".into()
-                    }
-                    Ok(Ok(_)) => unreachable!("matched above"),
-                };
-                p.kill();
-                let stderr = tail(&p.stderr, 12);
-                // The stream is out of step: the next call starts afresh.
-                *slot = None;
-                Err(failure(what, &stderr))
+        let deadline = Instant::now() + self.timeout;
+        let r = loop {
+            if !sent {
+                break Waited::Gone;
             }
-        }
+            match p.from_child.recv_timeout(POLL) {
+                Ok(r) => break Waited::Got(r),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break Waited::Gone,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if signals::caught().is_some() {
+                break Waited::Interrupted;
+            }
+            if p.adapter.exited() {
+                // Its frame or the end of its stdout may still be on the
+                // way; a process it started may hold its stdout open.
+                break match p.from_child.recv_timeout(Duration::from_millis(200)) {
+                    Ok(r) => Waited::Got(r),
+                    Err(_) => Waited::Exited,
+                };
+            }
+            if Instant::now() >= deadline {
+                break Waited::TimedOut;
+            }
+        };
+        let what = match r {
+            Waited::Got(Ok(frame)) => return Ok(frame),
+            Waited::Got(Err(FrameError::Eof(at))) => {
+                let status = if p.adapter.exited_within(Duration::from_millis(500)) {
+                    p.adapter.terminate()
+                } else {
+                    None
+                };
+                format!(
+                    "the process closed its standard output {at}{}",
+                    status.map_or(String::new(), |s| format!("; it {}", describe(s)))
+                )
+            }
+            Waited::Got(Err(e)) => format!("bad frame: {e}"),
+            Waited::Exited => match p.adapter.terminate() {
+                Some(s) => format!(
+                    "the process {} without answering (a process it started held its standard output open)",
+                    describe(s)
+                ),
+                None => "the process ended without answering".into(),
+            },
+            Waited::Interrupted => interrupted_failure().what,
+            Waited::TimedOut => format!(
+                "timed out: no answer frame within {} (--timeout); killed",
+                secs(self.timeout)
+            ),
+            Waited::Gone => "the process is gone (its standard streams closed)".into(),
+        };
+        p.adapter.terminate();
+        let stderr = tail(&p.stderr, 12);
+        // The stream is out of step: the next call starts afresh (dropping
+        // it removes its directory).
+        *slot = None;
+        Err(failure(what, &stderr))
     }
 
     /// Ends a persistent process: closes its stdin and waits (5 s) for it
-    /// to exit. Returns a note when it did not exit 0.
+    /// to exit, then kills what is left of its processes and removes its
+    /// directory. Returns a note when it did not exit 0. Once the run was
+    /// interrupted, kills it at once.
     pub fn close(&self) -> Option<String> {
-        let mut slot = self.process.lock().expect("not poisoned");
+        let mut slot = self.process.lock().unwrap_or_else(|e| e.into_inner());
         let mut p = slot.take()?;
         p.to_child = None;
-        let note = match p.status_within(Duration::from_secs(5)) {
-            Some(s) if s.success() => None,
-            Some(s) => Some(format!(
+        if self.interrupted() {
+            p.adapter.terminate();
+            return Some("the persistent process was killed (interrupted)".into());
+        }
+        let exited = p.adapter.exited_within(Duration::from_secs(5));
+        let status = p.adapter.terminate();
+        match (exited, status) {
+            (true, Some(s)) if s.success() => None,
+            (true, Some(s)) => Some(format!(
                 "the persistent process {} after its stdin closed",
                 describe(s)
             )),
-            None => Some(
+            (true, None) => Some("waiting for the persistent process failed".into()),
+            (false, _) => Some(
                 "the persistent process did not exit within 5 s of its stdin closing; killed"
                     .into(),
             ),
-        };
-        p.kill();
-        note
+        }
     }
 }
 
 impl Drop for Runner {
     fn drop(&mut self) {
-        if let Ok(mut slot) = self.process.lock() {
-            if let Some(p) = slot.take() {
-                p.kill();
-            }
-        }
+        // Dropping the process kills its processes, then removes its directory.
+        let mut slot = self.process.lock().unwrap_or_else(|e| e.into_inner());
+        slot.take();
     }
+}
+
+/// How waiting for a persistent process's answer ended.
+enum Waited {
+    /// A frame, or why none could be read.
+    Got(Result<Vec<u8>, FrameError>),
+    /// The process exited and no frame came.
+    Exited,
+    /// A signal was caught.
+    Interrupted,
+    /// The call's time limit passed.
+    TimedOut,
+    /// The request could not be sent, or the reader is gone.
+    Gone,
+}
+
+/// The failure of a call cut short by a caught signal.
+fn interrupted_failure() -> CommandFailure {
+    let what = match signals::caught() {
+        Some(s) => format!("interrupted by {}", signal_text(s)),
+        None => "interrupted".into(),
+    };
+    failure(what, "")
 }
 
 fn secs(d: Duration) -> String {
