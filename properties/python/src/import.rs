@@ -216,7 +216,21 @@ fn describe(
             ))
         })?;
     let esize = usize::from(dl.bits / 8);
-    let n = t.num_elements();
+    // Checked: a shape whose element count overflows is bad input, not a
+    // wrapped count (a zero dimension makes any shape empty).
+    let n = if shape.contains(&0) {
+        0
+    } else {
+        shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(esize).map(|_| n))
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor `{name}` has shape {shape:?}: its element count overflows"
+                ))
+            })?
+    };
     let compact = t
         .is_compact()
         .map_err(|e| bad(format!("tensor `{name}`: {e}")))?;

@@ -24,29 +24,38 @@ impl RowShape {
     /// The row shape and `V` of a `logits` tensor of shape `[N, V]` or
     /// `[B, T, V]`.
     ///
+    /// Checked before anything sized by `N` is allocated or walked: with
+    /// `V >= 1` every row holds at least one logit in the file, so `N` is
+    /// bounded by the file's bytes (safetensors checks `prod(shape) *
+    /// size(dtype)` against them).
+    ///
     /// # Errors
-    /// [`DumpError::BadShape`] for any other rank, or when `B * T`
-    /// overflows.
+    /// [`DumpError::BadShape`] for any other rank, for `V = 0` (no
+    /// vocabulary: `[H, 0]` would declare any number of rows in no bytes),
+    /// or when `B * T` or `N * V` overflows.
     pub fn of_logits(shape: &[usize]) -> Result<(Self, usize), DumpError> {
-        let bad = || DumpError::BadShape {
+        let bad = |why: &str| DumpError::BadShape {
             tensor: "logits",
             found: shape.to_vec(),
-            expected: "[N, V] or [B, T, V] (2-D or 3-D)".into(),
+            expected: format!("[N, V] or [B, T, V] {why}"),
         };
-        match *shape {
-            [n, v] => Ok((RowShape { batch: None, n }, v)),
+        let (batch, n, v) = match *shape {
+            [n, v] => (None, n, v),
             [b, t, v] => {
-                let n = b.checked_mul(t).ok_or_else(bad)?;
-                Ok((
-                    RowShape {
-                        batch: Some((b, t)),
-                        n,
-                    },
-                    v,
-                ))
+                let n = b
+                    .checked_mul(t)
+                    .ok_or_else(|| bad("(B * T overflows usize)"))?;
+                (Some((b, t)), n, v)
             }
-            _ => Err(bad()),
+            _ => return Err(bad("(2-D or 3-D)")),
+        };
+        if v == 0 {
+            return Err(bad("with V >= 1 (V = 0: no vocabulary to verify)"));
         }
+        if n.checked_mul(v).is_none() {
+            return Err(bad("(N * V overflows usize)"));
+        }
+        Ok((RowShape { batch, n }, v))
     }
 
     /// The row dimensions with their letters: `[('N', n)]` or
@@ -88,11 +97,19 @@ impl RowShape {
     /// `K` of a tensor of shape `[rows..., K]`.
     ///
     /// # Errors
-    /// [`DumpError::BadShape`] for any other shape.
+    /// [`DumpError::BadShape`] for any other shape, or when `N * K`
+    /// overflows.
     pub fn trailing(&self, tensor: &'static str, found: &[usize]) -> Result<usize, DumpError> {
         let rank = self.dims().len();
         match found.split_last() {
             Some((&k, rows)) if rows.len() == rank && self.expect(tensor, rows, &[]).is_ok() => {
+                if self.n.checked_mul(k).is_none() {
+                    return Err(DumpError::BadShape {
+                        tensor,
+                        found: found.to_vec(),
+                        expected: "[N, K] with N * K within usize".into(),
+                    });
+                }
                 Ok(k)
             }
             _ => Err(DumpError::BadShape {
@@ -201,6 +218,30 @@ mod tests {
         assert_eq!(s.trailing("topk_ids", &[2, 3, 5]).unwrap(), 5);
         assert!(RowShape::of_logits(&[7]).is_err());
         assert!(RowShape::of_logits(&[usize::MAX, 2, 1]).is_err());
+    }
+
+    #[test]
+    fn no_vocabulary_or_overflow_is_rejected_before_rows() {
+        for shape in [
+            &[1usize << 62, 0][..],
+            &[65536, 65536, 0],
+            &[0, 0],
+            &[usize::MAX, 2],
+            &[1 << 40, 1 << 40, 1],
+        ] {
+            let e = RowShape::of_logits(shape).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    DumpError::BadShape {
+                        tensor: "logits",
+                        ..
+                    }
+                ),
+                "{shape:?}: {e}"
+            );
+        }
+        assert!(RowShape::of_logits(&[0, 7]).is_ok());
     }
 
     #[test]

@@ -3,14 +3,16 @@
 //! produced for them (format: `shared/cases/README.md`, restated in
 //! `docs/dump-from-pytorch.md`).
 //!
-//! [`DumpFile::open`] memory-maps the file; [`DumpFile::parse`] checks the
-//! header, every tensor's dtype and shape against `logits [N, V]`, the
-//! metadata, and that there is something to verify, and returns a typed
-//! [`Dump`]. Only `[N]`- and `[N, K]`-sized tensors are decoded eagerly;
-//! `[N, V]` tensors (`logits`, `sampling_mask`, `grad_logits`) stay in the
-//! mapping and are decoded one row at a time ([`Dump::row`]), so a dump of
-//! 64K x 152K logits costs one row of memory per thread, and a header that
-//! declares `N = 0` with a huge `V` allocates nothing `V`-sized.
+//! [`DumpFile::open`] reads the file (a FIFO or pipe as a bounded stream);
+//! [`DumpFile::parse`] checks the header, every tensor's dtype and shape
+//! against `logits [N, V]` (`V >= 1`, so `N` is bounded by the file's
+//! bytes before anything `N`-sized is allocated), the metadata, and that
+//! there is something to verify, and returns a typed [`Dump`]. Only `[N]`-
+//! and `[N, K]`-sized tensors are decoded eagerly; `[N, V]` tensors
+//! (`logits`, `sampling_mask`, `grad_logits`) stay in the file's bytes and
+//! are decoded one row at a time ([`Dump::row`]), so a dump of 64K x 152K
+//! logits costs its bytes plus one row of memory per thread, and a header
+//! that declares `N = 0` with a huge `V` allocates nothing `V`-sized.
 //!
 //! Every allocation is justified by the file: the safetensors header is
 //! checked (offsets cover the file exactly, `prod(shape) * size(dtype)` equals
