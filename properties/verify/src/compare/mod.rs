@@ -64,7 +64,7 @@ use logprobe_reference::spec::{Dtype, Output};
 pub use render::render_table;
 pub use report::{
     CompareReport, CompareRow, Enclosure, EntropyRow, EntropySummary, KernelBound, Magnitude,
-    RatioSummary, SideInfo, Summary,
+    NonFinite, RatioSummary, SideInfo, Summary,
 };
 pub use side::{LogProbs, LogProbsDump, Side, SideDump, LOGITS_FREE_TENSORS};
 
@@ -462,12 +462,18 @@ pub fn compare_dumps(
     })
 }
 
-/// 1 when some side's kernel is beyond its bound or has no bound, else 0.
+/// 0 only when something was compared and nothing is wrong: 1 when no row
+/// was compared, a side's candidate log-prob is NaN or infinite, or some
+/// side's kernel is beyond its bound, has no bound or was left unchecked.
 fn exit_status(s: &Summary) -> u8 {
-    let bad = s
-        .kernel_bounds
-        .iter()
-        .any(|k| matches!(k.verdict, Verdict::Fail | Verdict::NoBound));
+    let bad = s.rows == 0
+        || !s.non_finite.is_empty()
+        || s.kernel_bounds.iter().any(|k| {
+            matches!(
+                k.verdict,
+                Verdict::Fail | Verdict::NoBound | Verdict::Unchecked
+            )
+        });
     u8::from(bad)
 }
 

@@ -176,11 +176,28 @@ pub struct KernelBound {
     pub tightest_model: Option<String>,
 }
 
+/// One side's candidate log-probs that are NaN or infinite on compared
+/// rows: a kernel fault (a compared row's exact log-prob is finite).
+#[derive(Clone, Debug, Serialize)]
+pub struct NonFinite {
+    /// `A` or `B`.
+    pub side: Side,
+    /// Compared rows whose candidate log-prob is NaN or `±inf`.
+    pub rows: usize,
+    /// The first such row (flat index).
+    pub first_row: usize,
+    /// Its value: `NaN`, `inf` or `-inf`.
+    pub first_value: String,
+}
+
 /// The summary of a comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
-    /// Rows compared.
+    /// Rows compared (0: nothing compared, exit 1).
     pub rows: usize,
+    /// Per side, its NaN / infinite candidate log-probs (empty when all
+    /// are finite): a kernel fault, exit 1.
+    pub non_finite: Vec<NonFinite>,
     /// `|lp_A - lp_B|` (`null` without B's log-probs).
     pub observed: Option<Magnitude>,
     /// `|kernel_error_a|`.
@@ -272,8 +289,9 @@ pub struct CompareReport {
     pub summary: Summary,
     /// Every compared row, in row order.
     pub rows: Vec<CompareRow>,
-    /// Exit status: 0 compared and every kernel within its bound, 1 a
-    /// kernel beyond its bound (or "no bound").
+    /// Exit status: 0 compared (at least one row) and every kernel within
+    /// its bound; 1 a kernel beyond its bound, "no bound" or unchecked, a
+    /// NaN / infinite candidate log-prob, or no row compared.
     pub exit_status: u8,
     /// Wall time in seconds.
     pub seconds: f64,

@@ -3,8 +3,8 @@
 //! of [`super`]).
 
 use super::{
-    CompareRow, Enclosure, EntropyRow, EntropySummary, KernelBound, Magnitude, RatioSummary,
-    Summary,
+    CompareRow, Enclosure, EntropyRow, EntropySummary, KernelBound, Magnitude, NonFinite,
+    RatioSummary, Side, Summary,
 };
 use crate::verify::ReportVerdict as Verdict;
 
@@ -121,6 +121,7 @@ pub(super) fn summarize(
     };
     let mut s = Summary {
         rows: rows.len(),
+        non_finite: non_finite(rows),
         observed,
         kernel_error_a: ke_a,
         kernel_error_b: ke_b,
@@ -153,6 +154,30 @@ pub(super) fn summarize(
     s
 }
 
+/// Each side's NaN / infinite candidate log-probs over `rows`.
+fn non_finite(rows: &[CompareRow]) -> Vec<NonFinite> {
+    let mut out = Vec::new();
+    for side in [Side::A, Side::B] {
+        let lp = |r: &CompareRow| match side {
+            Side::A => Some(r.log_prob_a),
+            Side::B => r.log_prob_b,
+        };
+        let bad: Vec<(usize, f64)> = rows
+            .iter()
+            .filter_map(|r| lp(r).filter(|x| !x.is_finite()).map(|x| (r.row, x)))
+            .collect();
+        if let Some(&(first_row, x)) = bad.first() {
+            out.push(NonFinite {
+                side,
+                rows: bad.len(),
+                first_row,
+                first_value: format!("{x}"),
+            });
+        }
+    }
+    out
+}
+
 /// `x` as a percentage with one decimal.
 pub(super) fn pct(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
@@ -161,14 +186,38 @@ pub(super) fn pct(x: f64) -> String {
 /// "the mismatch is X% kernel numerics (A a%, B b%), Y% logits; ...".
 fn verdict_line(s: &Summary) -> String {
     if s.rows == 0 {
-        return "no row compared".into();
+        return "no row compared: nothing was checked (every selected row is masked or ignored, or N = 0)".into();
+    }
+    if !s.non_finite.is_empty() {
+        let faults: Vec<String> = s
+            .non_finite
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}'s log_probs are NaN or infinite on {} of {} rows (first: row {} = {})",
+                    f.side, f.rows, s.rows, f.first_row, f.first_value
+                )
+            })
+            .collect();
+        return format!(
+            "kernel fault: {} (a compared row's exact log-prob is finite); no decomposition",
+            faults.join("; ")
+        );
     }
     let out_of_bound: Vec<String> = s
         .kernel_bounds
         .iter()
-        .filter(|k| matches!(k.verdict, Verdict::Fail | Verdict::NoBound))
+        .filter(|k| {
+            matches!(
+                k.verdict,
+                Verdict::Fail | Verdict::NoBound | Verdict::Unchecked
+            )
+        })
         .map(|k| {
             let why = match (k.verdict, k.max_ratio) {
+                (Verdict::Unchecked, _) => {
+                    return format!("{}'s {} kernel is unchecked", k.side, k.output)
+                }
                 (Verdict::NoBound, _) => "no bound".to_string(),
                 (_, Some(r)) => format!("err/bound {}", crate::verify::fmt_g(r)),
                 _ => "beyond its bound".to_string(),
