@@ -114,3 +114,49 @@ mod tests {
         assert_eq!(first_repeated(b"\x05\0\0\0\0\0\0\0{"), None);
     }
 }
+
+/// Names the tensor behind safetensors' nameless "invalid shape, data type,
+/// or offset for tensor" (and its size overflow): the first tensor, in
+/// data order, whose `prod(shape) * size(dtype)` does not match (or does
+/// not fit) the bytes its `data_offsets` hold. `None` when the header of
+/// `bytes` (a whole safetensors file) is not such JSON or no tensor is at
+/// fault.
+pub fn describe_bad_size(bytes: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
+    let header: serde_json::Value = serde_json::from_slice(bytes.get(8..end)?).ok()?;
+    let mut tensors: Vec<(u64, u64, &str, &serde_json::Value)> = header
+        .as_object()?
+        .iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(name, info)| {
+            let o = info.get("data_offsets")?;
+            Some((
+                o.get(0)?.as_u64()?,
+                o.get(1)?.as_u64()?,
+                name.as_str(),
+                info,
+            ))
+        })
+        .collect();
+    tensors.sort_by_key(|t| (t.0, t.1));
+    tensors.into_iter().find_map(|(s, e, name, info)| {
+        let dtype: safetensors::Dtype = serde_json::from_value(info.get("dtype")?.clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(info.get("shape")?.clone()).ok()?;
+        let held = e.checked_sub(s)?;
+        let bits = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize() as u64));
+        match bits {
+            None => Some(format!(
+                "tensor `{name}`: shape {shape:?} of {dtype:?} overflows (its data_offsets [{s}, {e}] hold {held} bytes)"
+            )),
+            Some(b) if b % 8 != 0 || b / 8 != held => Some(format!(
+                "tensor `{name}`: shape {shape:?} of {dtype:?} needs {} bytes, its data_offsets [{s}, {e}] hold {held}",
+                b.div_ceil(8)
+            )),
+            Some(_) => None,
+        }
+    })
+}

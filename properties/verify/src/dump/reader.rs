@@ -494,6 +494,11 @@ impl<'a> Dump<'a> {
         if candidates.contains(Output::ZLoss) || cotangents.contains(Output::ZLoss) {
             options.z_loss_coef = Some(parse_z_loss_coef(&meta, ldtype)?);
         }
+        // Read (and rejected when malformed) even when no output uses
+        // them, as every other key is.
+        parse_meta::<f64>(&meta, "z_loss_coef", "not a number")?;
+        let renormalized =
+            parse_meta::<bool>(&meta, "kl_renormalized", "not true or false")?.unwrap_or(false);
         options.loss = loss.then_some(loss_options);
         // A mean's gradient divides by the whole dump's `W`, summed once
         // here for every one-row view ([`Dump::row`]).
@@ -517,8 +522,7 @@ impl<'a> Dump<'a> {
             Some((dtype, _)) => Some(TopkKl {
                 forward: candidates.contains(Output::ForwardKl),
                 reverse: candidates.contains(Output::ReverseKl),
-                renormalized: parse_meta::<bool>(&meta, "kl_renormalized", "not true or false")?
-                    .unwrap_or(false),
+                renormalized,
                 teacher_dtype: *dtype,
             }),
             None => None,
@@ -850,6 +854,12 @@ impl<'a> Header<'a> {
                         u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read by safetensors")),
                         bytes.len() - 8
                     ),
+                },
+                safetensors::SafeTensorError::TensorInvalidInfo
+                | safetensors::SafeTensorError::ValidationOverflow
+                | safetensors::SafeTensorError::MisalignedSlice => DumpError::Malformed {
+                    reason: crate::header::describe_bad_size(bytes)
+                        .unwrap_or_else(|| e.to_string()),
                 },
                 other => malformed(other),
             })?;

@@ -373,7 +373,11 @@ pub fn verify_dump(
                 dump.row_shape.position(j.row)
             };
         }
-        if report.count == 0 {
+        // A top-k KL over K = 0 teacher entries is 0 by definition: judged,
+        // but nothing was checked.
+        let no_teacher = matches!(o, Output::ForwardKl | Output::ReverseKl)
+            && dump.topk_ids.as_ref().is_some_and(|t| t.ncols() == 0);
+        if report.count == 0 || no_teacher {
             report.nothing_checked = Some(if whole {
                 format!(
                     "a {} loss is over every row: the row selection / row_mask leave out {} of {} rows",
@@ -444,6 +448,9 @@ fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> St
             dump.options.ignore_index
         ),
         Output::TopkLogProbs => "K = 0: topk_ids has no column".to_string(),
+        Output::ForwardKl | Output::ReverseKl => {
+            "K = 0: topk_ids has no column, the top-k KL is over no teacher entry".to_string()
+        }
         _ => "no element".to_string(),
     }
 }
