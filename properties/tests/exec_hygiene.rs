@@ -226,6 +226,27 @@ fn hostile_persistent_adapters_leave_no_process_and_no_temp_dir() {
     }
 }
 
+#[test]
+fn a_process_that_escapes_group_and_tag_dies_when_the_run_ends() {
+    // `setsid env -i`: a new session and no environment, so neither the
+    // group kill nor the tag finds it; once its parent is gone it is
+    // logprobe's child (the subreaper), killed when the search ends.
+    let s = Scene::new();
+    let body = r#"
+f=$(mktemp "PIDS.gc.XXXXXX")
+setsid env -i /bin/sh -c 'echo $$ > "$1"; exec sleep 300' sh "$f" &
+while [ ! -s "$f" ]; do sleep 0.01; done
+cat "$f" >> PIDS
+exit 3"#;
+    let cmd = format!("{} # {{in}} {{out}}", s.script("adapter.sh", body));
+    let o = s.run("--exec", &cmd, &["--cases", "1", "--shrink-budget", "1s"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(!s.pids().is_empty(), "{t}");
+    assert_eq!(s.survivors(), Vec::<i32>::new(), "survivors\n{t}");
+    assert_eq!(s.temp_left(), Vec::<String>::new(), "temp dirs\n{t}");
+}
+
 /// Waits for `child` at most `limit`.
 fn wait_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let end = Instant::now() + limit;

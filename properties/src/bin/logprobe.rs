@@ -442,8 +442,10 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
     };
     let report = exec::run(&run);
     out.print(&exec::render(&report, &run.target));
-    // Every process and temporary directory of the run goes first.
+    // Every process and temporary directory of the run goes first, then
+    // any descendant that escaped both group and tag.
     drop(run);
+    exec::process::kill_orphans();
     let status = out.finish(report.exit_status());
     if let Some(sig) = report.signal {
         exec::signals::reraise(sig);

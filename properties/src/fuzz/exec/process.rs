@@ -229,6 +229,36 @@ fn kill_tree(pgid: i32, entry: &[u8]) {
     }
 }
 
+/// Kills and reaps every child of this process (Linux: those `/proc`
+/// shows; elsewhere nothing): with the subreaper, what is left of the
+/// adapters' descendants that escaped both the group and the tag (`setsid
+/// env -i ...`) once their parents died. Only for a process none of whose
+/// other parts has children (the `logprobe` binary after its run): it would
+/// reap theirs too. Returns how many kills it sent (at most 5 s).
+pub fn kill_orphans() -> usize {
+    let me = std::process::id() as i32;
+    let deadline = Instant::now() + TERMINATE_WAIT;
+    let mut killed = 0;
+    loop {
+        let children: Vec<Proc> = processes().into_iter().filter(|p| p.ppid == me).collect();
+        if children.is_empty() || Instant::now() >= deadline {
+            return killed;
+        }
+        for p in children {
+            killed += usize::from(!p.zombie);
+            // SAFETY: kill(2) and waitpid(2) of our own child (unreaped, so
+            // its pid is ours).
+            unsafe {
+                if !p.zombie {
+                    libc::kill(p.pid, libc::SIGKILL);
+                }
+                libc::waitpid(p.pid, std::ptr::null_mut(), libc::WNOHANG);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// A process as `/proc/PID/stat` shows it.
 struct Proc {
     pid: i32,
