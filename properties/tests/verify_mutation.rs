@@ -226,30 +226,28 @@ fn mutate_structure(rng: &mut Rng, t: &mut Tensors, m: &mut Meta) -> String {
     let n_of = |t: &Tensors| t.iter().find(|(n, _)| n == "logits").map(|l| l.1.shape[0]);
     match rng.below(12) {
         0 => {
-            // V = 0 with any number of rows: every [N, V] tensor empty.
+            // V = 0 (and K = 0) with any number of rows: the `[N, *]`
+            // tensors empty, the per-row `[N]` ones (which would need
+            // bytes) dropped, a scalar cotangent broadcast to every row
+            // (issue 43's ~300-byte crash).
             let h = *rng.pick(&HUGE);
-            let three = rng.coin();
-            for (name, d) in t.iter_mut() {
-                if matches!(
-                    name.as_str(),
-                    "logits" | "grad_logits" | "sampling_mask" | "topk_ids" | "topk_log_probs"
-                ) || rng.coin()
-                {
-                    d.shape = if three && name == "logits" {
-                        vec![65536, h.min(1 << 40), 0]
-                    } else {
-                        vec![h, 0]
-                    };
-                    d.data.clear();
-                }
+            let lead = if rng.coin() {
+                vec![65536, h.min(1 << 40)]
+            } else {
+                vec![h]
+            };
+            t.retain(|(_, d)| d.shape.len() >= 2);
+            for (_, d) in t.iter_mut() {
+                d.shape = lead.iter().copied().chain([0]).collect();
+                d.data.clear();
             }
-            if rng.coin() {
+            if t.iter().any(|(n, _)| n == "grad_logits") {
+                t.push(("grad_entropy".into(), f32s(&[], &[1.0])));
+                m.retain(|(k, _)| k != "format_version");
                 m.push(("cotangent_reduction".into(), "sum".into()));
                 m.push(("format_version".into(), "2".into()));
-                t.retain(|(n, _)| n != "grad_log_probs");
-                t.push(("grad_log_probs".into(), f32s(&[], &[1.0])));
             }
-            format!("zero vocabulary, {h} rows")
+            format!("zero vocabulary, rows {lead:?}")
         }
         1 => {
             // Fewer rows (0 included) in every row-indexed tensor.
