@@ -166,8 +166,8 @@ struct Persistent {
 }
 
 impl Persistent {
-    fn start(cmd: &str, root: Option<&Path>) -> Result<Persistent, CommandFailure> {
-        let dir = temp_dir(root)?;
+    fn start(cmd: &str) -> Result<Persistent, CommandFailure> {
+        let dir = temp_dir()?;
         let stderr = dir.path().join("stderr");
         let err = File::create(&stderr)
             .map_err(|e| failure(format!("cannot create a stderr file: {e}"), ""))?;
@@ -221,14 +221,12 @@ pub(super) fn failure(what: String, stderr_tail: &str) -> CommandFailure {
     CommandFailure::new(what, stderr_tail)
 }
 
-fn temp_dir(root: Option<&Path>) -> Result<tempfile::TempDir, CommandFailure> {
-    let mut b = tempfile::Builder::new();
-    b.prefix("logprobe-exec-");
-    match root {
-        Some(r) => b.tempdir_in(r),
-        None => b.tempdir(),
-    }
-    .map_err(|e| failure(format!("cannot create a temporary directory: {e}"), ""))
+/// A fresh `logprobe-exec-*` directory under `TMPDIR`.
+fn temp_dir() -> Result<tempfile::TempDir, CommandFailure> {
+    tempfile::Builder::new()
+        .prefix("logprobe-exec-")
+        .tempdir()
+        .map_err(|e| failure(format!("cannot create a temporary directory: {e}"), ""))
 }
 
 /// Runs the command for one request at a time (see the module docs), and
@@ -241,8 +239,6 @@ pub struct Runner {
     pub transport: Transport,
     /// The time limit of one call.
     pub timeout: Duration,
-    /// Where the temporary directories go (`None`: the system's, `TMPDIR`).
-    pub temp_root: Option<PathBuf>,
     process: Mutex<Option<Persistent>>,
     calls: AtomicU64,
     nanos: AtomicU64,
@@ -257,7 +253,6 @@ impl Runner {
         Runner {
             transport,
             timeout,
-            temp_root: None,
             process: Mutex::new(None),
             calls: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
@@ -313,7 +308,7 @@ impl Runner {
     }
 
     fn one_shot(&self, cmd: &str, request: &[u8], limit: u64) -> Result<Vec<u8>, CommandFailure> {
-        let dir = temp_dir(self.temp_root.as_deref())?;
+        let dir = temp_dir()?;
         let (inp, out, errp) = (
             dir.path().join("in.safetensors"),
             dir.path().join("out.safetensors"),
@@ -388,7 +383,7 @@ impl Runner {
         let mut slot = self.process.lock().unwrap_or_else(|e| e.into_inner());
         let p = match &mut *slot {
             Some(p) => p,
-            empty => empty.insert(Persistent::start(cmd, self.temp_root.as_deref())?),
+            empty => empty.insert(Persistent::start(cmd)?),
         };
         p.limit.store(limit, Ordering::SeqCst);
         let sent = p
