@@ -90,31 +90,6 @@ impl<'de> serde::Deserialize<'de> for MetaKeys {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file(header: &str) -> Vec<u8> {
-        let mut b = (header.len() as u64).to_le_bytes().to_vec();
-        b.extend(header.as_bytes());
-        b
-    }
-
-    #[test]
-    fn repeated_keys_are_found() {
-        let h = r#"{"__metadata__":{"temperature":"1","temperature":"2"},"a":{}}"#;
-        assert_eq!(
-            first_repeated(&file(h)),
-            Some(Repeated::MetaKey("temperature".into()))
-        );
-        let h = r#"{"a":{"dtype":"F32"},"a":{"dtype":"F32"}}"#;
-        assert_eq!(first_repeated(&file(h)), Some(Repeated::Tensor("a".into())));
-        let h = r#"{"__metadata__":{"x":"1"},"a":{},"b":{}}"#;
-        assert_eq!(first_repeated(&file(h)), None);
-        assert_eq!(first_repeated(b"\x05\0\0\0\0\0\0\0{"), None);
-    }
-}
-
 /// Names the tensor behind safetensors' nameless "invalid shape, data type,
 /// or offset for tensor" (and its size overflow): the first tensor, in
 /// data order, whose `prod(shape) * size(dtype)` does not match (or does
@@ -159,4 +134,29 @@ pub fn describe_bad_size(bytes: &[u8]) -> Option<String> {
             Some(_) => None,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(header: &str) -> Vec<u8> {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend(header.as_bytes());
+        b
+    }
+
+    #[test]
+    fn repeated_keys_are_found() {
+        let h = r#"{"__metadata__":{"temperature":"1","temperature":"2"},"a":{}}"#;
+        assert_eq!(
+            first_repeated(&file(h)),
+            Some(Repeated::MetaKey("temperature".into()))
+        );
+        let h = r#"{"a":{"dtype":"F32"},"a":{"dtype":"F32"}}"#;
+        assert_eq!(first_repeated(&file(h)), Some(Repeated::Tensor("a".into())));
+        let h = r#"{"__metadata__":{"x":"1"},"a":{},"b":{}}"#;
+        assert_eq!(first_repeated(&file(h)), None);
+        assert_eq!(first_repeated(b"\x05\0\0\0\0\0\0\0{"), None);
+    }
 }

@@ -518,15 +518,12 @@ impl<'a> Dump<'a> {
             _ => None,
         };
         options.policy_clamps = parse_policy_clamps(&meta)?;
-        options.topk_kl = match &teacher {
-            Some((dtype, _)) => Some(TopkKl {
-                forward: candidates.contains(Output::ForwardKl),
-                reverse: candidates.contains(Output::ReverseKl),
-                renormalized,
-                teacher_dtype: *dtype,
-            }),
-            None => None,
-        };
+        options.topk_kl = teacher.as_ref().map(|(dtype, _)| TopkKl {
+            forward: candidates.contains(Output::ForwardKl),
+            reverse: candidates.contains(Output::ReverseKl),
+            renormalized,
+            teacher_dtype: *dtype,
+        });
         Ok(Dump {
             logits,
             tokens,
