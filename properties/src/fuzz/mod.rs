@@ -10,7 +10,7 @@
 //! written as a verify dump ([`counterexample`]) and printed as a recipe.
 //!
 //! Modules: [`grammar`] (the options grammar), [`case`] (cases, space,
-//! strategy), [`target`] (`--kernel` names), [`judge`], [`counterexample`],
+//! strategy), [`target`] (`--kernel` names), [`judge`](mod@judge), [`counterexample`],
 //! [`progress`], and [`exec`] (`--exec`: an external kernel through the fuzz
 //! protocol).
 
