@@ -17,9 +17,9 @@
 #
 # Usage: scripts/fuzz-exec.sh [BUG...]   (default: every planted bug)
 # Env: PYTHON (with numpy; default python3), FUZZ_SEEDS (default "1 2 3 4 5"),
-# FUZZ_CASES (cases per run, default 400), FUZZ_GUARD (wall-clock guard per
+# FUZZ_CASES (cases per run, default 100), FUZZ_GUARD (wall-clock guard per
 # run, default 600s), FUZZ_SHRINK (default 2s), FUZZ_CLEAN_CASES (cases of the
-# correct kernel's run, default 100), FUZZ_JOBS (default nproc),
+# correct kernel's run, default 1000), FUZZ_JOBS (default nproc),
 # FUZZ_TRANSPORT (`persistent`, the default, or `oneshot`: the bugs' runs with
 # --exec), LOGPROBE (binary; default: build target/release/logprobe).
 set -euo pipefail
@@ -28,10 +28,10 @@ cd "$(dirname "$0")/.."
 py=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 transport=${FUZZ_TRANSPORT:-persistent}
 seeds=${FUZZ_SEEDS:-"1 2 3 4 5"}
-cases=${FUZZ_CASES:-400}
+cases=${FUZZ_CASES:-100}
 guard=${FUZZ_GUARD:-600s}
 shrink=${FUZZ_SHRINK:-2s}
-clean_cases=${FUZZ_CLEAN_CASES:-100}
+clean_cases=${FUZZ_CLEAN_CASES:-1000}
 jobs=${FUZZ_JOBS:-$(nproc)}
 "$py" -c 'import numpy' || { echo "fuzz-exec: $py has no numpy (scripts/install-numpy.sh)" >&2; exit 1; }
 if [[ -z "${LOGPROBE:-}" ]]; then

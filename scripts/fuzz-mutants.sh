@@ -18,13 +18,13 @@
 # Usage: scripts/fuzz-mutants.sh [MUTANT...]   (default: every mutant of the
 # catalog, as `logprobe fuzz --list-mutants` prints them)
 # Env: FUZZ_SEEDS (default "1 2 3 4 5"), FUZZ_CASES (cases per run, default
-# 400), FUZZ_GUARD (wall-clock guard per run, default 600s), FUZZ_SHRINK
+# 100), FUZZ_GUARD (wall-clock guard per run, default 600s), FUZZ_SHRINK
 # (shrink budget, default 2s), FUZZ_JOBS (concurrent runs, default nproc),
 # LOGPROBE (binary; default: build target/release/logprobe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${FUZZ_SEEDS:-"1 2 3 4 5"}
-cases=${FUZZ_CASES:-400}
+cases=${FUZZ_CASES:-100}
 guard=${FUZZ_GUARD:-600s}
 shrink=${FUZZ_SHRINK:-2s}
 jobs=${FUZZ_JOBS:-$(nproc)}

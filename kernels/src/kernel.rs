@@ -59,9 +59,11 @@ pub struct Capabilities {
     pub padded_vocab: bool,
     /// f64 logits (f32, bf16 and f16 are always accepted).
     pub f64_input: bool,
-    /// `lse` and `z_loss` ([`Options::lse`], [`Options::z_loss_coef`]).
+    /// `lse` and `z_loss` ([`Options::lse`](logprobe_reference::spec::Options::lse),
+    /// [`Options::z_loss_coef`](logprobe_reference::spec::Options::z_loss_coef)).
     pub lse: bool,
-    /// The softcap ([`Options::softcap`], both `softcap_dtype`s).
+    /// The softcap ([`Options::softcap`](logprobe_reference::spec::Options::softcap),
+    /// both `softcap_dtype`s).
     pub softcap: bool,
     /// The cross-entropy `loss` ([`Kernel::cross_entropy`]): every
     /// reduction, label smoothing, `loss_weights`, `mean_all_ignored`.
@@ -70,7 +72,7 @@ pub struct Capabilities {
     /// (`ref_log_probs`, `old_log_probs`, their clamps and cotangents).
     pub policy: bool,
     /// The top-k KL to a teacher (`forward_kl`, `reverse_kl`,
-    /// [`Options::topk_kl`]).
+    /// [`Options::topk_kl`](logprobe_reference::spec::Options::topk_kl)).
     pub topk_kl: bool,
 }
 

@@ -1000,7 +1000,7 @@ fn chunked_grad_chunk<T: Input>(
             }
             let mask = mask_row(problem.sampling_mask, r);
             let st = row_stats(z, mask, p).map_err(|_| row_error(problem, shape, r))?;
-            let rc = RowCot::new(problem, cot, r, &p);
+            let rc = RowCot::new(problem, cot, r, p);
             grad_row(&mut ToBuffer { src: z, dst: g }, mask, &st, p, &rc, v, me);
             apply_softcap_factors(p.softcap, lv.row(r), g);
             Ok(())

@@ -45,7 +45,7 @@ fn data(n: usize, v: usize, seed: u64) -> Data {
     let off = |r: usize, big: f64| {
         let e = -9.0 + (big + 9.0) * (r as f64 / n as f64);
         let m = 10f64.powf(e);
-        if r % 2 == 0 {
+        if r.is_multiple_of(2) {
             m
         } else {
             -m

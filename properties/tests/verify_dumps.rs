@@ -128,7 +128,7 @@ fn bad_input(name: &str, b: &[u8], needles: &[&str]) -> String {
 fn patch_header(b: &[u8], f: impl Fn(&str) -> String) -> Vec<u8> {
     let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
     let mut h = f(std::str::from_utf8(&b[8..8 + n]).unwrap().trim_end());
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

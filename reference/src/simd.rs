@@ -53,7 +53,13 @@ pub fn available() -> bool {
 }
 
 /// The lane primitives (x86-64; callable where AVX2 is enabled).
+///
+/// # Safety
+///
+/// Every function here is `#[target_feature(enable = "avx2")]`: call it only
+/// from code compiled with AVX2 or after [`available`] returned `true`.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::missing_safety_doc)] // the module's `# Safety` covers each function
 pub mod x86 {
     use std::arch::x86_64::*;
 

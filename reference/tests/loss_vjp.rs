@@ -1,7 +1,7 @@
 //! The VJP of the loss-side outputs (`grad_lse`, `grad_z_loss`,
 //! `grad_loss`; DESIGN: "Loss side") in the oracle, against the textbook
-//! objective evaluated directly in 320-bit MPFR: `F(x) = sum_r (a_r lse_r
-//! + b_r coef lse_r^2) + <g, loss>` with `z = c tanh(x / c) / T` (softcap
+//! objective evaluated directly in 320-bit MPFR: `F(x) = sum_r (a_r lse_r +
+//! b_r coef lse_r^2) + <g, loss>` with `z = c tanh(x / c) / T` (softcap
 //! optional), `lse = ln sum e^z` over the allowed entries, the smoothed
 //! row loss and its reduction. The gradient of the definition is checked
 //! against a central difference of `F` (so the formula is not taken on

@@ -1,7 +1,8 @@
-//! The [`Kernel`] trait over a [`Layout`] on a [`Launcher`]: validation
-//! through the spec, upload, launches, download, rounding to the output
-//! dtype, allocation tracking. [`super::CudaFused`], [`super::CudaChunked`]
-//! and [`super::CudaVocabParallel`] are thin names over it.
+//! The [`Kernel`](crate::kernel::Kernel) trait over a [`Layout`] on a
+//! [`Launcher`]: validation through the spec, upload, launches, download,
+//! rounding to the output dtype, allocation tracking. [`super::CudaFused`],
+//! [`super::CudaChunked`] and [`super::CudaVocabParallel`] are thin names
+//! over it.
 
 use std::sync::Arc;
 
@@ -165,20 +166,22 @@ impl DeviceKernel {
         Ok(shape)
     }
 
-    /// [`Kernel::forward`].
+    /// [`Kernel::forward`](crate::kernel::Kernel::forward).
     ///
     /// # Errors
-    /// As [`Kernel::forward`]; [`KernelError::Device`] from the device.
+    /// As [`Kernel::forward`](crate::kernel::Kernel::forward);
+    /// [`KernelError::Device`] from the device.
     pub fn forward(&self, problem: &Problem<'_>, out: Dtype) -> Result<ForwardOutput, KernelError> {
         let shape = self.validate(problem)?;
         forward(&*self.rt, &self.tracker, &self.layout, problem, &shape, out)
             .map_err(self.device_err())
     }
 
-    /// [`Kernel::backward`].
+    /// [`Kernel::backward`](crate::kernel::Kernel::backward).
     ///
     /// # Errors
-    /// As [`Kernel::backward`]; [`KernelError::Device`] from the device.
+    /// As [`Kernel::backward`](crate::kernel::Kernel::backward);
+    /// [`KernelError::Device`] from the device.
     pub fn backward(
         &self,
         problem: &Problem<'_>,
@@ -217,10 +220,11 @@ impl DeviceKernel {
         }
     }
 
-    /// [`Kernel::backward_in_place`].
+    /// [`Kernel::backward_in_place`](crate::kernel::Kernel::backward_in_place).
     ///
     /// # Errors
-    /// As [`Kernel::backward_in_place`]; on error the logits are unchanged.
+    /// As [`Kernel::backward_in_place`](crate::kernel::Kernel::backward_in_place);
+    /// on error the logits are unchanged.
     pub fn backward_in_place(
         &self,
         mut problem: ProblemMut<'_>,

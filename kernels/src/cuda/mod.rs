@@ -23,13 +23,14 @@
 //!   the CPU kernels' `exp_f32` / `ln_1p_f32` and declares their bounds
 //!   ([`DeviceKernel::algorithm`] takes them from [`Launcher::math`]).
 //! - Dynamic loading (cudarc, CUDA 13.0 bindings): a binary built with this
-//!   feature starts on machines without CUDA. [`runtime::driver_present`] and
-//!   [`source::nvrtc_present`] are checked before any driver or NVRTC call;
-//!   constructors return [`CudaError`], never panic.
+//!   feature starts on machines without CUDA. `runtime::driver_present` and
+//!   `source::nvrtc_present` (feature `cuda` only) are checked before any
+//!   driver or NVRTC call; constructors return [`CudaError`], never panic.
 //! - Without NVRTC at run time, set [`source::PTX_DIR_ENV`] to a folder of
-//!   PTX written by [`source::write_ptx`].
+//!   PTX written by `source::write_ptx` (feature `cuda` only).
 //! - Device allocations are counted by a [`memory::MemoryTracker`] per kernel
-//!   ([`CudaFused::memory`]), for the memory property.
+//!   ([`DeviceKernel::memory`], through `Deref` on [`CudaFused`] and the
+//!   others), for the memory property.
 
 pub mod backend;
 pub mod backward;

@@ -17,8 +17,8 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use super::error::CudaError;
 
 /// Environment variable naming a folder of prebuilt PTX files
-/// (`<module>.<arch>.ptx`, written by [`write_ptx`]); when set, the runtime
-/// loads those instead of compiling with NVRTC.
+/// (`<module>.<arch>.ptx`, written by `write_ptx`, feature `cuda`); when
+/// set, the runtime loads those instead of compiling with NVRTC.
 pub const PTX_DIR_ENV: &str = "LOGPROBE_CUDA_PTX_DIR";
 
 /// The prelude every source is compiled with.

@@ -107,7 +107,7 @@ pub struct Machine {
     pub cpu_model: Option<String>,
     /// Threads of the pool the kernels and the roofline ran on.
     pub threads: usize,
-    /// The kernels' block-loop path ([`cpu_path`]).
+    /// The kernels' block-loop path ([`logprobe_kernels::cpu_path`]).
     pub cpu_path: &'static str,
     /// Core clock estimated from a chain of dependent integer adds (GHz),
     /// x86_64 only.
@@ -166,10 +166,12 @@ pub struct MemoryResult {
     /// Measured peak of live heap bytes above the start, outputs excluded
     /// (`None`: the counting allocator is not installed).
     pub peak_extra_bytes: Option<usize>,
-    /// The kernel's declared [`Kernel::workspace_bytes`].
+    /// The kernel's declared
+    /// [`Kernel::workspace_bytes`](logprobe_kernels::Kernel::workspace_bytes).
     pub workspace_bytes: usize,
     /// DESIGN's budget: `2 * chunk_size * V * 4` for chunked (0 for fused)
-    /// plus the `O(N)` and constant allowances of [`budget`].
+    /// plus the `O(N)` and constant allowances of
+    /// [`budget`](logprobe_testkit::memory::budget).
     pub budget_bytes: usize,
     /// `N V 4`: what a materialised f32 `[N, V]` buffer would take.
     pub materialised_bytes: usize,

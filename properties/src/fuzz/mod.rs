@@ -10,8 +10,9 @@
 //! written as a verify dump ([`counterexample`]) and printed as a recipe.
 //!
 //! Modules: [`grammar`] (the options grammar), [`case`] (cases, space,
-//! strategy), [`target`] (`--kernel` names), [`judge`], [`counterexample`],
-//! [`files`] (finding files: atomic, never overwritten), [`progress`], and [`exec`] (`--exec`: an external kernel through the fuzz
+//! strategy), [`target`] (`--kernel` names), [`judge`](mod@judge), [`counterexample`],
+//! [`files`] (finding files: atomic, never overwritten), [`progress`], and
+//! [`exec`] (`--exec`: an external kernel through the fuzz
 //! protocol).
 
 pub mod case;

@@ -40,8 +40,11 @@ pub struct OracleCase {
     /// Tolerance contexts `[N]` (empty when `forward` is an error).
     pub contexts: Vec<RowContext>,
     /// Row bounds built so far, per model: `[N]` slots each.
-    bounds: Mutex<Vec<(Model, Vec<Option<Arc<DetachedBounds>>>)>>,
+    bounds: Mutex<Vec<ModelBounds>>,
 }
+
+/// One model's row bounds: `[N]` slots, filled on first use.
+type ModelBounds = (Model, Vec<Option<Arc<DetachedBounds>>>);
 
 impl OracleCase {
     /// Runs the oracle on `data`: forward in f64, then the statistics and

@@ -426,7 +426,7 @@ fn bad_loss_input_is_typed() {
                 DumpTensor::i64s(&[N], c.tokens.as_slice().unwrap()),
             ),
             ("log_probs", f(&vn, &[N])),
-            wt(&vec![1.0; N], N),
+            wt(&[1.0; N], N),
         ],
         &[v2],
     )

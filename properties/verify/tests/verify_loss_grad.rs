@@ -258,7 +258,7 @@ fn a_mean_gradient_divides_by_the_whole_dump() {
         RowSelection::Range { start: 2, end: 3 },
         RowSelection::Sample(3),
     ] {
-        let r = verify_rows(&bytes, rows.clone()).unwrap();
+        let r = verify_rows(&bytes, rows).unwrap();
         assert_eq!(
             r.verdict,
             ReportVerdict::Pass,

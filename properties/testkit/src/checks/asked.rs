@@ -13,7 +13,7 @@ use crate::strategies::{CotangentData, OwnedLogits, ProblemData};
 /// What a kernel is asked: the problem with the outputs it cannot compute
 /// left out (entropy, masked entropy, top-k, lse and z_loss, the loss), and the input features it
 /// cannot take (mask, temperature, padding, f64), for which it must answer
-/// [`KernelError::Unsupported`].
+/// [`KernelError::Unsupported`](logprobe_kernels::KernelError::Unsupported).
 pub struct Asked<'a> {
     /// The problem given to the kernel.
     pub problem: Problem<'a>,

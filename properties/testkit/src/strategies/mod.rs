@@ -5,9 +5,11 @@
 //! A recipe holds a seed and a handful of knobs (row distribution, `V`,
 //! offset, mask rate, dtype, temperature, `ignore_index` rate); shrinking
 //! steps through recipes, never a 152064-wide vector, so a failing
-//! real-vocabulary row shrinks in seconds. Every logit is generated in f64 and rounded once
-//! with [`Dtype::round_f64`], so it is exactly representable in the dtype
-//! under test (DESIGN: "The properties", generators).
+//! real-vocabulary row shrinks in seconds. Every logit is generated in f64
+//! and rounded once with
+//! [`Dtype::round_f64`](logprobe_reference::spec::Dtype::round_f64), so it
+//! is exactly representable in the dtype under test (DESIGN: "The
+//! properties", generators).
 //!
 //! Sizes: `N` from 0, `V` from 1; small `V` at high case counts, the real
 //! vocabulary sizes [`REAL_VOCAB_SIZES`] at low ones (with `N <= 2`, since the

@@ -308,7 +308,7 @@ pub fn softcap_of(seed: u64, temperature_dtype: TemperatureDtype) -> (Option<f64
         11 => Some(50.0),
         _ => None,
     };
-    let dtype = if temperature_dtype == TemperatureDtype::Input || (h >> 8) % 3 == 0 {
+    let dtype = if temperature_dtype == TemperatureDtype::Input || (h >> 8).is_multiple_of(3) {
         SoftcapDtype::Input
     } else {
         SoftcapDtype::Accumulation

@@ -7,7 +7,8 @@
 //!
 //! With `lp` a side's candidate log-prob and `exact(logits)` the oracle's
 //! exact log-prob of that side's logits (its own temperature, mask and
-//! dtype; [`Oracle::forward_row_of`]):
+//! dtype;
+//! [`Oracle::forward_row_of`](logprobe_reference::oracle::Oracle::forward_row_of)):
 //!
 //! - `kernel_error_a = lp_A - exact(logits_A)`, `kernel_error_b` likewise:
 //!   what each side's log-prob kernel adds;
@@ -17,8 +18,8 @@
 //! - `observed = lp_A - lp_B`, which is exactly
 //!   `kernel_error_a - kernel_error_b + logits_effect`;
 //! - `kl = KL(softmax(z'_A) || softmax(z'_B))`, exact
-//!   ([`Oracle::kl_row`]: an enclosure whose ends round to one f32), when
-//!   both sides have logits;
+//!   ([`Oracle::kl_row`](logprobe_reference::oracle::Oracle::kl_row): an
+//!   enclosure whose ends round to one f32), when both sides have logits;
 //! - without B's logits, `b_minus_exact_a = lp_B - exact(logits_A)`
 //!   (B's kernel error and logits effect together, inseparable without
 //!   B's logits), so `observed = kernel_error_a - b_minus_exact_a`;
@@ -29,7 +30,8 @@
 //!
 //! Every value is an [`Enclosure`] `[lo, hi]` with f64 ends rounded
 //! outward: the oracle's enclosure of `exact(...)` (a few f64 ulps wide)
-//! combined by [`Interval::sub`] (each end rounded in its direction), so
+//! combined by [`Interval::sub`](logprobe_reference::oracle::Interval::sub)
+//! (each end rounded in its direction), so
 //! the exact real of each quantity lies inside, and the decomposition holds
 //! on the enclosures in exact arithmetic (checked by a test).
 //!
@@ -265,6 +267,13 @@ pub fn compare_files(
     compare_dumps(&da, &db, a, b, config)
 }
 
+/// One side of [`compare_tensors`]: named tensors (as
+/// [`crate::tensors::TensorBytes`]) and metadata `(key, value)` pairs.
+pub type TensorSide<'a> = (
+    &'a [(&'a str, crate::tensors::TensorBytes<'a>)],
+    &'a [(&'a str, &'a str)],
+);
+
 /// Compares two sides given as named tensors and metadata strings in
 /// memory (the Python package's entry point): each side is laid out as the
 /// bytes of a dump ([`crate::tensors::to_dump_bytes`]: `format_version=2`
@@ -276,8 +285,8 @@ pub fn compare_files(
 /// [`CompareError`], as for files; a side's duplicate name or byte length
 /// that does not match its shape is [`CompareError::Dump`] of that side.
 pub fn compare_tensors(
-    a: (&[(&str, crate::tensors::TensorBytes<'_>)], &[(&str, &str)]),
-    b: (&[(&str, crate::tensors::TensorBytes<'_>)], &[(&str, &str)]),
+    a: TensorSide<'_>,
+    b: TensorSide<'_>,
     name_a: &str,
     name_b: &str,
     config: &CompareConfig,

@@ -271,7 +271,7 @@ pub struct SideInfo {
 /// The report of `compare A B`.
 #[derive(Clone, Debug, Serialize)]
 pub struct CompareReport {
-    /// Version of this document's layout ([`SCHEMA_VERSION`]).
+    /// Version of this document's layout ([`super::SCHEMA_VERSION`]).
     pub schema_version: u32,
     /// A.
     pub a: SideInfo,
@@ -295,7 +295,7 @@ pub struct CompareReport {
     pub exit_status: u8,
     /// Wall time in seconds.
     pub seconds: f64,
-    /// Rows the table lists ([`CompareConfig::worst`]; not in the JSON).
+    /// Rows the table lists ([`super::CompareConfig::worst`]; not in the JSON).
     #[serde(skip)]
     pub worst_rows: usize,
 }

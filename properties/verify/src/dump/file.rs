@@ -91,8 +91,9 @@ impl DumpFile {
 
     /// Parses and checks the dump (header, dtypes, shapes, metadata, that a
     /// candidate exists, that each candidate has the inputs it needs).
-    /// Values (NaN logits, token ranges) are checked per row by
-    /// [`Dump::problem_row`]'s callers through the spec's `validate_row`.
+    /// Values (NaN logits, token ranges) are checked per row, on
+    /// [`Dump::row`]'s result, by [`RowInputs::validate`] through the spec's
+    /// `validate_row`.
     ///
     /// # Errors
     /// Every [`DumpError`] variant but `Io` and `BadMaskValue`.

@@ -302,7 +302,7 @@ fn max_of(xs: &[f64]) -> f64 {
 /// and rounded `term(x) <= e_max (1 + 2^-p)^2 (1 + 2^-50) < 2 e_max` (a
 /// value below the least normal rounds to at most it): below the quarter ulp.
 fn below_adds_nothing(s: f64, dtype: Dtype, nv: Naive, term: impl Fn(f64) -> f64) -> f64 {
-    if !(s.is_finite() && s > 0.0) || !matches!(dtype, Dtype::Bf16 | Dtype::F16) {
+    if !(s.is_finite() && s > 0.0 && matches!(dtype, Dtype::Bf16 | Dtype::F16)) {
         return f64::NEG_INFINITY;
     }
     let e = ((s.to_bits() >> 52) & 0x7ff) as i32 - 1023;
@@ -340,7 +340,7 @@ impl Naive {
     /// gains one more `1 + 2^-p`: all within the `1.2`.
     fn entropy_below(&self, acc: f64) -> f64 {
         let dtype = self.dtype;
-        if !(acc.is_finite() && acc > 0.0) || !matches!(dtype, Dtype::Bf16 | Dtype::F16) {
+        if !(acc.is_finite() && acc > 0.0 && matches!(dtype, Dtype::Bf16 | Dtype::F16)) {
             return f64::NEG_INFINITY;
         }
         let e = ((acc.to_bits() >> 52) & 0x7ff) as i32 - 1023;

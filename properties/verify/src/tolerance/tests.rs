@@ -183,7 +183,7 @@ fn verify_models() -> [Model; 4] {
 /// A mask over `n` entries that drops `start`, `start + step`, ...
 fn mask_every(n: usize, start: usize, step: usize) -> Vec<bool> {
     (0..n)
-        .map(|j| j < start || (j - start) % step != 0)
+        .map(|j| j < start || !(j - start).is_multiple_of(step))
         .collect()
 }
 
@@ -1025,7 +1025,7 @@ fn shared_bounds_of_all_models_equal_the_one_by_one_bounds() {
     each_masked_row(7, 2000, 5, |kind, _, _, st, models, all| {
         let cot = target_and_id_cot();
         for (model, shared) in models.iter().zip(all) {
-            let one = model.row_bounds(&st, &ctx1());
+            let one = model.row_bounds(st, &ctx1());
             for out in [Dtype::F32, Dtype::Bf16] {
                 let pairs = [
                     (one.log_prob(out), shared.log_prob(out)),
@@ -1277,19 +1277,19 @@ fn grad_screen_lower_bounds_are_below_every_models_bound() {
                 ..Default::default()
             };
             let row_c = RowBounds::grad_row(all, &cot);
-            let Some(screen) = RowBounds::grad_screen(&all, &row_c, &cot) else {
+            let Some(screen) = RowBounds::grad_screen(all, &row_c, &cot) else {
                 panic!("{kind}: no screen for this row");
             };
             let (mut answered, mut tight) = (0usize, 0usize);
             for j in 0..x.len() {
-                let exact = RowBounds::grad_many_with(&all, &row_c, j, &cot, Dtype::F32);
-                let Some(lower) = screen.lower(&all, j, &cot) else {
+                let exact = RowBounds::grad_many_with(all, &row_c, j, &cot, Dtype::F32);
+                let Some(lower) = screen.lower(all, j, &cot) else {
                     continue;
                 };
                 // The four-lane models give the scalar bits.
                 #[cfg(target_arch = "x86_64")]
                 if super::bounds::lanes::available() {
-                    let leaves = screen.leaves(&all, j, &cot).expect("answered above");
+                    let leaves = screen.leaves(all, j, &cot).expect("answered above");
                     // SAFETY: four models, AVX2 checked just above.
                     let l4 =
                         unsafe { logprobe_reference::simd::x86::lanes(screen.lower4(&leaves)) };

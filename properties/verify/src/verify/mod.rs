@@ -6,9 +6,10 @@
 //! the exact inputs, and the tolerance model ([`crate::tolerance`]) bounds
 //! the error a correct implementation may make under the chosen summation
 //! model. Each element's error is an upper bound on `|candidate - exact|`
-//! over the oracle's enclosure ([`Exact::error`]); it passes when it is at
-//! most the bound. Rows run in parallel (rayon), one decoded row of memory
-//! per thread.
+//! over the oracle's enclosure
+//! ([`Exact::error`](logprobe_reference::oracle::Exact::error)); it passes
+//! when it is at most the bound. Rows run in parallel (rayon), one decoded
+//! row of memory per thread.
 //!
 //! Verdicts per output and per file: `pass` (every element within its
 //! bound), `FAIL` (some element beyond a finite bound, or a NaN / infinite

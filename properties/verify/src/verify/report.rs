@@ -17,8 +17,9 @@ pub enum ReportVerdict {
     /// Every element within its bound.
     Pass,
     /// Every element within its sound bound, some beyond the statistical
-    /// threshold ([`tolerance::Statistical`]): far less accurate than a
-    /// correct implementation in any calibrated order. Exit 0, 1 with `--strict`.
+    /// threshold ([`tolerance::Statistical`](crate::tolerance::Statistical)):
+    /// far less accurate than a correct implementation in any calibrated
+    /// order. Exit 0, 1 with `--strict`.
     Suspect,
     /// An output the dump gives had no element checked (every row excluded
     /// or ignored, `K = 0`, `N = 0`) and nothing else is wrong: not a pass
@@ -92,7 +93,7 @@ pub struct Judged {
 }
 
 /// The flash-attention rule's figure for one output (DESIGN: reported
-/// alongside, not required; [`tolerance::FlashRule`]).
+/// alongside, not required; [`tolerance::FlashRule`](crate::tolerance::FlashRule)).
 #[derive(Clone, Debug, Serialize)]
 pub struct FlashRule {
     /// `max error / max(max naive same-dtype error, max half ulp)`.
@@ -158,7 +159,7 @@ pub struct OutputReport {
     /// element is within bound; `None` when none is.
     pub tightest_model: Option<String>,
     /// Largest `error / bound` under each reference model, in
-    /// [`tolerance::Order::REFERENCE`] order.
+    /// [`tolerance::Order::REFERENCE`](crate::tolerance::Order::REFERENCE) order.
     pub reference_ratios: Vec<ModelRatio>,
     /// The flash-attention rule, when the tolerance module provides it.
     pub flash_rule: Option<FlashRule>,
@@ -264,6 +265,7 @@ impl From<Fallback> for FallbackReport {
 
 /// The result of verifying one file: a report, or the bad input found.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per file: boxing the report buys nothing
 pub enum FileOutcome {
     /// Verified.
     Report(FileReport),

@@ -107,7 +107,7 @@ impl<'a> FastRow<'a> {
     /// The row statistics for the tolerance model ([`RowStats`]), from this
     /// pass (no MPFR work). `s_w`, `ln_s_w`, `r`, `m2`, `q`, `e` are `[0, 0]`
     /// / `-inf` without an entropy family; `m2` is `[0, inf]` without
-    /// [`FastOptions::m2`].
+    /// [`FastOptions::m2`](crate::oracle::fast::FastOptions::m2).
     pub fn row_stats(&self) -> RowStats {
         let v = self.row.v.len();
         let mut stats = self.row_stats_shifts();

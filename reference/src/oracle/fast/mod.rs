@@ -37,8 +37,8 @@
 //!   is exact); other divisors are taken as inexact. When inexact, `a^ =
 //!   a (1+e1)(1+e2) + e3` (`|e1|, |e2| <= u`, `|e3| <= eta`; a subtraction
 //!   landing in the subnormal range is exact, J. Hauser, ACM TOPLAS 18(2),
-//!   1996), so `|a^ - a| <= Delta_j = c1 a^ + 2^-1074`, `c1 = 2u (1 + 4u)
-//!   >= (2u + u^2) / (1 - u)^2`. The statistics `d_j`, `e_j` and the
+//!   1996), so `|a^ - a| <= Delta_j = c1 a^ + 2^-1074`, `c1 = 2u (1 + 4u) >=
+//!   (2u + u^2) / (1 - u)^2`. The statistics `d_j`, `e_j` and the
 //!   log-probs use the tighter enclosure: the subtraction rounded down and
 //!   up exactly (TwoSum), each end divided and moved one ulp outward unless
 //!   exact.
@@ -61,11 +61,11 @@
 //!   terms are off by at most `gamma_{N-1}` relative.
 //! - (F4) `s = S - 1 = sum_{j != m} E_j` is summed without the argmax term
 //!   (exactly `e^0 = 1`), so a tiny `s` keeps its relative accuracy; forming
-//!   `S` first and taking `S - 1` would lose it. With `R0 = H0 + LO0 + eps0
-//!   >= sum r_j` and `X >= sum_{inexact, r > 0} r_j a^_j` (`X = (1 + u)
+//!   `S` first and taking `S - 1` would lose it. With `R0 = H0 + LO0 + eps0 >=
+//!   sum r_j` and `X >= sum_{inexact, r > 0} r_j a^_j` (`X = (1 + u)
 //!   X^ / (1 - gamma_N) + N 2^-1074` from the rounded products, (E0)):
-//!   `s <= H0 + LO0 + eps0 + u R0 + (1 + kappa)(1 + u)(c1 X + 2^-1074 R0)
-//!   + N 2^-1074` and `s >= H0 + LO0 - eps0 - u R0 - (c1 X + 2^-1074 R0) -
+//!   `s <= H0 + LO0 + eps0 + u R0 + (1 + kappa)(1 + u)(c1 X + 2^-1074 R0) +
+//!   N 2^-1074` and `s >= H0 + LO0 - eps0 - u R0 - (c1 X + 2^-1074 R0) -
 //!   N 2^-1074`, from `E_j <= (r_j (1 + u) + eta)(1 + Delta_j (1 +
 //!   kappa))`, `E_j >= (r_j (1 - u) - eta)(1 - Delta_j)`, `sum r_j Delta_j
 //!   <= c1 sum r_j a^_j + 2^-1074 sum r_j`. Then `S = 1 + s`, `ln S =
@@ -101,8 +101,8 @@
 //!   `-inf` logit, exact: PyTorch's value) as if exact, then widens each
 //!   result for `|x'_j - y_j| <= e = 3 u c + c 2^-1074 + 2^-1074`: (a) the
 //!   quotient `q = RN(x / c)`, `|q - x / c| <= u |q| + eta`, moves `tanh`
-//!   by at most that times `sech^2` between them, `<= 2 u |xi| sech^2(xi)
-//!   + eta <= 0.9 u + eta` (`|xi| >= |q| / 2` for `|q| >= 2^-1000`, and
+//!   by at most that times `sech^2` between them, `<= 2 u |xi| sech^2(xi) +
+//!   eta <= 0.9 u + eta` (`|xi| >= |q| / 2` for `|q| >= 2^-1000`, and
 //!   `max xi sech^2 xi < 0.449`; below, `u |q| <= u 2^-1000`; `q = inf`
 //!   moves `tanh` by `< 2 e^{-2 MAX}`); (b) CORE-MATH's `tanh` is
 //!   correctly rounded, `<= u |t| + eta <= u + eta`; (c) the product, `<=

@@ -45,8 +45,8 @@ mod x86 {
     use logprobe_reference::simd::x86::splat;
 
     /// `ln 2`'s high part (32 significant bits) and the rest (fdlibm's).
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     /// `1 / k!`, `k = 2..=13`, for Horner from the top.
     const INV_FACT: [f64; 12] = [
         1.0 / 2.0,
