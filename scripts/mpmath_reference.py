@@ -4,7 +4,7 @@
 Computes, with mpmath at 150 significant digits (printed to 50: log-probs near 0
 are differences that cancel up to ~100 digits), the lse,
 log-prob, entropy, top-k log-probs and the VJP of a few dozen rows, straight
-from DESIGN.md's definitions (softmax, -sum q log q, the gradient formula),
+from docs/design.md's definitions (softmax, -sum q log q, the gradient formula),
 without the oracle's cancellation-free forms, directed rounding or Ziv loop.
 Inputs are exact binary values of their dtype; the temperature is rounded to
 the accumulation dtype (f32 for f32/bf16/f16 logits) as the spec does.
@@ -159,7 +159,7 @@ def compute(c):
         wdev = [(w[j] - mw - ew) if w[j] != -mpmath.inf else mpf(0) for j in range(v)]
     else:
         out["entropy"] = None
-    # VJP, DESIGN.md's formula; masked top-k ids are constants.
+    # VJP, docs/design.md's formula; masked top-k ids are constants.
     g = mpf(c["g"]) if c["token"] != -100 else mpf(0)
     grad = []
     for j in range(v):

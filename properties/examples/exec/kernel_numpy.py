@@ -4,7 +4,7 @@ twin of kernel_torch.py that CI runs (no PyTorch needed), with planted bugs.
 Contract (docs/fuzz-protocol.md, in-process form):
     kernel(inputs: dict[str, np.ndarray], meta: dict[str, str]) -> dict[str, np.ndarray]
 
-Math: the one definition of ../shared/DESIGN.md. Per row, z = x / T (T in the
+Math: docs/design.md, "The math". Per row, z = x / T (T in the
 accumulation dtype, f32 for f32/bf16/f16 logits, f64 for f64); shifted
 d = (x - max) / T (subtract, then scale), or with temperature_dtype=input
 d = z - max z where z = round_input(round_acc(x / T)); masked entries -inf;
