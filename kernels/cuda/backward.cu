@@ -6,7 +6,7 @@
 // with p = softmax(z') (masked), q = softmax(w) and e_j = (w_j - max w) / T
 // the entropy's set, R = b_w / S_w, a_j the summed cotangents of the target
 // and top-k slots at column j and o_j = G - a_j those of the other slots
-// (G = g + sum_k G_k, host-computed in f64). This is DESIGN's
+// (G = g + sum_k G_k, host-computed in f64). This is docs/design.md's
 //   dx_j = ( g (1[j=t] - p_j) + sum_k G_k (1[j=id_k] - p_j) - h q_j (e_j + R) ) / T.
 // Cancellation-free at the argmax: 1 - p_idx = s / S. Entries with p_j = 0
 // and q_j = 0 outside the special slots get exactly 0; padded columns 0.

@@ -1,7 +1,7 @@
 // logprobe CUDA prelude: prepended (as text) to every kernels/cuda/*.cu file
 // before NVRTC compiles it, so each file is one self-contained program.
 //
-// Conventions (DESIGN.md, "The kernels"):
+// Conventions (docs/design.md, "The kernels"):
 // - f32 accumulation; bf16/f16 logits are loaded as 16-bit words and widened
 //   exactly; 64-bit row offsets (N * V exceeds 2^31 at real sizes).
 // - Full-precision libdevice math, never the fast intrinsics: expf (max 2 ulp),
@@ -162,7 +162,7 @@ __device__ __forceinline__ float lp_shift(float z, float m, float temp, int t_on
 
 // ------------------------------------------------------- row statistics
 //
-// Online row statistics over a set of entries z_j (DESIGN: "fused"):
+// Online row statistics over a set of entries z_j (docs/design.md, "The kernels", fused):
 //   m   = max_j z_j                       (-inf: empty set)
 //   idx = global column of one argmax (the first in this thread's order; the
 //         smallest one when merging ties)

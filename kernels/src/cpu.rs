@@ -349,8 +349,8 @@ impl CpuKernel {
         })
     }
 
-    /// The cross-entropy `loss` of `problem` under `ce` (DESIGN: "Loss
-    /// side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
+    /// The cross-entropy `loss` of `problem` under `ce` (docs/design.md, "The
+    /// loss side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
     /// (ignored rows 0), one value under `sum` / `mean`. Nats.
     ///
     /// Algorithm (accumulation dtype `A`: f32, f64 for f64 logits): each

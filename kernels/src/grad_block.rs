@@ -1,5 +1,5 @@
 //! The VJP's write pass over one block of entries, vectorised: the
-//! gradient of every non-source entry (DESIGN "The math"; the formula and
+//! gradient of every non-source entry (docs/design.md, "The math"; the formula and
 //! its cancellation-free source entries are in [`crate::vjp`]),
 //!
 //! `dx_j = ( u - W p_j - h t_j ) / T`, `p_j = exp(d_j - ell)`,

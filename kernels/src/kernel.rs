@@ -204,8 +204,8 @@ pub trait Kernel: Send + Sync {
         })
     }
 
-    /// The cross-entropy `loss` of `problem` under `ce` (DESIGN: "Loss
-    /// side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
+    /// The cross-entropy `loss` of `problem` under `ce` (docs/design.md, "The
+    /// loss side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
     /// (ignored rows 0), one value under `sum` / `mean`, nats. The default
     /// refuses ([`Capabilities::loss`] false).
     ///

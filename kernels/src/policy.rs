@@ -1,5 +1,5 @@
 //! The policy terms in the accumulation dtype (the formulas of
-//! `logprobe_reference::spec::PolicyTerm`, DESIGN: "Loss side"): the KL
+//! `logprobe_reference::spec::PolicyTerm`, docs/design.md, "The loss side"): the KL
 //! estimators `kl_k1`, `kl_k2`, `kl_k3`, `kl_abs` against `ref_log_probs`
 //! and the importance `ratio` against `old_log_probs`, from the row's
 //! log-prob `lp^` in the accumulation dtype `A` (unrounded to the output).

@@ -2,7 +2,7 @@
 //! and the per-call plumbing the CPU kernels share (validation, output
 //! rounding, the declared algorithm).
 //!
-//! Formulas (DESIGN "The math", restated in the oracle's docs): with `m` the
+//! Formulas (docs/design.md, "The math", restated in the oracle's docs): with `m` the
 //! max of the allowed `z`, `s = S - 1`, `ell = ln_1p(s) = ln S`:
 //! `log_prob = (z_t - m) / T - ell`; `topk_log_probs[k] = (z_id - m) / T - ell`
 //! (`-inf` for a masked id); `entropy = ell_w + B_w / (1 + s_w)` over the
@@ -57,8 +57,8 @@ pub struct CallParams<A> {
     pub loss_grad: Option<LossGrad<A>>,
 }
 
-/// The cross-entropy loss's call constants of a backward (DESIGN: "Loss
-/// side"), in the accumulation dtype.
+/// The cross-entropy loss's call constants of a backward (docs/design.md, "The
+/// loss side"), in the accumulation dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossGrad<A> {
     /// Label smoothing `eps`.
@@ -370,7 +370,7 @@ pub fn row_forward<A: Acc>(
             .collect(),
         None => Vec::new(),
     };
-    // lse = m / T + ln S (the oracle's `lse(z')`, DESIGN: "Loss side"),
+    // lse = m / T + ln S (the oracle's `lse(z')`, docs/design.md, "The loss side"),
     // all in the accumulation dtype; z_loss squares that unrounded value.
     let want_z = problem.options.z_loss_coef.is_some();
     let (lse, z_loss) = if problem.options.lse || want_z {
@@ -464,7 +464,7 @@ pub fn renormalize<A: Acc>(lp: &[A]) -> Vec<A> {
 }
 
 /// `(forward_kl, reverse_kl)` of one row in the accumulation dtype
-/// (DESIGN: "Loss side"; edge values as the spec's `TopkKl` docs):
+/// (docs/design.md, "The loss side"; edge values as the spec's `TopkKl` docs):
 /// `sum_k e^{a_k} (a_k - lp_k)` and `sum_k e^{lp_k} (lp_k - a_k)`, each
 /// term one exp, one subtraction and one product, summed by
 /// [`pairwise_sum`] over the K positions (the order depends on K alone, so
@@ -508,7 +508,7 @@ pub fn topk_kl<A: Acc>(lp: &[A], teacher: &[f64], renormalized: bool) -> (A, A) 
 /// The top-k KL's cotangents `w [K]` on the student's log-probs at the K
 /// ids, in the accumulation dtype: the backward of [`topk_kl`] for the
 /// upstream cotangents `g_f` (`forward_kl`) and `g_r` (`reverse_kl`), as
-/// autograd forms it (DESIGN: "Loss side"; the oracle's exact form is the
+/// autograd forms it (docs/design.md, "The loss side"; the oracle's exact form is the
 /// spec's `topk_kl` module docs). Per id the gathered cotangent `c_k =
 /// -(g_f e^{a_k}) + ((g_r (l_k - a_k)) p_k + g_r p_k)` (`p_k = e^{l_k}`; a
 /// teacher `-inf` adds no forward term, a student `-inf` no reverse term);
@@ -590,7 +590,7 @@ pub fn pairwise_depth(n: usize) -> usize {
     }
 }
 
-/// The cross-entropy row loss in `A` (DESIGN: "Loss side"):
+/// The cross-entropy row loss in `A` (docs/design.md, "The loss side"):
 /// `l = (1 - eps) (-lp_t) + eps (-sum_{j in A} lp(j) / |A|)` over the
 /// allowed entries `j < v` (`lp_t` the target's log-prob), the sum by
 /// [`pairwise_sum`]; `eps = 0` gives `-lp_t` alone, and a `-inf` logit in

@@ -7,7 +7,7 @@
 //! requested dtype ([`backward`]) or in the element type itself
 //! ([`backward_into`]: f64, f32, bf16 or f16), each value rounded once.
 //!
-//! # Formula (DESIGN "The math"; the oracle's docs)
+//! # Formula (docs/design.md, "The math"; the oracle's docs)
 //!
 //! For upstream `g` (log-prob), `h` (entropy), `G_k` (top-k), with the
 //! sources `(t, g)` and `(id_k, G_k)` (an `ignore_index` row has `g = 0`; a
@@ -99,7 +99,7 @@ impl<A: Acc> KlSide<A> {
     }
 }
 
-/// The loss-side terms of one row (DESIGN: "Loss side"), folded into the
+/// The loss-side terms of one row (docs/design.md, "The loss side"), folded into the
 /// write pass's row constants: the total weight of `-p_j` loses `(a +
 /// zb lse) + ell eps` (the kernel's own `lse = m / T + ln S`), and every
 /// allowed entry gains the constant `u`.

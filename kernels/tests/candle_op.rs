@@ -516,7 +516,7 @@ fn candle_sums_in_the_declared_order() {
 }
 
 /// A sound, deliberately loose bound on the f32 composed log-prob error,
-/// from its declared algorithm (DESIGN's derivation, simplified): the sum's
+/// from its declared algorithm (docs/design.md, "The bounds", simplified): the sum's
 /// relative error is at most `gamma(depth) + 2u + u R` with `R <= ln V`,
 /// `ln` and `exp` within 1 ulp (`<= 2u` relative), `|d_t| <= |lp| + ln V`,
 /// and two final roundings of `u |lp|`; every coefficient is at most

@@ -1,5 +1,5 @@
 //! The CPU kernels' VJP of the loss-side outputs (`grad_lse`,
-//! `grad_z_loss`, `grad_loss`; DESIGN: "Loss side"): bit-identical across
+//! `grad_z_loss`, `grad_loss`; docs/design.md, "The loss side"): bit-identical across
 //! chunk sizes, thread counts and in place; the loss's gradient without
 //! smoothing is the negated log-prob cotangent's, bit for bit; f64 logits
 //! agree with the oracle to a few f64 ulps of the row's scale. The real

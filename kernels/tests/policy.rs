@@ -1,5 +1,5 @@
 //! The CPU kernels' policy terms (`kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`,
-//! `ratio`; DESIGN: "Loss side"): bit-identical across chunk sizes and
+//! `ratio`; docs/design.md, "The loss side"): bit-identical across chunk sizes and
 //! vocabulary shards; `kl_k3` keeps its digits near `d = 0` (relative error
 //! a few f32 ulps of `k3` where the naive form would lose them all); the
 //! backward with policy cotangents is the log-prob backward with the

@@ -1,4 +1,4 @@
-//! The property suite: the `cargo test` gate (DESIGN: "The properties").
+//! The property suite: the `cargo test` gate (docs/design.md, "The properties").
 //! Each test runs one property on every CPU kernel; failures shrink to a
 //! minimal recipe and persist in `proptest-regressions/properties.txt`.
 //! `PROPTEST_CASES` replaces every default case count.

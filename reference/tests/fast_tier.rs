@@ -1,5 +1,5 @@
 //! The certified f64 tier (`oracle::fast`) against a 320-bit MPFR
-//! evaluation written here from DESIGN.md's formulas (no code shared with
+//! evaluation written here from docs/design.md's formulas (no code shared with
 //! the oracle): every enclosure of the tier (`s`, `ln S`, `S_w`, `B`, `R`,
 //! `M2`, `lse`, log-prob, entropy, top-k, `d_j`, `e_j`, `p_j`, `q_j` and
 //! the VJP elements) must contain the exact value, over offsets up to

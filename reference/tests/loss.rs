@@ -1,4 +1,4 @@
-//! The oracle's cross-entropy `loss` (DESIGN: "Loss side") against values
+//! The oracle's cross-entropy `loss` (docs/design.md, "The loss side") against values
 //! computed by hand: closed forms (`ln 4`, `ln 3`) and the textbook
 //! definition evaluated directly in 256-bit MPFR (`lse = ln sum e^x`,
 //! `-log p_j = lse - x_j`), not through the oracle's shifted sums; every

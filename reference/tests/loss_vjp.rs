@@ -1,5 +1,5 @@
 //! The VJP of the loss-side outputs (`grad_lse`, `grad_z_loss`,
-//! `grad_loss`; DESIGN: "Loss side") in the oracle, against the textbook
+//! `grad_loss`; docs/design.md, "The loss side") in the oracle, against the textbook
 //! objective evaluated directly in 320-bit MPFR: `F(x) = sum_r (a_r lse_r +
 //! b_r coef lse_r^2) + <g, loss>` with `z = c tanh(x / c) / T` (softcap
 //! optional), `lse = ln sum e^z` over the allowed entries, the smoothed

@@ -1,4 +1,4 @@
-//! Self-checks of the exact oracle (DESIGN.md, "The oracle"): uniform and
+//! Self-checks of the exact oracle (docs/design.md, "The oracle"): uniform and
 //! one-hot rows, shift invariance at extreme offsets, probabilities summing
 //! to 1, the VJP against a 256-bit central difference, two working
 //! precisions agreeing, a rounding midpoint, and every error path.

@@ -1,5 +1,5 @@
-//! The policy terms (`kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio`; DESIGN:
-//! "Loss side") in the oracle, against their definitions evaluated
+//! The policy terms (`kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio`;
+//! docs/design.md, "The loss side") in the oracle, against their definitions evaluated
 //! directly in 1000-bit MPFR (`lp = x_t / T - ln sum e^{x_j / T}`, `d = lp -
 //! ref`, the naive `e^{-d} + d - 1` at that precision, the clamps as
 //! verl's): every term correctly rounded on both tiers, `kl_k3` included

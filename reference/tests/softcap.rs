@@ -1,5 +1,5 @@
-//! The softcap `x' = c tanh(x / c)` before the temperature (DESIGN: "Loss
-//! side"; Gemma 2) in the oracle, against the textbook definition evaluated
+//! The softcap `x' = c tanh(x / c)` before the temperature (docs/design.md, "The
+//! loss side"; Gemma 2) in the oracle, against the textbook definition evaluated
 //! directly in 320-bit MPFR (`z_j = c tanh(x_j / c) / T`, `lse = ln sum
 //! e^z`, `log_prob = z_t - lse`, entropy `= lse - sum p z`, the gradient
 //! `(1[j=t] - p_j) sech^2(x_j / c) / T`), not through the oracle's

@@ -1,5 +1,5 @@
 //! The top-k KL to a teacher (`forward_kl`, `reverse_kl`, renormalised or
-//! not; DESIGN: "Loss side") in the oracle, against the definition
+//! not; docs/design.md, "The loss side") in the oracle, against the definition
 //! evaluated directly in 480-bit MPFR (log-softmax of `z = x / T` over the
 //! allowed entries, the K-term sums), on both tiers: correctly rounded to
 //! f32 and f64, including rows where the KL is tiny next to its terms (the

@@ -1,5 +1,5 @@
 //! The VJP of the top-k KL to a teacher (`grad_forward_kl`,
-//! `grad_reverse_kl`, renormalised or not; DESIGN: "Loss side") against an
+//! `grad_reverse_kl`, renormalised or not; docs/design.md, "The loss side") against an
 //! independent derivative: central finite differences of the definition
 //! evaluated in 900-bit MPFR (step `2^-160`: truncation `~2^-320`, far below
 //! an f64 ulp of any element checked), correctly rounded to f32 and f64;
@@ -220,8 +220,9 @@ fn kl_vjp_is_the_correctly_rounded_derivative() {
     eprintln!("f64 tier: MPFR decided {fast_mpfr} of {fast_total} gradient elements");
 }
 
-/// One row, `T = 1`, no top-k cotangent: the closed form of DESIGN's
-/// derivative in f64 (tight enough for a `-inf` column's finite value).
+/// One row, `T = 1`, no top-k cotangent: the closed form of the
+/// derivative (docs/design.md, "The loss side") in f64 (tight enough for a
+/// `-inf` column's finite value).
 fn grad_of(
     x: Array2<f32>,
     ids: Array2<i64>,

@@ -58,7 +58,7 @@ impl RowReduction {
         }
     }
 
-    /// Summation model (DESIGN, "The tolerance model"): every rounding on a
+    /// Summation model (docs/design.md, "The tolerance model"): every rounding on a
     /// term's path counted as one addition level.
     /// - leaf: `TILE * tiles` additions, plus per in-leaf rescaling the `+ 1`
     ///   of the old argmax term and the multiplication by the factor (2

@@ -1,5 +1,6 @@
 //! Device-allocation tracker: current and peak bytes per kind, so the
-//! memory property can bound a call's peak device memory (DESIGN, property 5).
+//! memory property can bound a call's peak device memory (docs/design.md,
+//! "The properties", 5).
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -80,7 +80,7 @@ pub fn real_columns(range: &std::ops::Range<usize>, vocab_size: usize) -> usize 
 }
 
 impl Layout {
-    /// The declared algorithm of a call with `shape` (DESIGN, "The tolerance
+    /// The declared algorithm of a call with `shape` (docs/design.md, "The tolerance
     /// model"): f32 accumulation; `expf` / `log1pf`; subtract the max, then
     /// scale by `1/T`; the row reduction of [`RowReduction`] (for shards: the
     /// widest shard's, plus `ceil(log2 shards)` tree merge levels, each

@@ -2,7 +2,7 @@
 //! (masked) logits, `s = S - 1` (the sum of `exp((z_j - m) / T)` without one
 //! argmax term, whose exp is exactly 1) and `B = sum_j e^{d_j} (-d_j)` for the
 //! entropy, so that `ln S = ln_1p(s)` and `entropy = ln_1p(s) + B / (1 + s)`
-//! (the oracle's `L + R`, DESIGN "The math"; the `ln S + B / S` form the
+//! (the oracle's `L + R`, docs/design.md, "The math"; the `ln S + B / S` form the
 //! tolerance model analyses).
 //!
 //! # Order of operations (the declared summation model)

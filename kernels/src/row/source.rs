@@ -68,8 +68,8 @@ fn clamped<T>(s: &[T], start: usize, n: usize) -> &[T] {
     &s[a..start.saturating_add(n).min(s.len())]
 }
 
-/// The softcap `x' = c tanh(x / c)` as a row source applies it (DESIGN:
-/// "Loss side"); `c` is the spec's value rounded to the accumulation dtype
+/// The softcap `x' = c tanh(x / c)` as a row source applies it
+/// (docs/design.md, "The loss side"); `c` is the spec's value rounded to the accumulation dtype
 /// (`Options::effective_softcap`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Softcap {

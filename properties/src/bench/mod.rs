@@ -1,5 +1,5 @@
 //! `logprobe bench`: throughput and memory of the CPU kernels as ratios
-//! measured in one run (DESIGN "Performance targets"), on logits `[N, V]`
+//! measured in one run (docs/design.md, "Performance targets"), on logits `[N, V]`
 //! (default `N = 64`, `V = 152064`, Qwen2's padded vocabulary) in f32 and
 //! bf16.
 //!
@@ -35,8 +35,8 @@
 //! call; beside it, the fewest CPU seconds a call took (all the process's
 //! threads, preemption excluded: on a loaded machine the on-CPU cycles are
 //! the steadier figure at one thread). Nothing here asserts a timing: the
-//! targets table says whether each ratio meets DESIGN's target, for a human
-//! to read.
+//! targets table says whether each ratio meets its target (docs/design.md,
+//! "Performance targets"), for a human to read.
 //!
 //! [`Kernel::backward`]: logprobe_kernels::Kernel::backward
 
@@ -169,7 +169,7 @@ pub struct MemoryResult {
     /// The kernel's declared
     /// [`Kernel::workspace_bytes`](logprobe_kernels::Kernel::workspace_bytes).
     pub workspace_bytes: usize,
-    /// DESIGN's budget: `2 * chunk_size * V * 4` for chunked (0 for fused)
+    /// The memory budget: `2 * chunk_size * V * 4` for chunked (0 for fused)
     /// plus the `O(N)` and constant allowances of
     /// [`budget`](logprobe_testkit::memory::budget).
     pub budget_bytes: usize,
@@ -207,7 +207,7 @@ pub struct OracleResult {
     pub vjp_fallback: f64,
 }
 
-/// One DESIGN target and whether this run meets it.
+/// One performance target (docs/design.md) and whether this run meets it.
 #[derive(Clone, Debug, Serialize)]
 pub struct TargetResult {
     /// The target in words.
@@ -237,7 +237,7 @@ pub struct BenchReport {
     pub memory_counted: bool,
     /// The oracle.
     pub oracle: Vec<OracleResult>,
-    /// DESIGN's targets.
+    /// The targets of docs/design.md, "Performance targets".
     pub targets: Vec<TargetResult>,
 }
 

@@ -78,7 +78,7 @@ pub(crate) fn targets(
     }
     for o in oracle {
         // Issue 10's targets for the f64 tier (V = 152064, one thread),
-        // DESIGN's 1.5 us for the MPFR path; held on CPU time where the
+        // docs/design.md's 1.5 us for the MPFR path; held on CPU time where the
         // platform gives it (a loaded machine inflates wall time).
         let (fwd, vjp) = if o.tier == "f64" {
             (25.0, 50.0)

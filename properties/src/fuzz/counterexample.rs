@@ -1,4 +1,4 @@
-//! A finding as a dump in the verify format (`../shared/cases/README.md`):
+//! A finding as a dump in the verify format (`docs/dump-from-pytorch.md`):
 //! the case's inputs, the failing call's outputs as candidates, and the
 //! recipe in metadata (`fuzz_recipe`, `fuzz_kernel`, `fuzz_property`,
 //! `fuzz_seed`), so that `logprobe verify FILE` judges the outputs and

@@ -1,6 +1,6 @@
 //! Oracle results cached per recipe, shared by every kernel under test.
 //!
-//! The oracle costs about 1 us per vocabulary entry (DESIGN: "The oracle"),
+//! The oracle costs about 1 us per vocabulary entry (docs/design.md, "The oracle"),
 //! far more than any kernel, so each problem is sent to it once: the forward
 //! results (target f64, so one enclosure judges outputs of every dtype), the
 //! row statistics and contexts the tolerance model needs, and the VJP per

@@ -1,5 +1,5 @@
 //! Property 5, memory: a counting global allocator and the check of a
-//! kernel's peak extra allocation (DESIGN: chunked `<= 2 * chunk_size * V *
+//! kernel's peak extra allocation (docs/design.md: chunked `<= 2 * chunk_size * V *
 //! 4` bytes `+ O(N)`, fused `O(N)`, outputs excluded, workspaces included).
 //!
 //! A test binary installs [`CountingAllocator`] as its `#[global_allocator]`

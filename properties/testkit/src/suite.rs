@@ -1,4 +1,4 @@
-//! The properties of the `cargo test` gate (DESIGN: "The properties"), as
+//! The properties of the `cargo test` gate (docs/design.md, "The properties"), as
 //! [`Property`] values: each a generator of cases and a check of a kernel
 //! list, run by [`crate::checks::gate`] in `tests/` and by
 //! [`crate::checks::survey`] for the mutant kill table and the tightness

@@ -1,4 +1,4 @@
-//! The format-version-2 metadata this build reads (`shared/cases/README.md`):
+//! The format-version-2 metadata this build reads (`docs/dump-from-pytorch.md`):
 //! `format_version`, `cotangent_reduction`, `topk_ids_source`,
 //! `topk_sorted`, `chunk_size` (checked, informational). Version-1 keys are parsed with the options in
 //! [`crate::dump`].

@@ -1,4 +1,4 @@
-//! The names a dump may hold (`shared/cases/README.md`): tensors and
+//! The names a dump may hold (`docs/dump-from-pytorch.md`): tensors and
 //! `__metadata__` keys of format version 1, the names reserved for version 2
 //! and which of those are built. Every check here is a function over a list
 //! of [`Name`]s, so one table drives the reader, the writer's tests, `--help`
@@ -60,7 +60,7 @@ const fn m(name: &'static str, version: u8, built: bool) -> Name {
 }
 
 /// Every name of the format, version 1 first (the table of
-/// `shared/cases/README.md`).
+/// `docs/dump-from-pytorch.md`).
 pub const NAMES: &[Name] = &[
     t("logits", 1, true),
     t("tokens", 1, true),

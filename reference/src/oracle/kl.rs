@@ -1,7 +1,7 @@
 //! The exact KL divergence between two rows' softmaxes,
 //! `KL(p_A || p_B) = sum_j p_A,j (ln p_A,j - ln p_B,j)` with
 //! `p = softmax(z')` of each side (its own logits, temperature and
-//! sampling mask: DESIGN.md "The math"), as an MPFR enclosure decided to
+//! sampling mask: docs/design.md, "The math"), as an MPFR enclosure decided to
 //! f64 by Ziv's loop. `logprobe compare` reports it per row: how far a
 //! rollout engine's distribution is from the trainer's.
 //!

@@ -1,4 +1,4 @@
-//! The exact cross-entropy `loss` (DESIGN: "Loss side"; definitions in
+//! The exact cross-entropy `loss` (docs/design.md, "The loss side"; definitions in
 //! [`crate::spec::CrossEntropy`]): per-row enclosures on the MPFR path, the
 //! reduction over rows inside the exact value, correctly rounded by a Ziv
 //! loop over the whole problem (every row redone at twice the precision

@@ -2,7 +2,7 @@
 //! log-probs, entropy, top-k log-probs and their VJP, correctly rounded to
 //! f64, f32, bf16 or f16.
 //!
-//! # The math (DESIGN.md, "The math")
+//! # The math (docs/design.md, "The math")
 //!
 //! Per row, with the real vocabulary `j < V` (padded columns ignored,
 //! gradient exactly 0), temperature `T` rounded to the accumulation dtype
@@ -126,7 +126,7 @@ pub struct Exact {
     pub offset: Interval,
 }
 
-/// Row statistics for the tolerance model (DESIGN: "The tolerance model"),
+/// Row statistics for the tolerance model (docs/design.md, "The tolerance model"),
 /// each an enclosure. `d`, `s`, `ln_s`, `d_t`, `p` are over the masked
 /// shifted logits `d'_j = (z'_j - max z')`; `s_w`, `ln_s_w`, `r`, `m2`, `q`,
 /// `e` over the entropy's logits `w` (unmasked or masked per options).
@@ -868,7 +868,7 @@ fn z_loss_coef(problem: &Problem<'_>) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `z_loss = coef * lse^2` (DESIGN: "Loss side") from the f64 tier's
+/// `z_loss = coef * lse^2` (docs/design.md, "The loss side") from the f64 tier's
 /// enclosure of `lse`: the square and the product each widened outward by
 /// one f64 ulp (each is one rounded f64 operation), then decided as every
 /// f64-tier value ([`fast::decide`]); `None` leaves it to MPFR. A zero

@@ -1,5 +1,5 @@
 //! The policy terms' exact values and derivatives ([`crate::spec::PolicyTerm`]:
-//! `kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio`; DESIGN: "Loss side"),
+//! `kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio`; docs/design.md, "The loss side"),
 //! each a function of the row's log-prob `lp` and one exact input (`ref`
 //! or `old`), enclosed from the log-prob's enclosure.
 //!

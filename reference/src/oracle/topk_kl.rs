@@ -366,7 +366,7 @@ pub(crate) fn kl_slopes_fast(
 }
 
 /// The top-k KL terms' cotangents on the student's log-probs at the K ids,
-/// for the VJP (DESIGN: "Loss side"; the spec's `topk_kl` module docs):
+/// for the VJP (docs/design.md, "The loss side"; the spec's `topk_kl` module docs):
 /// with `g_f`, `g_r` the upstream cotangents of `forward_kl`, `reverse_kl`,
 /// `d (g_f F + g_r R) / d z_j = sum_k w_k (1[j = id_k] - p_j)`, the form of
 /// a top-k log-prob cotangent, with

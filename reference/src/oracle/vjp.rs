@@ -1,5 +1,5 @@
 //! The exact VJP of one row: grad logits for upstream cotangents `g`
-//! (log_prob), `h` (entropy), `G_k` (top-k log-probs). DESIGN.md "The math":
+//! (log_prob), `h` (entropy), `G_k` (top-k log-probs). docs/design.md, "The math":
 //!
 //! `dx_j = ( g (1[j=t] - p_j) + sum_k G_k (1[j=id_k] - p_j) - h q_j (e_j + R) ) / T`
 //!
@@ -14,7 +14,7 @@
 //! `e^{d'_j} > s / 2` would make the subtraction cancel) and
 //! `e_j + R = R - |e_j|`. Entries with no term are exactly 0.
 //!
-//! The loss side (DESIGN: "Loss side") folds into the same form: `lse`'s
+//! The loss side (docs/design.md, "The loss side") folds into the same form: `lse`'s
 //! cotangent `a` and `z_loss`'s `b` add `(a + 2 coef b lse) p_j`, so `C`
 //! loses `a + 2 coef b lse` (an enclosure: `lse` is not exact); the loss's
 //! row coefficient `ell` (`g w`, or `g w / W` under `mean`, exact) adds
@@ -88,7 +88,7 @@ impl RowCot {
 /// The loss's cotangent of one counted row: `ell = g w` (`/ W` under
 /// `mean`), exact, and the label smoothing over `count` allowed entries.
 /// The row's gradient gains `ell ((1 - eps)(p_j - [j = t]) + eps (p_j -
-/// [j in A] / |A|)) / T` (DESIGN: "Loss side"); a `-inf` logit in `A`
+/// [j in A] / |A|)) / T` (docs/design.md, "The loss side"); a `-inf` logit in `A`
 /// (`p_j = 0`, the row's loss `+inf` when `eps > 0`) gets the finite
 /// `-ell eps / (|A| T)`, autograd's value (`spec::loss`'s docs).
 #[derive(Debug)]

@@ -5,7 +5,8 @@
 
 use super::dtype::Dtype;
 
-/// How the row's shifted logits are formed (DESIGN: offset invariance).
+/// How the row's shifted logits are formed (docs/design.md, "The bounds": offset
+/// invariance).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Shift {
     /// `(x_j - x_max) / T`: subtract the max first (one rounding), then scale.

@@ -190,7 +190,7 @@ impl Dtype {
     /// `bf16_logits / 0.6` or `div_(T)`): the quotient is computed in the
     /// accumulation dtype (f32 for f32/bf16/f16 logits, f64 for f64), rounded
     /// once to it, and then rounded to this dtype: two roundings,
-    /// `z = round_self(round_acc(x / T))` (DESIGN, "The math").
+    /// `z = round_self(round_acc(x / T))` (docs/design.md, "The math").
     ///
     /// `x` and `t` are exact values of this dtype and of the accumulation
     /// dtype (`t > 0`). The f64 quotient is one rounding of the exact one and

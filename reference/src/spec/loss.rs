@@ -1,4 +1,4 @@
-//! Cross-entropy `loss` (DESIGN: "Loss side"): its reduction, label
+//! Cross-entropy `loss` (docs/design.md, "The loss side"): its reduction, label
 //! smoothing, the all-ignored mean and per-row weights, with their
 //! validation. Shared by the oracle and every kernel (plain Rust).
 //!
@@ -246,7 +246,7 @@ impl CrossEntropy<'_> {
 /// The divisor `W` of a `mean` loss, summed once over a whole problem's
 /// rows so that a view of some of them (verify's one-row views,
 /// [`Cotangents::loss_divisor`](super::Cotangents::loss_divisor)) divides
-/// by the whole problem's `W`, not its own rows' (DESIGN: "Loss side":
+/// by the whole problem's `W`, not its own rows' (docs/design.md, "The loss side":
 /// `W = sum_{r} w_r`, `|r|` without weights).
 ///
 /// `W` is held exactly: f64 parts whose exact sum it is (a nonoverlapping

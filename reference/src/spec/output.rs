@@ -26,8 +26,8 @@ use ndarray::{Array2, ArrayView1, ArrayView2, Axis};
 use super::loss::Reduction;
 use super::problem::{Cotangents, Problem, Shape};
 
-/// One output of the problem (DESIGN: "The math"; names as in the dump
-/// format, `shared/cases/README.md`).
+/// One output of the problem (docs/design.md, "The math"; names as in the dump
+/// format, `docs/dump-from-pytorch.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Output {
     /// `log_probs [N]` (stored `[N, 1]`): `log softmax(z')[token]`, nats.
@@ -43,9 +43,9 @@ pub enum Output {
     /// `lse [N]` (stored `[N, 1]`): `logsumexp(z')` per row, nats.
     Lse,
     /// `z_loss [N]` (stored `[N, 1]`): `z_loss_coef * lse^2` per row
-    /// (DESIGN: "Loss side"; reduction `none`, every row).
+    /// (docs/design.md, "The loss side"; reduction `none`, every row).
     ZLoss,
-    /// `loss`: the cross-entropy (DESIGN: "Loss side";
+    /// `loss`: the cross-entropy (docs/design.md, "The loss side";
     /// [`crate::spec::CrossEntropy`]), nats. Under `reduction = none`
     /// `[N]` (stored `[N, 1]`): `w_r * l_r`, exactly 0 on `ignore_index`
     /// rows; under `sum` / `mean` one value for the problem
@@ -53,7 +53,7 @@ pub enum Output {
     /// it reduces.
     Loss,
     /// `kl_k1 [N]` (stored `[N, 1]`): `d = log_prob - ref_log_probs`, nats
-    /// (DESIGN: "Loss side"; [`crate::spec::PolicyTerm`]).
+    /// (docs/design.md, "The loss side"; [`crate::spec::PolicyTerm`]).
     KlK1,
     /// `kl_k2 [N]`: `d^2 / 2`, nats squared.
     KlK2,
@@ -64,7 +64,7 @@ pub enum Output {
     /// `ratio [N]`: `exp(clamp(log_prob - old_log_probs))`, dimensionless.
     Ratio,
     /// `forward_kl [N]` (stored `[N, 1]`): `sum_k e^{a_k} (a_k - log
-    /// p(id_k))` over the teacher's top-k (DESIGN: "Loss side";
+    /// p(id_k))` over the teacher's top-k (docs/design.md, "The loss side";
     /// [`crate::spec::TopkKl`]), nats.
     ForwardKl,
     /// `reverse_kl [N]` (stored `[N, 1]`): `sum_k p(id_k) (log p(id_k) -

@@ -1,4 +1,4 @@
-//! Policy-gradient terms against given log-probs (DESIGN: "Loss side"):
+//! Policy-gradient terms against given log-probs (docs/design.md, "The loss side"):
 //! the KL estimators against a reference policy and the importance ratio
 //! against the behaviour policy, their clamps, and their validation.
 //! Shared by the oracle and every kernel (plain Rust).

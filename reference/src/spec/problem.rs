@@ -1,6 +1,6 @@
 //! The problem: input views, options, cotangents, and their validation.
 //!
-//! The math these inputs define is DESIGN.md's "The math" section; the
+//! The math these inputs define is docs/design.md's "The math" section; the
 //! oracle's module docs restate it with sources.
 
 use half::{bf16, f16};
@@ -138,8 +138,8 @@ pub enum TemperatureDtype {
     Input,
 }
 
-/// How the softcap `x' = c tanh(x / c)` is materialised (DESIGN: "Loss
-/// side"; Gemma 2's final-logit softcapping).
+/// How the softcap `x' = c tanh(x / c)` is materialised (docs/design.md, "The
+/// loss side"; Gemma 2's final-logit softcapping).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SoftcapDtype {
     /// `x'_j = c tanh(x_j / c)` taken exactly (the softcap happens in the
@@ -164,7 +164,7 @@ pub enum EntropyLogits {
     Masked,
 }
 
-/// Options of the computation (DESIGN.md, "The math"). `Debug` prints the
+/// Options of the computation (docs/design.md, "The math"). `Debug` prints the
 /// loss side's fields only when set (reports and golden headers of
 /// log-prob problems read as before they existed).
 #[derive(Clone, Copy, PartialEq)]
@@ -188,7 +188,7 @@ pub struct Options {
     /// Default false.
     pub lse: bool,
     /// `Some(coef)`: compute `z_loss [N] = coef * lse^2` per row (nats^2
-    /// times `coef`; DESIGN: "Loss side"). `coef >= 0` and finite, rounded
+    /// times `coef`; docs/design.md, "The loss side"). `coef >= 0` and finite, rounded
     /// to the accumulation dtype as the temperature is. Default `None`.
     pub z_loss_coef: Option<f64>,
     /// `Some(c)`: softcap the raw logits, `x'_j = c tanh(x_j / c)`, before
@@ -199,8 +199,8 @@ pub struct Options {
     pub softcap: Option<f64>,
     /// How `x'` is materialised. Default [`SoftcapDtype::Accumulation`].
     pub softcap_dtype: SoftcapDtype,
-    /// `Some`: compute the cross-entropy `loss` (needs `tokens`; DESIGN:
-    /// "Loss side") with this reduction, label smoothing and all-ignored
+    /// `Some`: compute the cross-entropy `loss` (needs `tokens`;
+    /// docs/design.md, "The loss side") with this reduction, label smoothing and all-ignored
     /// mean; its per-row weights are [`Problem::loss_weights`]. Default
     /// `None`.
     pub loss: Option<LossOptions>,
@@ -208,7 +208,7 @@ pub struct Options {
     /// [`crate::spec::PolicyTerm`]). Default: none.
     pub policy_clamps: PolicyClamps,
     /// `Some`: compute the top-k KL to a teacher (`forward_kl`,
-    /// `reverse_kl`; DESIGN: "Loss side"), over `topk_ids` with the
+    /// `reverse_kl`; docs/design.md, "The loss side"), over `topk_ids` with the
     /// teacher's log-probs [`Problem::teacher_topk_log_probs`]. Default
     /// `None`.
     pub topk_kl: Option<TopkKl>,
@@ -414,8 +414,8 @@ impl<'a> ProblemMut<'a> {
 ///
 /// Shapes: `grad_log_probs [N]`, `grad_entropy [N]`, `grad_topk_log_probs [N, K]`,
 /// `grad_lse [N]`, `grad_z_loss [N]`, `grad_loss [N]` under `reduction =
-/// none`, `[1]` under `sum` / `mean` (the scalar's cotangent; DESIGN:
-/// "Loss side"). Build one with `..Cotangents::default()` for the fields
+/// none`, `[1]` under `sum` / `mean` (the scalar's cotangent;
+/// docs/design.md, "The loss side"). Build one with `..Cotangents::default()` for the fields
 /// left absent.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cotangents<'a> {
@@ -816,7 +816,7 @@ impl<'a> Problem<'a> {
 
     /// Row `row`'s top-k KL cotangents `(forward, reverse)` (0 where not
     /// given): `d (g_f forward_kl + g_r reverse_kl) / d z` is the VJP's KL
-    /// term (DESIGN: "Loss side"; [`crate::spec::TopkKl`]'s module docs).
+    /// term (docs/design.md, "The loss side"; [`crate::spec::TopkKl`]'s module docs).
     /// Call after [`Problem::validate_cotangents`]; `row < N`.
     pub fn kl_cotangents(&self, cot: &Cotangents<'_>, row: usize) -> (f64, f64) {
         if self.options.topk_kl.is_none() {
@@ -854,7 +854,7 @@ impl<'a> Problem<'a> {
     /// (`mean`, `W` the sum of [`Problem::loss_divisor_terms`], or
     /// [`Cotangents::loss_divisor`]); `None` without `grad_loss`
     /// or `options.loss`, on an `ignore_index` row, or when `g w` is 0
-    /// (DESIGN: "Loss side": ignored rows and the all-ignored mean get
+    /// (docs/design.md, "The loss side": ignored rows and the all-ignored mean get
     /// gradient 0). Call after [`Problem::validate_cotangents`]; `row < N`.
     pub fn loss_cotangent(&self, cot: &Cotangents<'_>, row: usize) -> Option<(f64, f64)> {
         let (g, loss) = (cot.grad_loss?, self.options.loss?);

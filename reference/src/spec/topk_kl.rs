@@ -1,4 +1,4 @@
-//! Distillation KL over a teacher's top-k (DESIGN: "Loss side"; issue 18):
+//! Distillation KL over a teacher's top-k (docs/design.md, "The loss side"; issue 18):
 //! the options and the checks of the teacher's log-probs. Shared by the
 //! oracle, every kernel and the verifier (plain Rust).
 //!

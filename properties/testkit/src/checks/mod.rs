@@ -3,7 +3,7 @@
 //! it, returning one [`KernelOutcome`] per kernel. The `cargo test` gate
 //! ([`gate`]) and the mutant survey ([`survey`]) run the same checks.
 //!
-//! The properties are DESIGN's "The properties" 1-7: oracle agreement within
+//! The properties are 1-7 of docs/design.md, "The properties": oracle agreement within
 //! the tolerance model's bound, chunk-size invariance bit for bit, gradients
 //! against the oracle's VJP, bf16/f16 inputs and outputs, vocab-parallel
 //! shardings against the oracle, and edges / bad input / unchanged inputs.

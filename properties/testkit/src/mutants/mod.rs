@@ -1,5 +1,5 @@
 //! Planted mutant kernels: one per bug kind that chunked / fused log-prob
-//! code has shipped (DESIGN: "Why it matters", property 8).
+//! code has shipped (docs/design.md, "Why"; property 8).
 //!
 //! Each mutant is one type implementing [`PlantedBug`]: it wraps a correct
 //! kernel of this workspace and differs from it only where its bug is

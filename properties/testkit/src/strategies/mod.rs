@@ -8,7 +8,7 @@
 //! real-vocabulary row shrinks in seconds. Every logit is generated in f64
 //! and rounded once with
 //! [`Dtype::round_f64`](logprobe_reference::spec::Dtype::round_f64), so it
-//! is exactly representable in the dtype under test (DESIGN: "The
+//! is exactly representable in the dtype under test (docs/design.md, "The
 //! properties", generators).
 //!
 //! Sizes: `N` from 0, `V` from 1; small `V` at high case counts, the real

@@ -1,5 +1,5 @@
-//! The teacher of the top-k KL (`teacher_topk_log_probs`, DESIGN: "Loss
-//! side"): drawn beside a recipe's top-k ids from the recipe's seed on a
+//! The teacher of the top-k KL (`teacher_topk_log_probs`, docs/design.md, "The
+//! loss side"): drawn beside a recipe's top-k ids from the recipe's seed on a
 //! stream of its own, so every other value of the case is unchanged.
 //!
 //! Per problem: renormalised or not (even odds). Per row: the teacher's

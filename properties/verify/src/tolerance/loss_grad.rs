@@ -12,7 +12,7 @@ use ndarray::ArrayView1;
 use super::upward::{Hi, Lo};
 use super::NoBound;
 
-/// The loss-side cotangents of one row (DESIGN: "Loss side"), exact
+/// The loss-side cotangents of one row (docs/design.md, "The loss side"), exact
 /// inputs; part of [`super::GradCotangents`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LossGradCotangents<'c> {

@@ -14,8 +14,8 @@ use super::bounds::RowBounds;
 /// vocabulary (a kernel declares it), re-exported here.
 pub use logprobe_reference::spec::EntropyForm;
 
-/// The summation order of a model: a preset for foreign kernels (DESIGN:
-/// "The tolerance model"; `verify` cannot know a foreign kernel's order),
+/// The summation order of a model: a preset for foreign kernels
+/// (docs/design.md, "Declared algorithms"; `verify` cannot know a foreign kernel's order),
 /// or a kernel's own declaration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Order {

@@ -92,8 +92,9 @@ pub struct Judged {
     pub ratio: f64,
 }
 
-/// The flash-attention rule's figure for one output (DESIGN: reported
-/// alongside, not required; [`tolerance::FlashRule`](crate::tolerance::FlashRule)).
+/// The flash-attention rule's figure for one output (docs/design.md,
+/// "Verdicts": reported alongside, not required;
+/// [`tolerance::FlashRule`](crate::tolerance::FlashRule)).
 #[derive(Clone, Debug, Serialize)]
 pub struct FlashRule {
     /// `max error / max(max naive same-dtype error, max half ulp)`.

@@ -1,5 +1,5 @@
-//! The f64-tier enclosure of one row's cross-entropy term `w l` (DESIGN:
-//! "Loss side"; [`crate::spec::CrossEntropy`]), from the same pass as the
+//! The f64-tier enclosure of one row's cross-entropy term `w l`
+//! (docs/design.md, "The loss side"; [`crate::spec::CrossEntropy`]), from the same pass as the
 //! log-probs: with `a_j = (v_max - v_j) / ts >= 0` (F1, the tight
 //! enclosure) and `L = ln S` (F4), `-log p_j = a_j + L`, so
 //! `l = (1 - eps)(a_t + L) + eps (L + sum_{j in A} a_j / |A|)` over the

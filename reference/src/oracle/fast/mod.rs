@@ -95,8 +95,8 @@
 //!   almost never happens (the enclosures are a few f64 ulps wide): those
 //!   outputs fall back to MPFR.
 //!
-//! - (F9) Exact softcap (`softcap_dtype = accumulation`, DESIGN "Loss
-//!   side": `x'_j = c tanh(x_j / c)`, then `z = x' / T` exactly). The pass
+//! - (F9) Exact softcap (`softcap_dtype = accumulation`, docs/design.md, "The
+//!   loss side": `x'_j = c tanh(x_j / c)`, then `z = x' / T` exactly). The pass
 //!   runs (F1)-(F8) on `y_j = RN(c RN(tanh(RN(x_j / c))))` (`-c` for a
 //!   `-inf` logit, exact: PyTorch's value) as if exact, then widens each
 //!   result for `|x'_j - y_j| <= e = 3 u c + c 2^-1074 + 2^-1074`: (a) the

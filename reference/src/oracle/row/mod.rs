@@ -1,7 +1,7 @@
 //! One row of the problem at one working precision: the exact inputs, the
 //! enclosures of `d_j`, `exp(d_j)` and the row sums (`s = S - 1`, `s_w`,
 //! `B = sum F_j |e_j|`, `sum F_j e_j^2`), the forward values and the row
-//! statistics. Formulas: DESIGN.md "The math"; see the module docs of
+//! statistics. Formulas: docs/design.md, "The math"; see the module docs of
 //! [`crate::oracle`].
 //!
 //! Here: the row's exact inputs ([`Row`], built by [`prepare`]) and its
@@ -59,7 +59,7 @@ pub(crate) enum TopId {
     Live(usize),
 }
 
-/// The softcap as the oracle takes it (DESIGN: "Loss side").
+/// The softcap as the oracle takes it (docs/design.md, "The loss side").
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RowSoftcap {
     /// No softcap.
@@ -216,7 +216,7 @@ pub(crate) fn prepare<'a>(
     let mask = problem
         .sampling_mask
         .map(|m| m.index_axis_move(Axis(0), row));
-    // The softcap first (DESIGN: before the temperature); validated already.
+    // The softcap first (docs/design.md: before the temperature); validated already.
     let softcap = match problem
         .options
         .effective_softcap(shape.dtype.accumulation())?

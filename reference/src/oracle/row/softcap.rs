@@ -1,5 +1,5 @@
 //! The softcap `x' = c tanh(x / c)` of one entry at a working precision:
-//! its enclosure and its gradient factor (DESIGN: "Loss side").
+//! its enclosure and its gradient factor (docs/design.md, "The loss side").
 
 use std::cmp::Ordering;
 
