@@ -157,7 +157,7 @@ unsafe fn narrow_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
 /// group of 16 holding a subnormal (`vfpclassps`, one compare) takes
 /// [`bf16_bits`] instead. One conversion per 16 values against ~10 integer
 /// operations: the bf16 gradient's rounding on the write pass's two FP
-/// ports (BENCHMARKS.md, issue 16).
+/// ports (docs/benchmarks-history.md, issue 16).
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512DQ and AVX512-BF16.

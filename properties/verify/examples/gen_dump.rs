@@ -1,5 +1,5 @@
-//! Writes a large LLM-like dump for timing `logprobe verify` (BENCHMARKS.md,
-//! "verify at batch scale"): `logits [N, V]` in `--dtype` (Gaussian logits,
+//! Writes a large LLM-like dump for timing `logprobe verify`
+//! (docs/benchmarks-history.md, "verify at batch scale"): `logits [N, V]` in `--dtype` (Gaussian logits,
 //! standard deviation 3, plus a few spikes, a deterministic xorshift
 //! stream), `tokens [N]`, and candidate `log_probs [N]`, `entropy [N]` and,
 //! with `--grad`, cotangents `grad_log_probs [N]`, `grad_entropy [N]` and
