@@ -1,7 +1,8 @@
 //! Writes a large LLM-like dump for timing `logprobe verify`
-//! (docs/benchmarks-history.md, "verify at batch scale"): `logits [N, V]` in `--dtype` (Gaussian logits,
-//! standard deviation 3, plus a few spikes, a deterministic xorshift
-//! stream), `tokens [N]`, and candidate `log_probs [N]`, `entropy [N]` and,
+//! (docs/benchmarks-history.md, "verify at batch scale"): `logits [N, V]`
+//! in `--dtype` (Gaussian logits, standard deviation 3, plus a few spikes,
+//! a deterministic xorshift stream), `tokens [N]`, and candidate
+//! `log_probs [N]`, `entropy [N]` and,
 //! with `--grad`, cotangents `grad_log_probs [N]`, `grad_entropy [N]` and
 //! candidate `grad_logits [N, V]`, all in the logits' dtype. The candidates
 //! are computed in f64 (log_softmax, entropy `ln S + R`, VJP
