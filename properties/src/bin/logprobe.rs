@@ -15,7 +15,9 @@
 //!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
 //! - `compare A B`: where a trainer-vs-rollout log-prob mismatch comes
 //!   from ([`logprobe_verify::compare`], `docs/compare.md`). Exit 0 both
-//!   kernels within their bounds, 1 a kernel beyond, 2 bad input.
+//!   kernels within their bounds on at least one compared row; 1 a kernel
+//!   beyond its bound, a non-finite log-prob, no row compared or an
+//!   unchecked side; 2 bad input.
 
 use std::io::Write;
 use std::path::PathBuf;

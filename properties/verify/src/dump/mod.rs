@@ -1,7 +1,6 @@
 //! The dump reader: one safetensors file holding the inputs of a log-prob /
 //! entropy / top-k computation and the outputs another implementation
-//! produced for them (format: `shared/cases/README.md`, restated in
-//! `docs/dump-from-pytorch.md`).
+//! produced for them (format: `docs/dump-from-pytorch.md`).
 //!
 //! [`DumpFile::open`] reads the file (a FIFO or pipe as a bounded stream);
 //! [`DumpFile::parse`] checks the header, every tensor's dtype and shape
