@@ -204,6 +204,27 @@ pub fn decode_flags(
         .collect()
 }
 
+/// The rows of `rows` that `row_mask` (`[N]`, flattened) keeps.
+pub fn unmasked_rows(rows: Vec<usize>, row_mask: Option<&[bool]>) -> Vec<usize> {
+    match row_mask {
+        None => rows,
+        Some(m) => rows.into_iter().filter(|&r| m[r]).collect(),
+    }
+}
+
+/// Wraps an error of one row in its `(b, t)` position (when the logits are
+/// `[B, T, V]`).
+pub fn at_position(e: DumpError, position: Option<(usize, usize)>) -> DumpError {
+    match position {
+        None => e,
+        Some((b, t)) => DumpError::AtPosition {
+            b,
+            t,
+            source: Box::new(e),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,38 +268,11 @@ mod tests {
     #[test]
     fn scalar_cotangents_need_sum() {
         let (s, _) = RowShape::of_logits(&[4, 9]).unwrap();
-        assert_eq!(s.cotangent("grad_log_probs", &[], &[], true).unwrap(), true);
-        assert_eq!(
-            s.cotangent("grad_log_probs", &[1], &[], true).unwrap(),
-            true
-        );
-        assert_eq!(
-            s.cotangent("grad_log_probs", &[4], &[], false).unwrap(),
-            false
-        );
+        assert!(s.cotangent("grad_log_probs", &[], &[], true).unwrap());
+        assert!(s.cotangent("grad_log_probs", &[1], &[], true).unwrap());
+        assert!(!s.cotangent("grad_log_probs", &[4], &[], false).unwrap());
         let e = s.cotangent("grad_log_probs", &[], &[], false).unwrap_err();
         assert!(e.to_string().contains("cotangent_reduction"), "{e}");
         assert!(s.cotangent("grad_log_probs", &[3], &[], true).is_err());
-    }
-}
-
-/// The rows of `rows` that `row_mask` (`[N]`, flattened) keeps.
-pub fn unmasked_rows(rows: Vec<usize>, row_mask: Option<&[bool]>) -> Vec<usize> {
-    match row_mask {
-        None => rows,
-        Some(m) => rows.into_iter().filter(|&r| m[r]).collect(),
-    }
-}
-
-/// Wraps an error of one row in its `(b, t)` position (when the logits are
-/// `[B, T, V]`).
-pub fn at_position(e: DumpError, position: Option<(usize, usize)>) -> DumpError {
-    match position {
-        None => e,
-        Some((b, t)) => DumpError::AtPosition {
-            b,
-            t,
-            source: Box::new(e),
-        },
     }
 }
