@@ -87,24 +87,10 @@ export LOGPROBE py adapter transport cases guard shrink out
 for b in "${bugs[@]}"; do for s in $seeds; do echo "$b $s"; done; done \
     | xargs -P "$jobs" -L 1 bash -c 'one "$0" "$1"'
 
-printf '%-28s %-26s %7s  %-32s %s\n' bug "cases to find per seed" median "time to find per seed (s)" "property (seed 1)"
-for b in "${bugs[@]}"; do
-    cs=()
-    ts=()
-    prop=""
-    for s in $seeds; do
-        read -r c t p <"$out/$b.$s"
-        cs+=("$c")
-        ts+=("$t")
-        [[ -z "$prop" && $p != - ]] && prop=$p
-        [[ $t == guard ]] && status=2
-    done
-    median=$(printf '%s\n' "${cs[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    ok=$(awk -v m="$median" -v cap="$cases" 'BEGIN {print (m != "inf" && m + 0 <= cap) ? "ok" : "SLOW"}')
-    [[ $ok == ok ]] || { [[ $status -eq 0 ]] && status=1; }
-    printf '%-28s %-26s %7s  %-32s %s %s\n' "$b" "${cs[*]}" "$median" "${ts[*]}" "${prop:-none}" \
-        "$([[ $ok == ok ]] || echo "<- not found in $cases cases")"
-done
+# shellcheck source=fuzz-table.sh (the cwd is the repository root)
+source scripts/fuzz-table.sh
+fuzz_table bug "$out" "$cases" "$seeds" "${bugs[@]}"
+status=$fuzz_status
 echo
 echo "correct kernel, every invariance required, --cases $clean_cases:"
 set +e

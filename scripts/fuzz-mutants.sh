@@ -79,25 +79,9 @@ export LOGPROBE cases guard shrink out
 for m in "${mutants[@]}"; do for s in $seeds; do echo "$m $s"; done; done \
     | xargs -P "$jobs" -L 1 bash -c 'one "$0" "$1"'
 
-status=0
-printf '%-28s %-26s %7s  %-32s %s\n' mutant "cases to find per seed" median \
-    "time to find per seed (s)" "property (seed 1)"
-for m in "${mutants[@]}"; do
-    cs=()
-    ts=()
-    prop=""
-    for s in $seeds; do
-        read -r c t p <"$out/$m.$s"
-        cs+=("$c")
-        ts+=("$t")
-        [[ -z "$prop" && $p != - ]] && prop=$p
-        [[ $t == guard ]] && status=2
-    done
-    median=$(printf '%s\n' "${cs[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    ok=$(awk -v m="$median" -v cap="$cases" 'BEGIN {print (m != "inf" && m + 0 <= cap) ? 1 : 0}')
-    [[ $ok -eq 1 ]] || { [[ $status -eq 0 ]] && status=1; }
-    printf '%-28s %-26s %7s  %-32s %s%s\n' "$m" "${cs[*]}" "$median" "${ts[*]}" "$prop" \
-        "$([[ $ok -eq 1 ]] || echo "  NOT FOUND IN $cases CASES")"
-done
+# shellcheck source=fuzz-table.sh (the cwd is the repository root)
+source scripts/fuzz-table.sh
+fuzz_table mutant "$out" "$cases" "$seeds" "${mutants[@]}"
+status=$fuzz_status
 echo "total $((SECONDS - start)) s wall, $jobs runs at a time, at most $cases cases a run"
 exit $status
