@@ -3,12 +3,13 @@
 #   scripts/run.sh verify   verify the shipped PyTorch dumps (the main job)
 #   scripts/run.sh test     the test gate: cargo test --workspace --release
 # and, for CI (not a set-up command: the wheel's release build costs minutes):
-#   scripts/run.sh python   build the Python package's wheel (PEP 517 through
-#                           maturin, as `pip install ./properties/python`
-#                           does) into target/wheels with the workspace's
-#                           compiled crates, install it into a fresh venv and
-#                           run its pytest suite (numpy, ml_dtypes; torch
-#                           tests skip unless torch is installed there)
+#   scripts/run.sh python   build the Python package's wheel and sdist
+#                           (scripts/build-wheel.sh: manylinux_2_34 abi3,
+#                           twine check, CPU-baseline scan) into target/wheels
+#                           with the workspace's compiled crates, install the
+#                           wheel into a fresh venv and run its pytest suite
+#                           (numpy, ml_dtypes; torch tests skip unless torch
+#                           is installed there)
 # All three build in the release profile with .cargo/config.toml's flags, so
 # the second command reuses what the first compiled (docs/build.md).
 # Each first installs what a fresh machine lacks: m4 (GMP's build needs it)
@@ -47,22 +48,33 @@ python_suite() {
     ensure_python
     local venv="${LOGPROBE_VENV:-target/python-venv}"
     case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
+    local t0 t1 t2 wheel
+    t0=$(date +%s)
+    # The release artifacts, as a user downloads them: an abi3 manylinux
+    # wheel and an sdist, checked (twine, the CPU-baseline scan), compiled into
+    # the workspace's target/ so the crates the test build compiled are reused
+    # (the wheel's lock agrees with Cargo.lock: scripts/check-locks.py).
+    wheel="$(bash scripts/build-wheel.sh | tail -n1)"
+    t1=$(date +%s)
+    # A fresh venv installs the built wheel: no Rust, no compiler involved.
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ml_dtypes
-    local t0 t1 t2 wheels="$PWD/target/wheels"
-    t0=$(date +%s)
-    # The README's from-source path, as a wheel: pip runs maturin (PyPI) on
-    # properties/python (PEP 517), cargo compiles into the workspace's target/
-    # (its lock agrees with Cargo.lock: scripts/check-locks.py), so the crates
-    # the test build compiled are reused.
-    rm -f "$wheels"/logprobe-*.whl
-    CARGO_TARGET_DIR="$PWD/target" "$venv/bin/pip" wheel -q --disable-pip-version-check \
-        --no-deps -w "$wheels" ./properties/python
-    t1=$(date +%s)
-    "$venv/bin/pip" install -q --disable-pip-version-check "$wheels"/logprobe-*.whl
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-index "$wheel"
     t2=$(date +%s)
-    echo "python: wheel built in $((t1 - t0)) s, installed in $((t2 - t1)) s" >&2
+    echo "python: wheel built in $((t1 - t0)) s; fresh venv + wheel install in $((t2 - t1)) s" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ml_dtypes
+    # The installed wheel needs no Rust: import and verify with a PATH that
+    # holds no cargo / rustc (and a CARGO_HOME / RUSTUP_HOME that does not exist).
+    env -i HOME=/nonexistent PATH=/usr/bin:/bin CARGO_HOME=/nonexistent RUSTUP_HOME=/nonexistent \
+        "$venv/bin/python" -c '
+import shutil, logprobe
+assert shutil.which("cargo") is None and shutil.which("rustc") is None
+import numpy as np
+logits = np.array([[0.0, 1.0, 2.0]], dtype=np.float32)
+r = logprobe.verify(logits, np.array([2]), log_probs=np.array([-0.40760596444438013], dtype=np.float32))
+assert r.ok, str(r)
+print("python: the installed wheel verifies without Rust:", r.verdict)
+'
     (cd properties/python && "$venv/bin/python" -m pytest -q tests "$@")
 }
 
