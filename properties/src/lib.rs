@@ -6,7 +6,6 @@
 
 pub mod bench;
 pub mod cli;
-pub mod fuzz;
 
 /// The README's code, compiled and run as a doctest so it cannot rot.
 #[doc = include_str!("../../README.md")]

@@ -11,7 +11,7 @@
 //!   Exit 0, or 2 on a bad configuration or a kernel failure.
 //! - `fuzz`: a time-budgeted search of kernels (ours, or planted mutants)
 //!   over the gate's recipe space, shrinking each finding to a minimal
-//!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
+//!   recipe written as a verify dump ([`logprobe_fuzz`],
 //!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
 //! - `compare A B`: where a trainer-vs-rollout log-prob mismatch comes
 //!   from ([`logprobe_verify::compare`], `docs/compare.md`). Exit 0 both
@@ -98,7 +98,7 @@ struct FuzzArgs {
     outputs: Option<String>,
     /// Invariances of the external kernel whose lack is a failure: padding-invariant,
     /// chunk-invariant, batch-invariant (comma-separated, or none).
-    #[arg(long, default_value = logprobe_properties::fuzz::exec::DEFAULT_REQUIRE)]
+    #[arg(long, default_value = logprobe_fuzz::exec::DEFAULT_REQUIRE)]
     require: String,
     /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -135,10 +135,10 @@ struct FuzzArgs {
     list_mutants: bool,
 }
 
-use logprobe_properties::fuzz::grammar::parse_duration;
+use logprobe_fuzz::grammar::parse_duration;
 
 fn fuzz(args: FuzzArgs) -> u8 {
-    use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    use logprobe_fuzz::{self as fuzz, case::Space, target::parse_targets, FuzzConfig};
     let mut out = Out::new();
     if args.list_mutants {
         // The catalog's names (scripts/fuzz-mutants.sh reads this list).
@@ -307,7 +307,7 @@ fn bench(args: BenchArgs) -> u8 {
 
 /// The search space of `args` (`--options`, `--dtype`, `--vocab`).
 fn fuzz_options(args: &FuzzArgs) -> String {
-    logprobe_properties::fuzz::exec::merge_options(
+    logprobe_fuzz::exec::merge_options(
         &args.options,
         &[
             ("dtype", args.dtype.as_deref()),
@@ -318,9 +318,7 @@ fn fuzz_options(args: &FuzzArgs) -> String {
 
 /// `fuzz --exec CMD` / `--exec-persistent CMD` (docs/fuzz-protocol.md).
 fn fuzz_exec(args: FuzzArgs) -> u8 {
-    use logprobe_properties::fuzz::exec::{
-        self, ExecRun, ExecTarget, Invariance, Runner, Transport,
-    };
+    use logprobe_fuzz::exec::{self, ExecRun, ExecTarget, Invariance, Runner, Transport};
     let transport = match (&args.exec, &args.exec_persistent) {
         (Some(c), _) => Transport::OneShot(c.clone()),
         (_, Some(c)) => Transport::Persistent(c.clone()),
