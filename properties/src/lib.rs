@@ -1,5 +1,5 @@
-//! `logprobe-properties`: the `logprobe` binary (`verify` from
-//! `logprobe-verify`, `bench` and `fuzz` here), the golden-fixture generator
+//! `logprobe-cli`: the `logprobe` binary (`verify` and `compare` from
+//! `logprobe-verify`, `fuzz` from `logprobe-fuzz`, `bench` here), the golden-fixture generator
 //! (`examples/gen_fixtures.rs`) and the `cargo test` gate (`tests/`, built
 //! on `logprobe-testkit`).
 #![warn(missing_docs)]
