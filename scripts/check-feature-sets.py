@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that `cargo run -p logprobe-properties --bin logprobe` builds every
+"""Checks that `cargo run -p logprobe-cli --bin logprobe` builds every
 crate with the features `cargo test --workspace` gives it, so the main job
 after the test gate (or the reverse) compiles nothing (docs/build.md).
 Compares `cargo tree ... -f '{p} [{f}]'` of the two builds; exit 1 on a
@@ -26,7 +26,7 @@ def features(args):
 
 def main():
     tests = features(["--workspace", "-e", "normal,build,dev"])
-    binary = features(["-p", "logprobe-properties", "-e", "normal,build"])
+    binary = features(["-p", "logprobe-cli", "-e", "normal,build"])
     bad = [
         f"{p}: test build only {sorted(tests[p] - f)}, binary only {sorted(f - tests[p])}"
         for p, f in sorted(binary.items())

@@ -35,7 +35,7 @@ clean_cases=${FUZZ_CLEAN_CASES:-1000}
 jobs=${FUZZ_JOBS:-$(nproc)}
 "$py" -c 'import numpy' || { echo "fuzz-exec: $py has no numpy (scripts/install-numpy.sh)" >&2; exit 1; }
 if [[ -z "${LOGPROBE:-}" ]]; then
-    cargo build --release -q -p logprobe-properties --bin logprobe
+    cargo build --release -q -p logprobe-cli --bin logprobe
     LOGPROBE=target/release/logprobe
 fi
 LOGPROBE=$(realpath "$LOGPROBE")

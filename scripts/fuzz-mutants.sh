@@ -29,7 +29,7 @@ guard=${FUZZ_GUARD:-600s}
 shrink=${FUZZ_SHRINK:-2s}
 jobs=${FUZZ_JOBS:-$(nproc)}
 if [[ -z "${LOGPROBE:-}" ]]; then
-    cargo build --release -q -p logprobe-properties --bin logprobe
+    cargo build --release -q -p logprobe-cli --bin logprobe
     LOGPROBE=target/release/logprobe
 fi
 LOGPROBE=$(realpath "$LOGPROBE")

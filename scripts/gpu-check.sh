@@ -13,7 +13,7 @@
 #   LOGPROBE_CUDA_PTX_OUT=gpu/ptx cargo test --features cuda -p logprobe-kernels --test cuda_compile
 #   # the property suite (oracle included) with the CUDA kernels in its kernel lists:
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
-#     cargo test --release --no-run --features cuda -p logprobe-properties --test properties
+#     cargo test --release --no-run --features cuda -p logprobe-cli --test properties
 #   cp target/release/deps/properties-<hash> gpu/properties
 #
 # Then copy gpu/ (binaries + ptx/, well under 64 MiB) to the GPU machine and run:

@@ -83,7 +83,7 @@ shift || true
 case "$cmd" in
     verify)
         ensure_build_deps
-        exec cargo run --release --quiet -p logprobe-properties --bin logprobe -- \
+        exec cargo run --release --quiet -p logprobe-cli --bin logprobe -- \
             verify --expect fixtures/torch/expected.json fixtures/torch/*.safetensors "$@"
         ;;
     test)

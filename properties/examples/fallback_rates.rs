@@ -3,7 +3,7 @@
 //! decide, with the oracle calls `logprobe verify` makes (forward in each
 //! candidate dtype, the VJP in the gradient's dtype, the row statistics).
 //!
-//! Run: `cargo run --release -p logprobe-properties --example fallback_rates
+//! Run: `cargo run --release -p logprobe-cli --example fallback_rates
 //! -- fixtures/torch/*.safetensors`
 
 use logprobe_reference::oracle::{Fallback, Oracle, Tier};

@@ -3,7 +3,7 @@
 //! reference, regenerating them only matters when a fixture is added).
 //!
 //! ```sh
-//! cargo run --release -p logprobe-properties --example gen_fixtures
+//! cargo run --release -p logprobe-cli --example gen_fixtures
 //! ```
 //!
 //! Each file is in the dump format (`docs/dump-from-pytorch.md`) without

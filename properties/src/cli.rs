@@ -73,13 +73,9 @@ impl Default for Out {
     }
 }
 
-/// Writes `s` and a newline to stderr. Errors are ignored (a closed or full
-/// stderr leaves nowhere to report them; the exit status says the rest),
-/// never a panic as with `eprintln!`.
-pub fn eprint_line(s: &str) {
-    let mut e = std::io::stderr().lock();
-    let _ = e.write_all(s.as_bytes()).and_then(|_| e.write_all(b"\n"));
-}
+/// Stderr that never panics (defined in the fuzz engine, whose progress
+/// lines use it too).
+pub use logprobe_fuzz::stderr::eprint_line;
 
 /// The text after `logprobe verify --help`: exit codes, the names a dump may
 /// hold, what the report's columns mean.

@@ -140,7 +140,7 @@ fn list_mutants_prints_the_catalog() {
     // Every listed name is a fuzz target.
     for name in &listed {
         assert!(
-            logprobe_properties::fuzz::target::parse_target(&format!("mutant:{name}")).is_ok(),
+            logprobe_fuzz::target::parse_target(&format!("mutant:{name}")).is_ok(),
             "{name}"
         );
     }

@@ -1,5 +1,5 @@
 //! Golden fixtures: for each named input in `fixtures/golden/` (written by
-//! `cargo run -p logprobe-properties --example gen_fixtures`), an insta
+//! `cargo run -p logprobe-cli --example gen_fixtures`), an insta
 //! snapshot in `fixtures/snapshots/` of the oracle's correctly rounded
 //! values and, for each CPU kernel and output dtype, a digest of its output
 //! bits and its errors against the oracle. The host-built CUDA kernels

@@ -8,7 +8,7 @@
 //! The bound used here is a coarse one built from each kernel's declared
 //! [`Algorithm`] (every rounding on the declared path counted as one unit
 //! roundoff, times the magnitudes involved): a sanity check of the device
-//! code. The tolerance model of `logprobe-properties` is the real judge.
+//! code. The tolerance model of `logprobe-verify` is the real judge.
 #![allow(dead_code)]
 
 use std::sync::Arc;

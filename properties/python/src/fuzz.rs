@@ -1,5 +1,5 @@
 //! `logprobe.fuzz(fn)`: the fuzz engine of `logprobe fuzz --exec`
-//! (`logprobe_properties::fuzz::exec`) with a Python function as its third
+//! (`logprobe_fuzz::exec`) with a Python function as its third
 //! transport, in-process ([`InProcessKernel`]). Judging, the metamorphic
 //! variants, shrinking and the dumps are the CLI's: this file only carries
 //! bytes between the engine and the Python caller (`logprobe/_fuzz.py`,
@@ -16,11 +16,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde_json::{json, Value};
 
-use logprobe_properties::fuzz::exec::{
+use logprobe_fuzz::exec::{
     self, CommandFailure, ExecReport, ExecRun, ExecTarget, InProcessKernel, Invariance, Runner,
     Transport,
 };
-use logprobe_properties::fuzz::grammar::parse_duration;
+use logprobe_fuzz::grammar::parse_duration;
 
 /// The Python caller as a kernel of the engine.
 struct PyKernel {

@@ -7,11 +7,11 @@
 //!   1 otherwise, 2 on bad input.
 //! - `bench`: throughput and memory of the CPU kernels as ratios against the
 //!   machine's read roofline, candle's composed path and the oracle
-//!   ([`logprobe_properties::bench`]); `--json` for a machine-readable report.
+//!   ([`logprobe_cli::bench`]); `--json` for a machine-readable report.
 //!   Exit 0, or 2 on a bad configuration or a kernel failure.
 //! - `fuzz`: a time-budgeted search of kernels (ours, or planted mutants)
 //!   over the gate's recipe space, shrinking each finding to a minimal
-//!   recipe written as a verify dump ([`logprobe_properties::fuzz`],
+//!   recipe written as a verify dump ([`logprobe_fuzz`],
 //!   `docs/fuzz.md`). Exit 0 clean, 1 found, 2 bad usage.
 //! - `compare A B`: where a trainer-vs-rollout log-prob mismatch comes
 //!   from ([`logprobe_verify::compare`], `docs/compare.md`). Exit 0 both
@@ -26,8 +26,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use logprobe_properties::bench::{render as render_bench, BenchConfig};
-use logprobe_properties::cli::{eprint_line, Out};
+use logprobe_cli::bench::{render as render_bench, BenchConfig};
+use logprobe_cli::cli::{eprint_line, Out};
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::CountingAllocator;
 use logprobe_verify::tolerance::Order;
@@ -59,7 +59,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Verify safetensors dumps of another implementation against the exact oracle.
-    #[command(after_long_help = logprobe_properties::cli::verify_help())]
+    #[command(after_long_help = logprobe_cli::cli::verify_help())]
     Verify(VerifyArgs),
     /// Throughput and memory of the CPU kernels against the read roofline,
     /// candle's composed path and the oracle (one run, ratios).
@@ -70,8 +70,8 @@ enum Command {
     /// Where a log-prob mismatch between two dumps of the same rows (trainer
     /// vs rollout engine) comes from: each kernel's error against the exact
     /// oracle, the logits' effect, the exact KL (docs/compare.md).
-    #[command(after_long_help = logprobe_properties::cli::compare_help())]
-    Compare(logprobe_properties::cli::CompareArgs),
+    #[command(after_long_help = logprobe_cli::cli::compare_help())]
+    Compare(logprobe_cli::cli::CompareArgs),
 }
 
 #[derive(Args, Debug)]
@@ -98,7 +98,7 @@ struct FuzzArgs {
     outputs: Option<String>,
     /// Invariances of the external kernel whose lack is a failure: padding-invariant,
     /// chunk-invariant, batch-invariant (comma-separated, or none).
-    #[arg(long, default_value = logprobe_properties::fuzz::exec::DEFAULT_REQUIRE)]
+    #[arg(long, default_value = logprobe_fuzz::exec::DEFAULT_REQUIRE)]
     require: String,
     /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -135,10 +135,10 @@ struct FuzzArgs {
     list_mutants: bool,
 }
 
-use logprobe_properties::fuzz::grammar::parse_duration;
+use logprobe_fuzz::grammar::parse_duration;
 
 fn fuzz(args: FuzzArgs) -> u8 {
-    use logprobe_properties::fuzz::{self, case::Space, target::parse_targets, FuzzConfig};
+    use logprobe_fuzz::{self as fuzz, case::Space, target::parse_targets, FuzzConfig};
     let mut out = Out::new();
     if args.list_mutants {
         // The catalog's names (scripts/fuzz-mutants.sh reads this list).
@@ -280,7 +280,7 @@ fn bench(args: BenchArgs) -> u8 {
         oracle_reps: args.oracle_reps,
         candle: !args.no_candle,
     };
-    let report = match logprobe_properties::bench::run(&config) {
+    let report = match logprobe_cli::bench::run(&config) {
         Ok(r) => r,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "logprobe: {e}");
@@ -307,7 +307,7 @@ fn bench(args: BenchArgs) -> u8 {
 
 /// The search space of `args` (`--options`, `--dtype`, `--vocab`).
 fn fuzz_options(args: &FuzzArgs) -> String {
-    logprobe_properties::fuzz::exec::merge_options(
+    logprobe_fuzz::exec::merge_options(
         &args.options,
         &[
             ("dtype", args.dtype.as_deref()),
@@ -318,9 +318,7 @@ fn fuzz_options(args: &FuzzArgs) -> String {
 
 /// `fuzz --exec CMD` / `--exec-persistent CMD` (docs/fuzz-protocol.md).
 fn fuzz_exec(args: FuzzArgs) -> u8 {
-    use logprobe_properties::fuzz::exec::{
-        self, ExecRun, ExecTarget, Invariance, Runner, Transport,
-    };
+    use logprobe_fuzz::exec::{self, ExecRun, ExecTarget, Invariance, Runner, Transport};
     let transport = match (&args.exec, &args.exec_persistent) {
         (Some(c), _) => Transport::OneShot(c.clone()),
         (_, Some(c)) => Transport::Persistent(c.clone()),
@@ -635,7 +633,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify(args),
         Command::Bench(args) => bench(args),
         Command::Fuzz(args) => fuzz(args),
-        Command::Compare(args) => logprobe_properties::cli::compare(args),
+        Command::Compare(args) => logprobe_cli::cli::compare(args),
     };
     ExitCode::from(status)
 }

@@ -11,9 +11,10 @@
 //!
 //! Modules: [`grammar`] (the options grammar), [`case`] (cases, space,
 //! strategy), [`target`] (`--kernel` names), [`judge`](mod@judge), [`counterexample`],
-//! [`files`] (finding files: atomic, never overwritten), [`progress`], and
+//! [`files`] (finding files: atomic, never overwritten), [`progress`], [`stderr`], and
 //! [`exec`] (`--exec`: an external kernel through the fuzz
 //! protocol).
+#![warn(missing_docs)]
 
 pub mod case;
 pub mod counterexample;
@@ -22,6 +23,7 @@ pub mod files;
 pub mod grammar;
 pub mod judge;
 pub mod progress;
+pub mod stderr;
 pub mod target;
 
 use std::path::{Path, PathBuf};

@@ -52,7 +52,7 @@ impl Progress {
     pub fn println(&self, s: &str) {
         match &self.bar {
             Some(b) => b.println(s),
-            None => crate::cli::eprint_line(s),
+            None => crate::stderr::eprint_line(s),
         }
     }
 
@@ -69,7 +69,7 @@ impl Progress {
             b.set_message(msg);
         } else if self.lines && self.last.elapsed() >= LINE_EVERY {
             self.last = Instant::now();
-            crate::cli::eprint_line(&format!("fuzz: {:.0} s: {msg}", elapsed.as_secs_f64()));
+            crate::stderr::eprint_line(&format!("fuzz: {:.0} s: {msg}", elapsed.as_secs_f64()));
         }
     }
 
