@@ -350,9 +350,9 @@ fn finding_files(
     let inputs_only = dumps.is_empty();
     if inputs_only {
         let r = target.request(case);
-        let meta = r.metadata(&target.extra(case, f.finding.property));
-        let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let bytes = logprobe_verify::dump::serialize_dump(&r.tensors(), &meta)
+        let bytes = r
+            .metadata(&target.extra(case, f.finding.property))
+            .and_then(|meta| logprobe_verify::dump::write_dump(&r.tensors(), &meta))
             .map_err(|e| e.to_string())?;
         dumps.push(("", bytes));
     }
