@@ -462,6 +462,32 @@ mod tests {
     }
 
     #[test]
+    fn the_format_doc_names_every_name_of_the_table() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/dump-from-pytorch.md"
+        );
+        let doc = std::fs::read_to_string(path).expect("docs/dump-from-pytorch.md");
+        let missing: Vec<&str> = NAMES
+            .iter()
+            .map(|n| n.name)
+            .filter(|n| !doc.contains(&format!("`{n}`")) && !doc.contains(&format!("\"{n}\"")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in docs/dump-from-pytorch.md: {missing:?}"
+        );
+        // Every key has its type and doc line.
+        for n in NAMES.iter().filter(|n| n.kind == Kind::Meta) {
+            assert!(
+                n.check.is_some() && !n.doc.is_empty() && !n.reason.is_empty(),
+                "{}",
+                n.name
+            );
+        }
+    }
+
+    #[test]
     fn values_are_checked_through_the_table() {
         let meta: HashMap<String, String> = [
             (keys::FUZZ_SEED.name, "anything"),

@@ -166,9 +166,14 @@ mod tests {
         assert!(tensors.contains(&"loss") && tensors.contains(&"loss_weights"));
         assert!(tensors.contains(&"grad_loss") && tensors.contains(&"grad_z_loss"));
         let meta: Vec<_> = keyword_names(Kind::Meta).collect();
-        assert!(!meta.contains(&"loss_normalizer"), "reserved, not built");
-        assert!(meta.contains(&"temperature") && meta.contains(&"chunk_size"));
-        assert!(!meta.contains(&"format_version") && !meta.contains(&"fuzz_seed"));
+        assert!(
+            !meta.contains(&keys::LOSS_NORMALIZER.name),
+            "reserved, not built"
+        );
+        assert!(meta.contains(&keys::TEMPERATURE.name) && meta.contains(&keys::CHUNK_SIZE.name));
+        assert!(
+            !meta.contains(&keys::FORMAT_VERSION.name) && !meta.contains(&keys::FUZZ_SEED.name)
+        );
     }
 
     #[test]
