@@ -16,6 +16,7 @@ use std::path::Path;
 
 use logprobe_reference::spec::Dtype;
 use logprobe_verify::dump::{serialize_dump, DumpTensor};
+use logprobe_verify::keys;
 
 /// xorshift64 (Marsaglia 2003): a fixed stream from a seed.
 struct Rng(u64);
@@ -99,7 +100,7 @@ fn fixtures() -> Vec<Fixture> {
         v_total: v,
         logits: llm_like(&mut rng(4), n, v),
         mask: None,
-        meta: vec![("temperature", "0.7".into())],
+        meta: vec![(keys::TEMPERATURE.name, "0.7".into())],
     });
 
     // Sampling mask: about half the vocabulary disallowed (top-p / grammar).
@@ -216,7 +217,7 @@ fn fixtures() -> Vec<Fixture> {
         v_total: vt,
         logits,
         mask: None,
-        meta: vec![("vocab_size", v.to_string())],
+        meta: vec![(keys::VOCAB_SIZE.name, v.to_string())],
     });
     out
 }
@@ -227,7 +228,7 @@ fn targets(f: &Fixture) -> (Vec<i64>, Vec<i64>) {
     let v = f
         .meta
         .iter()
-        .find(|(k, _)| *k == "vocab_size")
+        .find(|(k, _)| *k == keys::VOCAB_SIZE.name)
         .map_or(f.v_total, |(_, s)| s.parse().unwrap());
     let mut rng = Rng(0xDEAD_BEEF ^ f.name.len() as u64);
     let (mut tokens, mut ids) = (Vec::new(), Vec::new());

@@ -191,10 +191,10 @@ pub fn compare(args: CompareArgs) -> u8 {
     };
     let mut out = Out::new();
     if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(s) => out.print(&format!("{s}\n")),
+        match logprobe_verify::json::to_document(&report) {
+            Ok(s) => out.print(&s),
             Err(e) => {
-                eprint_line(&format!("logprobe: cannot serialise the report: {e}"));
+                eprint_line(&format!("logprobe: {e}"));
                 return 2;
             }
         }

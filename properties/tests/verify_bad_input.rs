@@ -7,6 +7,7 @@ use std::process::Command;
 
 use logprobe_reference::spec::{Dtype, SpecError};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
 const N: usize = 3;
@@ -256,7 +257,7 @@ fn token_out_of_range_names_the_row() {
     assert!(check(&b).is_ok());
     let b = bytes(
         &with(valid(), "tokens", Some(DumpTensor::i64s(&[N], &[0, -1, 1]))),
-        &[("ignore_index", "-1")],
+        &[(keys::IGNORE_INDEX.name, "-1")],
     );
     assert!(check(&b).is_ok());
     let b = bytes(
@@ -265,7 +266,7 @@ fn token_out_of_range_names_the_row() {
             "tokens",
             Some(DumpTensor::i64s(&[N], &[0, -100, 1])),
         ),
-        &[("ignore_index", "-1")],
+        &[(keys::IGNORE_INDEX.name, "-1")],
     );
     assert!(matches!(
         check(&b),
@@ -314,7 +315,7 @@ fn grad_logits_without_cotangent_is_bad_input() {
 
 #[test]
 fn bad_metadata_and_dtypes_are_named() {
-    let b = bytes(&valid(), &[("temperature", "zero")]);
+    let b = bytes(&valid(), &[(keys::TEMPERATURE.name, "zero")]);
     assert!(matches!(
         check(&b),
         Err(DumpError::BadMetadata {
@@ -322,7 +323,7 @@ fn bad_metadata_and_dtypes_are_named() {
             ..
         })
     ));
-    let b = bytes(&valid(), &[("temperature", "-1")]);
+    let b = bytes(&valid(), &[(keys::TEMPERATURE.name, "-1")]);
     assert!(matches!(
         check(&b),
         Err(DumpError::BadMetadata {
@@ -330,7 +331,7 @@ fn bad_metadata_and_dtypes_are_named() {
             ..
         })
     ));
-    let b = bytes(&valid(), &[("vocab_size", "6")]);
+    let b = bytes(&valid(), &[(keys::VOCAB_SIZE.name, "6")]);
     assert!(matches!(
         check(&b),
         Err(DumpError::BadMetadata {
@@ -338,7 +339,7 @@ fn bad_metadata_and_dtypes_are_named() {
             ..
         })
     ));
-    let b = bytes(&valid(), &[("entropy_logits", "both")]);
+    let b = bytes(&valid(), &[(keys::ENTROPY_LOGITS.name, "both")]);
     assert!(matches!(
         check(&b),
         Err(DumpError::BadMetadata {
@@ -346,7 +347,7 @@ fn bad_metadata_and_dtypes_are_named() {
             ..
         })
     ));
-    let b = bytes(&valid(), &[("temperature_dtype", "f32")]);
+    let b = bytes(&valid(), &[(keys::TEMPERATURE_DTYPE.name, "f32")]);
     assert_bad_input("bad_meta", &b, &["temperature_dtype"]);
 
     let t = DumpTensor::floats(Dtype::F32, &[N], &[0.0, 1.0, 2.0]);

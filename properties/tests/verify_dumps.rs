@@ -12,6 +12,7 @@ use ndarray::{Array1, Array2};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Options, Output, Problem};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::names::NameError;
 use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict, RowSelection, VerifyConfig};
 
@@ -181,14 +182,20 @@ fn unknown_names_are_bad_input_with_the_closest() {
     );
     bad_input(
         "v2_unbuilt",
-        &bytes(&base(), &[("format_version", "2"), ("z_loss_rows", "1")]),
+        &bytes(
+            &base(),
+            &[
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::Z_LOSS_ROWS.name, "1"),
+            ],
+        ),
         &["z_loss_rows", "not supported yet"],
     );
 }
 
 #[test]
 fn repeated_keys_and_tensor_names_say_duplicate() {
-    let b = bytes(&base(), &[("temperature", "1")]);
+    let b = bytes(&base(), &[(keys::TEMPERATURE.name, "1")]);
     let b2 = patch_header(&b, |h| {
         h.replacen(
             r#""temperature":"1""#,
@@ -267,7 +274,7 @@ fn row_mask_excludes_rows_from_every_check() {
     if let Some((_, lp)) = t.iter_mut().find(|(n, _)| *n == "log_probs") {
         lp.data[8..16].copy_from_slice(&(-50.0f64).to_le_bytes()); // row 1 wrong
     }
-    let v2 = [("format_version", "2")];
+    let v2 = [(keys::FORMAT_VERSION.name, "2")];
     assert_eq!(
         report(&bytes(&t, &[]), RowSelection::All).unwrap().verdict,
         ReportVerdict::Fail
@@ -335,7 +342,10 @@ fn scalar_cotangents_broadcast_only_under_sum() {
             ),
         ]
     };
-    let sum = [("format_version", "2"), ("cotangent_reduction", "sum")];
+    let sum = [
+        (keys::FORMAT_VERSION.name, "2"),
+        (keys::COTANGENT_REDUCTION.name, "sum"),
+    ];
     for shape in [&[][..], &[1][..]] {
         let r = report(&bytes(&t(shape), &sum), RowSelection::All).unwrap();
         assert_eq!(r.verdict, ReportVerdict::Pass, "{shape:?}");
@@ -413,7 +423,10 @@ fn topk_dump(x: &[f64], ids: &[i64], meta: &[(&str, &str)]) -> Vec<u8> {
             DumpTensor::floats(Dtype::F64, &[N, 2], &tk),
         ),
     ];
-    let mut m = vec![("format_version", "2"), ("topk_ids_source", "kernel")];
+    let mut m = vec![
+        (keys::FORMAT_VERSION.name, "2"),
+        (keys::TOPK_IDS_SOURCE.name, "kernel"),
+    ];
     m.extend_from_slice(meta);
     bytes(&t, &m)
 }
@@ -423,7 +436,7 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
     let x = logits();
     let ids = top2(&x);
     let r = report(
-        &topk_dump(&x, &ids, &[("topk_sorted", "true")]),
+        &topk_dump(&x, &ids, &[(keys::TOPK_SORTED.name, "true")]),
         RowSelection::All,
     )
     .unwrap();
@@ -450,7 +463,7 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
         ReportVerdict::Pass
     );
     let r = report(
-        &topk_dump(&x, &swapped, &[("topk_sorted", "true")]),
+        &topk_dump(&x, &swapped, &[(keys::TOPK_SORTED.name, "true")]),
         RowSelection::All,
     )
     .unwrap();
@@ -463,7 +476,7 @@ fn kernel_topk_ids_are_checked_as_a_top_k_set() {
     for pick in [b, third] {
         let ids2: Vec<i64> = [vec![a as i64, pick as i64], top2(&xt)[2..].to_vec()].concat();
         let r = report(
-            &topk_dump(&xt, &ids2, &[("topk_sorted", "true")]),
+            &topk_dump(&xt, &ids2, &[(keys::TOPK_SORTED.name, "true")]),
             RowSelection::All,
         )
         .unwrap();
@@ -573,7 +586,7 @@ fn unusable_temperatures_are_bad_input() {
     let mut t = base();
     let x32: Vec<f64> = logits();
     t[0].1 = DumpTensor::floats(Dtype::F32, &[N, V], &x32);
-    let b = bytes(&t, &[("temperature", "1e-45")]);
+    let b = bytes(&t, &[(keys::TEMPERATURE.name, "1e-45")]);
     assert!(matches!(
         report(&b, RowSelection::All),
         Err(DumpError::ScaledOverflow {
@@ -583,9 +596,9 @@ fn unusable_temperatures_are_bad_input() {
     ));
     bad_input("t_1e-45", &b, &["overflows f32", "temperature"]);
     // In f64 the same temperature is usable.
-    let b = bytes(&base(), &[("temperature", "1e-45")]);
+    let b = bytes(&base(), &[(keys::TEMPERATURE.name, "1e-45")]);
     assert!(report(&b, RowSelection::All).is_ok());
-    let b = bytes(&t, &[("temperature", "1e-300")]);
+    let b = bytes(&t, &[(keys::TEMPERATURE.name, "1e-300")]);
     let text = bad_input("t_1e-300", &b, &["rounds to 0 in f32"]);
     assert!(!text.contains("> 0"), "{text}");
 }
@@ -738,7 +751,10 @@ fn kl_grad_dump(
             ("grad_reverse_kl", DumpTensor::floats(Dtype::F32, &[N], &gr)),
             ("grad_logits", DumpTensor::floats(Dtype::F32, &[N, V], &g)),
         ],
-        &[("format_version", "2"), ("kl_renormalized", renorm)],
+        &[
+            (keys::FORMAT_VERSION.name, "2"),
+            (keys::KL_RENORMALIZED.name, renorm),
+        ],
     )
 }
 
@@ -794,7 +810,7 @@ fn kl_gradients_are_judged_through_grad_logits() {
                 DumpTensor::floats(Dtype::F32, &[N, V], &vec![0.0; N * V]),
             ),
         ],
-        &[("format_version", "2")],
+        &[(keys::FORMAT_VERSION.name, "2")],
     );
     bad_input(
         "kl_grad_infinite",

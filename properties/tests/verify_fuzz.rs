@@ -13,6 +13,7 @@ use proptest::prelude::*;
 
 use logprobe_reference::spec::Dtype;
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
 /// Counts live bytes and their peak.
@@ -112,7 +113,10 @@ fn valid_dump(n: usize, v: usize, dtype: Dtype, seed: u64) -> Vec<u8> {
     ];
     serialize_dump(
         &t,
-        &[("temperature", "0.7"), ("vocab_size", &v.to_string())],
+        &[
+            (keys::TEMPERATURE.name, "0.7"),
+            (keys::VOCAB_SIZE.name, &v.to_string()),
+        ],
     )
     .unwrap()
 }

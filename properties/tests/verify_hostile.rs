@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use logprobe_reference::spec::Dtype;
 use logprobe_verify::compare::{compare_dumps, parse_side, CompareConfig, Side};
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{verify_dump, ReportVerdict, VerifyConfig};
 use safetensors::Dtype as St;
 
@@ -126,7 +127,10 @@ fn rows_without_bytes_are_rejected_before_any_row() {
     for t in cases {
         let b = bytes(
             &t,
-            &[("cotangent_reduction", "sum"), ("format_version", "2")],
+            &[
+                (keys::COTANGENT_REDUCTION.name, "sum"),
+                (keys::FORMAT_VERSION.name, "2"),
+            ],
         );
         let start = Instant::now();
         match Dump::parse(&b) {
@@ -171,8 +175,14 @@ fn a_header_shape_lie_names_its_tensor() {
 
 #[test]
 fn malformed_keys_are_rejected_even_when_unused() {
-    for (key, value) in [("z_loss_coef", "abc"), ("kl_renormalized", "yes")] {
-        match Dump::parse(&bytes(&forward(), &[(key, value), ("format_version", "2")])) {
+    for (key, value) in [
+        (keys::Z_LOSS_COEF.name, "abc"),
+        (keys::KL_RENORMALIZED.name, "yes"),
+    ] {
+        match Dump::parse(&bytes(
+            &forward(),
+            &[(key, value), (keys::FORMAT_VERSION.name, "2")],
+        )) {
             Err(DumpError::BadMetadata { key: k, .. }) => assert_eq!(k, key),
             Err(e) => panic!("{key}: {e}"),
             Ok(_) => panic!("{key}={value} accepted"),
@@ -181,7 +191,10 @@ fn malformed_keys_are_rejected_even_when_unused() {
     // Well-formed and unused: accepted as before.
     assert!(Dump::parse(&bytes(
         &forward(),
-        &[("z_loss_coef", "1e-4"), ("format_version", "2")]
+        &[
+            (keys::Z_LOSS_COEF.name, "1e-4"),
+            (keys::FORMAT_VERSION.name, "2")
+        ]
     ))
     .is_ok());
 }
@@ -200,7 +213,7 @@ fn a_top_k_kl_over_no_teacher_entry_is_unchecked() {
             DumpTensor::floats(Dtype::F32, &[N], &[0.0; N]),
         ),
     ];
-    let b = bytes(&t, &[("format_version", "2")]);
+    let b = bytes(&t, &[(keys::FORMAT_VERSION.name, "2")]);
     let d = Dump::parse(&b).unwrap();
     let r = verify_dump(&d, Path::new("kl"), &VerifyConfig::default()).unwrap();
     let kl = r.outputs.iter().find(|o| o.output == "forward_kl").unwrap();
@@ -220,7 +233,7 @@ fn compare(lp_b: &[f64], row_mask: Option<&[bool]>) -> logprobe_verify::compare:
     if let Some(m) = row_mask {
         a.push(("row_mask", DumpTensor::bools(&[N], m)));
         b.push(("row_mask", DumpTensor::bools(&[N], m)));
-        meta.push(("format_version", "2"));
+        meta.push((keys::FORMAT_VERSION.name, "2"));
     }
     let (ba, bb) = (bytes(&a, &meta), bytes(&b, &meta));
     let (da, db) = (

@@ -25,6 +25,7 @@ use logprobe_reference::spec::Dtype;
 use logprobe_reference::splitmix::SplitMix64;
 use logprobe_testkit::memory::{allocator_installed, measure, CountingAllocator};
 use logprobe_verify::dump::{serialize_dump, DumpFile, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{verify_dump, ReportVerdict, VerifyConfig};
 use safetensors::Dtype as St;
 
@@ -153,9 +154,9 @@ fn bases(rng: &mut Rng) -> Vec<(Tensors, Meta)> {
         (forward, m(&[])),
         (topk_base, m(&[])),
         (grad_base, m(&[])),
-        (kl_base, m(&[("format_version", "2")])),
-        (batch, m(&[("format_version", "2")])),
-        (loss, m(&[("reduction", "mean")])),
+        (kl_base, m(&[(keys::FORMAT_VERSION.name, "2")])),
+        (batch, m(&[(keys::FORMAT_VERSION.name, "2")])),
+        (loss, m(&[(keys::REDUCTION.name, "mean")])),
     ]
 }
 

@@ -14,6 +14,7 @@ use logprobe_reference::spec::{
     DEFAULT_IGNORE_INDEX,
 };
 use logprobe_verify::dump::{serialize_dump, Dump, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict, RowSelection, VerifyConfig};
 
 const N: usize = 4;
@@ -153,11 +154,11 @@ impl Case {
             "accumulation"
         };
         let meta = [
-            ("temperature", t_str.as_str()),
-            ("vocab_size", &vs),
-            ("ignore_index", &ii),
-            ("entropy_logits", el),
-            ("temperature_dtype", td),
+            (keys::TEMPERATURE.name, t_str.as_str()),
+            (keys::VOCAB_SIZE.name, &vs),
+            (keys::IGNORE_INDEX.name, &ii),
+            (keys::ENTROPY_LOGITS.name, el),
+            (keys::TEMPERATURE_DTYPE.name, td),
         ];
         serialize_dump(&t, &meta).unwrap()
     }

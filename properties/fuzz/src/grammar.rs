@@ -101,17 +101,9 @@ pub fn parse_f64(s: &str) -> Option<f64> {
 
 /// A number written the shortest way that parses back to the same f64
 /// (exponent form outside `[1e-4, 1e6)`).
+/// (the metadata's number format, [`logprobe_verify::keys::write_f64`]).
 pub fn num(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() || (1e-4..1e6).contains(&x.abs()) {
-        let s = format!("{x}");
-        if x.is_nan() {
-            "nan".into()
-        } else {
-            s
-        }
-    } else {
-        format!("{x:e}")
-    }
+    logprobe_verify::keys::write_f64(x)
 }
 
 /// A duration of the command line and of the Python package: `90`, `90s`,

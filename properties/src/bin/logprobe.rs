@@ -24,16 +24,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use serde::Serialize;
 
 use logprobe_cli::bench::{render as render_bench, BenchConfig};
 use logprobe_cli::cli::{eprint_line, Out};
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::memory::CountingAllocator;
+use logprobe_verify::json::{to_document, VerifyDocument};
 use logprobe_verify::tolerance::Order;
 use logprobe_verify::verify::{
-    exit_status_strict, render_expect, render_table, verify_files, ExpectRow, Expectations,
-    FileOutcome, RowSelection, VerifyConfig,
+    exit_status_strict, render_expect, render_table, verify_files, Expectations, FileOutcome,
+    RowSelection, VerifyConfig,
 };
 
 // Counts live heap bytes for `bench`'s peak-memory figures: a few relaxed
@@ -289,13 +289,10 @@ fn bench(args: BenchArgs) -> u8 {
     };
     let mut out = Out::new();
     if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(s) => out.print(&format!("{s}\n")),
+        match to_document(&report) {
+            Ok(s) => out.print(&s),
             Err(e) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "logprobe: cannot serialise the report: {e}"
-                );
+                let _ = writeln!(std::io::stderr(), "logprobe: {e}");
                 return 2;
             }
         }
@@ -530,30 +527,6 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
         .ok_or_else(|| format!("unknown dtype `{s}`: expected f64, f32, bf16 or f16"))
 }
 
-/// `schema_version` of the `verify --json` document.
-const JSON_SCHEMA_VERSION: u32 = 1;
-
-/// The JSON document of `verify --json`.
-#[derive(Serialize)]
-struct JsonOut<'a> {
-    /// Version of this document's layout (1: this one).
-    schema_version: u32,
-    files: Vec<JsonFile<'a>>,
-    expect: Option<&'a [ExpectRow]>,
-    exit_status: u8,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum JsonFile<'a> {
-    Report(&'a logprobe_verify::verify::FileReport),
-    BadInput {
-        path: &'a std::path::Path,
-        verdict: &'static str,
-        error: String,
-    },
-}
-
 fn verify(args: VerifyArgs) -> u8 {
     let config = VerifyConfig {
         model: args.model,
@@ -579,30 +552,11 @@ fn verify(args: VerifyArgs) -> u8 {
     let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
     let status = exit_status_strict(&outcomes, expect_rows.as_deref(), args.strict);
     if args.json {
-        let files = outcomes
-            .iter()
-            .map(|o| match o {
-                FileOutcome::Report(r) => JsonFile::Report(r),
-                FileOutcome::BadInput { path, error } => JsonFile::BadInput {
-                    path,
-                    verdict: "bad input",
-                    error: error.to_string(),
-                },
-            })
-            .collect();
-        let doc = JsonOut {
-            schema_version: JSON_SCHEMA_VERSION,
-            files,
-            expect: expect_rows.as_deref(),
-            exit_status: status,
-        };
-        match serde_json::to_string_pretty(&doc) {
-            Ok(s) => out.print(&format!("{s}\n")),
+        let doc = VerifyDocument::new(&outcomes, expect_rows.as_deref(), status);
+        match to_document(&doc) {
+            Ok(s) => out.print(&s),
             Err(e) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "logprobe: cannot serialise the report: {e}"
-                );
+                let _ = writeln!(std::io::stderr(), "logprobe: {e}");
                 return 2;
             }
         }

@@ -21,6 +21,7 @@
 
 use logprobe_reference::spec::Dtype;
 use logprobe_verify::dump::{serialize_dump, DumpTensor};
+use logprobe_verify::keys;
 
 /// xorshift64* (Vigna 2016): deterministic, no dependency.
 struct Rng(u64);
@@ -125,7 +126,10 @@ fn main() {
     }
     let c_text = softcap.map(|c| c.to_string());
     let meta: Vec<(&str, &str)> = match &c_text {
-        Some(c) => vec![("format_version", "2"), ("softcap", c.as_str())],
+        Some(c) => vec![
+            (keys::FORMAT_VERSION.name, "2"),
+            (keys::SOFTCAP.name, c.as_str()),
+        ],
         None => Vec::new(),
     };
     let bytes = serialize_dump(&tensors, &meta).expect("consistent shapes");

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use crate::dump::DumpError;
+use crate::keys::{self, CotangentReduction, FormatVersion, TopkIdsSource};
 
 /// Format options of a dump.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,27 +23,6 @@ pub struct FormatOptions {
     pub topk_sorted: bool,
 }
 
-fn choice(
-    meta: &HashMap<String, String>,
-    key: &'static str,
-    values: &[&'static str],
-    reason: &'static str,
-) -> Result<usize, DumpError> {
-    match meta.get(key) {
-        None => Ok(0),
-        Some(v) => {
-            values
-                .iter()
-                .position(|c| *c == v.trim())
-                .ok_or_else(|| DumpError::BadMetadata {
-                    key,
-                    value: v.clone(),
-                    reason,
-                })
-        }
-    }
-}
-
 impl FormatOptions {
     /// Reads the keys from the metadata strings (defaults when absent).
     /// Whether a key is allowed at the dump's version is checked by
@@ -52,45 +32,25 @@ impl FormatOptions {
     /// [`DumpError::BadMetadata`] for a value outside its choices, and for
     /// `topk_sorted=true` without `topk_ids_source=kernel`.
     pub fn parse(meta: &HashMap<String, String>) -> Result<Self, DumpError> {
-        let version = match choice(meta, "format_version", &["1", "2"], "expected `1` or `2`")? {
-            1 => 2,
+        let version = match keys::FORMAT_VERSION.get(meta)? {
+            Some(FormatVersion::V2) => 2,
             _ => 1,
         };
-        let cotangent_sum = choice(
-            meta,
-            "cotangent_reduction",
-            &["none", "sum"],
-            "expected `none` or `sum`",
-        )? == 1;
-        let topk_kernel = choice(
-            meta,
-            "topk_ids_source",
-            &["given", "kernel"],
-            "expected `given` or `kernel`",
-        )? == 1;
-        let topk_sorted = choice(
-            meta,
-            "topk_sorted",
-            &["false", "true"],
-            "expected `false` or `true`",
-        )? == 1;
+        let cotangent_sum = keys::COTANGENT_REDUCTION.get(meta)? == Some(CotangentReduction::Sum);
+        let topk_kernel = keys::TOPK_IDS_SOURCE.get(meta)? == Some(TopkIdsSource::Kernel);
+        let topk_sorted = keys::TOPK_SORTED.get(meta)?.unwrap_or(false);
         // Informational: the chunk size the kernel used (fuzz writes it);
         // outputs are chunk-size invariant, so it changes no judgement.
-        if let Some(v) = meta.get("chunk_size") {
-            if !v.trim().parse::<u64>().is_ok_and(|c| c >= 1) {
-                return Err(DumpError::BadMetadata {
-                    key: "chunk_size",
-                    value: v.clone(),
-                    reason: "expected an integer >= 1",
-                });
-            }
+        if keys::CHUNK_SIZE.get(meta)? == Some(0) {
+            let k = keys::CHUNK_SIZE;
+            return Err(k.bad(&meta[k.name], k.reason));
         }
         if topk_sorted && !topk_kernel {
-            return Err(DumpError::BadMetadata {
-                key: "topk_sorted",
-                value: meta["topk_sorted"].clone(),
-                reason: "needs topk_ids_source=\"kernel\" (given ids are inputs, in any order)",
-            });
+            let k = keys::TOPK_SORTED;
+            return Err(k.bad(
+                &meta[k.name],
+                "needs topk_ids_source=\"kernel\" (given ids are inputs, in any order)",
+            ));
         }
         Ok(FormatOptions {
             version,

@@ -11,6 +11,8 @@ pub mod compare;
 pub mod dump;
 pub mod format;
 pub mod header;
+pub mod json;
+pub mod keys;
 pub mod names;
 pub mod progress;
 pub mod protocol;

@@ -9,6 +9,11 @@
 //! `format_version=2`; a reserved name not built yet is rejected as "not
 //! supported yet", never ignored.
 
+use std::collections::HashMap;
+
+use crate::dump::DumpError;
+use crate::keys::{self, Key, MetaValue};
+
 /// Whether a name is a tensor or a metadata key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -28,6 +33,45 @@ impl Kind {
     }
 }
 
+/// The input tensors' names (the outputs' and their cotangents' are
+/// [`Output::name`](logprobe_reference::spec::Output::name) and
+/// [`Output::cotangent_name`](logprobe_reference::spec::Output::cotangent_name)).
+pub mod tensor {
+    /// `logits [N, V_total]` (or `[B, T, V_total]`).
+    pub const LOGITS: &str = "logits";
+    /// `tokens [N]`: each row's target id.
+    pub const TOKENS: &str = "tokens";
+    /// `sampling_mask [N, V_total]`: the allowed entries.
+    pub const SAMPLING_MASK: &str = "sampling_mask";
+    /// `topk_ids [N, K]`.
+    pub const TOPK_IDS: &str = "topk_ids";
+    /// `row_mask [N]`: rows checked (true) or excluded.
+    pub const ROW_MASK: &str = "row_mask";
+    /// `loss_weights [N]`: the loss's per-row weights.
+    pub const LOSS_WEIGHTS: &str = "loss_weights";
+    /// `ref_log_probs [N]`: the KL terms' reference log-probs.
+    pub const REF_LOG_PROBS: &str = "ref_log_probs";
+    /// `old_log_probs [N]`: the ratio's behaviour log-probs.
+    pub const OLD_LOG_PROBS: &str = "old_log_probs";
+    /// `teacher_topk_log_probs [N, K]`: the top-k KL's teacher.
+    pub const TEACHER_TOPK_LOG_PROBS: &str = "teacher_topk_log_probs";
+}
+
+/// The version-1 tensor names (the first rows of [`NAMES`]).
+pub const TENSOR_NAMES: [&str; 11] = [
+    "logits",
+    "tokens",
+    "sampling_mask",
+    "log_probs",
+    "entropy",
+    "topk_ids",
+    "topk_log_probs",
+    "grad_log_probs",
+    "grad_entropy",
+    "grad_topk_log_probs",
+    "grad_logits",
+];
+
 /// One name of the format.
 #[derive(Clone, Copy, Debug)]
 pub struct Name {
@@ -39,7 +83,18 @@ pub struct Name {
     pub version: u8,
     /// Whether this build reads it (reserved-but-unbuilt names are rejected).
     pub built: bool,
+    /// The value's type (`tensor` for a tensor, [`MetaValue::TYPE`] for a key).
+    pub ty: &'static str,
+    /// One line on what it means (empty for a tensor: the docs hold those).
+    pub doc: &'static str,
+    /// A key's check of a stored value (`None` for a tensor).
+    check: Option<ValueCheck>,
+    /// A key's reason for a malformed value ([`Key::reason`]).
+    reason: &'static str,
 }
+
+/// A key's value check: `(key, reason, stored)`.
+type ValueCheck = fn(&'static str, &'static str, &str) -> Result<(), DumpError>;
 
 const fn t(name: &'static str, version: u8, built: bool) -> Name {
     Name {
@@ -47,93 +102,206 @@ const fn t(name: &'static str, version: u8, built: bool) -> Name {
         kind: Kind::Tensor,
         version,
         built,
+        ty: "tensor",
+        doc: "",
+        check: None,
+        reason: "",
     }
 }
 
-const fn m(name: &'static str, version: u8, built: bool) -> Name {
+const fn m<T: MetaValue>(key: Key<T>, version: u8, built: bool, doc: &'static str) -> Name {
     Name {
-        name,
+        name: key.name,
         kind: Kind::Meta,
         version,
         built,
+        ty: T::TYPE,
+        doc,
+        check: Some(keys::check::<T>),
+        reason: key.reason,
     }
 }
 
 /// Every name of the format, version 1 first (the table of
 /// `docs/dump-from-pytorch.md`).
 pub const NAMES: &[Name] = &[
-    t("logits", 1, true),
-    t("tokens", 1, true),
-    t("sampling_mask", 1, true),
+    t(tensor::LOGITS, 1, true),
+    t(tensor::TOKENS, 1, true),
+    t(tensor::SAMPLING_MASK, 1, true),
     t("log_probs", 1, true),
     t("entropy", 1, true),
-    t("topk_ids", 1, true),
+    t(tensor::TOPK_IDS, 1, true),
     t("topk_log_probs", 1, true),
     t("grad_log_probs", 1, true),
     t("grad_entropy", 1, true),
     t("grad_topk_log_probs", 1, true),
     t("grad_logits", 1, true),
-    m("temperature", 1, true),
-    m("vocab_size", 1, true),
-    m("entropy_logits", 1, true),
-    m("ignore_index", 1, true),
-    m("temperature_dtype", 1, true),
+    m(keys::TEMPERATURE, 1, true, "z = logits / T (default 1)"),
+    m(
+        keys::VOCAB_SIZE,
+        1,
+        true,
+        "the real columns of logits (default V_total)",
+    ),
+    m(
+        keys::ENTROPY_LOGITS,
+        1,
+        true,
+        "`masked`: entropy after the sampling mask (default `unmasked`)",
+    ),
+    m(
+        keys::IGNORE_INDEX,
+        1,
+        true,
+        "rows with this token are not checked (default -100)",
+    ),
+    m(
+        keys::TEMPERATURE_DTYPE,
+        1,
+        true,
+        "`input`: z = logits / T materialised in the logits' dtype",
+    ),
     // Version 2: built.
-    m("format_version", 1, true),
-    t("row_mask", 2, true),
-    m("cotangent_reduction", 2, true),
-    m("topk_ids_source", 2, true),
-    m("topk_sorted", 2, true),
-    m("chunk_size", 2, true),
+    m(
+        keys::FORMAT_VERSION,
+        1,
+        true,
+        "`2` allows the version-2 names (default 1)",
+    ),
+    t(tensor::ROW_MASK, 2, true),
+    m(
+        keys::COTANGENT_REDUCTION,
+        2,
+        true,
+        "`sum`: a `[]` / `[1]` cotangent is broadcast to every row",
+    ),
+    m(
+        keys::TOPK_IDS_SOURCE,
+        2,
+        true,
+        "`kernel`: topk_ids are the kernel's own top-k, checked as a set",
+    ),
+    m(
+        keys::TOPK_SORTED,
+        2,
+        true,
+        "with `kernel`: ids in descending order of z'",
+    ),
+    m(
+        keys::CHUNK_SIZE,
+        2,
+        true,
+        "the kernel's chunk size (informational, >= 1)",
+    ),
     // Version 2, written by `logprobe fuzz` on a counterexample (docs/fuzz.md):
     // its provenance, read by `fuzz --replay`, ignored by verify.
-    m("fuzz_recipe", 2, true),
-    m("fuzz_kernel", 2, true),
-    m("fuzz_property", 2, true),
-    m("fuzz_seed", 2, true),
+    m(
+        keys::FUZZ_RECIPE,
+        2,
+        true,
+        "a fuzz finding's recipe (read by `fuzz --replay`)",
+    ),
+    m(keys::FUZZ_KERNEL, 2, true, "a fuzz finding's `--kernel`"),
+    m(
+        keys::FUZZ_PROPERTY,
+        2,
+        true,
+        "the property a fuzz finding fails",
+    ),
+    m(keys::FUZZ_SEED, 2, true, "the fuzz run's `--seed`"),
     // Version 2, the fuzz protocol (docs/fuzz-protocol.md): a request's
     // outputs wanted and protocol version; the command of an `--exec` finding.
-    m("outputs", 2, true),
-    m("fuzz_protocol", 2, true),
-    m("fuzz_exec", 2, true),
+    m(
+        keys::OUTPUTS,
+        2,
+        true,
+        "a fuzz protocol request's outputs wanted",
+    ),
+    m(
+        keys::FUZZ_PROTOCOL,
+        2,
+        true,
+        "the fuzz protocol version of a request",
+    ),
+    m(
+        keys::FUZZ_EXEC,
+        2,
+        true,
+        "the command of an `--exec` finding",
+    ),
     // Version 2, the loss side: built.
     t("lse", 2, true),
     t("z_loss", 2, true),
-    m("z_loss_coef", 2, true),
+    m(
+        keys::Z_LOSS_COEF,
+        2,
+        true,
+        "the z-loss coefficient (required with z_loss)",
+    ),
     t("loss", 2, true),
-    m("reduction", 2, true),
-    m("label_smoothing", 2, true),
-    m("mean_all_ignored", 2, true),
-    t("loss_weights", 2, true),
-    m("softcap", 2, true),
-    m("softcap_dtype", 2, true),
+    m(
+        keys::REDUCTION,
+        2,
+        true,
+        "the reduction of loss (default `none`)",
+    ),
+    m(
+        keys::LABEL_SMOOTHING,
+        2,
+        true,
+        "the loss's label smoothing in [0, 1] (default 0)",
+    ),
+    m(
+        keys::MEAN_ALL_IGNORED,
+        2,
+        true,
+        "a mean loss over no row: `nan` (default) or `zero`",
+    ),
+    t(tensor::LOSS_WEIGHTS, 2, true),
+    m(
+        keys::SOFTCAP,
+        2,
+        true,
+        "Gemma 2's softcap c > 0 of the raw logits",
+    ),
+    m(
+        keys::SOFTCAP_DTYPE,
+        2,
+        true,
+        "`input`: x' = c tanh(x / c) materialised in the logits' dtype",
+    ),
     t("grad_lse", 2, true),
     t("grad_z_loss", 2, true),
     t("grad_loss", 2, true),
     // Version 2, the policy terms (issue 18): built.
-    t("ref_log_probs", 2, true),
-    t("old_log_probs", 2, true),
+    t(tensor::REF_LOG_PROBS, 2, true),
+    t(tensor::OLD_LOG_PROBS, 2, true),
     t("kl_k1", 2, true),
     t("kl_k2", 2, true),
     t("kl_k3", 2, true),
     t("kl_abs", 2, true),
     t("ratio", 2, true),
-    m("kl_input_clamp", 2, true),
-    m("kl_output_clamp", 2, true),
-    m("ratio_log_clamp", 2, true),
+    m(keys::KL_INPUT_CLAMP, 2, true, "kl_k3's clamp of d"),
+    m(keys::KL_OUTPUT_CLAMP, 2, true, "kl_k3's clamp of its value"),
+    m(keys::RATIO_LOG_CLAMP, 2, true, "ratio's clamp of its log"),
     t("grad_kl_k1", 2, true),
     t("grad_kl_k2", 2, true),
     t("grad_kl_k3", 2, true),
     t("grad_kl_abs", 2, true),
     t("grad_ratio", 2, true),
     // Version 2: reserved, not built yet.
-    m("z_loss_rows", 2, false),
-    m("loss_normalizer", 2, false),
+    m(keys::Z_LOSS_ROWS, 2, false, "reserved"),
+    m(keys::LOSS_NORMALIZER, 2, false, "reserved"),
     // (The top-k KL's four names: built.)
-    t("teacher_topk_log_probs", 2, true),
+    t(tensor::TEACHER_TOPK_LOG_PROBS, 2, true),
     t("forward_kl", 2, true),
     t("reverse_kl", 2, true),
-    m("kl_renormalized", 2, true),
+    m(
+        keys::KL_RENORMALIZED,
+        2,
+        true,
+        "the top-k KL's student renormalised over the K ids (default false)",
+    ),
     t("grad_forward_kl", 2, true),
     t("grad_reverse_kl", 2, true),
 ];
@@ -242,6 +410,30 @@ pub fn check_names<'a>(
     Ok(())
 }
 
+/// Checks the value of every key of `meta` that `table` types, whether or
+/// not the dump uses it, in sorted key order (a malformed value is bad input
+/// the same way everywhere). Names are checked by [`check_names`].
+///
+/// # Errors
+/// The first [`DumpError::BadMetadata`] (or [`DumpError::Spec`]).
+pub fn check_values(meta: &HashMap<String, String>, table: &[Name]) -> Result<(), DumpError> {
+    let mut ks: Vec<(&String, &String)> = meta.iter().collect();
+    ks.sort_unstable();
+    for (k, v) in ks {
+        let entry = table.iter().find(|n| n.kind == Kind::Meta && n.name == k);
+        if let Some(Name {
+            name,
+            check: Some(check),
+            reason,
+            ..
+        }) = entry
+        {
+            check(name, reason, v)?;
+        }
+    }
+    Ok(())
+}
+
 /// The built names of `kind` in `table`, in table order (for `--help`).
 pub fn built(kind: Kind, table: &[Name]) -> impl Iterator<Item = &'static str> + '_ {
     table
@@ -253,6 +445,62 @@ pub fn built(kind: Kind, table: &[Name]) -> impl Iterator<Item = &'static str> +
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_holds_every_output_and_cotangent_once() {
+        use logprobe_reference::spec::Output;
+        let tensors: Vec<&str> = built(Kind::Tensor, NAMES).collect();
+        for o in Output::ALL {
+            for name in std::iter::once(o.name()).chain(o.cotangent_name()) {
+                assert_eq!(tensors.iter().filter(|n| **n == name).count(), 1, "{name}");
+            }
+        }
+        let mut all: Vec<(&str, Kind)> = NAMES.iter().map(|n| (n.name, n.kind)).collect();
+        all.sort_unstable_by_key(|n| n.0);
+        all.dedup();
+        assert_eq!(all.len(), NAMES.len(), "a name listed twice");
+    }
+
+    #[test]
+    fn the_format_doc_names_every_name_of_the_table() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/dump-from-pytorch.md"
+        );
+        let doc = std::fs::read_to_string(path).expect("docs/dump-from-pytorch.md");
+        let missing: Vec<&str> = NAMES
+            .iter()
+            .map(|n| n.name)
+            .filter(|n| !doc.contains(&format!("`{n}`")) && !doc.contains(&format!("\"{n}\"")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in docs/dump-from-pytorch.md: {missing:?}"
+        );
+        // Every key has its type and doc line.
+        for n in NAMES.iter().filter(|n| n.kind == Kind::Meta) {
+            assert!(
+                n.check.is_some() && !n.doc.is_empty() && !n.reason.is_empty(),
+                "{}",
+                n.name
+            );
+        }
+    }
+
+    #[test]
+    fn values_are_checked_through_the_table() {
+        let meta: HashMap<String, String> = [
+            (keys::FUZZ_SEED.name, "anything"),
+            (keys::TOPK_SORTED.name, "yes"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            check_values(&meta, NAMES).unwrap_err().to_string(),
+            "metadata `topk_sorted` = \"yes\": expected `false` or `true`"
+        );
+    }
 
     #[test]
     fn misspelt_names_suggest_the_closest() {

@@ -25,7 +25,9 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 
 use logprobe_reference::spec::{Columns, Dtype, EntropyLogits, TemperatureDtype};
 
-use crate::dump::{serialize_dump, DumpError, DumpTensor};
+use crate::dump::{write_dump, DumpError, DumpTensor, Metadata};
+use crate::keys;
+use crate::names::tensor;
 
 /// The protocol version, sent as metadata `fuzz_protocol`. A change that
 /// breaks an existing adapter gets a new number.
@@ -155,66 +157,55 @@ impl Request {
     pub fn tensors(&self) -> Vec<(&'static str, DumpTensor)> {
         let (n, vt, k) = (self.n, self.v_total, self.k());
         let mut t = vec![(
-            "logits",
+            tensor::LOGITS,
             DumpTensor::floats(self.dtype, &[n, vt], &self.logits),
         )];
         if let Some(tok) = &self.tokens {
-            t.push(("tokens", DumpTensor::i64s(&[n], tok)));
+            t.push((tensor::TOKENS, DumpTensor::i64s(&[n], tok)));
         }
         if let Some(m) = &self.sampling_mask {
-            t.push(("sampling_mask", DumpTensor::bools(&[n, vt], m)));
+            t.push((tensor::SAMPLING_MASK, DumpTensor::bools(&[n, vt], m)));
         }
         if let Some((_, ids)) = &self.topk_ids {
-            t.push(("topk_ids", DumpTensor::i64s(&[n, k], ids)));
+            t.push((tensor::TOPK_IDS, DumpTensor::i64s(&[n, k], ids)));
         }
-        if let Some(g) = &self.grad_log_probs {
-            t.push(("grad_log_probs", DumpTensor::floats(Dtype::F32, &[n], g)));
-        }
-        if let Some(g) = &self.grad_entropy {
-            t.push(("grad_entropy", DumpTensor::floats(Dtype::F32, &[n], g)));
-        }
-        if let Some(g) = &self.grad_topk_log_probs {
-            t.push((
-                "grad_topk_log_probs",
-                DumpTensor::floats(Dtype::F32, &[n, k], g),
-            ));
+        let cotangents = [
+            (Output::LogProbs, &self.grad_log_probs),
+            (Output::Entropy, &self.grad_entropy),
+            (Output::TopkLogProbs, &self.grad_topk_log_probs),
+        ];
+        for (o, g) in cotangents {
+            if let (Some(g), Some(name)) = (g, o.cotangent_name()) {
+                let shape = output_shape(o, n, k, vt);
+                t.push((name, DumpTensor::floats(Dtype::F32, &shape, g)));
+            }
         }
         t
     }
 
     /// The metadata of the request, plus `extra` (provenance keys of the
-    /// name table, e.g. `fuzz_recipe`).
-    pub fn metadata(&self, extra: &[(&str, String)]) -> Vec<(String, String)> {
+    /// key table, e.g. `fuzz_recipe`).
+    ///
+    /// # Errors
+    /// [`DumpError::BadMetadata`] for a `temperature` or `z_loss_coef` text
+    /// that is not a number (a request built inconsistently).
+    pub fn metadata(&self, extra: &Metadata) -> Result<Metadata, DumpError> {
         let m = &self.meta;
-        let outputs: Vec<&str> = m.outputs.iter().map(|o| o.name()).collect();
-        let mut v = vec![
-            ("format_version".to_string(), "2".to_string()),
-            ("fuzz_protocol".into(), PROTOCOL_VERSION.to_string()),
-            ("outputs".into(), outputs.join(",")),
-            ("temperature".into(), m.temperature.clone()),
-            (
-                "temperature_dtype".into(),
-                match m.temperature_dtype {
-                    TemperatureDtype::Accumulation => "accumulation".into(),
-                    TemperatureDtype::Input => "input".into(),
-                },
-            ),
-            ("vocab_size".into(), m.vocab_size.to_string()),
-            ("ignore_index".into(), m.ignore_index.to_string()),
-            (
-                "entropy_logits".into(),
-                match m.entropy_logits {
-                    EntropyLogits::Unmasked => "unmasked".into(),
-                    EntropyLogits::Masked => "masked".into(),
-                },
-            ),
-            ("chunk_size".into(), m.chunk_size.to_string()),
-        ];
+        let mut v = Metadata::new();
+        v.set(keys::FORMAT_VERSION, &keys::FormatVersion::V2)
+            .set(keys::FUZZ_PROTOCOL, &PROTOCOL_VERSION)
+            .set(keys::OUTPUTS, &m.outputs)
+            .set_text(keys::TEMPERATURE, &m.temperature)?
+            .set(keys::TEMPERATURE_DTYPE, &m.temperature_dtype)
+            .set(keys::VOCAB_SIZE, &m.vocab_size)
+            .set(keys::IGNORE_INDEX, &m.ignore_index)
+            .set(keys::ENTROPY_LOGITS, &m.entropy_logits)
+            .set(keys::CHUNK_SIZE, &(m.chunk_size as u64));
         if let Some(c) = &m.z_loss_coef {
-            v.push(("z_loss_coef".into(), c.clone()));
+            v.set_text(keys::Z_LOSS_COEF, c)?;
         }
-        v.extend(extra.iter().map(|(k, x)| (k.to_string(), x.clone())));
-        v
+        v.extend(extra);
+        Ok(v)
     }
 
     /// The bytes of the request dump (what `{in}` or an input frame holds).
@@ -223,18 +214,18 @@ impl Request {
     /// [`DumpError::Malformed`] when a tensor's length does not match its
     /// shape (a request built inconsistently).
     pub fn to_bytes(&self) -> Result<Vec<u8>, DumpError> {
-        self.dump_bytes(None, &[])
+        self.dump_bytes(None, &Metadata::new())
     }
 
     /// The dump of the request with the response's outputs as candidates
     /// and `extra` metadata: what `logprobe verify` judges.
     ///
     /// # Errors
-    /// As [`Request::to_bytes`].
+    /// As [`Request::to_bytes`] and [`Request::metadata`].
     pub fn with_response(
         &self,
         response: &Response,
-        extra: &[(&str, String)],
+        extra: &Metadata,
     ) -> Result<Vec<u8>, DumpError> {
         self.dump_bytes(Some(response), extra)
     }
@@ -242,7 +233,7 @@ impl Request {
     fn dump_bytes(
         &self,
         response: Option<&Response>,
-        extra: &[(&str, String)],
+        extra: &Metadata,
     ) -> Result<Vec<u8>, DumpError> {
         let mut t = self.tensors();
         if let Some(r) = response {
@@ -250,9 +241,7 @@ impl Request {
                 t.push((o.name(), tensor.clone()));
             }
         }
-        let meta = self.metadata(extra);
-        let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        serialize_dump(&t, &meta)
+        write_dump(&t, &self.metadata(extra)?)
     }
 }
 
@@ -450,6 +439,7 @@ fn read_exact(r: &mut impl Read, buf: &mut [u8], at: &'static str) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dump::serialize_dump;
 
     fn request() -> Request {
         Request {
@@ -502,7 +492,7 @@ mod tests {
             resp.row_bytes(Output::LogProbs, 1),
             Some(&(-0.25f32).to_le_bytes()[..])
         );
-        let joined = r.with_response(&resp, &[]).unwrap();
+        let joined = r.with_response(&resp, &Metadata::new()).unwrap();
         let d = crate::dump::Dump::parse(&joined).unwrap();
         assert!(d.candidates.get(Output::LogProbs).is_some());
         assert!(d.candidates.get(Output::TopkLogProbs).is_some());

@@ -16,6 +16,7 @@ use std::path::Path;
 use safetensors::Dtype as StDtype;
 
 use crate::dump::{Dump, DumpError};
+use crate::keys;
 use crate::names::{Kind, NAMES};
 use crate::verify::{verify_dump, FileReport, VerifyConfig};
 
@@ -53,8 +54,9 @@ impl safetensors::View for &TensorBytes<'_> {
 /// outputs) and the `fuzz_*` provenance keys (written by `logprobe fuzz`,
 /// ignored by verify).
 pub fn keyword_names(kind: Kind) -> impl Iterator<Item = &'static str> {
-    crate::names::built(kind, NAMES)
-        .filter(|n| *n != "format_version" && *n != "outputs" && !n.starts_with("fuzz_"))
+    crate::names::built(kind, NAMES).filter(|n| {
+        *n != keys::FORMAT_VERSION.name && *n != keys::OUTPUTS.name && !n.starts_with("fuzz_")
+    })
 }
 
 /// Whether any of `names` (tensor or metadata names) first appears in
@@ -131,8 +133,9 @@ pub fn to_dump_bytes(
         .iter()
         .map(|(n, _)| *n)
         .chain(metadata.iter().map(|(k, _)| *k));
-    if !meta.contains_key("format_version") && needs_version2(names) {
-        meta.insert("format_version".into(), "2".into());
+    if !meta.contains_key(keys::FORMAT_VERSION.name) && needs_version2(names) {
+        let (k, v) = keys::FORMAT_VERSION.pair(&keys::FormatVersion::V2);
+        meta.insert(k.into(), v);
     }
     safetensors::serialize(tensors.iter().map(|(k, t)| (*k, t)), Some(meta)).map_err(|e| {
         DumpError::Malformed {
@@ -163,9 +166,14 @@ mod tests {
         assert!(tensors.contains(&"loss") && tensors.contains(&"loss_weights"));
         assert!(tensors.contains(&"grad_loss") && tensors.contains(&"grad_z_loss"));
         let meta: Vec<_> = keyword_names(Kind::Meta).collect();
-        assert!(!meta.contains(&"loss_normalizer"), "reserved, not built");
-        assert!(meta.contains(&"temperature") && meta.contains(&"chunk_size"));
-        assert!(!meta.contains(&"format_version") && !meta.contains(&"fuzz_seed"));
+        assert!(
+            !meta.contains(&keys::LOSS_NORMALIZER.name),
+            "reserved, not built"
+        );
+        assert!(meta.contains(&keys::TEMPERATURE.name) && meta.contains(&keys::CHUNK_SIZE.name));
+        assert!(
+            !meta.contains(&keys::FORMAT_VERSION.name) && !meta.contains(&keys::FUZZ_SEED.name)
+        );
     }
 
     #[test]

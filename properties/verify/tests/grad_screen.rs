@@ -10,6 +10,7 @@ use std::path::Path;
 use logprobe_reference::spec::Dtype;
 use logprobe_reference::splitmix::SplitMix64;
 use logprobe_verify::dump::{serialize_dump, Dump, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{set_grad_screen, verify_dump, ReportVerdict, VerifyConfig};
 
 /// How the candidate gradients are wrong.
@@ -110,7 +111,7 @@ fn dump_bytes(n: usize, v: usize, seed: u64, wrong: Wrong, extras: bool) -> Vec<
         tensors.push(("topk_ids", DumpTensor::i64s(&[n, k], &ids)));
         tensors.push(("topk_log_probs", f(&[n, k], &topk_lp)));
         tensors.push(("grad_topk_log_probs", f(&[n, k], &g_topk)));
-        meta.push(("temperature", "0.7".to_string()));
+        meta.push((keys::TEMPERATURE.name, "0.7".to_string()));
     }
     let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
     serialize_dump(&tensors, &meta).expect("consistent shapes")

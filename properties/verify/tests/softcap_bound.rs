@@ -10,6 +10,7 @@ use half::{bf16, f16};
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::{Exact, Oracle};
 use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem, SoftcapDtype};
+use logprobe_verify::keys;
 use logprobe_verify::tolerance::{ErrorBound, GradCotangents, Model, RowContext};
 use ndarray::{Array1, Array2};
 
@@ -338,7 +339,7 @@ fn verify_reads_softcap_and_judges_by_it() {
     p.options.softcap = Some(30.0);
     let k = CpuKernel::fused();
     let good = k.forward(&p, Dtype::F32).unwrap();
-    let meta = [("format_version", "2"), ("softcap", "30")];
+    let meta = [(keys::FORMAT_VERSION.name, "2"), (keys::SOFTCAP.name, "30")];
     let verdict = |bytes: &[u8]| {
         let d = Dump::parse(bytes).unwrap();
         assert_eq!(d.options.softcap, Some(30.0));
@@ -355,7 +356,7 @@ fn verify_reads_softcap_and_judges_by_it() {
         .all(|v| *v == ReportVerdict::Pass));
     // The same candidates judged without the softcap (a reader that
     // ignored the key) fail: the key changes the verdict.
-    let bytes = dump_bytes(&p, &c.xb, &good, &[("format_version", "2")]);
+    let bytes = dump_bytes(&p, &c.xb, &good, &[(keys::FORMAT_VERSION.name, "2")]);
     let d = Dump::parse(&bytes).unwrap();
     let r = verify_dump(
         &d,
@@ -373,30 +374,48 @@ fn verify_reads_softcap_and_judges_by_it() {
     assert!(verdict(&dump_bytes(&p, &c.xb, &bad, &meta)).contains(&ReportVerdict::Fail));
     // Bad metadata is a typed error naming its key.
     for (m, key) in [
-        (vec![("format_version", "2"), ("softcap", "0")], "softcap"),
-        (vec![("format_version", "2"), ("softcap", "-3")], "softcap"),
-        (vec![("format_version", "2"), ("softcap", "inf")], "softcap"),
         (
-            vec![("format_version", "2"), ("softcap", "1e-50")],
+            vec![(keys::FORMAT_VERSION.name, "2"), (keys::SOFTCAP.name, "0")],
             "softcap",
         ),
         (
-            vec![("format_version", "2"), ("softcap_dtype", "input")],
-            "softcap_dtype",
+            vec![(keys::FORMAT_VERSION.name, "2"), (keys::SOFTCAP.name, "-3")],
+            "softcap",
         ),
         (
             vec![
-                ("format_version", "2"),
-                ("softcap", "30"),
-                ("softcap_dtype", "f32"),
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::SOFTCAP.name, "inf"),
+            ],
+            "softcap",
+        ),
+        (
+            vec![
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::SOFTCAP.name, "1e-50"),
+            ],
+            "softcap",
+        ),
+        (
+            vec![
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::SOFTCAP_DTYPE.name, "input"),
             ],
             "softcap_dtype",
         ),
         (
             vec![
-                ("format_version", "2"),
-                ("softcap", "30"),
-                ("temperature_dtype", "input"),
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::SOFTCAP.name, "30"),
+                (keys::SOFTCAP_DTYPE.name, "f32"),
+            ],
+            "softcap_dtype",
+        ),
+        (
+            vec![
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::SOFTCAP.name, "30"),
+                (keys::TEMPERATURE_DTYPE.name, "input"),
             ],
             "softcap_dtype",
         ),
@@ -407,5 +426,5 @@ fn verify_reads_softcap_and_judges_by_it() {
         }
     }
     // Version 1 does not know the key.
-    assert!(Dump::parse(&dump_bytes(&p, &c.xb, &good, &[("softcap", "30")])).is_err());
+    assert!(Dump::parse(&dump_bytes(&p, &c.xb, &good, &[(keys::SOFTCAP.name, "30")])).is_err());
 }

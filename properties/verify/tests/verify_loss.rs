@@ -14,6 +14,7 @@ use logprobe_reference::spec::{
     CrossEntropy, Dtype, Logits, MeanAllIgnored, Problem, Reduction, SpecError,
 };
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::names::NameError;
 use logprobe_verify::verify::{render_table, verify_dump, FileReport, ReportVerdict, VerifyConfig};
 use ndarray::{Array1, Array2};
@@ -104,10 +105,10 @@ impl Case {
         serialize_dump(
             &tensors,
             &[
-                ("format_version", "2"),
-                ("reduction", ce.reduction.name()),
-                ("label_smoothing", &eps),
-                ("mean_all_ignored", ce.mean_all_ignored.name()),
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::REDUCTION.name, ce.reduction.name()),
+                (keys::LABEL_SMOOTHING.name, &eps),
+                (keys::MEAN_ALL_IGNORED.name, ce.mean_all_ignored.name()),
             ],
         )
         .unwrap()
@@ -313,9 +314,9 @@ fn an_f64_reduced_loss_is_decided_row_by_row() {
             let bytes = serialize_dump(
                 &tensors,
                 &[
-                    ("format_version", "2"),
-                    ("reduction", reduction.name()),
-                    ("label_smoothing", "0.25"),
+                    (keys::FORMAT_VERSION.name, "2"),
+                    (keys::REDUCTION.name, reduction.name()),
+                    (keys::LABEL_SMOOTHING.name, "0.25"),
                 ],
             )
             .unwrap();
@@ -366,19 +367,23 @@ fn bad_loss_input_is_typed() {
         t.extend(extra);
         serialize_dump(&t, meta).unwrap()
     };
-    let v2 = ("format_version", "2");
+    let v2 = (keys::FORMAT_VERSION.name, "2");
     let f = |v: &[f64], shape: &[usize]| DumpTensor::floats(Dtype::F32, shape, v);
     let err = |b: Vec<u8>| verify(&b).unwrap_err();
     // eps outside [0, 1].
     for eps in ["-0.1", "1.5", "nan"] {
         assert!(matches!(
-            err(base(&[v2, ("label_smoothing", eps)], f(&vn, &[N]), vec![])),
+            err(base(
+                &[v2, (keys::LABEL_SMOOTHING.name, eps)],
+                f(&vn, &[N]),
+                vec![]
+            )),
             DumpError::Spec(SpecError::BadLabelSmoothing { .. })
         ));
     }
     assert!(matches!(
         err(base(
-            &[v2, ("label_smoothing", "lots")],
+            &[v2, (keys::LABEL_SMOOTHING.name, "lots")],
             f(&vn, &[N]),
             vec![]
         )),
@@ -389,12 +394,16 @@ fn bad_loss_input_is_typed() {
     ));
     // Unknown reduction and all-ignored value.
     assert!(matches!(
-        err(base(&[v2, ("reduction", "avg")], f(&v1, &[]), vec![])),
+        err(base(
+            &[v2, (keys::REDUCTION.name, "avg")],
+            f(&v1, &[]),
+            vec![]
+        )),
         DumpError::Spec(SpecError::UnknownReduction { .. })
     ));
     assert!(matches!(
         err(base(
-            &[v2, ("mean_all_ignored", "inf")],
+            &[v2, (keys::MEAN_ALL_IGNORED.name, "inf")],
             f(&vn, &[N]),
             vec![]
         )),
@@ -402,7 +411,11 @@ fn bad_loss_input_is_typed() {
     ));
     // Shapes that do not match the reduction.
     assert!(matches!(
-        err(base(&[v2, ("reduction", "mean")], f(&vn, &[N]), vec![])),
+        err(base(
+            &[v2, (keys::REDUCTION.name, "mean")],
+            f(&vn, &[N]),
+            vec![]
+        )),
         DumpError::Spec(SpecError::ShapeMismatch { tensor: "loss", .. })
     ));
     assert!(verify(&base(&[v2], f(&v1, &[]), vec![])).is_err());
@@ -468,7 +481,11 @@ fn bad_loss_input_is_typed() {
     ))
     .is_ok());
     assert!(matches!(
-        err(base(&[v2, ("loss_normalizer", "2")], f(&vn, &[N]), vec![])),
+        err(base(
+            &[v2, (keys::LOSS_NORMALIZER.name, "2")],
+            f(&vn, &[N]),
+            vec![]
+        )),
         DumpError::Name(NameError::NotSupported {
             name: "loss_normalizer",
             ..
@@ -520,7 +537,10 @@ fn fallback_counts_include_the_derived_loss_outputs() {
                 ),
             ),
         ],
-        &[("format_version", "2"), ("z_loss_coef", "1e-4")],
+        &[
+            (keys::FORMAT_VERSION.name, "2"),
+            (keys::Z_LOSS_COEF.name, "1e-4"),
+        ],
     )
     .unwrap();
     let r = verify(&bytes).unwrap();

@@ -17,6 +17,7 @@ use logprobe_reference::spec::{
     Cotangents, Dtype, Logits, LossOptions, MeanAllIgnored, Problem, Reduction, SpecError,
 };
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{
     render_table, verify_dump, FileReport, ReportVerdict, RowSelection, VerifyConfig,
 };
@@ -173,11 +174,11 @@ impl Case {
         serialize_dump(
             &tensors,
             &[
-                ("format_version", "2"),
-                ("temperature", &t),
-                ("z_loss_coef", &coef),
-                ("reduction", lo.reduction.name()),
-                ("label_smoothing", &eps),
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::TEMPERATURE.name, &t),
+                (keys::Z_LOSS_COEF.name, &coef),
+                (keys::REDUCTION.name, lo.reduction.name()),
+                (keys::LABEL_SMOOTHING.name, &eps),
             ],
         )
         .unwrap()

@@ -14,6 +14,7 @@ use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{Dtype, Logits, Output, Problem, SpecError, TopkKl};
 use logprobe_reference::splitmix::SplitMix64;
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
+use logprobe_verify::keys;
 use logprobe_verify::verify::{render_table, verify_dump, FileReport, ReportVerdict, VerifyConfig};
 use ndarray::Array2;
 
@@ -101,7 +102,14 @@ impl Case {
             t.push((name, DumpTensor::floats(dtype, &[n], vals)));
         }
         let r = renorm.to_string();
-        serialize_dump(&t, &[("format_version", "2"), ("kl_renormalized", &r)]).unwrap()
+        serialize_dump(
+            &t,
+            &[
+                (keys::FORMAT_VERSION.name, "2"),
+                (keys::KL_RENORMALIZED.name, &r),
+            ],
+        )
+        .unwrap()
     }
 }
 
@@ -260,7 +268,7 @@ fn a_teacher_that_cannot_carry_a_kl_is_bad_input_naming_the_row() {
             ("topk_log_probs", lp),
             ("teacher_topk_log_probs", teacher),
         ],
-        &[("format_version", "2")],
+        &[(keys::FORMAT_VERSION.name, "2")],
     )
     .unwrap();
     assert!(matches!(
@@ -279,7 +287,7 @@ fn a_teacher_that_cannot_carry_a_kl_is_bad_input_naming_the_row() {
                 DumpTensor::floats(Dtype::F32, &[n], &[0.0; 4]),
             ),
         ],
-        &[("format_version", "2")],
+        &[(keys::FORMAT_VERSION.name, "2")],
     )
     .unwrap();
     assert!(matches!(

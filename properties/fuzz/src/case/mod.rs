@@ -23,6 +23,29 @@ use logprobe_testkit::strategies::{
     ShardLayout,
 };
 
+/// The grammar keys spelt as the dump's metadata keys: one spelling, the
+/// key table's ([`logprobe_verify::keys`]).
+pub mod dump_key {
+    use logprobe_verify::keys;
+
+    /// `temperature`.
+    pub const TEMPERATURE: &str = keys::TEMPERATURE.name;
+    /// `temperature_dtype`.
+    pub const TEMPERATURE_DTYPE: &str = keys::TEMPERATURE_DTYPE.name;
+    /// `softcap`.
+    pub const SOFTCAP: &str = keys::SOFTCAP.name;
+    /// `softcap_dtype`.
+    pub const SOFTCAP_DTYPE: &str = keys::SOFTCAP_DTYPE.name;
+    /// `ignore_index`.
+    pub const IGNORE_INDEX: &str = keys::IGNORE_INDEX.name;
+    /// `reduction`.
+    pub const REDUCTION: &str = keys::REDUCTION.name;
+    /// `label_smoothing`.
+    pub const LABEL_SMOOTHING: &str = keys::LABEL_SMOOTHING.name;
+    /// `mean_all_ignored`.
+    pub const MEAN_ALL_IGNORED: &str = keys::MEAN_ALL_IGNORED.name;
+}
+
 /// Every key of the grammar, in recipe order.
 pub const KEYS: [&str; 30] = [
     "seed",
@@ -34,19 +57,19 @@ pub const KEYS: [&str; 30] = [
     "kind",
     "offset",
     "mask",
-    "temperature",
-    "temperature_dtype",
-    "softcap",
-    "softcap_dtype",
+    dump_key::TEMPERATURE,
+    dump_key::TEMPERATURE_DTYPE,
+    dump_key::SOFTCAP,
+    dump_key::SOFTCAP_DTYPE,
     "tokens",
     "ignore",
-    "ignore_index",
+    dump_key::IGNORE_INDEX,
     "topk",
     "topk_ids",
     "entropy",
-    "reduction",
-    "label_smoothing",
-    "mean_all_ignored",
+    dump_key::REDUCTION,
+    dump_key::LABEL_SMOOTHING,
+    dump_key::MEAN_ALL_IGNORED,
     "loss_weights",
     "chunk",
     "shards",

@@ -6,7 +6,7 @@ use logprobe_reference::spec::{Dtype, EntropyLogits, SoftcapDtype, TemperatureDt
 use logprobe_testkit::strategies::{BadInput, LossWeights, Offset, PadFill, RowKind};
 
 use super::super::grammar::{num, parse_f64, GrammarError, Pairs};
-use super::{FuzzCase, KEYS};
+use super::{dump_key, FuzzCase, KEYS};
 
 impl FuzzCase {
     /// The case in the options grammar, one value per key (see
@@ -328,21 +328,21 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
                 _ => Some(float(key, v)?),
             }
         }
-        "temperature" => r.temperature = float(key, v)?,
-        "temperature_dtype" => {
+        dump_key::TEMPERATURE => r.temperature = float(key, v)?,
+        dump_key::TEMPERATURE_DTYPE => {
             r.temperature_dtype = match v {
                 "accumulation" | "acc" => TemperatureDtype::Accumulation,
                 "input" => TemperatureDtype::Input,
                 _ => return Err(bad_value(key, v, "accumulation or input")),
             }
         }
-        "softcap" => {
+        dump_key::SOFTCAP => {
             r.softcap = match v {
                 "none" | "off" => None,
                 _ => Some(float(key, v)?),
             }
         }
-        "softcap_dtype" => {
+        dump_key::SOFTCAP_DTYPE => {
             r.softcap_dtype = match v {
                 "accumulation" | "acc" => SoftcapDtype::Accumulation,
                 "input" => SoftcapDtype::Input,
@@ -351,7 +351,7 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
         }
         "tokens" => r.tokens = on_off(key, v)?,
         "ignore" => r.ignore_rate = float(key, v)?,
-        "ignore_index" => r.ignore_index = int(key, v)?,
+        dump_key::IGNORE_INDEX => r.ignore_index = int(key, v)?,
         "topk" => r.topk = int(key, v)?,
         "topk_ids" => {
             r.topk_true = match v {
@@ -368,14 +368,14 @@ pub(super) fn set(c: &mut FuzzCase, key: &str, v: &str) -> Result<(), GrammarErr
                 _ => return Err(bad_value(key, v, "unmasked, masked or none")),
             }
         }
-        "reduction" => {
+        dump_key::REDUCTION => {
             c.loss.reduction = v
                 .parse()
                 .map_err(|_| bad_value(key, v, "none, sum or mean"))?
         }
         // Any number: outside [0, 1] the kernel must give the typed error.
-        "label_smoothing" => c.loss.label_smoothing = float(key, v)?,
-        "mean_all_ignored" => {
+        dump_key::LABEL_SMOOTHING => c.loss.label_smoothing = float(key, v)?,
+        dump_key::MEAN_ALL_IGNORED => {
             c.loss.mean_all_ignored = v.parse().map_err(|_| bad_value(key, v, "nan or zero"))?
         }
         "loss_weights" => {

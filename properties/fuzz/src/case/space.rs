@@ -15,7 +15,7 @@ use super::super::grammar::{num, parse_f64, Alt, GrammarError, Pairs};
 use super::recipe_text::{
     bad_inputs, bad_value, kind_family, parse_dtype, parse_kind, parse_offset, set,
 };
-use super::{FuzzCase, KEYS, MAX_MEDIUM_VOCAB};
+use super::{dump_key, FuzzCase, KEYS, MAX_MEDIUM_VOCAB};
 
 /// The search space: the gate's [`RecipeSpace`] (dtypes from `--dtype`)
 /// plus the pins of `--options` / `--vocab`, applied to every drawn case
@@ -178,14 +178,14 @@ impl Space {
             "vocab" => Some(r.vocab_size as f64),
             "rows" => Some(r.n as f64),
             "padding" => Some(r.padding as f64),
-            "temperature" => Some(r.temperature),
+            dump_key::TEMPERATURE => Some(r.temperature),
             "ignore" => Some(r.ignore_rate),
-            "ignore_index" => Some(r.ignore_index as f64),
+            dump_key::IGNORE_INDEX => Some(r.ignore_index as f64),
             "topk" => Some(r.topk as f64),
             "chunk" => Some(c.chunk as f64),
             "shards" => Some(c.shards as f64),
             "grad_seed" => Some(c.cot.seed as f64),
-            "label_smoothing" => Some(c.loss.label_smoothing),
+            dump_key::LABEL_SMOOTHING => Some(c.loss.label_smoothing),
             _ => None,
         };
         if let Some(x) = x {
@@ -193,7 +193,7 @@ impl Space {
             let exact = match key {
                 "seed" => Some(r.seed.to_string()),
                 "grad_seed" => Some(c.cot.seed.to_string()),
-                "ignore_index" => Some(r.ignore_index.to_string()),
+                dump_key::IGNORE_INDEX => Some(r.ignore_index.to_string()),
                 _ => None,
             };
             return alts.iter().any(|a| match a {
@@ -242,14 +242,14 @@ const NUMERIC: [&str; 14] = [
     "padding",
     "offset",
     "mask",
-    "temperature",
+    dump_key::TEMPERATURE,
     "ignore",
-    "ignore_index",
+    dump_key::IGNORE_INDEX,
     "topk",
     "chunk",
     "shards",
     "grad_seed",
-    "label_smoothing",
+    dump_key::LABEL_SMOOTHING,
 ];
 
 /// Numeric keys whose values are integers.
@@ -258,7 +258,7 @@ const NUMERIC_INT: [&str; 9] = [
     "vocab",
     "rows",
     "padding",
-    "ignore_index",
+    dump_key::IGNORE_INDEX,
     "topk",
     "chunk",
     "shards",

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use logprobe_verify::dump::Dump;
 use logprobe_verify::verify::{verify_dump, VerifyConfig};
 
-use super::case::{FuzzCase, Space};
+use super::case::{dump_key, FuzzCase, Space};
 use super::judge::{Call, Finding};
 use super::{case_tree, progress, Found, TargetReport};
 
@@ -189,7 +189,7 @@ pub fn exec_space(options: &str) -> Result<Space, String> {
         return Err("options bad=...: protocol v1 sends valid inputs only (an external kernel has no typed-error channel); drop the bad= pin".into());
     }
     // Protocol v1 sends no softcap: its cases carry none.
-    let softcap = pairs.get("softcap");
+    let softcap = pairs.get(dump_key::SOFTCAP);
     if softcap.as_ref().is_some_and(|s| {
         s.iter()
             .any(|a| !matches!(a, super::grammar::Alt::Word(w) if w == "none" || w == "off"))
@@ -350,9 +350,9 @@ fn finding_files(
     let inputs_only = dumps.is_empty();
     if inputs_only {
         let r = target.request(case);
-        let meta = r.metadata(&target.extra(case, f.finding.property));
-        let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let bytes = logprobe_verify::dump::serialize_dump(&r.tensors(), &meta)
+        let bytes = r
+            .metadata(&target.extra(case, f.finding.property))
+            .and_then(|meta| logprobe_verify::dump::write_dump(&r.tensors(), &meta))
             .map_err(|e| e.to_string())?;
         dumps.push(("", bytes));
     }

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use logprobe_reference::spec::Dtype;
 use logprobe_testkit::strategies::{chunk_sizes, Z_LOSS_COEF};
-use logprobe_verify::dump::Dump;
+use logprobe_verify::dump::{Dump, Metadata};
+use logprobe_verify::keys;
 use logprobe_verify::protocol::{Output, Request, RequestMeta, Response};
 use logprobe_verify::verify::{verify_dump, FileReport, ReportVerdict as Verdict, VerifyConfig};
 
@@ -215,14 +216,17 @@ impl ExecTarget {
         r
     }
 
-    pub(super) fn extra(&self, case: &FuzzCase, property: &str) -> Vec<(&'static str, String)> {
-        vec![
-            ("fuzz_recipe", case.recipe()),
-            ("fuzz_kernel", self.runner.transport.kind().to_string()),
-            ("fuzz_property", property.to_string()),
-            ("fuzz_seed", self.seed.to_string()),
-            ("fuzz_exec", self.runner.transport.command().to_string()),
-        ]
+    pub(super) fn extra(&self, case: &FuzzCase, property: &str) -> Metadata {
+        let mut m = Metadata::new();
+        m.set(keys::FUZZ_RECIPE, &case.recipe())
+            .set(keys::FUZZ_KERNEL, &self.runner.transport.kind().to_string())
+            .set(keys::FUZZ_PROPERTY, &property.to_string())
+            .set(keys::FUZZ_SEED, &self.seed.to_string())
+            .set(
+                keys::FUZZ_EXEC,
+                &self.runner.transport.command().to_string(),
+            );
+        m
     }
 
     fn ask(&self, request: Request) -> Result<Answer, CommandFailure> {
@@ -274,7 +278,7 @@ impl ExecTarget {
         };
         let joined = base
             .request
-            .with_response(&base.response, &[])
+            .with_response(&base.response, &Metadata::new())
             .map_err(|e| self.command(case, &request, e.to_string()))?;
         let report = Dump::parse(&joined)
             .and_then(|d| verify_dump(&d, Path::new("exec"), &VerifyConfig::default()))

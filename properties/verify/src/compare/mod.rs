@@ -372,7 +372,7 @@ pub fn compare_dumps(
     }
     if a.ignore_index() != b.ignore_index() {
         return Err(CompareError::MetadataMismatch {
-            key: "ignore_index",
+            key: crate::keys::IGNORE_INDEX.name,
             a: a.ignore_index().to_string(),
             b: b.ignore_index().to_string(),
         });

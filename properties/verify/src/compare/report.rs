@@ -9,8 +9,8 @@ use serde::Serialize;
 use logprobe_reference::oracle::Interval;
 
 use super::Side;
+use crate::json::{json_f64, json_opt_f64};
 use crate::verify::ReportVerdict as Verdict;
-use crate::verify::{json_f64, json_opt_f64};
 
 /// An enclosure `[lo, hi]` of an exact real (nats), f64 ends rounded
 /// outward, with its midpoint `value` (the figure tables and summaries use).

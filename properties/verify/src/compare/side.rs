@@ -6,7 +6,7 @@
 use ndarray::Array1;
 
 use super::CompareError;
-use crate::dump::{decode_floats, decode_ids, parse_meta, st_float, Dump, DumpError};
+use crate::dump::{decode_floats, decode_ids, st_float, Dump, DumpError};
 use crate::shapes::RowShape;
 use logprobe_reference::spec::{Dtype, Output, DEFAULT_IGNORE_INDEX};
 
@@ -138,7 +138,8 @@ impl LogProbsDump {
                 Some(crate::shapes::decode_flags("row_mask", t.dtype(), t.data()).map_err(dump)?)
             }
         };
-        let ignore_index = parse_meta::<i64>(&h.meta, "ignore_index", "not an integer")
+        let ignore_index = crate::keys::IGNORE_INDEX
+            .get(&h.meta)
             .map_err(dump)?
             .unwrap_or(DEFAULT_IGNORE_INDEX);
         Ok(LogProbsDump {

@@ -10,6 +10,7 @@ use logprobe_reference::oracle::Interval;
 
 use super::*;
 use crate::dump::{serialize_dump, DumpTensor};
+use crate::keys;
 use logprobe_reference::spec::Dtype;
 
 const N: usize = 6;
@@ -63,7 +64,7 @@ fn bytes(s: &Fake) -> Vec<u8> {
     if let Some(m) = &s.row_mask {
         t.push(("row_mask", DumpTensor::bools(&[N], m)));
     }
-    serialize_dump(&t, &[("format_version", "2")]).unwrap()
+    serialize_dump(&t, &[(keys::FORMAT_VERSION.name, "2")]).unwrap()
 }
 
 fn run(a: &Fake, b: &Fake) -> Result<CompareReport, CompareError> {
@@ -367,7 +368,7 @@ fn mismatched_pairs_are_typed_bad_input() {
             ("tokens", DumpTensor::i64s(&[N], &tokens())),
             ("log_probs", DumpTensor::floats(Dtype::F32, &[N], &[0.0; N])),
         ],
-        &[("ignore_index", "-1")],
+        &[(keys::IGNORE_INDEX.name, "-1")],
     )
     .unwrap();
     let db = parse_side(&meta_b, Side::B).unwrap();
@@ -382,10 +383,7 @@ fn mismatched_pairs_are_typed_bad_input() {
     assert!(
         matches!(
             e,
-            CompareError::MetadataMismatch {
-                key: "ignore_index",
-                ..
-            }
+            CompareError::MetadataMismatch { key, .. } if key == keys::IGNORE_INDEX.name
         ),
         "{e}"
     );
@@ -395,7 +393,7 @@ fn mismatched_pairs_are_typed_bad_input() {
             ("logits", DumpTensor::floats(Dtype::F32, &[N, V], &logits())),
             ("log_probs", DumpTensor::floats(Dtype::F32, &[N], &[0.0; N])),
         ],
-        &[("vocab_size", "39")],
+        &[(keys::VOCAB_SIZE.name, "39")],
     )
     .unwrap();
     let db = parse_side(&narrow, Side::B).unwrap();

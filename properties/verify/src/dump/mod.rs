@@ -20,11 +20,14 @@
 //! naming the tensor (and row / column for value errors), never a panic.
 //!
 //! Files: `error`, `file` (the bytes), `tensors` (row-by-row
-//! decoding), `reader` (the [`Dump`] and its checks), `row` (one row's
+//! decoding), `reader` (the [`Dump`] and its checks), `parts` (its tensor
+//! groups), `options` (its metadata), `row` (one row's
 //! inputs), `writer`.
 
 mod error;
 mod file;
+mod options;
+mod parts;
 mod reader;
 mod row;
 mod tensors;

@@ -4,15 +4,15 @@
 use std::collections::HashMap;
 
 use ndarray::{Array1, Array2};
-use safetensors::{Dtype as StDtype, SafeTensors};
+use safetensors::SafeTensors;
 
-use logprobe_reference::spec::{
-    Columns, Dtype, EntropyLogits, LossOptions, MeanAllIgnored, MeanDivisor, Options, Output,
-    PerOutput, PolicyTerm, Reduction, SoftcapDtype, SpecError, TemperatureDtype, TopkKl,
-    DEFAULT_IGNORE_INDEX,
-};
+use logprobe_reference::spec::{MeanDivisor, Options, Output, PerOutput, Reduction, TopkKl};
 
+use super::options::{parse_options, parse_policy_clamps, parse_z_loss_coef};
+use super::parts::{check_needs, read_inputs, read_logits, Tensors};
 use super::*;
+use crate::keys;
+use crate::names::tensor;
 
 /// A parsed, shape-checked dump. `N` rows, `V_total` columns of logits.
 pub struct Dump<'a> {
@@ -63,20 +63,7 @@ pub struct Dump<'a> {
     pub loss_divisor: Option<MeanDivisor>,
 }
 
-/// The tensor names the format defines.
-pub const TENSOR_NAMES: [&str; 11] = [
-    "logits",
-    "tokens",
-    "sampling_mask",
-    "log_probs",
-    "entropy",
-    "topk_ids",
-    "topk_log_probs",
-    "grad_log_probs",
-    "grad_entropy",
-    "grad_topk_log_probs",
-    "grad_logits",
-];
+pub use crate::names::TENSOR_NAMES;
 
 /// Why the data section does not match the header (truncated or extended
 /// file), naming the first tensor that reaches past the end. Reads only the
@@ -109,25 +96,6 @@ pub(crate) fn malformed(e: safetensors::SafeTensorError) -> DumpError {
     }
 }
 
-pub(crate) fn parse_meta<T: std::str::FromStr>(
-    meta: &HashMap<String, String>,
-    key: &'static str,
-    reason: &'static str,
-) -> Result<Option<T>, DumpError> {
-    match meta.get(key) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<T>()
-            .map(Some)
-            .map_err(|_| DumpError::BadMetadata {
-                key,
-                value: v.clone(),
-                reason,
-            }),
-    }
-}
-
 impl<'a> Dump<'a> {
     /// Parses `bytes` (a whole safetensors file). See [`DumpFile::parse`].
     ///
@@ -149,363 +117,71 @@ impl<'a> Dump<'a> {
 
     fn parse_with(bytes: &'a [u8], require_candidate: bool) -> Result<Self, DumpError> {
         let Header { st, meta, format } = Header::read(bytes)?;
-        let get = |name: &str| st.tensor(name).ok();
-
-        let logits_t = get("logits").ok_or(DumpError::MissingTensor {
-            tensor: "logits",
-            why: "",
-        })?;
-        let ldtype = st_float(logits_t.dtype()).ok_or_else(|| DumpError::BadDtype {
-            tensor: "logits",
-            found: format!("{:?}", logits_t.dtype()),
-            expected: "F64, F32, BF16 or F16",
-        })?;
-        let (rs, v) = crate::shapes::RowShape::of_logits(logits_t.shape())?;
-        let n = rs.n;
-        let logits = FloatMatrix {
-            dtype: ldtype,
-            rows: n,
-            cols: v,
-            data: logits_t.data(),
+        let (logits, rs) = read_logits(&st)?;
+        let (n, v) = (rs.n, logits.cols);
+        let inputs = read_inputs(&st, &rs, v)?;
+        let r = Tensors {
+            st: &st,
+            rs: &rs,
+            v,
+            k: inputs.topk_ids.as_ref().map(|a| a.ncols()),
+            cotangent_sum: format.cotangent_sum,
         };
-
-        let tokens = match get("tokens") {
-            None => None,
-            Some(t) => {
-                rs.expect("tokens", t.shape(), &[])?;
-                Some(Array1::from(decode_ids("tokens", t.dtype(), t.data())?))
-            }
-        };
-
-        let sampling_mask = match get("sampling_mask") {
-            None => None,
-            Some(t) => {
-                match t.dtype() {
-                    StDtype::BOOL | StDtype::U8 => {}
-                    other => {
-                        return Err(DumpError::BadDtype {
-                            tensor: "sampling_mask",
-                            found: format!("{other:?}"),
-                            expected: "BOOL or U8",
-                        })
-                    }
-                };
-                rs.expect("sampling_mask", t.shape(), &[('V', v)])?;
-                Some(MaskMatrix {
-                    cols: v,
-                    data: t.data(),
-                })
-            }
-        };
-
-        let topk_ids = match get("topk_ids") {
-            None => None,
-            Some(t) => {
-                let k = rs.trailing("topk_ids", t.shape())?;
-                let ids = decode_ids("topk_ids", t.dtype(), t.data())?;
-                Some(Array2::from_shape_vec((n, k), ids).expect("size checked by safetensors"))
-            }
-        };
-        let k = topk_ids.as_ref().map(|a| a.ncols());
-
-        // A float tensor `[N, width]` (a per-row one stored `[N]`).
-        // `(matrix, Some(width))` for a `[]` / `[1]` cotangent broadcast
-        // under `cotangent_reduction=sum` (stored as one element).
-        type Read<'a> = Option<(FloatMatrix<'a>, Option<usize>)>;
-        let float = |name: &'static str,
-                     columns: Columns,
-                     cotangent: bool|
-         -> Result<Read<'a>, DumpError> {
-            let Some(t) = get(name) else { return Ok(None) };
-            let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
-                tensor: name,
-                found: format!("{:?}", t.dtype()),
-                expected: "F64, F32, BF16 or F16",
-            })?;
-            let summed = match columns {
-                Columns::One if cotangent => {
-                    rs.cotangent(name, t.shape(), &[], format.cotangent_sum)?
-                }
-                Columns::One => {
-                    rs.expect(name, t.shape(), &[])?;
-                    false
-                }
-                Columns::TopK => {
-                    let Some(k) = k else {
-                        return Err(DumpError::MissingTensor {
-                            tensor: "topk_ids",
-                            why: " (needed by top-k tensors)",
-                        });
-                    };
-                    if cotangent {
-                        rs.cotangent(name, t.shape(), &[('K', k)], format.cotangent_sum)?
-                    } else {
-                        rs.expect(name, t.shape(), &[('K', k)])?;
-                        false
-                    }
-                }
-                Columns::Vocabulary => {
-                    rs.expect(name, t.shape(), &[('V', v)])?;
-                    false
-                }
-            };
-            let cols = match columns {
-                Columns::One => 1,
-                Columns::TopK => k.expect("checked above"),
-                Columns::Vocabulary => v,
-            };
-            Ok(Some((
-                FloatMatrix {
-                    dtype,
-                    rows: if summed { 1 } else { n },
-                    cols: if summed { 1 } else { cols },
-                    data: t.data(),
-                },
-                summed.then_some(cols),
-            )))
-        };
-        let mut candidates = PerOutput::new();
-        for o in Output::ALL.into_iter().filter(|&o| o != Output::Loss) {
-            if let Some((m, _)) = float(o.name(), o.columns(), false)? {
-                candidates.insert(o, m);
-            }
-        }
-        // `loss`: `[N]` under `none`, one value under `sum` / `mean`.
-        let loss_options = parse_loss_options(&meta)?;
-        if let Some(t) = get("loss") {
-            let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
-                tensor: "loss",
-                found: format!("{:?}", t.dtype()),
-                expected: "F64, F32, BF16 or F16",
-            })?;
-            let rows = match loss_options.reduction {
-                Reduction::None => {
-                    rs.expect("loss", t.shape(), &[])?;
-                    n
-                }
-                r => {
-                    r.check_shape(t.shape(), n)?;
-                    1
-                }
-            };
-            candidates.insert(
-                Output::Loss,
-                FloatMatrix {
-                    dtype,
-                    rows,
-                    cols: 1,
-                    data: t.data(),
-                },
-            );
-        }
-        let grad_loss = get("grad_loss").is_some();
-        let loss_weights = match get("loss_weights") {
-            None => None,
-            Some(_) if !candidates.contains(Output::Loss) && !grad_loss => {
-                return Err(DumpError::MissingTensor {
-                    tensor: "loss",
-                    why: " (loss_weights weigh it)",
-                })
-            }
-            Some(t) => {
-                let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
-                    tensor: "loss_weights",
-                    found: format!("{:?}", t.dtype()),
-                    expected: "F64, F32, BF16 or F16",
-                })?;
-                rs.expect("loss_weights", t.shape(), &[])?;
-                Some(Array1::from(decode_floats(dtype, t.data())))
-            }
-        };
-        // The policy terms' inputs: each with a term (or its cotangent)
-        // that needs it, and such a term needs it.
-        let mut policy: [Option<Array1<f64>>; 2] = [None, None];
-        for (slot, (name, old)) in [("ref_log_probs", false), ("old_log_probs", true)]
-            .into_iter()
-            .enumerate()
-        {
-            let needed_by = PolicyTerm::ALL.into_iter().find(|t| {
-                t.uses_old() == old
-                    && (candidates.contains(t.output())
-                        || t.output()
-                            .cotangent_name()
-                            .is_some_and(|c| get(c).is_some()))
-            });
-            match (get(name), needed_by) {
-                (None, None) => {}
-                (None, Some(t)) => {
-                    return Err(DumpError::MissingTensor {
-                        tensor: name,
-                        why: if old {
-                            " (needed by ratio)"
-                        } else {
-                            match t {
-                                PolicyTerm::K1 => " (needed by kl_k1)",
-                                PolicyTerm::K2 => " (needed by kl_k2)",
-                                PolicyTerm::K3 => " (needed by kl_k3)",
-                                _ => " (needed by kl_abs)",
-                            }
-                        },
-                    })
-                }
-                (Some(_), None) => {
-                    return Err(DumpError::MissingTensor {
-                        tensor: if old { "ratio" } else { "kl_k1" },
-                        why: if old {
-                            " (or grad_ratio: old_log_probs is the input of ratio)"
-                        } else {
-                            " (or kl_k2, kl_k3, kl_abs, a grad_kl_*: ref_log_probs is their input)"
-                        },
-                    })
-                }
-                (Some(t), Some(_)) => {
-                    let dtype = st_float(t.dtype()).ok_or_else(|| DumpError::BadDtype {
-                        tensor: name,
-                        found: format!("{:?}", t.dtype()),
-                        expected: "F64, F32, BF16 or F16",
-                    })?;
-                    rs.expect(name, t.shape(), &[])?;
-                    policy[slot] = Some(Array1::from(decode_floats(dtype, t.data())));
-                }
-            }
-        }
-        let want_kl = candidates.contains(Output::ForwardKl)
-            || candidates.contains(Output::ReverseKl)
-            || get("grad_forward_kl").is_some()
-            || get("grad_reverse_kl").is_some();
-        let teacher = match get("teacher_topk_log_probs") {
-            None if want_kl => {
-                return Err(DumpError::MissingTensor {
-                    tensor: "teacher_topk_log_probs",
-                    why: " (needed by forward_kl, reverse_kl and their cotangents)",
-                })
-            }
-            None => None,
-            Some(_) if !want_kl => {
-                return Err(DumpError::MissingTensor {
-                    tensor: "forward_kl",
-                    why: " (or reverse_kl, or a grad_forward_kl / grad_reverse_kl: teacher_topk_log_probs is judged through them)",
-                })
-            }
-            Some(_) => {
-                let (m, _) =
-                    float("teacher_topk_log_probs", Columns::TopK, false)?.expect("present");
-                Some((m.dtype, m.to_array()))
-            }
-        };
-        let mut cotangents = PerOutput::new();
-        for o in Output::ALL {
-            if o == Output::Loss && loss_options.reduction != Reduction::None {
-                // The cotangent of one reduced value: `[]` or `[1]`, kept `[1, 1]`.
-                if let Some(t) = get("grad_loss") {
-                    let m =
-                        reduced_cotangent(t.shape(), t.dtype(), t.data(), loss_options.reduction)?;
-                    cotangents.insert(o, m);
-                }
-                continue;
-            }
-            if let Some(name) = o.cotangent_name() {
-                if let Some((m, summed)) = float(name, o.columns(), true)? {
-                    let a = match summed {
-                        // One value, broadcast to every element.
-                        Some(cols) => Array2::from_elem(
-                            (n, cols),
-                            m.to_array().first().copied().unwrap_or(0.0),
-                        ),
-                        None => m.to_array(),
-                    };
-                    cotangents.insert(o, a);
-                }
-            }
-        }
+        let (candidates, loss_options) = r.candidates(&meta)?;
+        let loss_weights = r.loss_weights(&candidates)?;
+        let policy = r.policy(&candidates)?;
+        let teacher = r.teacher(&candidates)?;
+        let cotangents = r.cotangents(loss_options.reduction)?;
 
         let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
         names.sort();
-        if require_candidate && !(format.topk_kernel && topk_ids.is_some()) && candidates.is_empty()
+        if require_candidate
+            && !(format.topk_kernel && inputs.topk_ids.is_some())
+            && candidates.is_empty()
         {
             return Err(DumpError::NoCandidate { tensors: names });
         }
-        let ignored_tensors = Vec::new();
-        let row_mask = match get("row_mask") {
+        let row_mask = match st.tensor(tensor::ROW_MASK).ok() {
             None => None,
             Some(t) => {
-                rs.expect("row_mask", t.shape(), &[])?;
+                rs.expect(tensor::ROW_MASK, t.shape(), &[])?;
                 Some(crate::shapes::decode_flags(
-                    "row_mask",
+                    tensor::ROW_MASK,
                     t.dtype(),
                     t.data(),
                 )?)
             }
         };
-        if format.topk_kernel && topk_ids.is_none() {
+        if format.topk_kernel && inputs.topk_ids.is_none() {
             return Err(DumpError::MissingTensor {
-                tensor: "topk_ids",
+                tensor: tensor::TOPK_IDS,
                 why: " (needed by topk_ids_source=kernel)",
             });
         }
-
-        // Inputs each candidate needs.
-        let needs_tokens = |per: &PerOutput<_>| {
-            per.contains(Output::LogProbs)
-                || PolicyTerm::ALL
-                    .into_iter()
-                    .any(|t| per.contains(t.output()))
-        };
-        // The loss is computed for its candidate or its cotangent.
-        let loss = candidates.contains(Output::Loss) || cotangents.contains(Output::Loss);
-        if (needs_tokens(&candidates)
-            || loss
-            || cotangents.contains(Output::LogProbs)
-            || PolicyTerm::ALL
-                .into_iter()
-                .any(|t| cotangents.contains(t.output())))
-            && tokens.is_none()
-        {
-            let why = if needs_tokens(&candidates) {
-                " (needed by log_probs and the policy terms)"
-            } else if candidates.contains(Output::Loss) {
-                " (needed by loss)"
-            } else if loss {
-                " (needed by grad_loss)"
-            } else if cotangents.contains(Output::LogProbs) {
-                " (needed by grad_log_probs)"
-            } else {
-                " (needed by grad_kl_k1 .. grad_ratio)"
-            };
-            return Err(DumpError::MissingTensor {
-                tensor: "tokens",
-                why,
-            });
-        }
-        if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
-            return Err(DumpError::Spec(SpecError::NoCotangent {
-                what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss, grad_loss, a policy term's (grad_kl_k1 .. grad_ratio) or a top-k KL's (grad_forward_kl, grad_reverse_kl)",
-            }));
-        }
-        // Cotangents are judged only through grad_logits: without it they
-        // are inert, but still read (and validated) so mistakes surface.
+        check_needs(&candidates, &cotangents, inputs.tokens.is_some())?;
 
         let want_entropy = candidates.contains(Output::Entropy)
             || cotangents.contains(Output::Entropy)
             || !require_candidate;
-        let mut options = parse_options(&meta, want_entropy, v, ldtype)?;
+        let mut options = parse_options(&meta, want_entropy, v, logits.dtype)?;
         // An output is computed for its candidate or its cotangent.
         options.lse = candidates.contains(Output::Lse) || cotangents.contains(Output::Lse);
         if candidates.contains(Output::ZLoss) || cotangents.contains(Output::ZLoss) {
-            options.z_loss_coef = Some(parse_z_loss_coef(&meta, ldtype)?);
+            options.z_loss_coef = Some(parse_z_loss_coef(&meta, logits.dtype)?);
         }
         // Read (and rejected when malformed) even when no output uses
         // them, as every other key is.
-        parse_meta::<f64>(&meta, "z_loss_coef", "not a number")?;
-        let renormalized =
-            parse_meta::<bool>(&meta, "kl_renormalized", "not true or false")?.unwrap_or(false);
+        keys::Z_LOSS_COEF.get(&meta)?;
+        let renormalized = keys::KL_RENORMALIZED.get(&meta)?.unwrap_or(false);
+        // The loss is computed for its candidate or its cotangent.
+        let loss = candidates.contains(Output::Loss) || cotangents.contains(Output::Loss);
         options.loss = loss.then_some(loss_options);
         // A mean's gradient divides by the whole dump's `W`, summed once
         // here for every one-row view ([`Dump::row`]).
         let loss_divisor = match (cotangents.contains(Output::Loss), loss_options.reduction) {
             (true, Reduction::Mean) => {
                 let ii = options.ignore_index;
-                let counted = |r: usize| tokens.as_ref().is_some_and(|t| t[r] != ii);
+                let counted = |r: usize| inputs.tokens.as_ref().is_some_and(|t| t[r] != ii);
                 let w = |r: usize| loss_weights.as_ref().map_or(1.0, |w| w[r]);
                 Some(MeanDivisor::new((0..n).map(|r| {
                     if counted(r) {
@@ -524,18 +200,21 @@ impl<'a> Dump<'a> {
             renormalized,
             teacher_dtype: *dtype,
         });
+        // Every other key's value (`outputs`, `fuzz_*`, ...): checked
+        // through the table, used or not.
+        crate::names::check_values(&meta, crate::names::NAMES)?;
         Ok(Dump {
             logits,
-            tokens,
-            sampling_mask,
-            topk_ids,
+            tokens: inputs.tokens,
+            sampling_mask: inputs.sampling_mask,
+            topk_ids: inputs.topk_ids,
             teacher_topk_log_probs: teacher.map(|t| t.1),
             candidates,
             loss_weights,
             policy,
             cotangents,
             options,
-            ignored_tensors,
+            ignored_tensors: Vec::new(),
             row_shape: rs,
             row_mask,
             format,
@@ -609,210 +288,6 @@ impl<'a> Dump<'a> {
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
     }
-}
-
-/// `grad_loss` under `reduction = sum | mean`: the cotangent of one value,
-/// stored `[]` or `[1]` in a float dtype, as exact f64 `[1, 1]`.
-///
-/// # Errors
-/// [`DumpError::BadDtype`], [`DumpError::BadShape`] (naming `grad_loss`).
-fn reduced_cotangent(
-    shape: &[usize],
-    dtype: StDtype,
-    data: &[u8],
-    reduction: Reduction,
-) -> Result<Array2<f64>, DumpError> {
-    let dtype = st_float(dtype).ok_or_else(|| DumpError::BadDtype {
-        tensor: "grad_loss",
-        found: format!("{dtype:?}"),
-        expected: "F64, F32, BF16 or F16",
-    })?;
-    if !(shape.is_empty() || shape == [1]) {
-        return Err(DumpError::BadShape {
-            tensor: "grad_loss",
-            found: shape.to_vec(),
-            expected: format!(
-                "[] or [1] (the cotangent of the one loss value under reduction={reduction})"
-            ),
-        });
-    }
-    let v = decode_floats(dtype, data);
-    Ok(Array2::from_shape_vec((1, 1), v).expect("one element checked by safetensors"))
-}
-
-/// The loss options from the metadata (read whether or not the dump holds
-/// a `loss`, so a bad value is reported either way): `reduction` (`none`
-/// default, `sum`, `mean`), `label_smoothing` (a number in `[0, 1]`,
-/// default 0), `mean_all_ignored` (`nan` default, `zero`).
-///
-/// # Errors
-/// [`DumpError::Spec`] with [`SpecError::UnknownReduction`],
-/// [`SpecError::BadLabelSmoothing`] or [`SpecError::UnknownMeanAllIgnored`];
-/// [`DumpError::BadMetadata`] for a `label_smoothing` that is not a number.
-fn parse_loss_options(meta: &HashMap<String, String>) -> Result<LossOptions, DumpError> {
-    let mut o = LossOptions::default();
-    if let Some(r) = meta.get("reduction") {
-        o.reduction = r.trim().parse::<Reduction>()?;
-    }
-    if let Some(e) = parse_meta::<f64>(meta, "label_smoothing", "not a number")? {
-        if !(0.0..=1.0).contains(&e) {
-            return Err(SpecError::BadLabelSmoothing { label_smoothing: e }.into());
-        }
-        o.label_smoothing = e;
-    }
-    if let Some(m) = meta.get("mean_all_ignored") {
-        o.mean_all_ignored = m.trim().parse::<MeanAllIgnored>()?;
-    }
-    Ok(o)
-}
-
-/// The policy terms' clamps (`kl_input_clamp`, `kl_output_clamp`,
-/// `ratio_log_clamp`: numbers, each optional; their range is the spec's,
-/// [`logprobe_reference::spec::PolicyClamps::effective`]).
-///
-/// # Errors
-/// [`DumpError::BadMetadata`] for a value that is not a number.
-fn parse_policy_clamps(
-    meta: &HashMap<String, String>,
-) -> Result<logprobe_reference::spec::PolicyClamps, DumpError> {
-    let one = |key: &'static str| parse_meta::<f64>(meta, key, "not a number");
-    Ok(logprobe_reference::spec::PolicyClamps {
-        kl_input: one("kl_input_clamp")?,
-        kl_output: one("kl_output_clamp")?,
-        ratio_log: one("ratio_log_clamp")?,
-    })
-}
-
-/// `z_loss_coef` (required with a `z_loss` tensor): a float `>= 0`,
-/// finite once rounded to the accumulation dtype of `dtype` logits.
-fn parse_z_loss_coef(meta: &HashMap<String, String>, dtype: Dtype) -> Result<f64, DumpError> {
-    let bad = |reason| DumpError::BadMetadata {
-        key: "z_loss_coef",
-        value: meta.get("z_loss_coef").cloned().unwrap_or_default(),
-        reason,
-    };
-    let c = parse_meta::<f64>(meta, "z_loss_coef", "not a number")?
-        .ok_or_else(|| bad("required by the z_loss tensor"))?;
-    let r = dtype.accumulation().round_f64(c);
-    if !(r.is_finite() && r >= 0.0) {
-        return Err(bad("must be finite and >= 0"));
-    }
-    Ok(c)
-}
-
-/// Options from the `__metadata__` strings (defaults per the format).
-pub(crate) fn parse_options(
-    meta: &HashMap<String, String>,
-    entropy: bool,
-    v_total: usize,
-    dtype: Dtype,
-) -> Result<Options, DumpError> {
-    let mut o = Options {
-        ignore_index: DEFAULT_IGNORE_INDEX,
-        ..Options::default()
-    };
-    if let Some(t) = parse_meta::<f64>(meta, "temperature", "not a number")? {
-        if !(t.is_finite() && t > 0.0) {
-            return Err(DumpError::BadMetadata {
-                key: "temperature",
-                value: meta["temperature"].clone(),
-                reason: "must be finite and > 0",
-            });
-        }
-        crate::temperature::check_value(&meta["temperature"], t, dtype)?;
-        o.temperature = t;
-    }
-    if let Some(vs) = parse_meta::<usize>(meta, "vocab_size", "not a non-negative integer")? {
-        if vs > v_total || (vs == 0 && v_total > 0) {
-            return Err(DumpError::BadMetadata {
-                key: "vocab_size",
-                value: meta["vocab_size"].clone(),
-                reason: "must be in [1, V] (V = columns of logits)",
-            });
-        }
-        o.vocab_size = Some(vs);
-    }
-    if let Some(ii) = parse_meta::<i64>(meta, "ignore_index", "not an integer")? {
-        o.ignore_index = ii;
-    }
-    let which = match meta.get("entropy_logits").map(|s| s.trim()) {
-        None | Some("unmasked") => EntropyLogits::Unmasked,
-        Some("masked") => EntropyLogits::Masked,
-        Some(other) => {
-            return Err(DumpError::BadMetadata {
-                key: "entropy_logits",
-                value: other.to_string(),
-                reason: "expected `unmasked` or `masked`",
-            })
-        }
-    };
-    o.entropy = entropy.then_some(which);
-    o.temperature_dtype = match meta.get("temperature_dtype").map(|s| s.trim()) {
-        None | Some("accumulation") => TemperatureDtype::Accumulation,
-        Some("input") => TemperatureDtype::Input,
-        Some(other) => {
-            return Err(DumpError::BadMetadata {
-                key: "temperature_dtype",
-                value: other.to_string(),
-                reason: "expected `accumulation` or `input`",
-            })
-        }
-    };
-    parse_softcap(meta, dtype, &mut o)?;
-    Ok(o)
-}
-
-/// `softcap` (a float `> 0`, finite and `> 0` once rounded to the
-/// accumulation dtype of `dtype` logits) and `softcap_dtype`
-/// (`accumulation` or `input`; only with `softcap`, and `input` whenever
-/// `temperature_dtype` is: a model that materialised `z = x' / T` in the
-/// logits' dtype materialised `x'` there too).
-fn parse_softcap(
-    meta: &HashMap<String, String>,
-    dtype: Dtype,
-    o: &mut Options,
-) -> Result<(), DumpError> {
-    let sdt = meta.get("softcap_dtype").map(|s| s.trim().to_string());
-    let Some(c) = parse_meta::<f64>(meta, "softcap", "not a number")? else {
-        if let Some(v) = sdt {
-            return Err(DumpError::BadMetadata {
-                key: "softcap_dtype",
-                value: v,
-                reason: "given without `softcap`",
-            });
-        }
-        return Ok(());
-    };
-    let r = dtype.accumulation().round_f64(c);
-    if !(c.is_finite() && c > 0.0 && r.is_finite() && r > 0.0) {
-        return Err(DumpError::BadMetadata {
-            key: "softcap",
-            value: meta["softcap"].clone(),
-            reason: "must be finite and > 0 (also once rounded to the accumulation dtype)",
-        });
-    }
-    o.softcap = Some(c);
-    o.softcap_dtype = match sdt.as_deref() {
-        None | Some("accumulation") => SoftcapDtype::Accumulation,
-        Some("input") => SoftcapDtype::Input,
-        Some(other) => {
-            return Err(DumpError::BadMetadata {
-                key: "softcap_dtype",
-                value: other.to_string(),
-                reason: "expected `accumulation` or `input`",
-            })
-        }
-    };
-    if o.softcap_dtype == SoftcapDtype::Accumulation
-        && o.temperature_dtype == TemperatureDtype::Input
-    {
-        return Err(DumpError::BadMetadata {
-            key: "softcap_dtype",
-            value: sdt.unwrap_or_else(|| "accumulation".into()),
-            reason: "must be `input` with temperature_dtype=input (z = x'/T was materialised in the logits' dtype, so x' was too)",
-        });
-    }
-    Ok(())
 }
 
 /// A checked safetensors file: its tensors, its `__metadata__` and the

@@ -9,6 +9,7 @@ use safetensors::Dtype as StDtype;
 use logprobe_reference::spec::Dtype;
 
 use super::*;
+use crate::keys::{Key, MetaValue};
 
 /// An owned tensor for writing dumps ([`serialize_dump`]): dtype, shape and
 /// little-endian bytes.
@@ -112,4 +113,60 @@ pub fn serialize_dump(
         }
     }
     safetensors::serialize(tensors.iter().map(|(k, t)| (*k, t)), Some(meta)).map_err(malformed)
+}
+
+/// The `__metadata__` of a dump being written, in insertion order, each
+/// value written by its typed key ([`crate::keys`]): no key is spelt twice.
+#[derive(Clone, Debug, Default)]
+pub struct Metadata(Vec<(&'static str, String)>);
+
+impl Metadata {
+    /// No keys.
+    pub fn new() -> Self {
+        Metadata::default()
+    }
+
+    /// Sets `key` to `value` (written by [`MetaValue::write_value`]).
+    pub fn set<T: MetaValue>(&mut self, key: Key<T>, value: &T) -> &mut Self {
+        self.0.push(key.pair(value));
+        self
+    }
+
+    /// Sets `key` to `text`, a value already written (e.g. a temperature
+    /// kept as the text it was drawn as).
+    ///
+    /// # Errors
+    /// [`DumpError::BadMetadata`] when `text` does not parse as the key's type.
+    pub fn set_text<T: MetaValue>(
+        &mut self,
+        key: Key<T>,
+        text: &str,
+    ) -> Result<&mut Self, DumpError> {
+        key.parse(text)?;
+        self.0.push((key.name, text.to_string()));
+        Ok(self)
+    }
+
+    /// Appends every pair of `other`.
+    pub fn extend(&mut self, other: &Metadata) -> &mut Self {
+        self.0.extend(other.0.iter().cloned());
+        self
+    }
+
+    /// The `(key, text)` pairs, in insertion order.
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        self.0.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+}
+
+/// Serializes named tensors and typed metadata into the bytes of a dump:
+/// [`serialize_dump`] with [`Metadata`].
+///
+/// # Errors
+/// As [`serialize_dump`].
+pub fn write_dump(
+    tensors: &[(&str, DumpTensor)],
+    metadata: &Metadata,
+) -> Result<Vec<u8>, DumpError> {
+    serialize_dump(tensors, &metadata.pairs())
 }

@@ -31,7 +31,6 @@ mod report;
 mod table;
 
 // Shared with `compare`'s report (one convention for non-finite JSON and table figures).
-pub(crate) use report::{json_f64, json_opt_f64};
 pub(crate) use table::fmt_g;
 
 pub use config::*;

@@ -9,6 +9,7 @@ use serde::Serialize;
 use logprobe_reference::oracle::Fallback;
 
 use crate::dump::DumpError;
+use crate::json::{json_f64, json_opt_f64};
 
 /// A verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
@@ -112,28 +113,6 @@ pub struct ModelRatio {
     /// Largest ratio; `None` when the model certifies nothing for some element.
     #[serde(serialize_with = "json_opt_f64")]
     pub max_ratio: Option<f64>,
-}
-
-/// Serialises an f64 as a JSON number, or as the string `"inf"`, `"-inf"`
-/// or `"NaN"` (JSON has no non-finite numbers).
-pub(crate) fn json_f64<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-    if x.is_finite() {
-        s.serialize_f64(*x)
-    } else if x.is_nan() {
-        s.serialize_str("NaN")
-    } else if *x > 0.0 {
-        s.serialize_str("inf")
-    } else {
-        s.serialize_str("-inf")
-    }
-}
-
-/// [`json_f64`] for an optional value (`null` when absent).
-pub(crate) fn json_opt_f64<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-    match x {
-        Some(v) => json_f64(v, s),
-        None => s.serialize_none(),
-    }
 }
 
 /// The judgement of one output of one dump.
