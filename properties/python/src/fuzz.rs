@@ -85,6 +85,7 @@ struct Settings {
     shrink_budget: Duration,
     require: Vec<Invariance>,
     seed: u64,
+    bitwise: bool,
 }
 
 fn settings(
@@ -94,6 +95,7 @@ fn settings(
     shrink_budget: &str,
     require: &str,
     seed: Option<u64>,
+    bitwise: bool,
 ) -> PyResult<Settings> {
     Ok(Settings {
         gradients: outputs.iter().any(|o| o.trim() == "grad_logits"),
@@ -110,6 +112,7 @@ fn settings(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
         }),
+        bitwise,
     })
 }
 
@@ -131,6 +134,7 @@ fn target(k: &Arc<PyKernel>, s: &Settings) -> ExecTarget {
         seed: s.seed,
         gradients: s.gradients,
         loss_side: s.loss_side.clone(),
+        bitwise: s.bitwise,
     }
 }
 
@@ -229,7 +233,7 @@ type FuzzOut = (String, String, Vec<(String, Py<PyBytes>)>);
 /// `ValueError` for a bad budget, option or require; the exception `fn`'s
 /// caller raised past its own handling (KeyboardInterrupt, SystemExit).
 #[pyfunction]
-#[pyo3(signature = (caller, *, name, budget, cases, shrink_budget, options, outputs, require, seed, progress))]
+#[pyo3(signature = (caller, *, name, budget, cases, shrink_budget, options, outputs, require, seed, progress, bitwise = false))]
 #[allow(clippy::too_many_arguments)]
 fn fuzz(
     py: Python<'_>,
@@ -243,8 +247,17 @@ fn fuzz(
     require: &str,
     seed: Option<u64>,
     progress: bool,
+    bitwise: bool,
 ) -> PyResult<FuzzOut> {
-    let s = settings(&outputs, budget, cases, shrink_budget, require, seed)?;
+    let s = settings(
+        &outputs,
+        budget,
+        cases,
+        shrink_budget,
+        require,
+        seed,
+        bitwise,
+    )?;
     let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     let pins = exec::outputs_pins(&outputs, options).map_err(value_error)?;
     let space = exec::exec_space(&format!("{options},{pins}")).map_err(value_error)?;
@@ -279,7 +292,7 @@ fn fuzz(
 /// `ValueError` for a file that is not a fuzz dump or a bad `require`; the
 /// exception the caller raised past its own handling.
 #[pyfunction]
-#[pyo3(signature = (caller, path, *, name, outputs, require))]
+#[pyo3(signature = (caller, path, *, name, outputs, require, bitwise = false))]
 fn fuzz_replay(
     py: Python<'_>,
     caller: Py<PyAny>,
@@ -287,8 +300,9 @@ fn fuzz_replay(
     name: String,
     outputs: Vec<String>,
     require: &str,
+    bitwise: bool,
 ) -> PyResult<Option<(String, String, String)>> {
-    let s = settings(&outputs, "0s", None, "0s", require, Some(0))?;
+    let s = settings(&outputs, "0s", None, "0s", require, Some(0), bitwise)?;
     let k = kernel(name, caller);
     let mut t = target(&k, &s);
     let r = py.detach(|| exec::replay(&path, &mut t));

@@ -100,6 +100,10 @@ struct FuzzArgs {
     /// chunk-invariant, batch-invariant (comma-separated, or none).
     #[arg(long, default_value = logprobe_fuzz::exec::DEFAULT_REQUIRE)]
     require: String,
+    /// The invariances compare every bit: 0 and -0 differ (by default they
+    /// are the same value).
+    #[arg(long)]
+    bitwise: bool,
     /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     budget: std::time::Duration,
@@ -362,6 +366,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         seed,
         gradients,
         loss_side: exec::loss_side_outputs(&named),
+        bitwise: args.bitwise,
     };
     if let Some(path) = &args.replay {
         return match exec::replay(path, &mut target) {

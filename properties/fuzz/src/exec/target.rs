@@ -169,6 +169,11 @@ pub struct ExecTarget {
     /// `--outputs` ([`loss_side_outputs`]): `lse`, `z_loss` (with its
     /// `z_loss_coef`, the case's).
     pub loss_side: Vec<Output>,
+    /// Whether the invariances compare bits (`--bitwise`): by default `0`
+    /// and `-0` are the same value (a sum that starts from `-0`, or a
+    /// masked gradient written as `-p * 0`, is not a defect); with it every
+    /// bit counts. NaNs compare by bits either way.
+    pub bitwise: bool,
 }
 
 /// The loss-side outputs named in an `--outputs` list (`lse`, `z_loss`;
@@ -462,7 +467,7 @@ impl ExecTarget {
                     format!("on the {} variant ({what}): {f}", inv.property()),
                 )
             })?;
-            if let Some(diff) = first_difference(base, &a, &pairs) {
+            if let Some(diff) = first_difference(base, &a, &pairs, self.bitwise) {
                 let property = inv.property();
                 let dumps = vec![
                     ("", self.joined(case, base, property)),
@@ -475,10 +480,16 @@ impl ExecTarget {
     }
 }
 
-/// The first output element that differs in bits between `a`'s row `ra`
-/// and `b`'s row `rb` for each pair `(rb, ra)` (log-probs of rows whose
-/// token is `ignore_index` are not compared: any value is allowed there).
-fn first_difference(a: &Answer, b: &Answer, pairs: &[(usize, usize)]) -> Option<String> {
+/// The first output element that differs between `a`'s row `ra` and `b`'s
+/// row `rb` for each pair `(rb, ra)`: in bits, except that `0` and `-0` are
+/// equal unless `bitwise` ([`same_element`]). Log-probs of rows whose token
+/// is `ignore_index` are not compared: any value is allowed there.
+fn first_difference(
+    a: &Answer,
+    b: &Answer,
+    pairs: &[(usize, usize)],
+    bitwise: bool,
+) -> Option<String> {
     let tokens = a.request.tokens.as_ref();
     let ii = a.request.meta.ignore_index;
     for &o in &a.request.meta.outputs {
@@ -498,9 +509,12 @@ fn first_difference(a: &Answer, b: &Answer, pairs: &[(usize, usize)]) -> Option<
             let (xa, xb) = (a.response.row_bytes(o, ra)?, b.response.row_bytes(o, rb)?);
             if xa != xb {
                 let es = (ta.dtype.bitsize() / 8).max(1);
-                let col = (0..xa.len() / es)
-                    .find(|&c| xa[c * es..(c + 1) * es] != xb[c * es..(c + 1) * es])
-                    .unwrap_or(0);
+                let Some(col) = (0..xa.len() / es).find(|&c| {
+                    let (p, q) = (&xa[c * es..(c + 1) * es], &xb[c * es..(c + 1) * es]);
+                    !same_element(ta.dtype, p, q, bitwise)
+                }) else {
+                    continue;
+                };
                 let val = |x: &[u8]| value(ta.dtype, &x[col * es..(col + 1) * es]);
                 let at = if o == Output::LogProbs || o == Output::Entropy {
                     format!("row {ra}")
@@ -519,16 +533,26 @@ fn first_difference(a: &Answer, b: &Answer, pairs: &[(usize, usize)]) -> Option<
     None
 }
 
-fn value(dtype: safetensors::Dtype, b: &[u8]) -> String {
+/// Whether two little-endian elements of `dtype` are the same: the same
+/// bits, or (unless `bitwise`) two zeros of either sign.
+fn same_element(dtype: safetensors::Dtype, p: &[u8], q: &[u8], bitwise: bool) -> bool {
+    p == q || (!bitwise && element(dtype, p) == 0.0 && element(dtype, q) == 0.0)
+}
+
+/// A little-endian float element of `dtype` as f64 (NaN for anything else).
+fn element(dtype: safetensors::Dtype, b: &[u8]) -> f64 {
     use safetensors::Dtype as D;
-    let v = match (dtype, b.len()) {
+    match (dtype, b.len()) {
         (D::F64, 8) => f64::from_le_bytes(b.try_into().expect("8 bytes")),
         (D::F32, 4) => f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
         (D::BF16, 2) => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
         (D::F16, 2) => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
         _ => f64::NAN,
-    };
-    format!("{v:e}")
+    }
+}
+
+fn value(dtype: safetensors::Dtype, b: &[u8]) -> String {
+    format!("{:e}", element(dtype, b))
 }
 
 /// The worst element of each failing output, one line each.
@@ -554,4 +578,46 @@ fn fail_detail(r: &FileReport) -> String {
         }
     }
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_element;
+    use safetensors::Dtype as D;
+
+    #[test]
+    fn signed_zeros_are_one_value_unless_bitwise() {
+        let (z, nz) = (0.0f32.to_le_bytes(), (-0.0f32).to_le_bytes());
+        assert!(same_element(D::F32, &z, &nz, false));
+        assert!(!same_element(D::F32, &z, &nz, true));
+        let (bz, bnz) = (
+            half::bf16::from_f32(0.0).to_le_bytes(),
+            half::bf16::from_f32(-0.0).to_le_bytes(),
+        );
+        assert!(same_element(D::BF16, &bz, &bnz, false));
+        assert!(!same_element(D::BF16, &bz, &bnz, true));
+        // Anything else compares by bits: a zero against the smallest
+        // subnormal, and NaNs of different payloads, differ.
+        let tiny = f32::from_bits(1).to_le_bytes();
+        assert!(!same_element(D::F32, &z, &tiny, false));
+        let (n1, n2) = (f32::from_bits(0x7fc0_0000), f32::from_bits(0x7fc0_0001));
+        assert!(!same_element(
+            D::F32,
+            &n1.to_le_bytes(),
+            &n2.to_le_bytes(),
+            false
+        ));
+        assert!(same_element(
+            D::F32,
+            &n1.to_le_bytes(),
+            &n1.to_le_bytes(),
+            false
+        ));
+        assert!(same_element(
+            D::F64,
+            &1.5f64.to_le_bytes(),
+            &1.5f64.to_le_bytes(),
+            true
+        ));
+    }
 }

@@ -166,6 +166,7 @@ def fuzz(
     shrink_budget: Duration = "30s",
     tensors: str = "auto",
     progress: bool = False,
+    bitwise: bool = False,
 ) -> FuzzReport:
     """Property-tests `fn` in this process with the engine of `logprobe fuzz
     --exec` (docs/fuzz-protocol.md): the gate's recipes, judged against the
@@ -193,6 +194,8 @@ def fuzz(
       "torch" or "numpy" (bf16 logits then arrive as exact float32 values;
       meta["logits_dtype"] says "bf16").
     - `progress`: a progress bar on stderr.
+    - `bitwise`: the invariances compare every bit (`--bitwise`); by
+      default `0` and `-0` are the same value. NaNs compare by bits.
 
     An exception raised inside `fn` is a finding of property `command`,
     with its traceback in `finding.detail`. KeyboardInterrupt stops the
@@ -208,10 +211,11 @@ def fuzz_replay(
     outputs: Union[str, Sequence[str]] = OUTPUTS,
     require: Union[str, Sequence[str]] = ("padding-invariant",),
     tensors: str = "auto",
+    bitwise: bool = False,
 ) -> Optional[FuzzFinding]:
     """Reruns the case of a fuzz dump (`report.save(path)`, or a dump of
     `logprobe fuzz --exec`) on `fn`, with the dump's property required when
     it is an invariance, as `logprobe fuzz --replay`: None when it passes
-    now, else the finding. `outputs`, `require`, `tensors`: as `fuzz` (give
+    now, else the finding. `outputs`, `require`, `tensors`, `bitwise`: as `fuzz` (give
     the run's `outputs`). Raises `ValueError` for a file that is not a fuzz
     dump."""

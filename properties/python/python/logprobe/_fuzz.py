@@ -368,6 +368,7 @@ def fuzz(
     shrink_budget: Any = "30s",
     tensors: str = "auto",
     progress: bool = False,
+    bitwise: bool = False,
 ) -> FuzzReport:
     """See ``logprobe.fuzz`` (``logprobe/__init__.pyi``)."""
     if cases is not None and (not isinstance(cases, int) or isinstance(cases, bool) or cases < 0):
@@ -388,6 +389,7 @@ def fuzz(
         require=require_string(require),
         seed=seed,
         progress=bool(progress),
+        bitwise=bool(bitwise),
     )
     return FuzzReport(report_json, table, files)
 
@@ -399,13 +401,14 @@ def fuzz_replay(
     outputs: Sequence[str] = OUTPUTS,
     require: Any = ("padding-invariant",),
     tensors: str = "auto",
+    bitwise: bool = False,
 ) -> Optional[FuzzFinding]:
     """See ``logprobe.fuzz_replay`` (``logprobe/__init__.pyi``)."""
     if isinstance(outputs, str):
         outputs = [o for o in outputs.split(",") if o]
     caller = Caller(fn, tensors)
     r = _native.fuzz_replay(caller, os.fspath(path), name=caller.name, outputs=list(outputs),
-                            require=require_string(require))
+                            require=require_string(require), bitwise=bool(bitwise))
     if r is None:
         return None
     prop, detail, recipe = r
