@@ -367,10 +367,7 @@ mod tests {
         ));
         p.sampling_mask = None;
         let g = array![1.0];
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            ..Cotangents::default()
-        };
+        let cot = Cotangents::default().with_column(Output::LogProbs, g.view());
         assert!(matches!(
             CandleComposed.backward(&p, &cot, Dtype::F32),
             Err(KernelError::Unsupported { .. })

@@ -201,7 +201,15 @@ impl PolicyTerm {
             Output::KlK3 => Some(PolicyTerm::K3),
             Output::KlAbs => Some(PolicyTerm::Abs),
             Output::Ratio => Some(PolicyTerm::Ratio),
-            _ => None,
+            Output::LogProbs
+            | Output::Entropy
+            | Output::TopkLogProbs
+            | Output::GradLogits
+            | Output::Lse
+            | Output::ZLoss
+            | Output::Loss
+            | Output::ForwardKl
+            | Output::ReverseKl => None,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use logprobe_kernels::kernel::Capabilities;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Problem, SpecError, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Output, Problem, SpecError, TemperatureDtype,
 };
 
 use crate::cache::OracleCase;
@@ -79,35 +79,35 @@ pub(crate) fn cot_for<'c>(
 ) -> Cotangents<'c> {
     let mut cv = cot.view();
     if data.options.entropy.is_some() && asked.options.entropy.is_none() {
-        cv.grad_entropy = None;
+        cv.per_output.take(Output::Entropy);
     }
     if data.topk_ids.is_some() && asked.topk_ids.is_none() {
-        cv.grad_topk_log_probs = None;
+        cv.per_output.take(Output::TopkLogProbs);
     }
     // The loss side's, where the kernel is not asked those outputs.
     if data.options.lse && !asked.options.lse {
-        cv.grad_lse = None;
+        cv.per_output.take(Output::Lse);
     }
     if data.options.z_loss_coef.is_some() && asked.options.z_loss_coef.is_none() {
-        cv.grad_z_loss = None;
+        cv.per_output.take(Output::ZLoss);
     }
     if data.options.loss.is_some() && asked.options.loss.is_none() {
-        cv.grad_loss = None;
+        cv.per_output.take(Output::Loss);
     }
     // The policy terms', where the kernel is not given their inputs.
     if asked.policy.ref_log_probs.is_none() {
-        cv.grad_kl_k1 = None;
-        cv.grad_kl_k2 = None;
-        cv.grad_kl_k3 = None;
-        cv.grad_kl_abs = None;
+        cv.per_output.take(Output::KlK1);
+        cv.per_output.take(Output::KlK2);
+        cv.per_output.take(Output::KlK3);
+        cv.per_output.take(Output::KlAbs);
     }
     if asked.policy.old_log_probs.is_none() {
-        cv.grad_ratio = None;
+        cv.per_output.take(Output::Ratio);
     }
     // The top-k KL's, where the kernel is not asked the KL.
     if asked.options.topk_kl.is_none() || asked.teacher_topk_log_probs.is_none() {
-        cv.grad_forward_kl = None;
-        cv.grad_reverse_kl = None;
+        cv.per_output.take(Output::ForwardKl);
+        cv.per_output.take(Output::ReverseKl);
     }
     cv
 }

@@ -238,12 +238,12 @@ pub fn judge_backward(
         "{vjp_key} asked={:?}/{:?} loss-side={}/{}/{} policy={:?} kl={}/{}",
         a.problem.options.entropy,
         a.problem.topk_ids.is_some(),
-        cv.grad_lse.is_some(),
-        cv.grad_z_loss.is_some(),
-        cv.grad_loss.is_some(),
+        cv.column(Output::Lse).is_some(),
+        cv.column(Output::ZLoss).is_some(),
+        cv.column(Output::Loss).is_some(),
         logprobe_reference::spec::PolicyTerm::ALL.map(|t| cv.policy(t).is_some()),
-        cv.grad_forward_kl.is_some(),
-        cv.grad_reverse_kl.is_some(),
+        cv.column(Output::ForwardKl).is_some(),
+        cv.column(Output::ReverseKl).is_some(),
     );
     // The problem and cotangents the kernel was given (options and top-k
     // ids as asked).
