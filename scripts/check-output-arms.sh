@@ -23,7 +23,7 @@ awk '
     /=>/ {
         line = $0
         sub(/^[[:space:]]*\|?[[:space:]]*/, "", line)
-        if (line ~ /^(_|[a-z_][a-z0-9_]*)([[:space:]]+if[[:space:]].*)?[[:space:]]*=>/ && prev ~ /^(Output|Family)::/) {
+        if (line ~ /^(_|[a-z_][a-z0-9_]*)([[:space:]]+if[[:space:]].*)?[[:space:]]*=>/ && line !~ /^(true|false)[[:space:]]/ && prev ~ /^(Output|Family)::/) {
             printf "%s:%d: catch-all arm after %s\n", FILENAME, FNR, substr(prev, 1, 40)
             bad = 1
         }

@@ -95,22 +95,7 @@ pub struct CpuKernel {
 }
 
 /// Capabilities of the CPU kernel: everything.
-const CPU_CAPABILITIES: Capabilities = Capabilities {
-    entropy: true,
-    masked_entropy: true,
-    topk: true,
-    backward: true,
-    in_place_backward: true,
-    sampling_mask: true,
-    temperature: true,
-    padded_vocab: true,
-    f64_input: true,
-    lse: true,
-    softcap: true,
-    loss: true,
-    policy: true,
-    topk_kl: true,
-};
+const CPU_CAPABILITIES: Capabilities = Capabilities::ALL;
 
 /// Per-row record bytes (forward or backward stats) with `k` top-k ids.
 fn per_row_bytes(k: usize) -> usize {

@@ -4,10 +4,13 @@
 use candle_core::{Device, Tensor, WithDType};
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
 
-use logprobe_reference::spec::{Cotangents, Dtype, Element, Logits, Output, Problem, Shape};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Element, Logits, Output, OutputSet, Problem, Shape,
+};
 
 use crate::kernel::{
-    Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation,
+    Algorithm, Capabilities, Feature, FeatureSet, ForwardOutput, Kernel, KernelError, Shift,
+    Summation,
 };
 
 /// `log_softmax(logits)` over the last axis, composed from candle ops in the
@@ -141,10 +144,8 @@ impl Kernel for CandleComposed {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            topk: true,
-            padded_vocab: true,
-            f64_input: true,
-            ..Capabilities::default()
+            outputs: OutputSet::of(&[Output::LogProbs, Output::TopkLogProbs]),
+            features: FeatureSet::of(&[Feature::PaddedVocab, Feature::F64Input]),
         }
     }
 

@@ -2,7 +2,7 @@
 //! features it cannot take left out), the error the spec expects, case
 //! fingerprints.
 
-use logprobe_kernels::kernel::Capabilities;
+use logprobe_kernels::kernel::{Capabilities, Feature};
 use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Output, Problem, SpecError, TemperatureDtype,
 };
@@ -25,41 +25,47 @@ pub struct Asked<'a> {
 pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
     let mut p = *problem;
     match p.options.entropy {
-        Some(EntropyLogits::Masked) if !caps.masked_entropy => p.options.entropy = None,
-        Some(_) if !caps.entropy => p.options.entropy = None,
+        Some(EntropyLogits::Masked) if !caps.supports(Feature::MaskedEntropy) => {
+            p.options.entropy = None
+        }
+        Some(_) if !caps.computes(Output::Entropy) => p.options.entropy = None,
         _ => {}
     }
-    if !caps.topk {
+    if !caps.computes(Output::TopkLogProbs) {
         p.topk_ids = None;
     }
-    if !caps.lse {
+    if !caps.computes(Output::Lse) {
         p.options.lse = false;
+    }
+    if !caps.computes(Output::ZLoss) {
         p.options.z_loss_coef = None;
     }
-    if !caps.loss {
+    if !caps.computes(Output::Loss) {
         p.options.loss = None;
         p.loss_weights = None;
     }
-    if !caps.policy {
+    if !caps.computes_policy() {
         p.policy = Default::default();
     }
-    if !caps.topk_kl || p.topk_ids.is_none() {
+    if !caps.computes_topk_kl() || p.topk_ids.is_none() {
         p.options.topk_kl = None;
         p.teacher_topk_log_probs = None;
     }
     let (_, v_total) = p.logits.dim();
-    let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
+    let unsupported = if p.sampling_mask.is_some() && !caps.supports(Feature::SamplingMask) {
         Some("sampling_mask")
     } else if (p.options.temperature != 1.0
         || p.options.temperature_dtype == TemperatureDtype::Input)
-        && !caps.temperature
+        && !caps.supports(Feature::Temperature)
     {
         Some("temperature")
-    } else if p.options.softcap.is_some() && !caps.softcap {
+    } else if p.options.softcap.is_some() && !caps.supports(Feature::Softcap) {
         Some("softcap")
-    } else if p.options.vocab_size.is_some_and(|v| v < v_total) && !caps.padded_vocab {
+    } else if p.options.vocab_size.is_some_and(|v| v < v_total)
+        && !caps.supports(Feature::PaddedVocab)
+    {
         Some("padded vocabulary")
-    } else if p.logits.dtype() == Dtype::F64 && !caps.f64_input {
+    } else if p.logits.dtype() == Dtype::F64 && !caps.supports(Feature::F64Input) {
         Some("f64 logits")
     } else {
         None

@@ -3,7 +3,7 @@
 
 use ndarray::Array2;
 
-use logprobe_kernels::kernel::{Kernel, KernelError};
+use logprobe_kernels::kernel::{Feature, Kernel, KernelError};
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Shape};
 
@@ -180,9 +180,9 @@ pub fn judge_backward(
 ) -> Result<Ratios, String> {
     let caps = kernel.capabilities();
     if !(if in_place {
-        caps.in_place_backward
+        caps.supports(Feature::InPlaceBackward)
     } else {
-        caps.backward
+        caps.computes(Output::GradLogits)
     }) {
         return Ok(Ratios::default());
     }
