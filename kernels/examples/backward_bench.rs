@@ -16,7 +16,9 @@ use half::bf16;
 use ndarray::{Array1, Array2};
 
 use logprobe_kernels::{CpuKernel, GradElement, Kernel};
-use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, EntropyLogits, Logits, Options, Output, Problem,
+};
 
 fn logits(n: usize, v: usize) -> Array2<f32> {
     let mut rng = logprobe_reference::splitmix::SplitMix64::new(1);
@@ -56,12 +58,9 @@ fn main() {
     let tokens = Array1::from_shape_fn(n, |r| (r * 2377 % v) as i64);
     let g = Array1::from_elem(n, -1.0);
     let h = Array1::from_elem(n, 0.25);
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: None,
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view());
     let logits = match dtype.as_str() {
         "bf16" => Logits::Bf16(xb.view()),
         _ => Logits::F32(x.view()),

@@ -12,7 +12,7 @@ use ndarray::{Array1, Array2};
 use logprobe_kernels::cuda::AllocKind;
 use logprobe_kernels::cuda::{Arg, CudaFused, HostLauncher, LaunchConfig, Launcher, MemoryTracker};
 use logprobe_kernels::{CpuKernel, Kernel};
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Problem};
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem};
 
 /// Best of 5 runs of `f`, seconds.
 fn best(mut f: impl FnMut()) -> f64 {
@@ -70,12 +70,9 @@ fn main() {
         p.tokens = Some(tokens.view());
         let g = Array1::from_elem(n, 1.0);
         let h = Array1::from_elem(n, 0.5);
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: None,
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view());
         let hk = CudaFused::host();
         let fwd_host = best(|| drop(hk.forward(&p, Dtype::F32).unwrap()));
         let fwd_cpu = best(|| drop(CpuKernel::fused().forward(&p, Dtype::F32).unwrap()));

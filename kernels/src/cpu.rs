@@ -95,22 +95,7 @@ pub struct CpuKernel {
 }
 
 /// Capabilities of the CPU kernel: everything.
-const CPU_CAPABILITIES: Capabilities = Capabilities {
-    entropy: true,
-    masked_entropy: true,
-    topk: true,
-    backward: true,
-    in_place_backward: true,
-    sampling_mask: true,
-    temperature: true,
-    padded_vocab: true,
-    f64_input: true,
-    lse: true,
-    softcap: true,
-    loss: true,
-    policy: true,
-    topk_kl: true,
-};
+const CPU_CAPABILITIES: Capabilities = Capabilities::ALL;
 
 /// Per-row record bytes (forward or backward stats) with `k` top-k ids.
 fn per_row_bytes(k: usize) -> usize {
@@ -600,7 +585,7 @@ impl Kernel for CpuKernel {
 mod tests {
     use super::*;
     use half::{bf16, f16};
-    use logprobe_reference::spec::{Logits, LogitsMut};
+    use logprobe_reference::spec::{Logits, LogitsMut, Output};
     use ndarray::{Array1, Array2};
 
     /// A deterministic `[n, v]` row set with ties, a `-inf`, a masked-out
@@ -691,12 +676,10 @@ mod tests {
     #[test]
     fn typed_gradients_equal_the_f64_path_and_stagings_agree() {
         let c = case(7, 300);
-        let cot = Cotangents {
-            grad_log_probs: Some(c.g.view()),
-            grad_entropy: Some(c.h.view()),
-            grad_topk_log_probs: Some(c.gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, c.g.view())
+            .with_column(Output::Entropy, c.h.view())
+            .with(Output::TopkLogProbs, c.gk.view());
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
@@ -752,12 +735,10 @@ mod tests {
     #[test]
     fn in_place_through_the_mutable_view() {
         let c = case(5, 130);
-        let cot = Cotangents {
-            grad_log_probs: Some(c.g.view()),
-            grad_entropy: Some(c.h.view()),
-            grad_topk_log_probs: Some(c.gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, c.g.view())
+            .with_column(Output::Entropy, c.h.view())
+            .with(Output::TopkLogProbs, c.gk.view());
         for k in kernels(130) {
             let mut xb = c.x.mapv(bf16::from_f32);
             let mut pm = ProblemMut::new(LogitsMut::Bf16(xb.view_mut()));
@@ -791,12 +772,7 @@ mod tests {
     fn bad_parameters_are_typed_errors() {
         let c = case(2, 10);
         let p = Problem::new(Logits::F32(c.x.view()));
-        let cot = Cotangents {
-            grad_log_probs: None,
-            grad_entropy: None,
-            grad_topk_log_probs: None,
-            ..Default::default()
-        };
+        let cot = Cotangents::default();
         let zero = CpuKernel::chunked(0);
         let zc = KernelError::Spec(SpecError::ZeroChunkSize);
         assert_eq!(zero.forward(&p, Dtype::F32).unwrap_err(), zc);
@@ -820,10 +796,7 @@ mod tests {
         let mut p = p;
         p.tokens = Some(c.tokens.view());
         let gl = Array1::from_elem(2, 1.0);
-        let cot = Cotangents {
-            grad_log_probs: Some(gl.view()),
-            ..cot
-        };
+        let cot = cot.with_column(Output::LogProbs, gl.view());
         assert!(matches!(
             CpuKernel::fused().backward_into(&p, &cot, g.view_mut()),
             Err(KernelError::Spec(SpecError::ShapeMismatch {

@@ -37,44 +37,7 @@ pub enum KernelError {
     },
 }
 
-/// What a kernel can compute; anything else it refuses with
-/// [`KernelError::Unsupported`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Capabilities {
-    /// Entropy (over unmasked logits).
-    pub entropy: bool,
-    /// Entropy over masked logits.
-    pub masked_entropy: bool,
-    /// Top-k log-probs.
-    pub topk: bool,
-    /// Backward (VJP) into a new buffer.
-    pub backward: bool,
-    /// Backward in place over the logits.
-    pub in_place_backward: bool,
-    /// Sampling masks.
-    pub sampling_mask: bool,
-    /// Temperatures other than 1 and `TemperatureDtype::Input`.
-    pub temperature: bool,
-    /// `vocab_size` smaller than the column count (padded vocabulary).
-    pub padded_vocab: bool,
-    /// f64 logits (f32, bf16 and f16 are always accepted).
-    pub f64_input: bool,
-    /// `lse` and `z_loss` ([`Options::lse`](logprobe_reference::spec::Options::lse),
-    /// [`Options::z_loss_coef`](logprobe_reference::spec::Options::z_loss_coef)).
-    pub lse: bool,
-    /// The softcap ([`Options::softcap`](logprobe_reference::spec::Options::softcap),
-    /// both `softcap_dtype`s).
-    pub softcap: bool,
-    /// The cross-entropy `loss` ([`Kernel::cross_entropy`]): every
-    /// reduction, label smoothing, `loss_weights`, `mean_all_ignored`.
-    pub loss: bool,
-    /// The policy terms `kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio`
-    /// (`ref_log_probs`, `old_log_probs`, their clamps and cotangents).
-    pub policy: bool,
-    /// The top-k KL to a teacher (`forward_kl`, `reverse_kl`,
-    /// [`Options::topk_kl`](logprobe_reference::spec::Options::topk_kl)).
-    pub topk_kl: bool,
-}
+pub use crate::capabilities::{Capabilities, Feature, FeatureSet};
 
 /// Forward outputs in the requested dtype. Values are stored as f64 and are
 /// exactly representable in `dtype`.
@@ -207,7 +170,7 @@ pub trait Kernel: Send + Sync {
     /// The cross-entropy `loss` of `problem` under `ce` (docs/design.md, "The
     /// loss side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
     /// (ignored rows 0), one value under `sum` / `mean`, nats. The default
-    /// refuses ([`Capabilities::loss`] false).
+    /// refuses (`loss` not in [`Capabilities::outputs`]).
     ///
     /// # Errors
     /// As [`Kernel::forward`]; [`CrossEntropy::validate`]'s errors;

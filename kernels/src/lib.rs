@@ -9,6 +9,7 @@
 
 #[cfg(feature = "candle")]
 pub mod candle;
+mod capabilities;
 pub mod cpu;
 #[cfg(any(feature = "cuda", feature = "cuda-host"))]
 pub mod cuda;
@@ -24,8 +25,8 @@ mod vjp;
 pub use cpu::{CpuKernel, Sharding, Staging};
 pub use gradient::{GradElement, Gradient};
 pub use kernel::{
-    Algorithm, Capabilities, CrossEntropyOutput, ForwardOutput, Kernel, KernelError, Shift,
-    Summation,
+    Algorithm, Capabilities, CrossEntropyOutput, Feature, FeatureSet, ForwardOutput, Kernel,
+    KernelError, Shift, Summation,
 };
 pub use row::cpu_path;
 pub use stats::{pairwise_depth, topk_kl_slopes, PAIRWISE_LEAF};

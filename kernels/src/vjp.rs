@@ -30,7 +30,8 @@ use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 use rayon::prelude::*;
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LogitsMut, Options, Problem, ProblemMut, Reduction, Shape, SpecError,
+    Cotangents, Dtype, Logits, LogitsMut, Options, Output, Problem, ProblemMut, Reduction, Shape,
+    SpecError,
 };
 
 use crate::cpu::Staging;
@@ -132,7 +133,7 @@ impl<A: Acc> RowCot<A> {
     /// ([`CallParams::loss_grad`]).
     pub fn new(problem: &Problem<'_>, cot: &Cotangents<'_>, row: usize, p: &CallParams<A>) -> Self {
         let mut sources = Vec::new();
-        if let (Some(g), true) = (cot.grad_log_probs, problem.has_target(row)) {
+        if let (Some(g), true) = (cot.column(Output::LogProbs), problem.has_target(row)) {
             sources.push((
                 problem.tokens.map_or(0, |t| t[row]) as usize,
                 A::from_f64(g[row]),
@@ -158,7 +159,7 @@ impl<A: Acc> RowCot<A> {
                 u = -(ell_eps / A::from_f64(count as f64));
             }
         }
-        if let (Some(gk), Some(ids)) = (cot.grad_topk_log_probs, problem.topk_ids) {
+        if let (Some(gk), Some(ids)) = (cot.get(Output::TopkLogProbs), problem.topk_ids) {
             for (k, &id) in ids.row(row).iter().enumerate() {
                 let id = id as usize;
                 if problem.allowed(row, id) {
@@ -167,15 +168,19 @@ impl<A: Acc> RowCot<A> {
             }
         }
         let h = cot
-            .grad_entropy
+            .column(Output::Entropy)
             .map(|h| A::from_f64(h[row]))
             .filter(|&h| h != A::ZERO);
-        let a = cot.grad_lse.map_or(A::ZERO, |a| A::from_f64(a[row]));
-        let zb = match (cot.grad_z_loss, p.z_loss_coef) {
+        let a = cot
+            .column(Output::Lse)
+            .map_or(A::ZERO, |a| A::from_f64(a[row]));
+        let zb = match (cot.column(Output::ZLoss), p.z_loss_coef) {
             (Some(b), Some(c)) => c * A::from_f64(b[row]) * A::from_f64(2.0),
             _ => A::ZERO,
         };
-        let any = cot.grad_lse.is_some() || cot.grad_z_loss.is_some() || cot.grad_loss.is_some();
+        let any = cot.column(Output::Lse).is_some()
+            || cot.column(Output::ZLoss).is_some()
+            || cot.column(Output::Loss).is_some();
         let loss = any.then_some(LossSide { a, zb, ell_eps, u });
         RowCot {
             sources,
@@ -810,10 +815,10 @@ fn params<A: Acc>(
 ) -> CallParams<A> {
     let mut p = CallParams::<A>::new(problem, shape);
     p.ranges = shard_ranges(widths, shape.vocab_size);
-    if cot.grad_entropy.is_none() {
+    if cot.column(Output::Entropy).is_none() {
         p.entropy = None;
     }
-    if let (Some(_), Some(ce)) = (cot.grad_loss, problem.cross_entropy()) {
+    if let (Some(_), Some(ce)) = (cot.column(Output::Loss), problem.cross_entropy()) {
         // Validated before (`Problem::validate`): eps in [0, 1].
         let eps = ce
             .effective_label_smoothing(shape.dtype.accumulation())

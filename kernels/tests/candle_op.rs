@@ -280,12 +280,9 @@ fn op_gradient_is_the_fused_vjp() {
             };
             let g = Array1::from_iter(w_lp.iter().map(|&w| f64::from(w)));
             let h = Array1::from_iter(w_ent.iter().map(|&w| f64::from(w)));
-            let cot = Cotangents {
-                grad_log_probs: Some(g.view()),
-                grad_entropy: ent.as_ref().map(|_| h.view()),
-                grad_topk_log_probs: None,
-                ..Default::default()
-            };
+            let cot = Cotangents::default()
+                .with_column(Output::LogProbs, g.view())
+                .with_column(Output::Entropy, ent.as_ref().map(|_| h.view()));
             let want = CpuKernel::fused()
                 .backward(&problem, &cot, owned.logits().dtype())
                 .unwrap();

@@ -34,12 +34,10 @@ fn chunk_size_is_bit_invariant() {
     let g = Array1::from_shape_fn(n, |r| 1.0 - r as f64 * 0.25);
     let h = Array1::from_shape_fn(n, |r| 0.5 + r as f64);
     let gk = Array2::from_shape_fn((n, 3), |(r, k)| (r as f64 - k as f64) * 0.125);
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     for masked in [false, true] {
         let mut p = Problem::new(Logits::F32(x.view()));
         p.tokens = Some(tokens.view());
@@ -88,12 +86,10 @@ fn in_place_backward_equals_out_of_place() {
     let g = Array1::from_shape_fn(n, |r| 1.0 + r as f64);
     let h = Array1::from_shape_fn(n, |r| 0.25 * r as f64 - 0.5);
     let gk = Array2::from_shape_fn((n, 2), |(r, k)| 0.5 * (r + k) as f64);
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     let opts_t = [1.0, 0.6];
     for t in opts_t {
         for k in kernels() {
@@ -136,10 +132,7 @@ fn empty_batch_gives_empty_outputs() {
     let mut p = Problem::new(Logits::F32(x.view()));
     p.tokens = Some(t.view());
     let g = Array1::<f64>::zeros(0);
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with_column(Output::LogProbs, g.view());
     for k in kernels() {
         let f = k.forward(&p, Dtype::F32).unwrap();
         assert_eq!(f.values[Output::LogProbs].dim(), (0, 1));

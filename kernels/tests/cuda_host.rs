@@ -590,12 +590,10 @@ fn host_built_backward_gives_the_cpu_bits_where_both_are_exact() {
                 let gk = Array2::from_shape_fn((n, c.ids.ncols()), |(r, k)| {
                     0.125 * (k as f64 + 1.0) - 0.0625 * r as f64
                 });
-                let cot = Cotangents {
-                    grad_log_probs: Some(g.view()),
-                    grad_entropy: Some(h.view()),
-                    grad_topk_log_probs: Some(gk.view()),
-                    ..Default::default()
-                };
+                let cot = Cotangents::default()
+                    .with_column(Output::LogProbs, g.view())
+                    .with_column(Output::Entropy, h.view())
+                    .with(Output::TopkLogProbs, gk.view());
                 let owned = Owned::new(&c.x, dtype);
                 let p = cuda_common::problem(&c, owned.view());
                 let pairs: [(Box<dyn Kernel>, Box<dyn Kernel>); 2] = [

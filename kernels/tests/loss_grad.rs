@@ -11,7 +11,7 @@ use ndarray::{Array1, Array2};
 use logprobe_kernels::{CpuKernel, Kernel, Sharding, Staging};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LogitsMut, LossOptions, MeanAllIgnored, Problem, ProblemMut,
+    Cotangents, Dtype, Logits, LogitsMut, LossOptions, MeanAllIgnored, Output, Problem, ProblemMut,
     Reduction,
 };
 use logprobe_reference::splitmix::SplitMix64;
@@ -72,15 +72,16 @@ fn problem<'a>(d: &'a Data, reduction: Reduction, eps: f64, masked: bool) -> Pro
 }
 
 fn cot<'a>(d: &'a Data, reduction: Reduction) -> Cotangents<'a> {
-    Cotangents {
-        grad_lse: Some(d.a.view()),
-        grad_z_loss: Some(d.b.view()),
-        grad_loss: Some(match reduction {
-            Reduction::None => d.g_rows.view(),
-            _ => d.g_one.view(),
-        }),
-        ..Default::default()
-    }
+    Cotangents::default()
+        .with_column(Output::Lse, d.a.view())
+        .with_column(Output::ZLoss, d.b.view())
+        .with_column(
+            Output::Loss,
+            match reduction {
+                Reduction::None => d.g_rows.view(),
+                _ => d.g_one.view(),
+            },
+        )
 }
 
 fn same_bits(a: &Array2<f64>, b: &Array2<f64>) -> bool {
@@ -153,14 +154,8 @@ fn unsmoothed_loss_gradient_is_the_negated_log_prob_cotangent() {
     let mut p = problem(&d, Reduction::None, 0.0, true);
     p.loss_weights = None;
     let neg = d.g_rows.mapv(|g| -g);
-    let via_loss = Cotangents {
-        grad_loss: Some(d.g_rows.view()),
-        ..Default::default()
-    };
-    let via_lp = Cotangents {
-        grad_log_probs: Some(neg.view()),
-        ..Default::default()
-    };
+    let via_loss = Cotangents::default().with_column(Output::Loss, d.g_rows.view());
+    let via_lp = Cotangents::default().with_column(Output::LogProbs, neg.view());
     for k in [CpuKernel::fused(), CpuKernel::chunked(2)] {
         let a = k.backward(&p, &via_loss, Dtype::F32).unwrap();
         let b = k.backward(&p, &via_lp, Dtype::F32).unwrap();
@@ -175,10 +170,7 @@ fn all_ignored_mean_has_zero_gradient() {
     let mut p = problem(&d, Reduction::Mean, 0.1, false);
     p.options.lse = false;
     p.options.z_loss_coef = None;
-    let c = Cotangents {
-        grad_loss: Some(d.g_one.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default().with_column(Output::Loss, d.g_one.view());
     let g = CpuKernel::fused().backward(&p, &c, Dtype::F32).unwrap();
     assert!(g.iter().all(|&x| x.to_bits() == 0));
 }

@@ -163,14 +163,12 @@ fn backward_of_the_policy_terms_is_the_log_prob_backward_with_their_slope() {
         let c: Vec<Array1<f64>> = (0..5)
             .map(|i| Array1::from_shape_fn(n, |r| 0.25 + (r + 3 * i) as f64 * 0.125 - 1.5))
             .collect();
-        let cot = Cotangents {
-            grad_kl_k1: Some(c[0].view()),
-            grad_kl_k2: Some(c[1].view()),
-            grad_kl_k3: Some(c[2].view()),
-            grad_kl_abs: Some(c[3].view()),
-            grad_ratio: Some(c[4].view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::KlK1, c[0].view())
+            .with_column(Output::KlK2, c[1].view())
+            .with_column(Output::KlK3, c[2].view())
+            .with_column(Output::KlAbs, c[3].view())
+            .with_column(Output::Ratio, c[4].view());
         // The kernel's own log-probs in f32 (its accumulation dtype).
         let fo = CpuKernel::fused().forward(&p, Dtype::F32).unwrap();
         let g = Array1::from_shape_fn(n, |r| {
@@ -178,10 +176,7 @@ fn backward_of_the_policy_terms_is_the_log_prob_backward_with_their_slope() {
                 s.weight(fo.values[Output::LogProbs][[r, 0]] as f32) as f64
             })
         });
-        let lp_cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            ..Default::default()
-        };
+        let lp_cot = Cotangents::default().with_column(Output::LogProbs, g.view());
         for k in [CpuKernel::fused(), CpuKernel::chunked(4)] {
             for out in [Dtype::F32, Dtype::Bf16] {
                 let want = k.backward(&p, &lp_cot, out).unwrap();

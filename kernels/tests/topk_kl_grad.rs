@@ -63,11 +63,9 @@ fn kl_backward_is_the_top_k_backward_with_its_slopes() {
     let d = data(n, v, k, 31);
     for renorm in [false, true] {
         let p = problem(&d, renorm);
-        let cot = Cotangents {
-            grad_forward_kl: Some(d.gf.view()),
-            grad_reverse_kl: Some(d.gr.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::ForwardKl, d.gf.view())
+            .with_column(Output::ReverseKl, d.gr.view());
         // Each kernel against itself (a vocabulary-parallel row's merged
         // statistics differ from the fused ones in their last bits).
         let reference = |kern: &CpuKernel| {
@@ -88,10 +86,7 @@ fn kl_backward_is_the_top_k_backward_with_its_slopes() {
                     w[[r, c]] = x as f64;
                 }
             }
-            let topk_cot = Cotangents {
-                grad_topk_log_probs: Some(w.view()),
-                ..Default::default()
-            };
+            let topk_cot = Cotangents::default().with(Output::TopkLogProbs, w.view());
             kern.backward(&p, &topk_cot, Dtype::F32).unwrap()
         };
         let want = reference(&CpuKernel::fused());

@@ -102,12 +102,10 @@ fn snapshots(name: &str, bytes: &[u8]) -> (String, String) {
             -0.125 * (r + j) as f64
         }
     });
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
 
     let oracle = Oracle::default();
     let mut s = String::new();

@@ -262,24 +262,13 @@ fn grads_match_oracle_vjp() {
         [2.0, -2.0]
     ];
     let cots = [
-        Cotangents {
-            grad_log_probs: Some(g.view()),
-            ..Default::default()
-        },
-        Cotangents {
-            grad_entropy: Some(h.view()),
-            ..Default::default()
-        },
-        Cotangents {
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        },
-        Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        },
+        Cotangents::default().with_column(Output::LogProbs, g.view()),
+        Cotangents::default().with_column(Output::Entropy, h.view()),
+        Cotangents::default().with(Output::TopkLogProbs, gk.view()),
+        Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view())
+            .with(Output::TopkLogProbs, gk.view()),
     ];
     for logits in [
         Logits::F32(xf.view()),
@@ -316,10 +305,7 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
     x[[3, 2]] = f32::NAN;
     let tokens = array![3i64, 0, 1, 2, 2];
     let g = array![1.0, 1.0, 1.0, 1.0, 1.0];
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with_column(Output::LogProbs, g.view());
     let mut p = Problem::new(Logits::F32(x.view()));
     p.tokens = Some(tokens.view());
     let want = p.validate().unwrap_err();
@@ -427,12 +413,10 @@ fn vocab_parallel_with_empty_padding_and_masked_shards_matches_oracle() {
         [-0.5, 0.125],
         [2.0, -2.0]
     ];
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     let layouts: Vec<Box<dyn Kernel>> = vec![
         Box::new(CpuKernel::vocab_parallel(vec![6])),
         Box::new(CpuKernel::vocab_parallel(vec![2, 1, 0, 3])),

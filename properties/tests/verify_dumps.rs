@@ -51,10 +51,7 @@ fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f6
         rounded(Output::TopkLogProbs),
     );
     let ga = Array1::from(g.to_vec());
-    let cot = Cotangents {
-        grad_log_probs: Some(ga.view()),
-        ..Cotangents::default()
-    };
+    let cot = Cotangents::default().with_column(Output::LogProbs, ga.view());
     let grad = o
         .vjp(&p, &cot, Dtype::F64)
         .unwrap()
@@ -731,11 +728,9 @@ fn kl_grad_dump(
         renormalized,
         teacher_dtype: Dtype::F32,
     });
-    let cot = Cotangents {
-        grad_forward_kl: Some(gfa.view()),
-        grad_reverse_kl: Some(gra.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::ForwardKl, gfa.view())
+        .with_column(Output::ReverseKl, gra.view());
     let g: Vec<f64> = grad(&p, &cot).iter().copied().collect();
     let xf: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let renorm = if renormalized { "true" } else { "false" };
@@ -772,17 +767,17 @@ fn kl_gradients_are_judged_through_grad_logits() {
             let k = CpuKernel::fused();
             let lps = k.forward(p, Dtype::F32).unwrap().values[Output::TopkLogProbs].clone();
             let a = p.teacher_topk_log_probs.unwrap();
-            let (gf, gr) = (cot.grad_forward_kl.unwrap(), cot.grad_reverse_kl.unwrap());
+            let (gf, gr) = (
+                cot.column(Output::ForwardKl).unwrap(),
+                cot.column(Output::ReverseKl).unwrap(),
+            );
             let w = Array2::from_shape_fn((N, 3), |(r, c)| {
                 let l: Vec<f32> = lps.row(r).iter().map(|&x| x as f32).collect();
                 let f = topk_kl_slopes(&l, &a.row(r).to_vec(), renorm, gf[r] as f32, 0.0)[c];
                 let (lk, ak) = (l[c], a[[r, c]] as f32);
                 (f + gr[r] as f32 * lk.exp() * (lk - ak)) as f64
             });
-            let topk = Cotangents {
-                grad_topk_log_probs: Some(w.view()),
-                ..Default::default()
-            };
+            let topk = Cotangents::default().with(Output::TopkLogProbs, w.view());
             k.backward(p, &topk, Dtype::F32).unwrap()
         });
         let r = report(&bug, RowSelection::All).unwrap();

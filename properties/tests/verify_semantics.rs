@@ -101,12 +101,10 @@ impl Case {
         let g = Array1::from(vec![1.0, -0.5, 0.25, 2.0]);
         let h = Array1::from(vec![0.5, 1.0, -1.0, 0.125]);
         let gk = Array2::from_shape_vec((N, 2), gk.to_vec()).unwrap();
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view())
+            .with(Output::TopkLogProbs, gk.view());
         let grad: Vec<f64> = oracle
             .vjp(&p, &cot, self.out)
             .unwrap()

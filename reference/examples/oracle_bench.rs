@@ -107,12 +107,9 @@ fn main() {
     ] {
         let mut p = Problem::new(logits);
         p.tokens = Some(tokens.view());
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: None,
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view());
         for target in [Dtype::F32, Dtype::Bf16] {
             let mut line = format!("{name:11} -> {target:4}:");
             let mut firsts = Vec::new();

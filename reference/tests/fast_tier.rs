@@ -272,12 +272,10 @@ impl Data {
     }
 
     fn cotangents(&self, c: &Case) -> Cotangents<'_> {
-        Cotangents {
-            grad_log_probs: Some(self.g.view()),
-            grad_entropy: c.entropy.map(|_| self.h.view()),
-            grad_topk_log_probs: self.gk.as_ref().map(|g| g.view()),
-            ..Default::default()
-        }
+        Cotangents::default()
+            .with_column(Output::LogProbs, self.g.view())
+            .with_column(Output::Entropy, c.entropy.map(|_| self.h.view()))
+            .with(Output::TopkLogProbs, self.gk.as_ref().map(|g| g.view()))
     }
 }
 

@@ -11,7 +11,7 @@
 use logprobe_reference::oracle::{round_to_dtype, Oracle, Tier};
 use logprobe_reference::spec::Logits;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, LossOptions, MeanAllIgnored, Problem, Reduction, SpecError,
+    Cotangents, Dtype, LossOptions, MeanAllIgnored, Output, Problem, Reduction, SpecError,
 };
 use ndarray::{array, Array1, Array2};
 use rug::Float;
@@ -220,12 +220,10 @@ fn cases() -> Vec<(&'static str, Case)> {
 }
 
 fn cotangents<'a>(a: &'a Array1<f64>, b: &'a Array1<f64>, g: &'a Array1<f64>) -> Cotangents<'a> {
-    Cotangents {
-        grad_lse: Some(a.view()),
-        grad_z_loss: Some(b.view()),
-        grad_loss: Some(g.view()),
-        ..Default::default()
-    }
+    Cotangents::default()
+        .with_column(Output::Lse, a.view())
+        .with_column(Output::ZLoss, b.view())
+        .with_column(Output::Loss, g.view())
 }
 
 #[test]
@@ -299,20 +297,14 @@ fn loss_side_cotangents_add_to_the_log_prob_ones() {
     let via_loss = Oracle::default()
         .vjp(
             &p,
-            &Cotangents {
-                grad_loss: Some(g.view()),
-                ..Default::default()
-            },
+            &Cotangents::default().with_column(Output::Loss, g.view()),
             Dtype::F64,
         )
         .unwrap();
     let via_lp = Oracle::default()
         .vjp(
             &p,
-            &Cotangents {
-                grad_log_probs: Some(neg.view()),
-                ..Default::default()
-            },
+            &Cotangents::default().with_column(Output::LogProbs, neg.view()),
             Dtype::F64,
         )
         .unwrap();
@@ -337,10 +329,7 @@ fn loss_side_cotangents_are_validated() {
     assert!(matches!(
         run(
             &p,
-            Cotangents {
-                grad_loss: Some(n3.view()),
-                ..Default::default()
-            }
+            Cotangents::default().with_column(Output::Loss, n3.view())
         ),
         Some(SpecError::ShapeMismatch {
             tensor: "grad_loss",
@@ -350,10 +339,7 @@ fn loss_side_cotangents_are_validated() {
     assert!(matches!(
         run(
             &p,
-            Cotangents {
-                grad_lse: Some(n2.view()),
-                ..Default::default()
-            }
+            Cotangents::default().with_column(Output::Lse, n2.view())
         ),
         Some(SpecError::ShapeMismatch {
             tensor: "grad_lse",
@@ -363,10 +349,7 @@ fn loss_side_cotangents_are_validated() {
     assert!(matches!(
         run(
             &p,
-            Cotangents {
-                grad_z_loss: Some(nan.view()),
-                ..Default::default()
-            }
+            Cotangents::default().with_column(Output::ZLoss, nan.view())
         ),
         Some(SpecError::NonFiniteCotangent {
             tensor: "grad_z_loss",
@@ -376,10 +359,7 @@ fn loss_side_cotangents_are_validated() {
     ));
     assert!(run(
         &p,
-        Cotangents {
-            grad_loss: Some(one.view()),
-            ..Default::default()
-        }
+        Cotangents::default().with_column(Output::Loss, one.view())
     )
     .is_none());
     // A cotangent of an output that is not computed.
@@ -388,18 +368,9 @@ fn loss_side_cotangents_are_validated() {
     q.options.lse = false;
     q.options.z_loss_coef = None;
     for cot in [
-        Cotangents {
-            grad_loss: Some(one.view()),
-            ..Default::default()
-        },
-        Cotangents {
-            grad_lse: Some(n3.view()),
-            ..Default::default()
-        },
-        Cotangents {
-            grad_z_loss: Some(n3.view()),
-            ..Default::default()
-        },
+        Cotangents::default().with_column(Output::Loss, one.view()),
+        Cotangents::default().with_column(Output::Lse, n3.view()),
+        Cotangents::default().with_column(Output::ZLoss, n3.view()),
     ] {
         assert!(matches!(run(&q, cot), Some(SpecError::NoCotangent { .. })));
     }
@@ -407,10 +378,7 @@ fn loss_side_cotangents_are_validated() {
     nt.tokens = None;
     let e = run(
         &nt,
-        Cotangents {
-            grad_loss: Some(one.view()),
-            ..Default::default()
-        },
+        Cotangents::default().with_column(Output::Loss, one.view()),
     );
     assert!(
         matches!(
@@ -442,10 +410,7 @@ fn neg_inf_logit_under_smoothing_gives_autograd_gradient() {
         label_smoothing: 0.1,
         mean_all_ignored: MeanAllIgnored::Nan,
     });
-    let cot = Cotangents {
-        grad_loss: Some(g.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with_column(Output::Loss, g.view());
     let o = Oracle::default();
     let ce = p.cross_entropy().unwrap();
     assert_eq!(

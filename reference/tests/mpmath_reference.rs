@@ -151,12 +151,10 @@ fn run_case(b: &HashMap<&str, &str>) {
     let g = Array1::from_vec(vec![cot[0]]);
     let h = Array1::from_vec(vec![cot[1]]);
     let gk = Array2::from_shape_vec((1, topk.len()), cot[2..].to_vec()).unwrap();
-    let cotangents = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: p.options.entropy.map(|_| h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cotangents = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, p.options.entropy.map(|_| h.view()))
+        .with(Output::TopkLogProbs, gk.view());
     for target in [Dtype::F64, Dtype::F32, Dtype::Bf16] {
         let f = Oracle::default().forward(&p, target).unwrap();
         check(

@@ -111,12 +111,10 @@ fn one_hot_limits_are_exact_and_end_the_loop_at_once() {
     let g = array![3.0];
     let h = array![1.0];
     let gk = array![[0.5, 0.25]];
-    let c = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     let grad = o.vjp(&p, &c, Dtype::F64).unwrap();
     // Column 0 is a live top-k id with a -inf logit: G / T from the formula;
     // its cotangent also gives -G p_j elsewhere.
@@ -137,12 +135,10 @@ fn all_outputs(p: &Problem<'_>, target: Dtype) -> (OracleForward, Array2<Exact>)
     let h = Array1::from_elem(n, 0.75);
     let k = p.topk_ids.map_or(0, |i| i.ncols());
     let gk = Array2::from_elem((n, k), 0.5);
-    let c = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     (
         Oracle::default().forward(p, target).unwrap(),
         Oracle::default().vjp(p, &c, target).unwrap(),
@@ -352,12 +348,10 @@ fn vjp_agrees_with_a_256_bit_central_difference() {
             array![h],
             Array2::from_shape_vec((1, 4), gk.to_vec()).unwrap(),
         );
-        let c = Cotangents {
-            grad_log_probs: Some(ga.view()),
-            grad_entropy: Some(ha.view()),
-            grad_topk_log_probs: Some(gka.view()),
-            ..Default::default()
-        };
+        let c = Cotangents::default()
+            .with_column(Output::LogProbs, ga.view())
+            .with_column(Output::Entropy, ha.view())
+            .with(Output::TopkLogProbs, gka.view());
         let grad = Oracle::default().vjp(&p, &c, Dtype::F64).unwrap();
         let t_inv = Float::with_val(256, 1) / Float::with_val(256, temp);
         let xf: Vec<Float> = x.iter().map(|&v| Float::with_val(256, v)).collect();
@@ -404,12 +398,9 @@ fn two_working_precisions_agree() {
     p.options.temperature = 0.6;
     let g = Array1::from_elem(n, 1.0);
     let h = Array1::from_elem(n, -0.5);
-    let c = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: None,
-        ..Default::default()
-    };
+    let c = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view());
     let low = Oracle {
         start_precision: 64,
         max_precision: 4096,
@@ -564,10 +555,7 @@ fn padded_columns_get_exactly_zero_and_n_zero_is_empty() {
     p.tokens = Some(t.view());
     p.options.vocab_size = Some(3);
     let g = array![1.0];
-    let c = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default().with_column(Output::LogProbs, g.view());
     let grad = Oracle::default().vjp(&p, &c, Dtype::F32).unwrap();
     assert_eq!(grad.dim(), (1, 5));
     assert_eq!(grad[[0, 3]], Exact::point(0.0));
@@ -592,10 +580,7 @@ fn padded_columns_get_exactly_zero_and_n_zero_is_empty() {
             && f.values[Output::Entropy].is_empty()
     );
     let g = Array1::<f64>::zeros(0);
-    let c = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default().with_column(Output::LogProbs, g.view());
     assert_eq!(
         Oracle::default().vjp(&p, &c, Dtype::F32).unwrap().dim(),
         (0, 152064)
@@ -704,10 +689,7 @@ fn every_error_path_returns_its_typed_error() {
         Err(SpecError::NoCotangent { .. })
     ));
     let g = array![1.0];
-    let c = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default().with_column(Output::LogProbs, g.view());
     assert!(matches!(
         o.vjp(&p, &c, Dtype::F32),
         Err(SpecError::MissingTensor {
@@ -718,19 +700,13 @@ fn every_error_path_returns_its_typed_error() {
     let t = array![0i64];
     p.tokens = Some(t.view());
     let bad = array![f64::NAN];
-    let c = Cotangents {
-        grad_log_probs: Some(bad.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default().with_column(Output::LogProbs, bad.view());
     assert!(matches!(
         o.vjp(&p, &c, Dtype::F32),
         Err(SpecError::NonFiniteCotangent { .. })
     ));
     p.options.entropy = None;
-    let c = Cotangents {
-        grad_entropy: Some(g.view()),
-        ..Default::default()
-    };
+    let c = Cotangents::default().with_column(Output::Entropy, g.view());
     assert!(matches!(
         o.vjp(&p, &c, Dtype::F32),
         Err(SpecError::NoCotangent { .. })

@@ -209,14 +209,12 @@ fn vjp_of_the_policy_terms_is_the_log_prob_vjp_times_the_slope() {
     let p = problem(&x, &t, &refs, &olds, clamps);
     let c = |v: f64| Array1::from(vec![v, -0.75 * v]);
     let (g1, g2, g3, ga, gr) = (c(0.5), c(-1.25), c(3.0), c(0.125), c(2.0));
-    let cot = Cotangents {
-        grad_kl_k1: Some(g1.view()),
-        grad_kl_k2: Some(g2.view()),
-        grad_kl_k3: Some(g3.view()),
-        grad_kl_abs: Some(ga.view()),
-        grad_ratio: Some(gr.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::KlK1, g1.view())
+        .with_column(Output::KlK2, g2.view())
+        .with_column(Output::KlK3, g3.view())
+        .with_column(Output::KlAbs, ga.view())
+        .with_column(Output::Ratio, gr.view());
     for dtype in [Dtype::F64, Dtype::F32] {
         let grad = Oracle::default().vjp(&p, &cot, dtype).unwrap();
         for r in 0..2 {
@@ -354,10 +352,7 @@ fn bad_policy_inputs_are_typed_errors_naming_tensor_and_row() {
     let mut p = problem(&x, &t, &r, &o, PolicyClamps::default());
     p.policy.old_log_probs = None;
     let g = array![1.0, 1.0];
-    let cot = Cotangents {
-        grad_ratio: Some(g.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with_column(Output::Ratio, g.view());
     assert!(matches!(
         Oracle::default().vjp(&p, &cot, Dtype::F32),
         Err(SpecError::MissingTensor {

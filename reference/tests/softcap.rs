@@ -151,10 +151,7 @@ fn exact_softcap_gradient_is_the_chain_rule() {
         p.options.softcap = Some(c);
         p.options.temperature = temp;
         p.options.entropy = None;
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default().with_column(Output::LogProbs, g.view());
         let (_, _, _, grad) = row_def(&x, c, temp, 2);
         for target in [Dtype::F64, Dtype::F32, Dtype::Bf16] {
             for o in both_tiers() {
@@ -211,11 +208,9 @@ fn materialised_softcap_is_the_problem_on_materialised_logits() {
     let t = array![1i64, 4];
     let g = array![1.0f64, -0.5];
     let h = array![0.25f64, 1.0];
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view());
     for temp in [1.0, 0.6] {
         for tdt in [TemperatureDtype::Accumulation, TemperatureDtype::Input] {
             let mut p = Problem::new(Logits::Bf16(xb.view()));
@@ -396,10 +391,7 @@ fn exact_softcap_matches_mpmath_hand_values() {
     p.topk_ids = None;
     p.options.entropy = None;
     let g = array![1.0f64];
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with_column(Output::LogProbs, g.view());
     let dx = Oracle::default().vjp(&p, &cot, Dtype::F64).unwrap();
     for (j, s) in [
         (

@@ -8,7 +8,7 @@
 //! an infinite reverse-KL gradient.
 
 use logprobe_reference::oracle::{round_to_dtype, Exact, Oracle, Tier};
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Problem, SpecError, TopkKl};
+use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem, SpecError, TopkKl};
 use logprobe_reference::splitmix::SplitMix64;
 use ndarray::{array, Array1, Array2};
 use rug::Float;
@@ -129,12 +129,10 @@ fn problem<'a>(c: &'a Case, renorm: bool) -> Problem<'a> {
 }
 
 fn cotangents(c: &Case) -> Cotangents<'_> {
-    Cotangents {
-        grad_forward_kl: Some(c.gf.view()),
-        grad_reverse_kl: Some(c.gr.view()),
-        grad_topk_log_probs: c.gk.as_ref().map(|g| g.view()),
-        ..Default::default()
-    }
+    Cotangents::default()
+        .with_column(Output::ForwardKl, c.gf.view())
+        .with_column(Output::ReverseKl, c.gr.view())
+        .with(Output::TopkLogProbs, c.gk.as_ref().map(|g| g.view()))
 }
 
 #[test]
@@ -353,10 +351,7 @@ fn edge_gradients_of_the_kl() {
     let ones = array![1.0f64];
     let mut p = Problem::new(Logits::F32(x.view()));
     p.options.entropy = None;
-    let cot = Cotangents {
-        grad_forward_kl: Some(ones.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with_column(Output::ForwardKl, ones.view());
     assert!(matches!(
         Oracle::default().vjp(&p, &cot, Dtype::F32),
         Err(SpecError::NoCotangent { .. })

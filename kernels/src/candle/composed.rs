@@ -4,10 +4,13 @@
 use candle_core::{Device, Tensor, WithDType};
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
 
-use logprobe_reference::spec::{Cotangents, Dtype, Element, Logits, Output, Problem, Shape};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Element, Logits, Output, OutputSet, Problem, Shape,
+};
 
 use crate::kernel::{
-    Algorithm, Capabilities, ForwardOutput, Kernel, KernelError, Shift, Summation,
+    Algorithm, Capabilities, Feature, FeatureSet, ForwardOutput, Kernel, KernelError, Shift,
+    Summation,
 };
 
 /// `log_softmax(logits)` over the last axis, composed from candle ops in the
@@ -141,10 +144,8 @@ impl Kernel for CandleComposed {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            topk: true,
-            padded_vocab: true,
-            f64_input: true,
-            ..Capabilities::default()
+            outputs: OutputSet::of(&[Output::LogProbs, Output::TopkLogProbs]),
+            features: FeatureSet::of(&[Feature::PaddedVocab, Feature::F64Input]),
         }
     }
 
@@ -367,10 +368,7 @@ mod tests {
         ));
         p.sampling_mask = None;
         let g = array![1.0];
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            ..Cotangents::default()
-        };
+        let cot = Cotangents::default().with_column(Output::LogProbs, g.view());
         assert!(matches!(
             CandleComposed.backward(&p, &cot, Dtype::F32),
             Err(KernelError::Unsupported { .. })

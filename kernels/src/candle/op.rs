@@ -219,12 +219,9 @@ impl CustomOp2 for LogProbOp {
         } else {
             (Array1::from(g), None)
         };
-        let cot = Cotangents {
-            grad_log_probs: Some(glp.view()),
-            grad_entropy: gent.as_ref().map(|h| h.view()),
-            grad_topk_log_probs: None,
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, glp.view())
+            .with_column(Output::Entropy, gent.as_ref().map(|h| h.view()));
         let (ls, ll) = logits.storage_and_layout();
         let (ts, tl) = tokens.storage_and_layout();
         let (Storage::Cpu(ls), Storage::Cpu(ts)) = (&*ls, &*ts) else {

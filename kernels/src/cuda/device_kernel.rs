@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use ndarray::Array2;
 
-use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Problem, ProblemMut, Shape};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, LogitsMut, Output, OutputSet, Problem, ProblemMut, Shape,
+};
 
 use super::backend::Launcher;
 use super::backward::{backward, Dest, Grads, MAX_SLOTS};
@@ -17,7 +19,7 @@ use super::forward::forward;
 use super::inputs::{check_dtype, check_scaled_logits, HostLogits};
 use super::memory::{MemoryReport, MemoryTracker};
 use super::plan::Layout;
-use crate::kernel::{Algorithm, Capabilities, ForwardOutput, KernelError};
+use crate::kernel::{Algorithm, Capabilities, Feature, FeatureSet, ForwardOutput, KernelError};
 
 /// A CUDA kernel: back end, layout and its own allocation tracker.
 #[derive(Clone, Debug)]
@@ -97,21 +99,23 @@ impl DeviceKernel {
 
     /// Everything but f64 logits; in place except vocab-parallel.
     pub fn capabilities(&self) -> Capabilities {
+        let features = FeatureSet::of(&[
+            Feature::MaskedEntropy,
+            Feature::SamplingMask,
+            Feature::Temperature,
+            Feature::PaddedVocab,
+        ]);
         Capabilities {
-            entropy: true,
-            masked_entropy: true,
-            topk: true,
-            backward: true,
-            in_place_backward: !matches!(self.layout, Layout::VocabParallel(_)),
-            sampling_mask: true,
-            temperature: true,
-            padded_vocab: true,
-            f64_input: false,
-            lse: false,
-            softcap: false,
-            loss: false,
-            policy: false,
-            topk_kl: false,
+            outputs: OutputSet::of(&[
+                Output::LogProbs,
+                Output::Entropy,
+                Output::TopkLogProbs,
+                Output::GradLogits,
+            ]),
+            features: match self.layout {
+                Layout::VocabParallel(_) => features,
+                _ => features.with(Feature::InPlaceBackward),
+            },
         }
     }
 

@@ -2,7 +2,7 @@
 //! and top-k columns to gather (forward), and the deduplicated cotangent
 //! slots of the VJP (backward). Plain Rust: tested on every machine.
 
-use logprobe_reference::spec::{Cotangents, Problem, Shape};
+use logprobe_reference::spec::{Cotangents, Output, Problem, Shape};
 
 /// Gather-index marker of a top-k id the sampling mask disallows
 /// (`LP_MASKED_ID`): its log-prob is `-inf`.
@@ -76,12 +76,12 @@ pub fn grad_slots(problem: &Problem<'_>, shape: &Shape, cot: &Cotangents<'_>) ->
     let mut entries: Vec<(i32, f64)> = Vec::with_capacity(k1);
     for r in 0..n {
         entries.clear();
-        if let (Some(g), true) = (cot.grad_log_probs, problem.has_target(r)) {
+        if let (Some(g), true) = (cot.column(Output::LogProbs), problem.has_target(r)) {
             if let Some(t) = problem.tokens {
                 entries.push((t[r] as i32, g[r]));
             }
         }
-        if let (Some(gk), Some(ids)) = (cot.grad_topk_log_probs, problem.topk_ids) {
+        if let (Some(gk), Some(ids)) = (cot.get(Output::TopkLogProbs), problem.topk_ids) {
             for (k, &id) in ids.row(r).iter().enumerate() {
                 if problem.allowed(r, id as usize) {
                     entries.push((id as i32, gk[[r, k]]));
@@ -90,7 +90,7 @@ pub fn grad_slots(problem: &Problem<'_>, shape: &Shape, cot: &Cotangents<'_>) ->
         }
         let total: f64 = entries.iter().map(|e| e.1).sum();
         s.g_all[r] = total as f32;
-        s.h[r] = cot.grad_entropy.map_or(0.0, |h| h[r] as f32);
+        s.h[r] = cot.column(Output::Entropy).map_or(0.0, |h| h[r] as f32);
         let mut slot = 0;
         for (i, &(col, _)) in entries.iter().enumerate() {
             if entries[..i].iter().any(|e| e.0 == col) {
@@ -164,12 +164,10 @@ mod tests {
         let g = array![1.0, 5.0];
         let gk = array![[0.5, 7.0, 0.25], [2.0, 3.0, 0.125]];
         let h = array![-1.0, 0.0];
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view())
+            .with(Output::TopkLogProbs, gk.view());
         let s = grad_slots(&p, &shape, &cot);
         assert_eq!(s.k1, 4);
         // Row 0: target 2 (g = 1) and id 2 (0.5) merge; id 3 is masked; id 0.

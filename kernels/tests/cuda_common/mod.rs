@@ -331,12 +331,10 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
     let owned = Owned::new(&c.x, Dtype::Bf16);
     let p = problem(&c, owned.view());
     let (g, h, gk) = cotangents(11, c.ids.ncols());
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     let err = |e: logprobe_kernels::KernelError| e.to_string();
     let fused = CudaFused::on(l.clone());
     let f_ref = fused.forward(&p, Dtype::F32).map_err(err)?;
@@ -394,12 +392,10 @@ pub fn gradients_vs_oracle(l: &Arc<dyn Launcher>) -> Check {
         let p = problem(&c, owned.view());
         let shape = p.validate().map_err(|e| e.to_string())?;
         let (g, h, gk) = cotangents(6, c.ids.ncols());
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view())
+            .with(Output::TopkLogProbs, gk.view());
         let exact = Oracle::default()
             .vjp(&p, &cot, Dtype::F32)
             .map_err(|e| e.to_string())?;
@@ -437,12 +433,10 @@ pub fn in_place_backward(l: &Arc<dyn Launcher>) -> Check {
     for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
         let c = case(77, 5, 260, 250, true, dtype);
         let (g, h, gk) = cotangents(5, c.ids.ncols());
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: Some(h.view()),
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with_column(Output::Entropy, h.view())
+            .with(Output::TopkLogProbs, gk.view());
         let owned = Owned::new(&c.x, dtype);
         let p = problem(&c, owned.view());
         for k in [&CudaFused::on(l.clone()) as &dyn Kernel, &chunked(l, 2)] {
@@ -499,12 +493,10 @@ pub fn workspace_within_declared_bound(l: &Arc<dyn Launcher>) -> Check {
     let p = problem(&c, owned.view());
     let shape = p.validate().map_err(|e| e.to_string())?;
     let (g, h, gk) = cotangents(40, c.ids.ncols());
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: Some(gk.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view())
+        .with(Output::TopkLogProbs, gk.view());
     for chunk in [1, 8, 40] {
         let k = chunked(l, chunk);
         k.reset_memory_peak();

@@ -204,32 +204,32 @@ fn backward_tensors(
     }
     let mut cv = cot.view();
     if p.options.topk_kl.is_none() || p.teacher_topk_log_probs.is_none() {
-        cv.grad_forward_kl = None;
-        cv.grad_reverse_kl = None;
+        cv.per_output.take(Output::ForwardKl);
+        cv.per_output.take(Output::ReverseKl);
     }
     if p.policy.ref_log_probs.is_none() {
-        cv.grad_kl_k1 = None;
-        cv.grad_kl_k2 = None;
-        cv.grad_kl_k3 = None;
-        cv.grad_kl_abs = None;
+        cv.per_output.take(Output::KlK1);
+        cv.per_output.take(Output::KlK2);
+        cv.per_output.take(Output::KlK3);
+        cv.per_output.take(Output::KlAbs);
     }
     if p.policy.old_log_probs.is_none() {
-        cv.grad_ratio = None;
+        cv.per_output.take(Output::Ratio);
     }
     if p.options.entropy.is_none() {
-        cv.grad_entropy = None;
+        cv.per_output.take(Output::Entropy);
     }
     if p.topk_ids.is_none() {
-        cv.grad_topk_log_probs = None;
+        cv.per_output.take(Output::TopkLogProbs);
     }
     if !p.options.lse {
-        cv.grad_lse = None;
+        cv.per_output.take(Output::Lse);
     }
     if p.options.z_loss_coef.is_none() {
-        cv.grad_z_loss = None;
+        cv.per_output.take(Output::ZLoss);
     }
     if p.options.loss.is_none() {
-        cv.grad_loss = None;
+        cv.per_output.take(Output::Loss);
     }
     let (grad_logits, out) = if call == Call::InPlace {
         let mut copy = data.logits.clone();

@@ -12,7 +12,9 @@ use ndarray::{Array1, Array2};
 use logprobe_kernels::candle::candle_log_softmax;
 use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
 use logprobe_reference::oracle::{Oracle, Tier};
-use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Logits, Options, Problem};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, EntropyLogits, Logits, Options, Output, Problem,
+};
 use logprobe_testkit::registry;
 
 use logprobe_testkit::memory::{allocator_installed, budget, peak_extra};
@@ -103,12 +105,9 @@ pub(crate) fn run_in_pool(config: &BenchConfig) -> Result<BenchReport, BenchErro
     let tokens = Array1::from_shape_fn(n, |i| ((i as u64 * 2_654_435_761) % v as u64) as i64);
     let g = Array1::from_elem(n, -1.0);
     let h = Array1::from_elem(n, 0.25);
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: None,
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view());
     let with_entropy = Options {
         entropy: Some(EntropyLogits::Unmasked),
         ..Options::default()
@@ -362,12 +361,9 @@ pub(crate) fn oracle_costs(v: usize, reps: usize) -> Result<Vec<OracleResult>, B
     let xb = x32.mapv(bf16::from_f32);
     let tokens = Array1::from_elem(1, (v / 3) as i64);
     let (g, h) = (Array1::from_elem(1, -1.0), Array1::from_elem(1, 0.25));
-    let cot = Cotangents {
-        grad_log_probs: Some(g.view()),
-        grad_entropy: Some(h.view()),
-        grad_topk_log_probs: None,
-        ..Default::default()
-    };
+    let cot = Cotangents::default()
+        .with_column(Output::LogProbs, g.view())
+        .with_column(Output::Entropy, h.view());
     let err = |e: logprobe_reference::spec::SpecError| BenchError::Kernel {
         kernel: "oracle".into(),
         message: e.to_string(),

@@ -21,7 +21,9 @@ use ndarray::Array2;
 
 use logprobe_reference::oracle::fast::{FastOptions, FastRow, RowCotangents};
 use logprobe_reference::oracle::{Exact, Fallback, Oracle, OracleForward, RowStats, Tier};
-use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, PolicyTerm, Problem, SpecError};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, EntropyLogits, Output, PolicyTerm, Problem, SpecError,
+};
 
 /// The oracle values of one row of a one-row problem, from one pass.
 pub(crate) struct RowOracle<'p, 'a> {
@@ -148,9 +150,9 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         // (`grad_forward_kl`, `grad_reverse_kl`) it has, as slopes on the
         // top-k log-probs ([`FastRow::kl_slopes`]), unless they are not
         // finite there.
-        let loss_side = cotangents.grad_lse.is_some()
-            || cotangents.grad_z_loss.is_some()
-            || cotangents.grad_loss.is_some()
+        let loss_side = cotangents.column(Output::Lse).is_some()
+            || cotangents.column(Output::ZLoss).is_some()
+            || cotangents.column(Output::Loss).is_some()
             || PolicyTerm::ALL
                 .iter()
                 .any(|&t| cotangents.policy(t).is_some());
@@ -176,14 +178,14 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             }
         };
         let gk: Vec<f64> = cotangents
-            .grad_topk_log_probs
+            .get(Output::TopkLogProbs)
             .map_or(Vec::new(), |a| a.row(0).to_vec());
         let rc = RowCotangents {
-            g: match cotangents.grad_log_probs {
+            g: match cotangents.column(Output::LogProbs) {
                 Some(g) if self.problem.has_target(0) => g[0],
                 _ => 0.0,
             },
-            h: cotangents.grad_entropy.map_or(0.0, |h| h[0]),
+            h: cotangents.column(Output::Entropy).map_or(0.0, |h| h[0]),
             topk: &gk,
             kl,
             kl_w: kl_w.as_ref().map_or(&[], |w| &w.0),

@@ -99,11 +99,9 @@ fn cotangents<'a>(c: &'a Case, which: Which) -> Cotangents<'a> {
         Which::Reverse => (false, true),
         Which::Both => (true, true),
     };
-    Cotangents {
-        grad_forward_kl: f.then(|| c.gf.view()),
-        grad_reverse_kl: r.then(|| c.gr.view()),
-        ..Default::default()
-    }
+    Cotangents::default()
+        .with_column(Output::ForwardKl, f.then(|| c.gf.view()))
+        .with_column(Output::ReverseKl, r.then(|| c.gr.view()))
 }
 
 /// Judges `grad` against the exact `dx` under `model` ([`common::judge`]),
@@ -221,10 +219,7 @@ fn planted(
             w[[r, i]] = x as f64;
         }
     }
-    let cot = Cotangents {
-        grad_topk_log_probs: Some(w.view()),
-        ..Default::default()
-    };
+    let cot = Cotangents::default().with(Output::TopkLogProbs, w.view());
     k.backward(p, &cot, Dtype::F32).unwrap()
 }
 

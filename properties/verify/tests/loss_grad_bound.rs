@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::{Exact, Oracle};
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LossOptions, MeanAllIgnored, Problem, Reduction,
+    Cotangents, Dtype, Logits, LossOptions, MeanAllIgnored, Output, Problem, Reduction,
 };
 use logprobe_verify::tolerance::{
     ErrorBound, GradCotangents, LossGradCotangents, Model, RowContext,
@@ -74,15 +74,16 @@ fn problem<'a>(c: &'a Case, l: Logits<'a>, red: Reduction, eps: f64, masked: boo
 }
 
 fn cot<'a>(c: &'a Case, red: Reduction) -> Cotangents<'a> {
-    Cotangents {
-        grad_lse: Some(c.a.view()),
-        grad_z_loss: Some(c.b.view()),
-        grad_loss: Some(match red {
-            Reduction::None => c.g_rows.view(),
-            _ => c.g_one.view(),
-        }),
-        ..Default::default()
-    }
+    Cotangents::default()
+        .with_column(Output::Lse, c.a.view())
+        .with_column(Output::ZLoss, c.b.view())
+        .with_column(
+            Output::Loss,
+            match red {
+                Reduction::None => c.g_rows.view(),
+                _ => c.g_one.view(),
+            },
+        )
 }
 
 /// The bound's loss-side cotangents of row `r` (what verify builds).
@@ -103,8 +104,8 @@ fn loss_cot<'a>(p: &Problem<'a>, cot: &Cotangents<'_>, r: usize) -> LossGradCota
     };
     let v = p.logits.dim().1;
     LossGradCotangents {
-        a: cot.grad_lse.map_or(0.0, |a| a[r]),
-        zb: 2.0 * COEF * cot.grad_z_loss.map_or(0.0, |b| b[r]),
+        a: cot.column(Output::Lse).map_or(0.0, |a| a[r]),
+        zb: 2.0 * COEF * cot.column(Output::ZLoss).map_or(0.0, |b| b[r]),
         ell,
         mean_rows: (ce.reduction == Reduction::Mean).then_some(N),
         eps: ce.effective_label_smoothing(acc).unwrap(),
@@ -207,20 +208,14 @@ fn correct_kernels_pass_and_bugs_fail() {
                     let model = Model::declared(&k.algorithm(&shape));
                     // Bug 1: the z-loss gradient without its factor 2.
                     let half_b = c.b.mapv(|b| b / 2.0);
-                    let bug1 = Cotangents {
-                        grad_z_loss: Some(half_b.view()),
-                        ..cot
-                    };
+                    let bug1 = cot.with_column(Output::ZLoss, half_b.view());
                     let g1 = k.backward(&p, &bug1, out).unwrap();
                     caught[0] += judge(&p, &cot, &model, &g1, &dx, out).fails;
                     // Bug 2: the mean divided by N, not by the counted weight.
                     if red == Reduction::Mean {
                         let w_sum: f64 = p.loss_divisor_terms().unwrap().sum();
                         let scaled = Array1::from(vec![c.g_one[0] * w_sum / N as f64]);
-                        let bug2 = Cotangents {
-                            grad_loss: Some(scaled.view()),
-                            ..cot
-                        };
+                        let bug2 = cot.with_column(Output::Loss, scaled.view());
                         let g2 = k.backward(&p, &bug2, out).unwrap();
                         caught[1] += judge(&p, &cot, &model, &g2, &dx, out).fails;
                     }

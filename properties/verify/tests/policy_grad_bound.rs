@@ -84,18 +84,9 @@ fn cot_values(n: usize, seed: u64) -> Array1<f64> {
 }
 
 fn cotangents<'a>(terms: &[PolicyTerm], c: &'a Array1<f64>) -> Cotangents<'a> {
-    let mut cot = Cotangents::default();
-    for t in terms {
-        let v = Some(c.view());
-        match t {
-            PolicyTerm::K1 => cot.grad_kl_k1 = v,
-            PolicyTerm::K2 => cot.grad_kl_k2 = v,
-            PolicyTerm::K3 => cot.grad_kl_k3 = v,
-            PolicyTerm::Abs => cot.grad_kl_abs = v,
-            PolicyTerm::Ratio => cot.grad_ratio = v,
-        }
-    }
-    cot
+    terms.iter().fold(Cotangents::default(), |cot, t| {
+        cot.with_column(t.output(), c.view())
+    })
 }
 
 /// Judges `grad` against the exact `dx` under `model` ([`common::judge`]),
@@ -234,19 +225,13 @@ fn wrong_derivatives_fail() {
         let d = lp[[r, 0]] - c.refs[r];
         Dtype::F32.round_f64(g[r] * -d.exp_m1())
     });
-    let bug = Cotangents {
-        grad_log_probs: Some(wrong.view()),
-        ..Default::default()
-    };
+    let bug = Cotangents::default().with_column(Output::LogProbs, wrong.view());
     let grad = k.backward(&p, &bug, Dtype::F32).unwrap();
     let k3 = judge(&p, &cot, &model, &grad, &dx, Dtype::F32);
     // The ratio's gradient without the ratio factor: `c` for `c ratio`.
     let cot = cotangents(&[PolicyTerm::Ratio], &g);
     let dx = o.vjp(&p, &cot, Dtype::F32).unwrap();
-    let bug = Cotangents {
-        grad_log_probs: Some(g.view()),
-        ..Default::default()
-    };
+    let bug = Cotangents::default().with_column(Output::LogProbs, g.view());
     let grad = k.backward(&p, &bug, Dtype::F32).unwrap();
     let ratio = judge(&p, &cot, &model, &grad, &dx, Dtype::F32);
     println!("wrong k3 slope: {k3:?}; ratio factor missing: {ratio:?}");

@@ -126,15 +126,15 @@ fn judge(
                 "topk",
             );
         }
-        let gk = cot.grad_topk_log_probs.unwrap();
+        let gk = cot.get(Output::TopkLogProbs).unwrap();
         let live = GradCotangents::live_topk(
             ids.row(r).iter().copied(),
             gk.row(r).iter().copied(),
             |_| true,
         );
         let gc = GradCotangents {
-            g: cot.grad_log_probs.unwrap()[r],
-            h: cot.grad_entropy.unwrap()[r],
+            g: cot.column(Output::LogProbs).unwrap()[r],
+            h: cot.column(Output::Entropy).unwrap()[r],
             token: Some(p.tokens.unwrap()[r] as usize),
             topk: &live,
             loss: None,
@@ -192,12 +192,10 @@ fn problems(c: &Case) -> Vec<(Problem<'_>, Dtype)> {
 }
 
 fn cot(c: &Case) -> Cotangents<'_> {
-    Cotangents {
-        grad_log_probs: Some(c.g.view()),
-        grad_entropy: Some(c.h.view()),
-        grad_topk_log_probs: Some(c.gk.view()),
-        ..Default::default()
-    }
+    Cotangents::default()
+        .with_column(Output::LogProbs, c.g.view())
+        .with_column(Output::Entropy, c.h.view())
+        .with(Output::TopkLogProbs, c.gk.view())
 }
 
 #[test]

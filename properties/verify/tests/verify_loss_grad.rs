@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::Oracle;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LossOptions, MeanAllIgnored, Problem, Reduction, SpecError,
+    Cotangents, Dtype, Logits, LossOptions, MeanAllIgnored, Output, Problem, Reduction, SpecError,
 };
 use logprobe_verify::dump::{serialize_dump, Dump, DumpError, DumpTensor};
 use logprobe_verify::keys;
@@ -92,15 +92,16 @@ impl Case {
     }
 
     fn cot(&self, red: Reduction) -> Cotangents<'_> {
-        Cotangents {
-            grad_lse: Some(self.a.view()),
-            grad_z_loss: Some(self.b.view()),
-            grad_loss: Some(match red {
-                Reduction::None => self.g_rows.view(),
-                _ => self.g_one.view(),
-            }),
-            ..Default::default()
-        }
+        Cotangents::default()
+            .with_column(Output::Lse, self.a.view())
+            .with_column(Output::ZLoss, self.b.view())
+            .with_column(
+                Output::Loss,
+                match red {
+                    Reduction::None => self.g_rows.view(),
+                    _ => self.g_one.view(),
+                },
+            )
     }
 
     /// The dump of `grad` (in `out`) for `p`'s options and cotangents
@@ -155,9 +156,9 @@ impl Case {
             ),
         ];
         for (name, g, shape) in [
-            ("grad_lse", cot.grad_lse, &[N][..]),
-            ("grad_z_loss", cot.grad_z_loss, &[N][..]),
-            ("grad_loss", cot.grad_loss, scalar),
+            ("grad_lse", cot.column(Output::Lse), &[N][..]),
+            ("grad_z_loss", cot.column(Output::ZLoss), &[N][..]),
+            ("grad_loss", cot.column(Output::Loss), scalar),
         ] {
             if let Some(g) = g {
                 tensors.push((name, DumpTensor::floats(Dtype::F64, shape, &g.to_vec())));
@@ -284,10 +285,7 @@ fn loss_gradient_bugs_fail() {
         let bug = k
             .backward(
                 &p,
-                &Cotangents {
-                    grad_z_loss: Some(half_b.view()),
-                    ..cot
-                },
+                &cot.with_column(Output::ZLoss, half_b.view()),
                 Dtype::F32,
             )
             .unwrap();
@@ -301,10 +299,7 @@ fn loss_gradient_bugs_fail() {
         let bug = k
             .backward(
                 &p,
-                &Cotangents {
-                    grad_loss: Some(scaled.view()),
-                    ..cot
-                },
+                &cot.with_column(Output::Loss, scaled.view()),
                 Dtype::F32,
             )
             .unwrap();
@@ -313,10 +308,7 @@ fn loss_gradient_bugs_fail() {
         // Label smoothing differentiated on the ignored rows too (their
         // smoothing term kept: `g w eps (p_j - [j in A] / |A|) / T`).
         let p = c.problem(dtype, Reduction::None, 0.1);
-        let cot = Cotangents {
-            grad_loss: Some(c.g_rows.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default().with_column(Output::Loss, c.g_rows.view());
         let good = k.backward(&p, &cot, Dtype::F32).unwrap();
         let ignored: Vec<usize> = (0..N).filter(|&r| !p.has_target(r)).collect();
         let tokens = Array1::from_shape_fn(N, |r| ((r * 7) % V) as i64);
@@ -332,10 +324,7 @@ fn loss_gradient_bugs_fail() {
         let extra = k
             .backward(
                 &q,
-                &Cotangents {
-                    grad_loss: Some(g_ign.view()),
-                    ..Default::default()
-                },
+                &Cotangents::default().with_column(Output::Loss, g_ign.view()),
                 Dtype::F32,
             )
             .unwrap();
@@ -361,10 +350,7 @@ fn misshapen_loss_cotangents_are_typed_errors() {
     let grad = Array2::zeros((N, V));
     // `[N]` under `mean`, `[]` under `none`: the shape follows the reduction.
     let mean = c.problem(Dtype::F32, Reduction::Mean, 0.0);
-    let rows = Cotangents {
-        grad_loss: Some(c.g_rows.view()),
-        ..Default::default()
-    };
+    let rows = Cotangents::default().with_column(Output::Loss, c.g_rows.view());
     let e = err(c.dump_shaped(&mean, &rows, &grad, Dtype::F32, true, &[N]));
     assert!(
         matches!(
@@ -377,10 +363,7 @@ fn misshapen_loss_cotangents_are_typed_errors() {
         "{e}"
     );
     let none = c.problem(Dtype::F32, Reduction::None, 0.0);
-    let one = Cotangents {
-        grad_loss: Some(c.g_one.view()),
-        ..Default::default()
-    };
+    let one = Cotangents::default().with_column(Output::Loss, c.g_one.view());
     let e = err(c.dump_shaped(&none, &one, &grad, Dtype::F32, true, &[]));
     assert!(
         matches!(

@@ -94,7 +94,10 @@ use ndarray::Array2;
 
 use rayon::prelude::*;
 
-use crate::spec::{Cotangents, Dtype, EntropyLogits, Output, PerOutput, Problem, Shape, SpecError};
+use crate::spec::{
+    Cotangents, Dtype, EntropyLogits, Family, LossTerm, Output, PerOutput, Problem, RowStat, Shape,
+    SpecError,
+};
 
 /// An outward f64 enclosure `[lo, hi]` of an exact real (`lo <= x <= hi`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -413,42 +416,39 @@ impl Oracle {
             let sums = row::pass(row, prec, false, None);
             let vals = row::values(row, &sums, prec);
             let lse = rounder.exact(&vals.lse, target);
-            let values = PerOutput::for_requested(problem, |o| match o {
+            let values = PerOutput::for_requested(problem, |o| match o.family() {
                 // No log-prob bounds on an `ignore_index` row: defined as 0.
-                Output::LogProbs => vec![vals
+                Family::LogSoftmax(RowStat::LogProb) => vec![vals
                     .log_prob
                     .as_ref()
                     .map_or(Exact::point(0.0), |b| rounder.exact(b, target))],
-                Output::Entropy => vals
+                Family::LogSoftmax(RowStat::Entropy) => vals
                     .entropy
                     .iter()
                     .map(|b| rounder.exact(b, target))
                     .collect(),
-                Output::TopkLogProbs => {
-                    vals.topk.iter().map(|b| rounder.exact(b, target)).collect()
+                Family::TopK => vals.topk.iter().map(|b| rounder.exact(b, target)).collect(),
+                Family::Gradient => Vec::new(),
+                Family::Loss(LossTerm::Lse) => vec![lse],
+                Family::Loss(LossTerm::ZLoss) => {
+                    vec![z_loss_mpfr(problem, &vals.lse, prec, &mut rounder, target)]
                 }
-                Output::GradLogits => Vec::new(),
-                Output::Lse => vec![lse],
-                Output::ZLoss => vec![z_loss_mpfr(problem, &vals.lse, prec, &mut rounder, target)],
-                Output::Loss => {
+                Family::Loss(LossTerm::CrossEntropy) => {
                     let eps = loss::label_smoothing(problem);
                     let t = loss::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
                     vec![rounder.exact(&t, target)]
                 }
-                Output::ForwardKl | Output::ReverseKl => {
+                Family::TopkKl(dir) => {
                     let kl = problem.options.topk_kl.expect("requested");
-                    let e = topk_kl::kl_mpfr(&vals.topk, &row.teacher, &kl, kl_direction(o), prec);
+                    let e = topk_kl::kl_mpfr(&vals.topk, &row.teacher, &kl, dir, prec);
                     vec![rounder.exact(&e, target)]
                 }
                 // No log-prob on an `ignore_index` row: its terms are 0.
-                o => {
-                    let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
-                    vec![vals
-                        .log_prob
-                        .as_ref()
-                        .and_then(|lp| policy::term_mpfr(term, &row.policy, lp, prec))
-                        .map_or(Exact::point(0.0), |b| rounder.exact(&b, target))]
-                }
+                Family::Policy(term) => vec![vals
+                    .log_prob
+                    .as_ref()
+                    .and_then(|lp| policy::term_mpfr(term, &row.policy, lp, prec))
+                    .map_or(Exact::point(0.0), |b| rounder.exact(&b, target))],
             });
             let rf = RowForward {
                 lse,
@@ -520,7 +520,7 @@ impl Oracle {
         // The mean's divisor `W`, summed exactly (every f64 term fits):
         // the whole problem's when the cotangents carry it (a view of some
         // of its rows), else this problem's rows'.
-        let den = match (cotangents.grad_loss, problem.loss_divisor_terms()) {
+        let den = match (cotangents.get(Output::Loss), problem.loss_divisor_terms()) {
             (Some(_), Some(terms)) => {
                 let mut w = rug::Float::new(vjp::EXACT_SUM_PREC);
                 match cotangents.loss_divisor {
@@ -545,16 +545,16 @@ impl Oracle {
                     count: (0..v).filter(|&j| problem.allowed(r, j)).count() as u64,
                 });
             let cot = vjp::RowCot {
-                g: match (cotangents.grad_log_probs, problem.has_target(r)) {
+                g: match (cotangents.column(Output::LogProbs), problem.has_target(r)) {
                     (Some(g), true) => g[r],
                     _ => 0.0,
                 },
-                h: cotangents.grad_entropy.map_or(0.0, |h| h[r]),
+                h: cotangents.column(Output::Entropy).map_or(0.0, |h| h[r]),
                 gk: cotangents
-                    .grad_topk_log_probs
+                    .get(Output::TopkLogProbs)
                     .map_or(Vec::new(), |gk| gk.row(r).to_vec()),
-                lse: cotangents.grad_lse.map_or(0.0, |a| a[r]),
-                z_loss: cotangents.grad_z_loss.map_or(0.0, |b| b[r]),
+                lse: cotangents.column(Output::Lse).map_or(0.0, |a| a[r]),
+                z_loss: cotangents.column(Output::ZLoss).map_or(0.0, |b| b[r]),
                 z_loss_coef,
                 loss,
                 policy: problem.policy_cotangents(cotangents, r),
@@ -801,36 +801,29 @@ fn fast_values(
     let (mut log_prob, mut entropy, mut topk) =
         (Some(ff.log_prob), Some(ff.entropy), Some(ff.topk));
     let lse = ff.lse;
-    PerOutput::for_requested(problem, |o| match o {
-        Output::LogProbs => vec![log_prob.take().flatten().unwrap_or(Some(Exact::point(0.0)))],
-        Output::Entropy => entropy.take().flatten().into_iter().collect(),
-        Output::TopkLogProbs => topk.take().unwrap_or_default(),
-        Output::GradLogits => Vec::new(),
-        Output::Lse => vec![lse],
-        Output::ZLoss => vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))],
-        Output::Loss => vec![fast
+    PerOutput::for_requested(problem, |o| match o.family() {
+        Family::LogSoftmax(RowStat::LogProb) => {
+            vec![log_prob.take().flatten().unwrap_or(Some(Exact::point(0.0)))]
+        }
+        Family::LogSoftmax(RowStat::Entropy) => entropy.take().flatten().into_iter().collect(),
+        Family::TopK => topk.take().unwrap_or_default(),
+        Family::Gradient => Vec::new(),
+        Family::Loss(LossTerm::Lse) => vec![lse],
+        Family::Loss(LossTerm::ZLoss) => {
+            vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))]
+        }
+        Family::Loss(LossTerm::CrossEntropy) => vec![fast
             .loss_term(loss::label_smoothing(problem))
             .and_then(|l| loss::decide_term(l, target))],
-        Output::ForwardKl | Output::ReverseKl => vec![kl_fast(problem, fast, o, target)],
-        o => {
-            let term = crate::spec::PolicyTerm::of(o).expect("a policy output");
-            vec![match fast.log_prob() {
-                // No log-prob on an `ignore_index` row: its terms are 0.
-                None => Some(Exact::point(0.0)),
-                Some(_) if !fast.applicable() => None,
-                Some(lp) => policy::term_fast(term, &fast.prepared().policy, lp)
-                    .and_then(|iv| policy::decide_term(term, iv, target)),
-            }]
-        }
+        Family::TopkKl(dir) => vec![kl_fast(problem, fast, dir, target)],
+        Family::Policy(term) => vec![match fast.log_prob() {
+            // No log-prob on an `ignore_index` row: its terms are 0.
+            None => Some(Exact::point(0.0)),
+            Some(_) if !fast.applicable() => None,
+            Some(lp) => policy::term_fast(term, &fast.prepared().policy, lp)
+                .and_then(|iv| policy::decide_term(term, iv, target)),
+        }],
     })
-}
-
-/// The KL term an output names.
-fn kl_direction(o: Output) -> topk_kl::Direction {
-    match o {
-        Output::ReverseKl => topk_kl::Direction::Reverse,
-        _ => topk_kl::Direction::Forward,
-    }
 }
 
 /// `forward_kl` / `reverse_kl` of a row on the f64 tier
@@ -839,14 +832,14 @@ fn kl_direction(o: Output) -> topk_kl::Direction {
 fn kl_fast(
     problem: &Problem<'_>,
     fast: &fast::FastRow<'_>,
-    o: Output,
+    dir: topk_kl::Direction,
     target: Dtype,
 ) -> Option<Exact> {
     let kl = problem.options.topk_kl?;
     if !fast.applicable() {
         return None;
     }
-    let e = topk_kl::kl_fast(&fast.topk(), &fast.prepared().teacher, &kl, kl_direction(o))?;
+    let e = topk_kl::kl_fast(&fast.topk(), &fast.prepared().teacher, &kl, dir)?;
     if e.lo == f64::INFINITY {
         return Some(Exact::point(f64::INFINITY));
     }

@@ -38,14 +38,8 @@ use super::mpfr_interval::MpfrInterval;
 use super::Interval;
 use crate::spec::TopkKl;
 
-/// Which of the two KL terms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Direction {
-    /// `sum_k t_k (a_k - l_k)`.
-    Forward,
-    /// `sum_k p_k (l_k - a_k)`.
-    Reverse,
-}
+/// Which of the two KL terms (the spec's).
+pub(crate) use crate::spec::KlDirection as Direction;
 
 /// Whether an enclosure is the point `-inf` (a student log-prob of an id
 /// whose logit is `-inf`).

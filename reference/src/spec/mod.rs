@@ -4,22 +4,28 @@
 //! model reads, and the [`Output`] seam every layer keys its results by. Plain Rust: no MPFR here.
 
 mod algorithm;
+mod cotangents;
 mod dtype;
 mod error;
 mod loss;
 mod output;
+mod output_set;
+mod per_output;
 mod policy;
 mod problem;
 mod topk_kl;
 
 pub use algorithm::{ceil_log2, Algorithm, EntropyForm, Shift, Summation};
+pub use cotangents::Cotangents;
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, MeanDivisor, Reduction};
-pub use output::{Columns, Output, PerOutput};
+pub use output::{Columns, Family, LossTerm, Output, RowStat};
+pub use output_set::OutputSet;
+pub use per_output::PerOutput;
 pub use policy::{PolicyClamps, PolicyInputs, PolicyRow, PolicyTerm};
 pub use problem::{
-    Cotangents, EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, ProblemOf, Shape,
-    SoftcapDtype, TemperatureDtype, DEFAULT_IGNORE_INDEX,
+    EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, ProblemOf, Shape, SoftcapDtype,
+    TemperatureDtype, DEFAULT_IGNORE_INDEX,
 };
-pub use topk_kl::{check_teacher_row, first_duplicate, teacher_mass_lower, TopkKl};
+pub use topk_kl::{check_teacher_row, first_duplicate, teacher_mass_lower, KlDirection, TopkKl};

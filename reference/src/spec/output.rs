@@ -21,56 +21,229 @@
 //! (`w_r * l_r`, an exact 0 on ignored rows), which under `none` are the
 //! output itself.
 
-use ndarray::{Array2, ArrayView1, ArrayView2, Axis};
+//!
+//! # One table
+//!
+//! [`for_each_output!`](crate::for_each_output) holds the one list of
+//! outputs: variant, dump name, cotangent name, columns and [`Family`].
+//! The enum, [`Output::ALL`], the names, the columns and the families are
+//! generated from it here; a crate that needs an item per output expands
+//! it with a callback macro of its own. Code that does one thing per output
+//! matches on [`Output`] or [`Output::family`] without a catch-all arm
+//! (`scripts/check-output-arms.sh` keeps it so), so a new output is a
+//! compile error wherever it is not handled yet.
 
+use ndarray::ArrayView2;
+
+use super::cotangents::Cotangents;
 use super::loss::Reduction;
-use super::problem::{Cotangents, Problem, Shape};
+use super::policy::PolicyTerm;
+use super::problem::{Problem, Shape};
+use super::topk_kl::KlDirection;
 
-/// One output of the problem (docs/design.md, "The math"; names as in the dump
-/// format, `docs/dump-from-pytorch.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Output {
-    /// `log_probs [N]` (stored `[N, 1]`): `log softmax(z')[token]`, nats.
-    LogProbs,
-    /// `entropy [N]` (stored `[N, 1]`): `-sum softmax(w) log softmax(w)`, nats.
-    Entropy,
-    /// `topk_log_probs [N, K]`: `log softmax(z')[topk_ids]`, nats (`-inf`
-    /// for a masked id).
-    TopkLogProbs,
-    /// `grad_logits [N, V_total]`: the VJP of the cotangent-weighted
-    /// forward outputs, nats per logit unit (padded columns 0).
-    GradLogits,
-    /// `lse [N]` (stored `[N, 1]`): `logsumexp(z')` per row, nats.
-    Lse,
-    /// `z_loss [N]` (stored `[N, 1]`): `z_loss_coef * lse^2` per row
-    /// (docs/design.md, "The loss side"; reduction `none`, every row).
-    ZLoss,
-    /// `loss`: the cross-entropy (docs/design.md, "The loss side";
-    /// [`crate::spec::CrossEntropy`]), nats. Under `reduction = none`
-    /// `[N]` (stored `[N, 1]`): `w_r * l_r`, exactly 0 on `ignore_index`
-    /// rows; under `sum` / `mean` one value for the problem
-    /// ([`Output::reduced`]), the per-row values `[N, 1]` being the terms
-    /// it reduces.
-    Loss,
-    /// `kl_k1 [N]` (stored `[N, 1]`): `d = log_prob - ref_log_probs`, nats
-    /// (docs/design.md, "The loss side"; [`crate::spec::PolicyTerm`]).
-    KlK1,
-    /// `kl_k2 [N]`: `d^2 / 2`, nats squared.
-    KlK2,
-    /// `kl_k3 [N]`: `expm1(-d_c) + d_c` under the KL clamps, nats.
-    KlK3,
-    /// `kl_abs [N]`: `|d|`, nats.
-    KlAbs,
-    /// `ratio [N]`: `exp(clamp(log_prob - old_log_probs))`, dimensionless.
-    Ratio,
-    /// `forward_kl [N]` (stored `[N, 1]`): `sum_k e^{a_k} (a_k - log
-    /// p(id_k))` over the teacher's top-k (docs/design.md, "The loss side";
-    /// [`crate::spec::TopkKl`]), nats.
-    ForwardKl,
-    /// `reverse_kl [N]` (stored `[N, 1]`): `sum_k p(id_k) (log p(id_k) -
-    /// a_k)` over the same support, nats.
-    ReverseKl,
+/// The one table of outputs (module docs), in report order: expands
+/// `$callback! { ... }` with one entry per output,
+///
+/// ```text
+/// /// docs
+/// Variant { name: "dump_name", cotangent: Some("grad_dump_name") | None,
+///           columns: Columns::.., family: Family::.. },
+/// ```
+///
+/// the paths written `$crate::spec::..`. A crate that needs an item per
+/// output (a dispatch arm, a keyword, a table row) expands it with its own
+/// callback instead of listing the outputs again.
+///
+/// ```
+/// macro_rules! names {
+///     ($($(#[$doc:meta])* $variant:ident { name: $name:literal, $($rest:tt)* },)*) => {
+///         [$($name),*]
+///     };
+/// }
+/// let names = logprobe_reference::for_each_output!(names);
+/// assert_eq!(names.len(), logprobe_reference::spec::Output::COUNT);
+/// assert_eq!(names[0], "log_probs");
+/// ```
+#[macro_export]
+macro_rules! for_each_output {
+    ($callback:ident) => {
+        $callback! {
+            /// `log_probs [N]` (stored `[N, 1]`): `log softmax(z')[token]`, nats.
+            LogProbs {
+                name: "log_probs",
+                cotangent: Some("grad_log_probs"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::LogSoftmax($crate::spec::RowStat::LogProb),
+            },
+            /// `entropy [N]` (stored `[N, 1]`): `-sum softmax(w) log softmax(w)`, nats.
+            Entropy {
+                name: "entropy",
+                cotangent: Some("grad_entropy"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::LogSoftmax($crate::spec::RowStat::Entropy),
+            },
+            /// `topk_log_probs [N, K]`: `log softmax(z')[topk_ids]`, nats (`-inf`
+            /// for a masked id).
+            TopkLogProbs {
+                name: "topk_log_probs",
+                cotangent: Some("grad_topk_log_probs"),
+                columns: $crate::spec::Columns::TopK,
+                family: $crate::spec::Family::TopK,
+            },
+            /// `grad_logits [N, V_total]`: the VJP of the cotangent-weighted
+            /// forward outputs, nats per logit unit (padded columns 0).
+            GradLogits {
+                name: "grad_logits",
+                cotangent: None,
+                columns: $crate::spec::Columns::Vocabulary,
+                family: $crate::spec::Family::Gradient,
+            },
+            /// `lse [N]` (stored `[N, 1]`): `logsumexp(z')` per row, nats.
+            Lse {
+                name: "lse",
+                cotangent: Some("grad_lse"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Loss($crate::spec::LossTerm::Lse),
+            },
+            /// `z_loss [N]` (stored `[N, 1]`): `z_loss_coef * lse^2` per row
+            /// (docs/design.md, "The loss side"; reduction `none`, every row).
+            ZLoss {
+                name: "z_loss",
+                cotangent: Some("grad_z_loss"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Loss($crate::spec::LossTerm::ZLoss),
+            },
+            /// `loss`: the cross-entropy (docs/design.md, "The loss side";
+            /// [`CrossEntropy`](crate::spec::CrossEntropy)), nats. Under `reduction = none`
+            /// `[N]` (stored `[N, 1]`): `w_r * l_r`, exactly 0 on `ignore_index`
+            /// rows; under `sum` / `mean` one value for the problem
+            /// ([`Output::reduced`](crate::spec::Output::reduced)), the per-row values `[N, 1]` being the terms
+            /// it reduces.
+            Loss {
+                name: "loss",
+                cotangent: Some("grad_loss"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Loss($crate::spec::LossTerm::CrossEntropy),
+            },
+            /// `kl_k1 [N]` (stored `[N, 1]`): `d = log_prob - ref_log_probs`, nats
+            /// (docs/design.md, "The loss side"; [`PolicyTerm`](crate::spec::PolicyTerm)).
+            KlK1 {
+                name: "kl_k1",
+                cotangent: Some("grad_kl_k1"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Policy($crate::spec::PolicyTerm::K1),
+            },
+            /// `kl_k2 [N]`: `d^2 / 2`, nats squared.
+            KlK2 {
+                name: "kl_k2",
+                cotangent: Some("grad_kl_k2"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Policy($crate::spec::PolicyTerm::K2),
+            },
+            /// `kl_k3 [N]`: `expm1(-d_c) + d_c` under the KL clamps, nats.
+            KlK3 {
+                name: "kl_k3",
+                cotangent: Some("grad_kl_k3"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Policy($crate::spec::PolicyTerm::K3),
+            },
+            /// `kl_abs [N]`: `|d|`, nats.
+            KlAbs {
+                name: "kl_abs",
+                cotangent: Some("grad_kl_abs"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Policy($crate::spec::PolicyTerm::Abs),
+            },
+            /// `ratio [N]`: `exp(clamp(log_prob - old_log_probs))`, dimensionless.
+            Ratio {
+                name: "ratio",
+                cotangent: Some("grad_ratio"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Policy($crate::spec::PolicyTerm::Ratio),
+            },
+            /// `forward_kl [N]` (stored `[N, 1]`): `sum_k e^{a_k} (a_k - log
+            /// p(id_k))` over the teacher's top-k (docs/design.md, "The loss side";
+            /// [`TopkKl`](crate::spec::TopkKl)), nats.
+            ForwardKl {
+                name: "forward_kl",
+                cotangent: Some("grad_forward_kl"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::TopkKl($crate::spec::KlDirection::Forward),
+            },
+            /// `reverse_kl [N]` (stored `[N, 1]`): `sum_k p(id_k) (log p(id_k) -
+            /// a_k)` over the same support, nats.
+            ReverseKl {
+                name: "reverse_kl",
+                cotangent: Some("grad_reverse_kl"),
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::TopkKl($crate::spec::KlDirection::Reverse),
+            },
+        }
+    };
 }
+
+/// The callback of [`for_each_output!`](crate::for_each_output) that
+/// defines [`Output`] and its table facts.
+macro_rules! define_outputs {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident {
+            name: $name:literal,
+            cotangent: $cotangent:expr,
+            columns: $columns:expr,
+            family: $family:expr,
+        },
+    )*) => {
+        /// One output of the problem (docs/design.md, "The math"; names as
+        /// in the dump format, `docs/dump-from-pytorch.md`), from the table
+        /// [`for_each_output!`](crate::for_each_output).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Output {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Output {
+            /// Every output, in report order (the table's).
+            pub const ALL: [Output; Output::COUNT] = [$(Output::$variant),*];
+
+            /// How many outputs there are.
+            pub const COUNT: usize = [$(Output::$variant),*].len();
+
+            /// The tensor name (dump format, reports): `log_probs`,
+            /// `entropy`, `topk_log_probs`, `grad_logits`, ...
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Output::$variant => $name,)*
+                }
+            }
+
+            /// The tensor name of this output's upstream cotangent
+            /// (`grad_<name>`), `None` for `grad_logits` (nothing is
+            /// differentiated through it).
+            pub const fn cotangent_name(self) -> Option<&'static str> {
+                match self {
+                    $(Output::$variant => $cotangent,)*
+                }
+            }
+
+            /// What the second axis indexes.
+            pub const fn columns(self) -> Columns {
+                match self {
+                    $(Output::$variant => $columns,)*
+                }
+            }
+
+            /// The family this output belongs to, with its part in it.
+            pub const fn family(self) -> Family {
+                match self {
+                    $(Output::$variant => $family,)*
+                }
+            }
+        }
+    };
+}
+
+for_each_output!(define_outputs);
 
 /// What the second axis of an output indexes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,35 +256,57 @@ pub enum Columns {
     Vocabulary,
 }
 
+/// The families of outputs (docs/design.md, "The math" and "The loss
+/// side"), each with the part an output is of it: what the oracle, the
+/// kernels and the tolerance model dispatch on where outputs of a family
+/// share their code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `log_probs`, `entropy`: one statistic of the row's softmax.
+    LogSoftmax(RowStat),
+    /// `topk_log_probs`: the log-softmax at the top-k ids.
+    TopK,
+    /// `lse`, `z_loss`, the cross-entropy `loss`.
+    Loss(LossTerm),
+    /// `forward_kl`, `reverse_kl`: the top-k KL to a teacher
+    /// ([`TopkKl`](super::TopkKl)).
+    TopkKl(KlDirection),
+    /// `kl_k1`, `kl_k2`, `kl_k3`, `kl_abs`, `ratio` ([`PolicyTerm`]).
+    Policy(PolicyTerm),
+    /// `grad_logits`: cross-cutting, the VJP of every family's
+    /// cotangent-weighted outputs; its parts are the cotangents of
+    /// [`Output::FORWARD`] (one term per family in the VJP).
+    Gradient,
+}
+
+/// The part of [`Family::LogSoftmax`] an output is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowStat {
+    /// `log_probs`.
+    LogProb,
+    /// `entropy`.
+    Entropy,
+}
+
+/// The part of [`Family::Loss`] an output is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LossTerm {
+    /// `lse`.
+    Lse,
+    /// `z_loss`.
+    ZLoss,
+    /// The cross-entropy `loss`.
+    CrossEntropy,
+}
+
 impl Output {
-    /// How many outputs there are.
-    pub const COUNT: usize = 14;
-
-    /// Every output, in report order.
-    pub const ALL: [Output; Output::COUNT] = [
-        Output::LogProbs,
-        Output::Entropy,
-        Output::TopkLogProbs,
-        Output::GradLogits,
-        Output::Lse,
-        Output::ZLoss,
-        Output::Loss,
-        Output::KlK1,
-        Output::KlK2,
-        Output::KlK3,
-        Output::KlAbs,
-        Output::Ratio,
-        Output::ForwardKl,
-        Output::ReverseKl,
-    ];
-
     /// The outputs of a forward call (everything but gradients), in report
     /// order: [`Output::ALL`] without `grad_logits`.
     pub const FORWARD: [Output; Output::COUNT - 1] = {
         let mut forward = [Output::LogProbs; Output::COUNT - 1];
         let (mut i, mut j) = (0, 0);
         while i < Output::COUNT {
-            if !matches!(Output::ALL[i], Output::GradLogits) {
+            if !matches!(Output::ALL[i].family(), Family::Gradient) {
                 forward[j] = Output::ALL[i];
                 j += 1;
             }
@@ -121,74 +316,13 @@ impl Output {
     };
 
     /// Position in [`Output::ALL`].
-    pub fn index(self) -> usize {
+    pub const fn index(self) -> usize {
         self as usize
-    }
-
-    /// The tensor name (dump format, reports): `log_probs`, `entropy`,
-    /// `topk_log_probs`, `grad_logits`, `lse`, `z_loss`, `loss`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Output::LogProbs => "log_probs",
-            Output::Entropy => "entropy",
-            Output::TopkLogProbs => "topk_log_probs",
-            Output::GradLogits => "grad_logits",
-            Output::Lse => "lse",
-            Output::ZLoss => "z_loss",
-            Output::Loss => "loss",
-            Output::KlK1 => "kl_k1",
-            Output::KlK2 => "kl_k2",
-            Output::KlK3 => "kl_k3",
-            Output::KlAbs => "kl_abs",
-            Output::Ratio => "ratio",
-            Output::ForwardKl => "forward_kl",
-            Output::ReverseKl => "reverse_kl",
-        }
-    }
-
-    /// The tensor name of this output's upstream cotangent (`grad_<name>`),
-    /// `None` for `grad_logits` (nothing is differentiated through it).
-    pub fn cotangent_name(self) -> Option<&'static str> {
-        match self {
-            Output::LogProbs => Some("grad_log_probs"),
-            Output::Entropy => Some("grad_entropy"),
-            Output::TopkLogProbs => Some("grad_topk_log_probs"),
-            Output::GradLogits => None,
-            Output::Lse => Some("grad_lse"),
-            Output::ZLoss => Some("grad_z_loss"),
-            Output::Loss => Some("grad_loss"),
-            Output::KlK1 => Some("grad_kl_k1"),
-            Output::KlK2 => Some("grad_kl_k2"),
-            Output::KlK3 => Some("grad_kl_k3"),
-            Output::KlAbs => Some("grad_kl_abs"),
-            Output::Ratio => Some("grad_ratio"),
-            Output::ForwardKl => Some("grad_forward_kl"),
-            Output::ReverseKl => Some("grad_reverse_kl"),
-        }
     }
 
     /// Whether a forward call computes this output (all but `grad_logits`).
     pub fn is_forward(self) -> bool {
         Output::FORWARD.contains(&self)
-    }
-
-    /// What the second axis indexes.
-    pub fn columns(self) -> Columns {
-        match self {
-            Output::LogProbs
-            | Output::Entropy
-            | Output::Lse
-            | Output::ZLoss
-            | Output::Loss
-            | Output::KlK1
-            | Output::KlK2
-            | Output::KlK3
-            | Output::KlAbs
-            | Output::Ratio => Columns::One,
-            Output::ForwardKl | Output::ReverseKl => Columns::One,
-            Output::TopkLogProbs => Columns::TopK,
-            Output::GradLogits => Columns::Vocabulary,
-        }
     }
 
     /// The width of this output for a problem of shape `shape`: 1, `K` or
@@ -234,7 +368,19 @@ impl Output {
                 .options
                 .loss
                 .is_some_and(|l| l.reduction != Reduction::None),
-            _ => false,
+            Output::LogProbs
+            | Output::Entropy
+            | Output::TopkLogProbs
+            | Output::GradLogits
+            | Output::Lse
+            | Output::ZLoss
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio
+            | Output::ForwardKl
+            | Output::ReverseKl => false,
         }
     }
 
@@ -273,217 +419,15 @@ impl Output {
     }
 
     /// This output's upstream cotangent in `cotangents`, as `[N, width]`
-    /// (`[1, 1]` for a [reduced](Output::reduced) `loss`).
+    /// (`[1, 1]` for a [reduced](Output::reduced) `loss`; `None` for
+    /// `grad_logits`).
     pub fn cotangent<'a>(self, cotangents: &Cotangents<'a>) -> Option<ArrayView2<'a, f64>> {
-        let col = |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.insert_axis(Axis(1)));
-        match self {
-            Output::LogProbs => col(cotangents.grad_log_probs),
-            Output::Entropy => col(cotangents.grad_entropy),
-            Output::TopkLogProbs => cotangents.grad_topk_log_probs,
-            Output::GradLogits => None,
-            Output::Lse => col(cotangents.grad_lse),
-            Output::ZLoss => col(cotangents.grad_z_loss),
-            Output::Loss => col(cotangents.grad_loss),
-            Output::KlK1 => col(cotangents.grad_kl_k1),
-            Output::KlK2 => col(cotangents.grad_kl_k2),
-            Output::KlK3 => col(cotangents.grad_kl_k3),
-            Output::KlAbs => col(cotangents.grad_kl_abs),
-            Output::Ratio => col(cotangents.grad_ratio),
-            Output::ForwardKl => col(cotangents.grad_forward_kl),
-            Output::ReverseKl => col(cotangents.grad_reverse_kl),
-        }
+        cotangents.get(self)
     }
 }
 
 impl std::fmt::Display for Output {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl<'a> Cotangents<'a> {
-    /// The cotangents held per output (`[N, width]` each, as
-    /// [`Output::cotangent`] gives them back); `grad_logits` is ignored;
-    /// no [`Cotangents::loss_divisor`].
-    pub fn from_outputs(per: &'a PerOutput<Array2<f64>>) -> Cotangents<'a> {
-        let one = |o: Output| per.get(o).map(|a| a.column(0));
-        Cotangents {
-            grad_log_probs: one(Output::LogProbs),
-            grad_entropy: one(Output::Entropy),
-            grad_topk_log_probs: per.get(Output::TopkLogProbs).map(|a| a.view()),
-            grad_lse: one(Output::Lse),
-            grad_z_loss: one(Output::ZLoss),
-            grad_loss: one(Output::Loss),
-            loss_divisor: None,
-            grad_kl_k1: one(Output::KlK1),
-            grad_kl_k2: one(Output::KlK2),
-            grad_kl_k3: one(Output::KlK3),
-            grad_kl_abs: one(Output::KlAbs),
-            grad_ratio: one(Output::Ratio),
-            grad_forward_kl: one(Output::ForwardKl),
-            grad_reverse_kl: one(Output::ReverseKl),
-        }
-    }
-}
-
-/// One value (or none) per [`Output`]: the container every per-output
-/// quantity is held in. Iteration follows [`Output::ALL`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct PerOutput<T> {
-    slots: [Option<T>; Output::COUNT],
-}
-
-impl<T> Default for PerOutput<T> {
-    fn default() -> Self {
-        PerOutput {
-            slots: std::array::from_fn(|_| None),
-        }
-    }
-}
-
-impl<T> PerOutput<T> {
-    /// Nothing for any output.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// `f(output)` for every output.
-    pub fn from_fn(mut f: impl FnMut(Output) -> Option<T>) -> Self {
-        PerOutput {
-            slots: Output::ALL.map(&mut f),
-        }
-    }
-
-    /// `make(output)` for every forward output `problem` requests
-    /// ([`Output::requested`]).
-    pub fn for_requested(problem: &Problem<'_>, mut make: impl FnMut(Output) -> T) -> Self {
-        Self::from_fn(|o| o.requested(problem).then(|| make(o)))
-    }
-
-    /// The value of `output`, if any.
-    pub fn get(&self, output: Output) -> Option<&T> {
-        self.slots[output.index()].as_ref()
-    }
-
-    /// The value of `output`, mutably.
-    pub fn get_mut(&mut self, output: Output) -> Option<&mut T> {
-        self.slots[output.index()].as_mut()
-    }
-
-    /// Whether `output` has a value.
-    pub fn contains(&self, output: Output) -> bool {
-        self.slots[output.index()].is_some()
-    }
-
-    /// Sets `output`'s value, returning the previous one.
-    pub fn insert(&mut self, output: Output, value: T) -> Option<T> {
-        self.slots[output.index()].replace(value)
-    }
-
-    /// Removes and returns `output`'s value.
-    pub fn take(&mut self, output: Output) -> Option<T> {
-        self.slots[output.index()].take()
-    }
-
-    /// `output`'s value, inserting `make()` first when absent.
-    pub fn get_or_insert_with(&mut self, output: Output, make: impl FnOnce() -> T) -> &mut T {
-        self.slots[output.index()].get_or_insert_with(make)
-    }
-
-    /// The outputs with a value and their values, in [`Output::ALL`] order.
-    pub fn iter(&self) -> impl Iterator<Item = (Output, &T)> {
-        Output::ALL
-            .into_iter()
-            .zip(&self.slots)
-            .filter_map(|(o, v)| v.as_ref().map(|v| (o, v)))
-    }
-
-    /// As [`PerOutput::iter`], mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (Output, &mut T)> {
-        Output::ALL
-            .into_iter()
-            .zip(&mut self.slots)
-            .filter_map(|(o, v)| v.as_mut().map(|v| (o, v)))
-    }
-
-    /// The outputs with a value.
-    pub fn outputs(&self) -> impl Iterator<Item = Output> + '_ {
-        self.iter().map(|(o, _)| o)
-    }
-
-    /// How many outputs have a value.
-    pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
-    }
-
-    /// Whether no output has a value.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Each value mapped by `f(output, value)`.
-    pub fn map<U>(self, mut f: impl FnMut(Output, T) -> U) -> PerOutput<U> {
-        let mut slots = self.slots.into_iter();
-        PerOutput {
-            slots: Output::ALL.map(|o| slots.next().flatten().map(|v| f(o, v))),
-        }
-    }
-
-    /// Borrows every value.
-    pub fn as_ref(&self) -> PerOutput<&T> {
-        PerOutput {
-            slots: self.slots.each_ref().map(Option::as_ref),
-        }
-    }
-}
-
-impl<T> FromIterator<(Output, T)> for PerOutput<T> {
-    fn from_iter<I: IntoIterator<Item = (Output, T)>>(iter: I) -> Self {
-        let mut out = PerOutput::new();
-        for (o, v) in iter {
-            out.insert(o, v);
-        }
-        out
-    }
-}
-
-impl<T> IntoIterator for PerOutput<T> {
-    type Item = (Output, T);
-    type IntoIter = std::iter::FilterMap<
-        std::iter::Zip<
-            std::array::IntoIter<Output, { Output::COUNT }>,
-            std::array::IntoIter<Option<T>, { Output::COUNT }>,
-        >,
-        fn((Output, Option<T>)) -> Option<(Output, T)>,
-    >;
-    fn into_iter(self) -> Self::IntoIter {
-        fn pair<T>((o, v): (Output, Option<T>)) -> Option<(Output, T)> {
-            v.map(|v| (o, v))
-        }
-        Output::ALL
-            .into_iter()
-            .zip(self.slots)
-            .filter_map(pair as fn(_) -> _)
-    }
-}
-
-impl<T> std::ops::Index<Output> for PerOutput<T> {
-    type Output = T;
-    /// The value of `output`.
-    ///
-    /// # Panics
-    /// When `output` has no value (use [`PerOutput::get`] where it may not).
-    fn index(&self, output: Output) -> &T {
-        match self.get(output) {
-            Some(v) => v,
-            None => panic!("no {output} here"),
-        }
-    }
-}
-
-impl<T> PerOutput<Array2<T>> {
-    /// A per-row output (width 1) as `[N]`; `None` when absent.
-    pub fn per_row(&self, output: Output) -> Option<ArrayView1<'_, T>> {
-        self.get(output).map(|a| a.column(0))
     }
 }

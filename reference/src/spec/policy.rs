@@ -193,18 +193,6 @@ impl PolicyTerm {
         PolicyTerm::Ratio,
     ];
 
-    /// The term an output is (`None` for the other outputs).
-    pub fn of(output: Output) -> Option<PolicyTerm> {
-        match output {
-            Output::KlK1 => Some(PolicyTerm::K1),
-            Output::KlK2 => Some(PolicyTerm::K2),
-            Output::KlK3 => Some(PolicyTerm::K3),
-            Output::KlAbs => Some(PolicyTerm::Abs),
-            Output::Ratio => Some(PolicyTerm::Ratio),
-            _ => None,
-        }
-    }
-
     /// The output this term is.
     pub fn output(self) -> Output {
         match self {

@@ -8,8 +8,8 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
-use super::loss::{CrossEntropy, LossOptions, MeanDivisor, Reduction};
-use super::policy::{self, PolicyClamps, PolicyInputs, PolicyTerm};
+use super::loss::{CrossEntropy, LossOptions, Reduction};
+use super::policy::{self, PolicyClamps, PolicyInputs};
 use super::topk_kl::{check_teacher_row, first_duplicate, TopkKl};
 
 /// PyTorch's default `ignore_index`.
@@ -409,110 +409,6 @@ impl<'a> ProblemMut<'a> {
     }
 }
 
-/// Upstream cotangents (VJP inputs), all f64 (every f32/bf16/f16 value is
-/// exact in f64). Absent = zero.
-///
-/// Shapes: `grad_log_probs [N]`, `grad_entropy [N]`, `grad_topk_log_probs [N, K]`,
-/// `grad_lse [N]`, `grad_z_loss [N]`, `grad_loss [N]` under `reduction =
-/// none`, `[1]` under `sum` / `mean` (the scalar's cotangent;
-/// docs/design.md, "The loss side"). Build one with `..Cotangents::default()` for the fields
-/// left absent.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Cotangents<'a> {
-    /// Cotangent of `log_probs`.
-    pub grad_log_probs: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `entropy`.
-    pub grad_entropy: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `topk_log_probs`.
-    pub grad_topk_log_probs: Option<ArrayView2<'a, f64>>,
-    /// Cotangent of `lse` (`d lse / dz_j = p_j`).
-    pub grad_lse: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `z_loss` (`d z_loss / dz_j = 2 coef lse p_j`).
-    pub grad_z_loss: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of the cross-entropy `loss`: `[N]` under `none`, `[1]`
-    /// under `sum` / `mean` ([`Problem::loss_cotangent`]).
-    pub grad_loss: Option<ArrayView1<'a, f64>>,
-    /// Under `reduction = mean`: the divisor `W` of the whole problem
-    /// these rows are part of (verify's one-row views of a dump), used by
-    /// the VJP instead of the sum of this problem's own
-    /// [`Problem::loss_divisor_terms`]; `None`: this problem is the whole
-    /// one. Ignored under `none` / `sum` and without `grad_loss`.
-    pub loss_divisor: Option<&'a MeanDivisor>,
-    /// Cotangent of `kl_k1` `[N]` (the policy terms: [`Problem::policy_cotangents`]).
-    pub grad_kl_k1: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `kl_k2` `[N]`.
-    pub grad_kl_k2: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `kl_k3` `[N]`.
-    pub grad_kl_k3: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `kl_abs` `[N]`.
-    pub grad_kl_abs: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `ratio` `[N]`.
-    pub grad_ratio: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `forward_kl` `[N]` (the top-k KL to a teacher:
-    /// [`Problem::kl_cotangents`]).
-    pub grad_forward_kl: Option<ArrayView1<'a, f64>>,
-    /// Cotangent of `reverse_kl` `[N]`.
-    pub grad_reverse_kl: Option<ArrayView1<'a, f64>>,
-}
-
-impl<'a> Cotangents<'a> {
-    /// The cotangents of rows `rows` of an `[N, ..]` problem whose loss
-    /// has `reduction` ([`Reduction::None`] without a loss): every per-row
-    /// tensor sliced; `grad_loss` sliced under `none` (`[N]`), kept under
-    /// `sum` / `mean` (the scalar's `[1]`: right for `sum`; a `mean`'s row
-    /// slice divides by its own rows' `W` unless
-    /// [`Cotangents::loss_divisor`] holds the whole problem's, kept here).
-    pub fn slice_rows(&self, rows: std::ops::Range<usize>, reduction: Reduction) -> Cotangents<'a> {
-        let one =
-            |g: Option<ArrayView1<'a, f64>>| g.map(|g| g.slice_move(ndarray::s![rows.clone()]));
-        Cotangents {
-            grad_log_probs: one(self.grad_log_probs),
-            grad_entropy: one(self.grad_entropy),
-            grad_topk_log_probs: self
-                .grad_topk_log_probs
-                .map(|g| g.slice_move(ndarray::s![rows.clone(), ..])),
-            grad_lse: one(self.grad_lse),
-            grad_z_loss: one(self.grad_z_loss),
-            grad_loss: match reduction {
-                Reduction::None => one(self.grad_loss),
-                Reduction::Sum | Reduction::Mean => self.grad_loss,
-            },
-            loss_divisor: self.loss_divisor,
-            grad_kl_k1: one(self.grad_kl_k1),
-            grad_kl_k2: one(self.grad_kl_k2),
-            grad_kl_k3: one(self.grad_kl_k3),
-            grad_kl_abs: one(self.grad_kl_abs),
-            grad_ratio: one(self.grad_ratio),
-            grad_forward_kl: one(self.grad_forward_kl),
-            grad_reverse_kl: one(self.grad_reverse_kl),
-        }
-    }
-
-    /// The cotangent `[N]` of a policy term, if given.
-    pub fn policy(&self, term: PolicyTerm) -> Option<ArrayView1<'a, f64>> {
-        match term {
-            PolicyTerm::K1 => self.grad_kl_k1,
-            PolicyTerm::K2 => self.grad_kl_k2,
-            PolicyTerm::K3 => self.grad_kl_k3,
-            PolicyTerm::Abs => self.grad_kl_abs,
-            PolicyTerm::Ratio => self.grad_ratio,
-        }
-    }
-
-    /// Whether no cotangent is given.
-    pub fn is_empty(&self) -> bool {
-        self.grad_log_probs.is_none()
-            && self.grad_entropy.is_none()
-            && self.grad_topk_log_probs.is_none()
-            && self.grad_lse.is_none()
-            && self.grad_z_loss.is_none()
-            && self.grad_loss.is_none()
-            && PolicyTerm::ALL.iter().all(|&t| self.policy(t).is_none())
-            && self.grad_forward_kl.is_none()
-            && self.grad_reverse_kl.is_none()
-    }
-}
-
 /// Facts established by [`Problem::validate_shapes`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Shape {
@@ -647,226 +543,6 @@ impl<'a> Problem<'a> {
             dtype,
             temperature,
         })
-    }
-
-    /// Checks `cotangents` against this problem's shapes and outputs.
-    ///
-    /// # Errors
-    /// [`SpecError::ShapeMismatch`], [`SpecError::NoCotangent`] (none given,
-    /// or one for an output that is not computed), [`SpecError::MissingTensor`],
-    /// [`SpecError::NonFiniteCotangent`].
-    pub fn validate_cotangents(
-        &self,
-        shape: &Shape,
-        cot: &Cotangents<'_>,
-    ) -> Result<(), SpecError> {
-        if cot.is_empty() {
-            return Err(SpecError::NoCotangent {
-                what:
-                    "no cotangent of log_probs, entropy, topk_log_probs, lse, z_loss, loss, a policy term or a top-k KL given",
-            });
-        }
-        if let Some(g) = cot.grad_log_probs {
-            if self.tokens.is_none() {
-                return Err(SpecError::MissingTensor {
-                    output: "grad_log_probs",
-                    tensor: "tokens",
-                });
-            }
-            if g.len() != shape.n {
-                return Err(shape_err("grad_log_probs", vec![shape.n], g.shape()));
-            }
-            check_finite("grad_log_probs", g.iter())?;
-        }
-        if let Some(h) = cot.grad_entropy {
-            if self.options.entropy.is_none() {
-                return Err(SpecError::NoCotangent {
-                    what: "grad_entropy given but options.entropy is None",
-                });
-            }
-            if h.len() != shape.n {
-                return Err(shape_err("grad_entropy", vec![shape.n], h.shape()));
-            }
-            check_finite("grad_entropy", h.iter())?;
-        }
-        if let Some(gk) = cot.grad_topk_log_probs {
-            if self.topk_ids.is_none() {
-                return Err(SpecError::MissingTensor {
-                    output: "grad_topk_log_probs",
-                    tensor: "topk_ids",
-                });
-            }
-            if gk.dim() != (shape.n, shape.k) {
-                return Err(shape_err(
-                    "grad_topk_log_probs",
-                    vec![shape.n, shape.k],
-                    gk.shape(),
-                ));
-            }
-            check_finite("grad_topk_log_probs", gk.iter())?;
-        }
-        if let Some(a) = cot.grad_lse {
-            if !self.options.lse {
-                return Err(SpecError::NoCotangent {
-                    what: "grad_lse given but options.lse is false",
-                });
-            }
-            if a.len() != shape.n {
-                return Err(shape_err("grad_lse", vec![shape.n], a.shape()));
-            }
-            check_finite("grad_lse", a.iter())?;
-        }
-        if let Some(b) = cot.grad_z_loss {
-            if self.options.z_loss_coef.is_none() {
-                return Err(SpecError::NoCotangent {
-                    what: "grad_z_loss given but options.z_loss_coef is None",
-                });
-            }
-            if b.len() != shape.n {
-                return Err(shape_err("grad_z_loss", vec![shape.n], b.shape()));
-            }
-            check_finite("grad_z_loss", b.iter())?;
-        }
-        if let Some(g) = cot.grad_loss {
-            let Some(loss) = self.options.loss else {
-                return Err(SpecError::NoCotangent {
-                    what: "grad_loss given but options.loss is None",
-                });
-            };
-            if self.tokens.is_none() {
-                return Err(SpecError::MissingTensor {
-                    output: "grad_loss",
-                    tensor: "tokens",
-                });
-            }
-            let len = loss.reduction.len(shape.n);
-            if g.len() != len {
-                return Err(shape_err("grad_loss", vec![len], g.shape()));
-            }
-            check_finite("grad_loss", g.iter())?;
-        }
-        for term in PolicyTerm::ALL {
-            let Some(g) = cot.policy(term) else { continue };
-            let name = term.output().cotangent_name().unwrap_or("grad_ratio");
-            let (input, present) = if term.uses_old() {
-                ("old_log_probs", self.policy.old_log_probs.is_some())
-            } else {
-                ("ref_log_probs", self.policy.ref_log_probs.is_some())
-            };
-            if !present {
-                return Err(SpecError::MissingTensor {
-                    output: name,
-                    tensor: input,
-                });
-            }
-            if self.tokens.is_none() {
-                return Err(SpecError::MissingTensor {
-                    output: name,
-                    tensor: "tokens",
-                });
-            }
-            if g.len() != shape.n {
-                return Err(shape_err(name, vec![shape.n], g.shape()));
-            }
-            check_finite(name, g.iter())?;
-        }
-        for (name, g) in [
-            ("grad_forward_kl", cot.grad_forward_kl),
-            ("grad_reverse_kl", cot.grad_reverse_kl),
-        ] {
-            let Some(g) = g else { continue };
-            if self.options.topk_kl.is_none() {
-                return Err(SpecError::NoCotangent {
-                    what: "grad_forward_kl / grad_reverse_kl given but options.topk_kl is None",
-                });
-            }
-            if g.len() != shape.n {
-                return Err(shape_err(name, vec![shape.n], g.shape()));
-            }
-            check_finite(name, g.iter())?;
-        }
-        if let (Some(g), Some(ids), Some(a)) = (
-            cot.grad_reverse_kl,
-            self.topk_ids,
-            self.teacher_topk_log_probs,
-        ) {
-            // An infinite reverse KL (a teacher zero where the student has
-            // mass: a finite logit, or any under a softcap) has an infinite
-            // gradient. Ids out of range are left to `validate`.
-            for (row, &cotangent) in g.iter().enumerate().filter(|(_, &c)| c != 0.0) {
-                for (k, (&id, &ak)) in ids.row(row).iter().zip(a.row(row)).enumerate() {
-                    let live = usize::try_from(id).is_ok_and(|c| {
-                        c < shape.vocab_size
-                            && (self.options.softcap.is_some()
-                                || self.logits.get_f64(row, c) != f64::NEG_INFINITY)
-                    });
-                    if ak == f64::NEG_INFINITY && live {
-                        return Err(SpecError::KlGradientInfinite {
-                            row,
-                            k,
-                            id,
-                            cotangent,
-                        });
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Row `row`'s top-k KL cotangents `(forward, reverse)` (0 where not
-    /// given): `d (g_f forward_kl + g_r reverse_kl) / d z` is the VJP's KL
-    /// term (docs/design.md, "The loss side"; [`crate::spec::TopkKl`]'s module docs).
-    /// Call after [`Problem::validate_cotangents`]; `row < N`.
-    pub fn kl_cotangents(&self, cot: &Cotangents<'_>, row: usize) -> (f64, f64) {
-        if self.options.topk_kl.is_none() {
-            return (0.0, 0.0);
-        }
-        (
-            cot.grad_forward_kl.map_or(0.0, |g| g[row]),
-            cot.grad_reverse_kl.map_or(0.0, |g| g[row]),
-        )
-    }
-
-    /// Row `row`'s nonzero policy-term cotangents `(term, c)` (module
-    /// `policy`: each adds `c k'(d)` to the log-prob's cotangent); none on
-    /// a row without a target (`ignore_index`). Call after
-    /// [`Problem::validate_cotangents`]; `row < N`.
-    pub fn policy_cotangents(&self, cot: &Cotangents<'_>, row: usize) -> Vec<(PolicyTerm, f64)> {
-        if !self.has_target(row) {
-            return Vec::new();
-        }
-        PolicyTerm::ALL
-            .into_iter()
-            .filter_map(|t| {
-                let c = cot.policy(t)?[row];
-                (c != 0.0).then_some((t, c))
-            })
-            .collect()
-    }
-
-    /// Row `row`'s factors of the cross-entropy loss's cotangent in a VJP:
-    /// `Some((g, w))` with `g` the upstream cotangent of the row's term
-    /// (`grad_loss[row]` under `reduction = none`, the scalar's
-    /// `grad_loss[0]` under `sum` / `mean`) and `w` its weight
-    /// ([`CrossEntropy::weight`](super::CrossEntropy::weight)), so that
-    /// `d (cotangent . loss) / d l_row = g w` (`none`, `sum`) or `g w / W`
-    /// (`mean`, `W` the sum of [`Problem::loss_divisor_terms`], or
-    /// [`Cotangents::loss_divisor`]); `None` without `grad_loss`
-    /// or `options.loss`, on an `ignore_index` row, or when `g w` is 0
-    /// (docs/design.md, "The loss side": ignored rows and the all-ignored mean get
-    /// gradient 0). Call after [`Problem::validate_cotangents`]; `row < N`.
-    pub fn loss_cotangent(&self, cot: &Cotangents<'_>, row: usize) -> Option<(f64, f64)> {
-        let (g, loss) = (cot.grad_loss?, self.options.loss?);
-        if !self.has_target(row) {
-            return None;
-        }
-        let g = match loss.reduction {
-            Reduction::None => g[row],
-            Reduction::Sum | Reduction::Mean => g[0],
-        };
-        let w = self.loss_weights.map_or(1.0, |w| w[row]);
-        (g != 0.0 && w != 0.0).then_some((g, w))
     }
 
     /// The weights of the rows a `mean` loss divides by, `[N]` order: `w_r`
@@ -1153,7 +829,7 @@ impl<'a> Problem<'a> {
     }
 }
 
-fn shape_err(tensor: &'static str, expected: Vec<usize>, found: &[usize]) -> SpecError {
+pub(super) fn shape_err(tensor: &'static str, expected: Vec<usize>, found: &[usize]) -> SpecError {
     SpecError::ShapeMismatch {
         tensor,
         expected,
@@ -1161,7 +837,7 @@ fn shape_err(tensor: &'static str, expected: Vec<usize>, found: &[usize]) -> Spe
     }
 }
 
-fn check_finite<'b>(
+pub(super) fn check_finite<'b>(
     tensor: &'static str,
     it: impl Iterator<Item = &'b f64>,
 ) -> Result<(), SpecError> {

@@ -28,6 +28,26 @@
 
 use super::{Dtype, SpecError};
 
+/// Which of the two top-k KL terms (module docs): the part of
+/// [`Family::TopkKl`](super::Family::TopkKl) an output is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KlDirection {
+    /// `forward_kl = sum_k t_k (a_k - l_k)`.
+    Forward,
+    /// `reverse_kl = sum_k p_k (l_k - a_k)`.
+    Reverse,
+}
+
+impl KlDirection {
+    /// The output this term is.
+    pub const fn output(self) -> super::Output {
+        match self {
+            KlDirection::Forward => super::Output::ForwardKl,
+            KlDirection::Reverse => super::Output::ReverseKl,
+        }
+    }
+}
+
 /// Which top-k KL terms to compute and how (dump names `forward_kl`,
 /// `reverse_kl`, meta `kl_renormalized`; the teacher's log-probs are
 /// [`crate::spec::Problem::teacher_topk_log_probs`]).

@@ -2,9 +2,9 @@
 //! features it cannot take left out), the error the spec expects, case
 //! fingerprints.
 
-use logprobe_kernels::kernel::Capabilities;
+use logprobe_kernels::kernel::{Capabilities, Feature};
 use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Problem, SpecError, TemperatureDtype,
+    Cotangents, Dtype, EntropyLogits, Output, Problem, SpecError, TemperatureDtype,
 };
 
 use crate::cache::OracleCase;
@@ -25,41 +25,47 @@ pub struct Asked<'a> {
 pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
     let mut p = *problem;
     match p.options.entropy {
-        Some(EntropyLogits::Masked) if !caps.masked_entropy => p.options.entropy = None,
-        Some(_) if !caps.entropy => p.options.entropy = None,
+        Some(EntropyLogits::Masked) if !caps.supports(Feature::MaskedEntropy) => {
+            p.options.entropy = None
+        }
+        Some(_) if !caps.computes(Output::Entropy) => p.options.entropy = None,
         _ => {}
     }
-    if !caps.topk {
+    if !caps.computes(Output::TopkLogProbs) {
         p.topk_ids = None;
     }
-    if !caps.lse {
+    if !caps.computes(Output::Lse) {
         p.options.lse = false;
+    }
+    if !caps.computes(Output::ZLoss) {
         p.options.z_loss_coef = None;
     }
-    if !caps.loss {
+    if !caps.computes(Output::Loss) {
         p.options.loss = None;
         p.loss_weights = None;
     }
-    if !caps.policy {
+    if !caps.computes_policy() {
         p.policy = Default::default();
     }
-    if !caps.topk_kl || p.topk_ids.is_none() {
+    if !caps.computes_topk_kl() || p.topk_ids.is_none() {
         p.options.topk_kl = None;
         p.teacher_topk_log_probs = None;
     }
     let (_, v_total) = p.logits.dim();
-    let unsupported = if p.sampling_mask.is_some() && !caps.sampling_mask {
+    let unsupported = if p.sampling_mask.is_some() && !caps.supports(Feature::SamplingMask) {
         Some("sampling_mask")
     } else if (p.options.temperature != 1.0
         || p.options.temperature_dtype == TemperatureDtype::Input)
-        && !caps.temperature
+        && !caps.supports(Feature::Temperature)
     {
         Some("temperature")
-    } else if p.options.softcap.is_some() && !caps.softcap {
+    } else if p.options.softcap.is_some() && !caps.supports(Feature::Softcap) {
         Some("softcap")
-    } else if p.options.vocab_size.is_some_and(|v| v < v_total) && !caps.padded_vocab {
+    } else if p.options.vocab_size.is_some_and(|v| v < v_total)
+        && !caps.supports(Feature::PaddedVocab)
+    {
         Some("padded vocabulary")
-    } else if p.logits.dtype() == Dtype::F64 && !caps.f64_input {
+    } else if p.logits.dtype() == Dtype::F64 && !caps.supports(Feature::F64Input) {
         Some("f64 logits")
     } else {
         None
@@ -79,35 +85,35 @@ pub(crate) fn cot_for<'c>(
 ) -> Cotangents<'c> {
     let mut cv = cot.view();
     if data.options.entropy.is_some() && asked.options.entropy.is_none() {
-        cv.grad_entropy = None;
+        cv.per_output.take(Output::Entropy);
     }
     if data.topk_ids.is_some() && asked.topk_ids.is_none() {
-        cv.grad_topk_log_probs = None;
+        cv.per_output.take(Output::TopkLogProbs);
     }
     // The loss side's, where the kernel is not asked those outputs.
     if data.options.lse && !asked.options.lse {
-        cv.grad_lse = None;
+        cv.per_output.take(Output::Lse);
     }
     if data.options.z_loss_coef.is_some() && asked.options.z_loss_coef.is_none() {
-        cv.grad_z_loss = None;
+        cv.per_output.take(Output::ZLoss);
     }
     if data.options.loss.is_some() && asked.options.loss.is_none() {
-        cv.grad_loss = None;
+        cv.per_output.take(Output::Loss);
     }
     // The policy terms', where the kernel is not given their inputs.
     if asked.policy.ref_log_probs.is_none() {
-        cv.grad_kl_k1 = None;
-        cv.grad_kl_k2 = None;
-        cv.grad_kl_k3 = None;
-        cv.grad_kl_abs = None;
+        cv.per_output.take(Output::KlK1);
+        cv.per_output.take(Output::KlK2);
+        cv.per_output.take(Output::KlK3);
+        cv.per_output.take(Output::KlAbs);
     }
     if asked.policy.old_log_probs.is_none() {
-        cv.grad_ratio = None;
+        cv.per_output.take(Output::Ratio);
     }
     // The top-k KL's, where the kernel is not asked the KL.
     if asked.options.topk_kl.is_none() || asked.teacher_topk_log_probs.is_none() {
-        cv.grad_forward_kl = None;
-        cv.grad_reverse_kl = None;
+        cv.per_output.take(Output::ForwardKl);
+        cv.per_output.take(Output::ReverseKl);
     }
     cv
 }

@@ -119,7 +119,7 @@ pub fn check_row_slicing(
             ));
         }
     }
-    if caps.backward && !cot.is_empty() {
+    if caps.computes(Output::GradLogits) && !cot.is_empty() {
         let mut cv = cot_for(data, &p, cot);
         // A mean's slices divide by the whole problem's `W`: given to every
         // call (the whole one too, so that all sum the same parts).
@@ -163,7 +163,9 @@ pub fn check_chunk_sizes(
     let p = a.problem;
     let cv = cot_for(data, &p, cot);
     let f0 = base.forward(&p, Dtype::F32);
-    let b0 = caps.backward.then(|| base.backward(&p, &cv, Dtype::F32));
+    let b0 = caps
+        .computes(Output::GradLogits)
+        .then(|| base.backward(&p, &cv, Dtype::F32));
     for &c in &chunk_sizes[1..] {
         let k = make(c);
         let f = k.forward(&p, Dtype::F32);

@@ -3,7 +3,7 @@
 
 use ndarray::Array2;
 
-use logprobe_kernels::kernel::{Kernel, KernelError};
+use logprobe_kernels::kernel::{Feature, Kernel, KernelError};
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Shape};
 
@@ -180,9 +180,9 @@ pub fn judge_backward(
 ) -> Result<Ratios, String> {
     let caps = kernel.capabilities();
     if !(if in_place {
-        caps.in_place_backward
+        caps.supports(Feature::InPlaceBackward)
     } else {
-        caps.backward
+        caps.computes(Output::GradLogits)
     }) {
         return Ok(Ratios::default());
     }
@@ -238,12 +238,12 @@ pub fn judge_backward(
         "{vjp_key} asked={:?}/{:?} loss-side={}/{}/{} policy={:?} kl={}/{}",
         a.problem.options.entropy,
         a.problem.topk_ids.is_some(),
-        cv.grad_lse.is_some(),
-        cv.grad_z_loss.is_some(),
-        cv.grad_loss.is_some(),
+        cv.column(Output::Lse).is_some(),
+        cv.column(Output::ZLoss).is_some(),
+        cv.column(Output::Loss).is_some(),
         logprobe_reference::spec::PolicyTerm::ALL.map(|t| cv.policy(t).is_some()),
-        cv.grad_forward_kl.is_some(),
-        cv.grad_reverse_kl.is_some(),
+        cv.column(Output::ForwardKl).is_some(),
+        cv.column(Output::ReverseKl).is_some(),
     );
     // The problem and cotangents the kernel was given (options and top-k
     // ids as asked).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use logprobe_kernels::kernel::{Capabilities, CrossEntropyOutput, Kernel, KernelError};
 use logprobe_reference::oracle::{Oracle, OracleLoss};
-use logprobe_reference::spec::{CrossEntropy, Dtype, Problem, SpecError};
+use logprobe_reference::spec::{CrossEntropy, Dtype, Output, Problem, SpecError};
 use logprobe_verify::tolerance::{self, loss_bounds, ErrorBound, LossRowBound, NoBound};
 
 use crate::cache::OracleCase;
@@ -107,7 +107,7 @@ fn bounds(
 
 /// Judges one `loss` call of `kernel` on `data` under `loss` (output dtype
 /// `out`) against the oracle under the kernel's declared model
-/// ([`kernel_model`]): a kernel without [`Capabilities::loss`], or asked
+/// ([`kernel_model`]): a kernel without `loss` in [`Capabilities::outputs`], or asked
 /// an input feature it cannot take, must refuse
 /// ([`KernelError::Unsupported`]); bad input must give the oracle's typed
 /// error; otherwise every value must be a value of `out` within its
@@ -137,11 +137,15 @@ pub fn judge_loss(
     // The oracle's error (shapes, loss options, tokens, rows, in that order).
     let expected = oracle.loss.as_ref().err().cloned();
     let got: CrossEntropyOutput = match (result, expected) {
-        (Err(KernelError::Unsupported { .. }), _) if !caps.loss || a.unsupported.is_some() => {
+        (Err(KernelError::Unsupported { .. }), _)
+            if !caps.computes(Output::Loss) || a.unsupported.is_some() =>
+        {
             return Ok(0.0)
         }
-        (Ok(_), _) if !caps.loss => {
-            return Err("returned a loss without declaring Capabilities::loss".into())
+        (Ok(_), _) if !caps.computes(Output::Loss) => {
+            return Err(
+                "returned a loss without declaring the loss output in Capabilities::outputs".into(),
+            )
         }
         (Err(KernelError::Spec(e)), Some(x)) if same_error(&e, &x) => return Ok(0.0),
         (Err(e), Some(x)) => return Err(format!("returned {e:?}, expected {x:?}")),
@@ -211,7 +215,7 @@ pub fn judge_loss(
 /// Chunk-size invariance of the `loss`: the kernels `make(c)` for every
 /// `c` in `chunk_sizes` give the same loss bit for bit (or the same
 /// error) as `make(chunk_sizes[0])`, on [`loss_problem`]`(data)` in f32
-/// (f64 for f64 logits). Kernels without [`Capabilities::loss`] are
+/// (f64 for f64 logits). Kernels without `loss` in [`Capabilities::outputs`] are
 /// skipped.
 ///
 /// # Errors
@@ -226,7 +230,7 @@ pub fn check_loss_chunk_sizes(
         return Ok(());
     };
     let k0 = make(c0);
-    if !k0.capabilities().loss {
+    if !k0.capabilities().computes(Output::Loss) {
         return Ok(());
     }
     let p = loss_problem(data);

@@ -5,7 +5,7 @@
 use ndarray::{s, Array2};
 
 use logprobe_kernels::kernel::{Kernel, KernelError};
-use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Problem, ProblemMut};
+use logprobe_reference::spec::{Cotangents, Dtype, LogitsMut, Output, Problem, ProblemMut};
 
 use super::rewired::broadcast_row0;
 use super::{PlantedBug, FUSED};
@@ -38,12 +38,10 @@ impl PlantedBug for GradOutput0Broadcast {
         let shape = problem.validate_shapes()?;
         // Shapes and finiteness are checked on the real cotangents first.
         problem.validate_cotangents(&shape, cotangents)?;
-        let c = Cotangents {
-            grad_log_probs: g.as_ref().map(|a| a.view()),
-            grad_entropy: h.as_ref().map(|a| a.view()),
-            grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
-            ..Default::default()
-        };
+        let c = Cotangents::default()
+            .with_column(Output::LogProbs, g.as_ref().map(|a| a.view()))
+            .with_column(Output::Entropy, h.as_ref().map(|a| a.view()))
+            .with(Output::TopkLogProbs, gk.as_ref().map(|a| a.view()));
         FUSED.backward(problem, &c, out)
     }
 
@@ -53,12 +51,10 @@ impl PlantedBug for GradOutput0Broadcast {
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
         let (g, h, gk) = broadcast_row0(cotangents);
-        let c = Cotangents {
-            grad_log_probs: g.as_ref().map(|a| a.view()),
-            grad_entropy: h.as_ref().map(|a| a.view()),
-            grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
-            ..Default::default()
-        };
+        let c = Cotangents::default()
+            .with_column(Output::LogProbs, g.as_ref().map(|a| a.view()))
+            .with_column(Output::Entropy, h.as_ref().map(|a| a.view()))
+            .with(Output::TopkLogProbs, gk.as_ref().map(|a| a.view()));
         FUSED.backward_in_place(problem, &c)
     }
 }

@@ -6,7 +6,7 @@ use ndarray::Array2;
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
 use logprobe_kernels::CpuKernel;
-use logprobe_reference::spec::{Cotangents, Dtype, Problem, Shape, SpecError};
+use logprobe_reference::spec::{Cotangents, Dtype, Output, Problem, Shape, SpecError};
 
 use super::rewired::{pick_rows1, pick_rows2, Reversed};
 use super::PlantedBug;
@@ -186,16 +186,14 @@ impl PlantedBug for ChunkDependentOrder {
         }
         let rv = Reversed::new(problem, &shape, &rows);
         let (g, h, gk) = (
-            pick_rows1(cotangents.grad_log_probs, &rows),
-            pick_rows1(cotangents.grad_entropy, &rows),
-            pick_rows2(cotangents.grad_topk_log_probs, &rows),
+            pick_rows1(cotangents.column(Output::LogProbs), &rows),
+            pick_rows1(cotangents.column(Output::Entropy), &rows),
+            pick_rows2(cotangents.get(Output::TopkLogProbs), &rows),
         );
-        let c = Cotangents {
-            grad_log_probs: g.as_ref().map(|a| a.view()),
-            grad_entropy: h.as_ref().map(|a| a.view()),
-            grad_topk_log_probs: gk.as_ref().map(|a| a.view()),
-            ..Default::default()
-        };
+        let c = Cotangents::default()
+            .with_column(Output::LogProbs, g.as_ref().map(|a| a.view()))
+            .with_column(Output::Entropy, h.as_ref().map(|a| a.view()))
+            .with(Output::TopkLogProbs, gk.as_ref().map(|a| a.view()));
         let rg = self.inner.backward(&rv.problem(problem.options), &c, out)?;
         let v = shape.vocab_size;
         for (i, &r) in rows.iter().enumerate() {

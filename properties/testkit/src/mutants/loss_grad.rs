@@ -9,7 +9,7 @@ use ndarray::{Array1, Array2};
 
 use logprobe_kernels::kernel::{Kernel, KernelError};
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LossOptions, MeanDivisor, Problem, Reduction,
+    Cotangents, Dtype, Logits, LossOptions, MeanDivisor, Output, Problem, Reduction,
 };
 
 use super::{PlantedBug, FUSED};
@@ -43,16 +43,13 @@ impl PlantedBug for ZLossGradMissingTwo {
     ) -> Result<Array2<f64>, KernelError> {
         // The correct kernel's validation and typed errors first.
         let correct = FUSED.backward(problem, cotangents, out)?;
-        let Some(b) = cotangents.grad_z_loss else {
+        let Some(b) = cotangents.column(Output::ZLoss) else {
             return Ok(correct);
         };
         let half = b.mapv(|b| b / 2.0);
         FUSED.backward(
             problem,
-            &Cotangents {
-                grad_z_loss: Some(half.view()),
-                ..*cotangents
-            },
+            &cotangents.with_column(Output::ZLoss, half.view()),
             out,
         )
     }
@@ -91,7 +88,7 @@ impl PlantedBug for MeanGradOverN {
             .options
             .loss
             .is_some_and(|l| l.reduction == Reduction::Mean);
-        if !mean || cotangents.grad_loss.is_none() {
+        if !mean || cotangents.column(Output::Loss).is_none() {
             return Ok(correct);
         }
         // `N`: the whole problem's rows when these are a view of it.
@@ -146,7 +143,8 @@ impl PlantedBug for SmoothingGradOnIgnored {
         out: Dtype,
     ) -> Result<Array2<f64>, KernelError> {
         let correct = FUSED.backward(p, cotangents, out)?;
-        let (Some(g), Some(lo), Some(tokens)) = (cotangents.grad_loss, p.options.loss, p.tokens)
+        let (Some(g), Some(lo), Some(tokens)) =
+            (cotangents.column(Output::Loss), p.options.loss, p.tokens)
         else {
             return Ok(correct);
         };
@@ -207,9 +205,8 @@ impl PlantedBug for SmoothingGradOnIgnored {
                 options,
             };
             let cot = Cotangents {
-                grad_loss: Some(g_eps.view()),
                 loss_divisor: divisor.as_ref(),
-                ..Default::default()
+                ..Cotangents::default().with_column(Output::Loss, g_eps.view())
             };
             match FUSED.backward(&q, &cot, Dtype::F64) {
                 Ok(x) => x,

@@ -197,7 +197,7 @@ impl PlantedBug for K3GradWrongSign {
     ) -> Result<Array2<f64>, KernelError> {
         // The correct kernel's validation and typed errors first.
         let correct = FUSED.backward(problem, cotangents, out)?;
-        let Some(c3) = cotangents.grad_kl_k3 else {
+        let Some(c3) = cotangents.column(Output::KlK3) else {
             return Ok(correct);
         };
         let acc = problem.logits.dtype().accumulation();
@@ -221,7 +221,7 @@ impl PlantedBug for K3GradWrongSign {
         let r = |x: f64| acc.round_f64(x);
         let n = problem.logits.dim().0;
         let mut g: Array1<f64> = cotangents
-            .grad_log_probs
+            .column(Output::LogProbs)
             .map_or_else(|| Array1::zeros(n), |g| g.mapv(r));
         for row in 0..n {
             let Some(x) = PolicyTerm::K3.input(&problem.policy, row) else {
@@ -245,11 +245,9 @@ impl PlantedBug for K3GradWrongSign {
         }
         FUSED.backward(
             problem,
-            &Cotangents {
-                grad_log_probs: Some(g.view()),
-                grad_kl_k3: None,
-                ..*cotangents
-            },
+            &cotangents
+                .with_column(Output::LogProbs, g.view())
+                .with_column(Output::KlK3, None),
             out,
         )
     }

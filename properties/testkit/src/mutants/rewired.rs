@@ -3,7 +3,7 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
-use logprobe_reference::spec::{Cotangents, Logits, Options, Problem, Shape};
+use logprobe_reference::spec::{Cotangents, Logits, Options, Output, Problem, Shape};
 
 use crate::strategies::OwnedLogits;
 
@@ -146,7 +146,7 @@ pub(crate) fn broadcast_row0(cot: &Cotangents<'_>) -> OwnedCotangents {
     let b1 = |a: Option<ArrayView1<'_, f64>>| {
         a.map(|a| Array1::from_elem(a.len(), if a.is_empty() { 0.0 } else { a[0] }))
     };
-    let b2 = cot.grad_topk_log_probs.map(|a| {
+    let b2 = cot.get(Output::TopkLogProbs).map(|a| {
         let mut o = a.to_owned();
         if a.nrows() > 0 {
             let r0 = a.row(0).to_owned();
@@ -156,5 +156,9 @@ pub(crate) fn broadcast_row0(cot: &Cotangents<'_>) -> OwnedCotangents {
         }
         o
     });
-    (b1(cot.grad_log_probs), b1(cot.grad_entropy), b2)
+    (
+        b1(cot.column(Output::LogProbs)),
+        b1(cot.column(Output::Entropy)),
+        b2,
+    )
 }

@@ -235,7 +235,8 @@ impl PlantedBug for KlGradNormalizerDetached {
             return Ok(correct);
         };
         if kl.renormalized
-            || (cotangents.grad_forward_kl.is_none() && cotangents.grad_reverse_kl.is_none())
+            || (cotangents.column(Output::ForwardKl).is_none()
+                && cotangents.column(Output::ReverseKl).is_none())
         {
             return Ok(correct);
         }
@@ -270,10 +271,7 @@ impl PlantedBug for KlGradNormalizerDetached {
         lse_problem.topk_ids = None;
         let Ok(extra) = FUSED.backward(
             &lse_problem,
-            &Cotangents {
-                grad_lse: Some(lost.view()),
-                ..Default::default()
-            },
+            &Cotangents::default().with_column(Output::Lse, lost.view()),
             Dtype::F64,
         ) else {
             return Ok(correct);

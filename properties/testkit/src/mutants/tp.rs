@@ -107,7 +107,7 @@ impl PlantedBug for TpVocabOffset {
         let shape = problem.validate_shapes()?;
         let vp = self.kernel(shape.v_total);
         let mut grad = vp.backward(problem, cotangents, out)?;
-        let (Some(g), Some(tokens)) = (cotangents.grad_log_probs, problem.tokens) else {
+        let (Some(g), Some(tokens)) = (cotangents.column(Output::LogProbs), problem.tokens) else {
             return Ok(grad);
         };
         let trig: Vec<_> = tp_triggers(problem, vp.shard_widths())
@@ -142,7 +142,7 @@ impl PlantedBug for TpVocabOffset {
         let triggered = {
             let p = problem.view();
             p.validate_shapes().is_ok()
-                && cotangents.grad_log_probs.is_some_and(|g| {
+                && cotangents.column(Output::LogProbs).is_some_and(|g| {
                     tp_triggers(&p, vp.shard_widths())
                         .iter()
                         .any(|&(row, _, _)| g.get(row).is_some_and(|&x| x != 0.0))

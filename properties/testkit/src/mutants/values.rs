@@ -110,7 +110,9 @@ impl PlantedBug for NanOnNegInf {
         cot: &Cotangents<'_>,
         grad: &mut Array2<f64>,
     ) {
-        let Some(h) = cot.grad_entropy else { return };
+        let Some(h) = cot.column(Output::Entropy) else {
+            return;
+        };
         for row in 0..shape.n {
             if h[row] == 0.0 {
                 continue;

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use ndarray::{Array1, Array2};
 
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Logits, LogitsMut, Options, PolicyTerm, Problem,
+    Cotangents, Dtype, Logits, LogitsMut, Options, Output, PolicyTerm, Problem,
 };
 use logprobe_reference::splitmix::SplitMix64;
 
@@ -187,22 +187,35 @@ pub struct CotangentData {
 impl CotangentData {
     /// The borrowed cotangents.
     pub fn view(&self) -> Cotangents<'_> {
-        Cotangents {
-            grad_log_probs: self.grad_log_probs.as_ref().map(|g| g.view()),
-            grad_entropy: self.grad_entropy.as_ref().map(|g| g.view()),
-            grad_topk_log_probs: self.grad_topk_log_probs.as_ref().map(|g| g.view()),
-            grad_lse: self.grad_lse.as_ref().map(|g| g.view()),
-            grad_z_loss: self.grad_z_loss.as_ref().map(|g| g.view()),
-            grad_loss: self.grad_loss.as_ref().map(|g| g.view()),
-            grad_kl_k1: self.policy(PolicyTerm::K1),
-            grad_kl_k2: self.policy(PolicyTerm::K2),
-            grad_kl_k3: self.policy(PolicyTerm::K3),
-            grad_kl_abs: self.policy(PolicyTerm::Abs),
-            grad_ratio: self.policy(PolicyTerm::Ratio),
-            grad_forward_kl: self.grad_forward_kl.as_ref().map(|g| g.view()),
-            grad_reverse_kl: self.grad_reverse_kl.as_ref().map(|g| g.view()),
-            ..Default::default()
-        }
+        Cotangents::default()
+            .with_column(
+                Output::LogProbs,
+                self.grad_log_probs.as_ref().map(|g| g.view()),
+            )
+            .with_column(
+                Output::Entropy,
+                self.grad_entropy.as_ref().map(|g| g.view()),
+            )
+            .with(
+                Output::TopkLogProbs,
+                self.grad_topk_log_probs.as_ref().map(|g| g.view()),
+            )
+            .with_column(Output::Lse, self.grad_lse.as_ref().map(|g| g.view()))
+            .with_column(Output::ZLoss, self.grad_z_loss.as_ref().map(|g| g.view()))
+            .with_column(Output::Loss, self.grad_loss.as_ref().map(|g| g.view()))
+            .with_column(Output::KlK1, self.policy(PolicyTerm::K1))
+            .with_column(Output::KlK2, self.policy(PolicyTerm::K2))
+            .with_column(Output::KlK3, self.policy(PolicyTerm::K3))
+            .with_column(Output::KlAbs, self.policy(PolicyTerm::Abs))
+            .with_column(Output::Ratio, self.policy(PolicyTerm::Ratio))
+            .with_column(
+                Output::ForwardKl,
+                self.grad_forward_kl.as_ref().map(|g| g.view()),
+            )
+            .with_column(
+                Output::ReverseKl,
+                self.grad_reverse_kl.as_ref().map(|g| g.view()),
+            )
     }
 
     /// The cotangent `[N]` of a policy term, if given.

@@ -311,7 +311,7 @@ impl ProblemRecipe {
             ignore_index: self.ignore_index,
             entropy: self.entropy,
             // The loss side rides on every case: lse and z_loss are judged
-            // wherever a kernel supports them (Capabilities::lse).
+            // wherever a kernel supports them (`lse`, `z_loss` in Capabilities::outputs).
             lse: true,
             z_loss_coef: Some(Z_LOSS_COEF),
             softcap: self.softcap,

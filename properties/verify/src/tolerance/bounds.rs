@@ -4,7 +4,7 @@
 //! (`(T1)` ...).
 
 use logprobe_reference::oracle::{Interval, RowStats};
-use logprobe_reference::spec::{pow2, Dtype, Output, Shift};
+use logprobe_reference::spec::{pow2, Dtype, Family, LossTerm, Output, RowStat, Shift};
 
 use super::loss_grad::{LossGradCotangents, LossTerms};
 use super::model::{EntropyForm, Model, RowContext};
@@ -707,10 +707,10 @@ impl<'a> RowBounds<'a> {
         targets: &RowTargets,
         out: Dtype,
     ) -> ErrorBound {
-        match output {
-            Output::LogProbs => self.log_prob(out),
-            Output::Entropy => self.entropy(out),
-            Output::TopkLogProbs => match targets.topk_ids.get(col) {
+        match output.family() {
+            Family::LogSoftmax(RowStat::LogProb) => self.log_prob(out),
+            Family::LogSoftmax(RowStat::Entropy) => self.entropy(out),
+            Family::TopK => match targets.topk_ids.get(col) {
                 Some(&id) => self.topk(id, out),
                 None => ErrorBound::None {
                     reason: NoBound::MissingStatistic {
@@ -718,16 +718,14 @@ impl<'a> RowBounds<'a> {
                     },
                 },
             },
-            Output::GradLogits if col >= targets.vocab_size => ErrorBound::Abs(0.0),
-            Output::GradLogits => self.grad(col, &targets.grad_cotangents(), out),
-            Output::Lse => self.lse(out),
-            Output::ZLoss => self.z_loss(targets.z_loss_coef, out),
-            Output::Loss => self.loss(targets, out),
-            Output::KlK1 | Output::KlK2 | Output::KlK3 | Output::KlAbs | Output::Ratio => {
-                super::policy::bound(self, output, targets, out)
-            }
-            Output::ForwardKl | Output::ReverseKl => {
-                self.topk_kl(output, &targets.topk_ids, targets.topk_kl.as_ref(), out)
+            Family::Gradient if col >= targets.vocab_size => ErrorBound::Abs(0.0),
+            Family::Gradient => self.grad(col, &targets.grad_cotangents(), out),
+            Family::Loss(LossTerm::Lse) => self.lse(out),
+            Family::Loss(LossTerm::ZLoss) => self.z_loss(targets.z_loss_coef, out),
+            Family::Loss(LossTerm::CrossEntropy) => self.loss(targets, out),
+            Family::Policy(term) => super::policy::bound(self, term, targets, out),
+            Family::TopkKl(dir) => {
+                self.topk_kl(dir, &targets.topk_ids, targets.topk_kl.as_ref(), out)
             }
         }
     }

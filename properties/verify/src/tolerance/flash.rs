@@ -10,7 +10,7 @@
 //! so the rounded result is within a hair of correctly rounded).
 
 use logprobe_reference::oracle::Exact;
-use logprobe_reference::spec::{pow2, Dtype, EntropyLogits, Output, Problem};
+use logprobe_reference::spec::{pow2, Dtype, EntropyLogits, Family, Output, Problem, RowStat};
 
 use super::walk::RowTargets;
 
@@ -512,12 +512,14 @@ impl NaiveRow {
         targets: &RowTargets,
         dtype: Dtype,
     ) -> Option<f64> {
-        let id = match output {
-            Output::LogProbs => targets.token?,
-            Output::TopkLogProbs => *targets.topk_ids.get(col)?,
-            Output::Entropy => return Some(self.entropy(dtype)),
+        let id = match output.family() {
+            Family::LogSoftmax(RowStat::LogProb) => targets.token?,
+            Family::TopK => *targets.topk_ids.get(col)?,
+            Family::LogSoftmax(RowStat::Entropy) => return Some(self.entropy(dtype)),
             // The flash rule is stated for these three outputs alone.
-            _ => return None,
+            Family::Gradient | Family::Loss(_) | Family::Policy(_) | Family::TopkKl(_) => {
+                return None
+            }
         };
         let x = *self.masked.get(id)?;
         Some(self.naive(dtype).lp(x))

@@ -8,7 +8,7 @@
 //! term's own roundings.
 
 use logprobe_reference::oracle::Interval;
-use logprobe_reference::spec::{Dtype, Output, PolicyTerm};
+use logprobe_reference::spec::{Dtype, PolicyTerm};
 
 use super::bounds::{half_ulp, RowBounds};
 use super::model::K3Form;
@@ -34,15 +34,15 @@ pub(crate) struct Base {
     pub k3_form: K3Form,
 }
 
-/// The bound of `output` (a policy term) of one row for a candidate in
+/// The bound of the policy term `term` of one row for a candidate in
 /// `out` (T20).
 pub(crate) fn bound(
     rb: &RowBounds<'_>,
-    output: Output,
+    term: PolicyTerm,
     targets: &RowTargets,
     out: Dtype,
 ) -> ErrorBound {
-    match try_bound(rb, output, targets, out) {
+    match try_bound(rb, term, targets, out) {
         Ok(b) => b,
         Err(reason) => ErrorBound::None { reason },
     }
@@ -50,13 +50,10 @@ pub(crate) fn bound(
 
 fn try_bound(
     rb: &RowBounds<'_>,
-    output: Output,
+    term: PolicyTerm,
     targets: &RowTargets,
     out: Dtype,
 ) -> Result<ErrorBound, NoBound> {
-    let term = PolicyTerm::of(output).ok_or(NoBound::MissingStatistic {
-        what: "a policy term",
-    })?;
     let pt = targets.policy.as_ref().ok_or(NoBound::MissingStatistic {
         what: "ref_log_probs / old_log_probs",
     })?;
@@ -70,7 +67,7 @@ fn try_bound(
         pre_d,
         e_d,
     } = d_error(&b, x);
-    let what = output.name();
+    let what = term.output().name();
     Ok(match term {
         // d^ (one rounding), |d^| (exact).
         PolicyTerm::K1 | PolicyTerm::Abs => rb.finish_value(pre_d, d_abs, out, what),

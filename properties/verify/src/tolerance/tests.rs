@@ -971,12 +971,9 @@ fn live_topk_ids_with_neg_inf_logits_are_differentiated() {
         problem.sampling_mask = Some(mask.view());
         problem.topk_ids = Some(ids.view());
         problem.options.temperature = t;
-        let cot = Cotangents {
-            grad_log_probs: Some(g.view()),
-            grad_entropy: None,
-            grad_topk_log_probs: Some(gk.view()),
-            ..Default::default()
-        };
+        let cot = Cotangents::default()
+            .with_column(Output::LogProbs, g.view())
+            .with(Output::TopkLogProbs, gk.view());
         let st = oracle.row_stats(&problem, 0).unwrap();
         let ctx = RowContext::from_problem(&problem, 0).unwrap();
         let shape = problem.validate_shapes().unwrap();

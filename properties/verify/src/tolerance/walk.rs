@@ -80,7 +80,10 @@ impl LossGradRow {
     /// are [`Cotangents::loss_divisor`]'s (a one-row view of a dump), else
     /// summed from `problem`'s rows (O(N)).
     pub fn new(problem: &Problem<'_>, row: usize, cot: &Cotangents<'_>) -> Option<LossGradRow> {
-        if cot.grad_lse.is_none() && cot.grad_z_loss.is_none() && cot.grad_loss.is_none() {
+        if cot.column(Output::Lse).is_none()
+            && cot.column(Output::ZLoss).is_none()
+            && cot.column(Output::Loss).is_none()
+        {
             return None;
         }
         let (_, v_total) = problem.logits.dim();
@@ -121,8 +124,8 @@ impl LossGradRow {
             }
         };
         let terms = LossGradCotangents {
-            a: cot.grad_lse.map_or(0.0, |a| a[row]),
-            zb: up(up(2.0 * coef.abs()) * cot.grad_z_loss.map_or(0.0, |b| b[row]).abs()),
+            a: cot.column(Output::Lse).map_or(0.0, |a| a[row]),
+            zb: up(up(2.0 * coef.abs()) * cot.column(Output::ZLoss).map_or(0.0, |b| b[row]).abs()),
             ell,
             mean_rows: mean.then(|| {
                 cot.loss_divisor
@@ -192,7 +195,7 @@ impl RowTargets {
         let (_, v_total) = problem.logits.dim();
         let vocab_size = problem.options.vocab_size.unwrap_or(v_total);
         let has_target = problem.has_target(row);
-        let live_topk = match (problem.topk_ids, cotangents.grad_topk_log_probs) {
+        let live_topk = match (problem.topk_ids, cotangents.get(Output::TopkLogProbs)) {
             // Ids masked by sampling_mask are constants (no gradient); one
             // with a -inf logit is still differentiated (oracle, PyTorch).
             (Some(ids), Some(gk)) => GradCotangents::live_topk(
@@ -211,11 +214,11 @@ impl RowTargets {
             topk_ids: problem.topk_ids.map_or(Vec::new(), |ids| {
                 ids.row(row).iter().map(|&id| id as usize).collect()
             }),
-            g: match cotangents.grad_log_probs {
+            g: match cotangents.column(Output::LogProbs) {
                 Some(g) if has_target => g[row],
                 _ => 0.0,
             },
-            h: cotangents.grad_entropy.map_or(0.0, |h| h[row]),
+            h: cotangents.column(Output::Entropy).map_or(0.0, |h| h[row]),
             live_topk,
             z_loss_coef: problem
                 .options

@@ -451,7 +451,16 @@ fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> St
         Output::ForwardKl | Output::ReverseKl => {
             "K = 0: topk_ids has no column, the top-k KL is over no teacher entry".to_string()
         }
-        _ => "no element".to_string(),
+        Output::Entropy
+        | Output::GradLogits
+        | Output::Lse
+        | Output::ZLoss
+        | Output::Loss
+        | Output::KlK1
+        | Output::KlK2
+        | Output::KlK3
+        | Output::KlAbs
+        | Output::Ratio => "no element".to_string(),
     }
 }
 

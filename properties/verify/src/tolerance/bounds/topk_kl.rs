@@ -10,7 +10,7 @@
 //! (`gamma_{K-1}`, Higham (4.4)); renormalised, the student's log-probs
 //! first pass through `lp^_k - m^ - ln_1p(sum_{j != arg} e^{lp^_j - m^})`.
 
-use logprobe_reference::spec::{Dtype, Output};
+use logprobe_reference::spec::{Dtype, KlDirection};
 
 use super::{finite, gamma, half_ulp, mag, ErrorBound, Hi, Lo, NoBound, RowBounds};
 
@@ -42,7 +42,7 @@ impl RowBounds<'_> {
     /// `+inf` matches it.
     pub fn topk_kl(
         &self,
-        output: Output,
+        dir: KlDirection,
         ids: &[usize],
         kl: Option<&KlTarget>,
         out: Dtype,
@@ -54,9 +54,9 @@ impl RowBounds<'_> {
                 },
             };
         };
-        match self.topk_kl_pre(output, ids, kl) {
+        match self.topk_kl_pre(dir, ids, kl) {
             Ok(None) => ErrorBound::Abs(0.0),
-            Ok(Some((pre, v_abs))) => self.c.finish(pre, v_abs, out, output.name()),
+            Ok(Some((pre, v_abs))) => self.c.finish(pre, v_abs, out, dir.output().name()),
             Err(reason) => ErrorBound::None { reason },
         }
     }
@@ -65,13 +65,16 @@ impl RowBounds<'_> {
     /// bound of the value's magnitude; `None` for an exact `+inf`.
     fn topk_kl_pre(
         &self,
-        output: Output,
+        dir: KlDirection,
         ids: &[usize],
         kl: &KlTarget,
     ) -> Result<Option<(Hi, Hi)>, NoBound> {
         let students = self.students(ids, kl)?;
         let acc = self.c.acc;
-        let forward = output == Output::ForwardKl;
+        let forward = match dir {
+            KlDirection::Forward => true,
+            KlDirection::Reverse => false,
+        };
         let u = self.c.u;
         let (mut err, mut mag_sum, mut v_abs) = (Hi::ZERO, Hi::ZERO, Hi::ZERO);
         for (s, &a) in students.iter().zip(&kl.teacher) {
@@ -108,7 +111,7 @@ impl RowBounds<'_> {
             v_abs = v_abs + w * delta;
         }
         let g = gamma(ids.len().saturating_sub(1), u.0)?;
-        let pre = finite(err + g * mag_sum, output.name())?;
+        let pre = finite(err + g * mag_sum, dir.output().name())?;
         Ok(Some((pre, v_abs)))
     }
 
