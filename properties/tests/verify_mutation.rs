@@ -167,28 +167,17 @@ fn serialize(t: &Tensors, m: &Meta) -> Vec<u8> {
 }
 
 const HUGE: [usize; 5] = [1 << 20, 1 << 26, 1 << 40, 1 << 62, usize::MAX / 2];
-const META_KEYS: [&str; 20] = [
-    "temperature",
-    "vocab_size",
-    "ignore_index",
-    "entropy_logits",
-    "temperature_dtype",
-    "softcap",
-    "softcap_dtype",
-    "z_loss_coef",
-    "kl_renormalized",
-    "reduction",
-    "label_smoothing",
-    "mean_all_ignored",
-    "kl_input_clamp",
-    "ratio_log_clamp",
-    "cotangent_reduction",
-    "topk_ids_source",
-    "format_version",
-    "no_such_key",
-    "temperature ",
-    "",
-];
+/// Every metadata key of the name table (built or reserved), and three
+/// that are not keys.
+fn meta_keys() -> Vec<&'static str> {
+    let mut keys: Vec<&str> = logprobe_verify::names::NAMES
+        .iter()
+        .filter(|n| n.kind == logprobe_verify::names::Kind::Meta)
+        .map(|n| n.name)
+        .collect();
+    keys.extend(["no_such_key", "temperature ", ""]);
+    keys
+}
 const META_VALUES: [&str; 18] = [
     "abc",
     "",
@@ -335,7 +324,7 @@ fn mutate_structure(rng: &mut Rng, t: &mut Tensors, m: &mut Meta) -> String {
             format!("{}[{at}] = {v}", t[i].0)
         }
         6 | 7 => {
-            let k = *rng.pick(&META_KEYS);
+            let k = *rng.pick(&meta_keys());
             let v = *rng.pick(&META_VALUES);
             m.retain(|(x, _)| x != k);
             m.push((k.into(), v.into()));

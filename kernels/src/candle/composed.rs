@@ -4,6 +4,8 @@
 use candle_core::{Device, Tensor, WithDType};
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
 
+use logprobe_reference::spec::meta_key;
+
 use logprobe_reference::spec::{
     Cotangents, Dtype, Element, Logits, Output, OutputSet, Problem, Shape,
 };
@@ -195,7 +197,7 @@ impl Kernel for CandleComposed {
             ));
         }
         if problem.options.softcap.is_some() {
-            return Err(Self::unsupported("softcap"));
+            return Err(Self::unsupported(meta_key::SOFTCAP));
         }
         if shape.temperature != 1.0 {
             return Err(Self::unsupported("temperature other than 1"));

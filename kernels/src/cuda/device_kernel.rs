@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use ndarray::Array2;
 
+use logprobe_reference::spec::meta_key;
+
 use logprobe_reference::spec::{
     Cotangents, Dtype, LogitsMut, Output, OutputSet, Problem, ProblemMut, Shape,
 };
@@ -158,7 +160,7 @@ impl DeviceKernel {
         if problem.options.softcap.is_some() {
             return Err(KernelError::Unsupported {
                 kernel: self.name(),
-                what: "softcap",
+                what: meta_key::SOFTCAP,
             });
         }
         if shape.k + 1 > MAX_SLOTS {

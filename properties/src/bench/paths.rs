@@ -8,6 +8,8 @@ use candle_core::{Device, Tensor};
 use half::bf16;
 use ndarray::{Array1, Array2};
 
+use logprobe_reference::spec::meta_key;
+
 #[cfg(feature = "candle")]
 use logprobe_kernels::candle::candle_log_softmax;
 use logprobe_kernels::{cpu_path, CpuKernel, GradElement, Kernel};
@@ -68,7 +70,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
         ("v", config.v),
         ("reps", config.reps),
         ("shards", config.shards),
-        ("chunk_size", config.chunk_size),
+        (meta_key::CHUNK_SIZE, config.chunk_size),
     ] {
         if val == 0 {
             return Err(BenchError::Config(format!("{name} must be at least 1")));

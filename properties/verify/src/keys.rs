@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 
 use logprobe_reference::spec::{
-    EntropyLogits, MeanAllIgnored, Output, Reduction, SoftcapDtype, SpecError, TemperatureDtype,
+    meta_key, EntropyLogits, MeanAllIgnored, Output, Reduction, SoftcapDtype, SpecError,
+    TemperatureDtype,
 };
 
 use crate::dump::DumpError;
@@ -250,7 +251,7 @@ pub(crate) fn check<T: MetaValue>(
 
 /// Declares the key constants (name, value type, reason).
 macro_rules! keys {
-    ($($(#[$doc:meta])* $c:ident: $t:ty = $name:literal, $reason:literal;)*) => {$(
+    ($($(#[$doc:meta])* $c:ident: $t:ty = $name:expr, $reason:literal;)*) => {$(
         $(#[$doc])*
         pub const $c: Key<$t> = Key::new($name, $reason);
     )*};
@@ -258,63 +259,63 @@ macro_rules! keys {
 
 keys! {
     /// `temperature` (default 1): `z = logits / T`.
-    TEMPERATURE: f64 = "temperature", "not a number";
+    TEMPERATURE: f64 = meta_key::TEMPERATURE, "not a number";
     /// `vocab_size` (default `V_total`): the real columns.
-    VOCAB_SIZE: usize = "vocab_size", "not a non-negative integer";
+    VOCAB_SIZE: usize = meta_key::VOCAB_SIZE, "not a non-negative integer";
     /// `entropy_logits` (default `unmasked`).
-    ENTROPY_LOGITS: EntropyLogits = "entropy_logits", "expected `unmasked` or `masked`";
+    ENTROPY_LOGITS: EntropyLogits = meta_key::ENTROPY_LOGITS, "expected `unmasked` or `masked`";
     /// `ignore_index` (default -100).
-    IGNORE_INDEX: i64 = "ignore_index", "not an integer";
+    IGNORE_INDEX: i64 = meta_key::IGNORE_INDEX, "not an integer";
     /// `temperature_dtype` (default `accumulation`).
-    TEMPERATURE_DTYPE: TemperatureDtype = "temperature_dtype", "expected `accumulation` or `input`";
+    TEMPERATURE_DTYPE: TemperatureDtype = meta_key::TEMPERATURE_DTYPE, "expected `accumulation` or `input`";
     /// `format_version` (default 1).
-    FORMAT_VERSION: FormatVersion = "format_version", "expected `1` or `2`";
+    FORMAT_VERSION: FormatVersion = meta_key::FORMAT_VERSION, "expected `1` or `2`";
     /// `cotangent_reduction` (default `none`).
-    COTANGENT_REDUCTION: CotangentReduction = "cotangent_reduction", "expected `none` or `sum`";
+    COTANGENT_REDUCTION: CotangentReduction = meta_key::COTANGENT_REDUCTION, "expected `none` or `sum`";
     /// `topk_ids_source` (default `given`).
-    TOPK_IDS_SOURCE: TopkIdsSource = "topk_ids_source", "expected `given` or `kernel`";
+    TOPK_IDS_SOURCE: TopkIdsSource = meta_key::TOPK_IDS_SOURCE, "expected `given` or `kernel`";
     /// `topk_sorted` (default false; only with `topk_ids_source=kernel`).
-    TOPK_SORTED: bool = "topk_sorted", "expected `false` or `true`";
+    TOPK_SORTED: bool = meta_key::TOPK_SORTED, "expected `false` or `true`";
     /// `chunk_size` (informational, >= 1).
-    CHUNK_SIZE: u64 = "chunk_size", "expected an integer >= 1";
+    CHUNK_SIZE: u64 = meta_key::CHUNK_SIZE, "expected an integer >= 1";
     /// `fuzz_recipe`: a fuzz finding's recipe.
-    FUZZ_RECIPE: String = "fuzz_recipe", "not a string";
+    FUZZ_RECIPE: String = meta_key::FUZZ_RECIPE, "not a string";
     /// `fuzz_kernel`: a fuzz finding's `--kernel`.
-    FUZZ_KERNEL: String = "fuzz_kernel", "not a string";
+    FUZZ_KERNEL: String = meta_key::FUZZ_KERNEL, "not a string";
     /// `fuzz_property`: the property a fuzz finding fails.
-    FUZZ_PROPERTY: String = "fuzz_property", "not a string";
+    FUZZ_PROPERTY: String = meta_key::FUZZ_PROPERTY, "not a string";
     /// `fuzz_seed`: the fuzz run's `--seed`.
-    FUZZ_SEED: String = "fuzz_seed", "not a string";
+    FUZZ_SEED: String = meta_key::FUZZ_SEED, "not a string";
     /// `outputs`: a fuzz protocol request's outputs wanted.
-    OUTPUTS: Vec<Output> = "outputs", "expected a comma list of output names";
+    OUTPUTS: Vec<Output> = meta_key::OUTPUTS, "expected a comma list of output names";
     /// `fuzz_protocol`: the fuzz protocol version.
-    FUZZ_PROTOCOL: u32 = "fuzz_protocol", "not a non-negative integer";
+    FUZZ_PROTOCOL: u32 = meta_key::FUZZ_PROTOCOL, "not a non-negative integer";
     /// `fuzz_exec`: the command of an `--exec` finding.
-    FUZZ_EXEC: String = "fuzz_exec", "not a string";
+    FUZZ_EXEC: String = meta_key::FUZZ_EXEC, "not a string";
     /// `z_loss_coef` (required with `z_loss`).
-    Z_LOSS_COEF: f64 = "z_loss_coef", "not a number";
+    Z_LOSS_COEF: f64 = meta_key::Z_LOSS_COEF, "not a number";
     /// `reduction` of `loss` (default `none`).
-    REDUCTION: Reduction = "reduction", "expected `none`, `sum` or `mean`";
+    REDUCTION: Reduction = meta_key::REDUCTION, "expected `none`, `sum` or `mean`";
     /// `label_smoothing` (default 0).
-    LABEL_SMOOTHING: f64 = "label_smoothing", "not a number";
+    LABEL_SMOOTHING: f64 = meta_key::LABEL_SMOOTHING, "not a number";
     /// `mean_all_ignored` (default `nan`).
-    MEAN_ALL_IGNORED: MeanAllIgnored = "mean_all_ignored", "expected `nan` or `zero`";
+    MEAN_ALL_IGNORED: MeanAllIgnored = meta_key::MEAN_ALL_IGNORED, "expected `nan` or `zero`";
     /// `softcap` (a float > 0).
-    SOFTCAP: f64 = "softcap", "not a number";
+    SOFTCAP: f64 = meta_key::SOFTCAP, "not a number";
     /// `softcap_dtype` (default `accumulation`; only with `softcap`).
-    SOFTCAP_DTYPE: SoftcapDtype = "softcap_dtype", "expected `accumulation` or `input`";
+    SOFTCAP_DTYPE: SoftcapDtype = meta_key::SOFTCAP_DTYPE, "expected `accumulation` or `input`";
     /// `kl_input_clamp` of `kl_k3`.
-    KL_INPUT_CLAMP: f64 = "kl_input_clamp", "not a number";
+    KL_INPUT_CLAMP: f64 = meta_key::KL_INPUT_CLAMP, "not a number";
     /// `kl_output_clamp` of `kl_k3`.
-    KL_OUTPUT_CLAMP: f64 = "kl_output_clamp", "not a number";
+    KL_OUTPUT_CLAMP: f64 = meta_key::KL_OUTPUT_CLAMP, "not a number";
     /// `ratio_log_clamp` of `ratio`.
-    RATIO_LOG_CLAMP: f64 = "ratio_log_clamp", "not a number";
+    RATIO_LOG_CLAMP: f64 = meta_key::RATIO_LOG_CLAMP, "not a number";
     /// `z_loss_rows`: reserved, not built.
-    Z_LOSS_ROWS: String = "z_loss_rows", "not a string";
+    Z_LOSS_ROWS: String = meta_key::Z_LOSS_ROWS, "not a string";
     /// `loss_normalizer`: reserved, not built.
-    LOSS_NORMALIZER: String = "loss_normalizer", "not a string";
+    LOSS_NORMALIZER: String = meta_key::LOSS_NORMALIZER, "not a string";
     /// `kl_renormalized` (default false).
-    KL_RENORMALIZED: bool = "kl_renormalized", "not true or false";
+    KL_RENORMALIZED: bool = meta_key::KL_RENORMALIZED, "not true or false";
 }
 
 #[cfg(test)]

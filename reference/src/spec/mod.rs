@@ -8,6 +8,7 @@ mod cotangents;
 mod dtype;
 mod error;
 mod loss;
+pub mod meta_key;
 mod output;
 mod output_set;
 mod per_output;

@@ -38,6 +38,7 @@
 
 use ndarray::ArrayView1;
 
+use super::meta_key;
 use super::{Dtype, Output, Problem, SpecError};
 
 /// The exact per-row inputs of the policy terms, `[N]` each, f64 (every
@@ -120,9 +121,9 @@ impl PolicyClamps {
             .transpose()
         };
         Ok(PolicyClamps {
-            kl_input: one("kl_input_clamp", self.kl_input)?,
-            kl_output: one("kl_output_clamp", self.kl_output)?,
-            ratio_log: one("ratio_log_clamp", self.ratio_log)?,
+            kl_input: one(meta_key::KL_INPUT_CLAMP, self.kl_input)?,
+            kl_output: one(meta_key::KL_OUTPUT_CLAMP, self.kl_output)?,
+            ratio_log: one(meta_key::RATIO_LOG_CLAMP, self.ratio_log)?,
         })
     }
 }

@@ -9,6 +9,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
 use super::loss::{CrossEntropy, LossOptions, Reduction};
+use super::meta_key;
 use super::policy::{self, PolicyClamps, PolicyInputs};
 use super::topk_kl::{check_teacher_row, first_duplicate, TopkKl};
 
@@ -217,20 +218,20 @@ pub struct Options {
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("Options");
-        d.field("temperature", &self.temperature)
-            .field("temperature_dtype", &self.temperature_dtype)
-            .field("vocab_size", &self.vocab_size)
-            .field("ignore_index", &self.ignore_index)
+        d.field(meta_key::TEMPERATURE, &self.temperature)
+            .field(meta_key::TEMPERATURE_DTYPE, &self.temperature_dtype)
+            .field(meta_key::VOCAB_SIZE, &self.vocab_size)
+            .field(meta_key::IGNORE_INDEX, &self.ignore_index)
             .field("entropy", &self.entropy);
         if self.lse {
             d.field("lse", &self.lse);
         }
         if let Some(c) = self.z_loss_coef {
-            d.field("z_loss_coef", &c);
+            d.field(meta_key::Z_LOSS_COEF, &c);
         }
         if let Some(c) = self.softcap {
-            d.field("softcap", &c)
-                .field("softcap_dtype", &self.softcap_dtype);
+            d.field(meta_key::SOFTCAP, &c)
+                .field(meta_key::SOFTCAP_DTYPE, &self.softcap_dtype);
         }
         if let Some(l) = &self.loss {
             d.field("loss", l);

@@ -24,26 +24,27 @@ use logprobe_testkit::strategies::{
 };
 
 /// The grammar keys spelt as the dump's metadata keys: one spelling, the
-/// key table's ([`logprobe_verify::keys`]).
+/// spec's ([`logprobe_reference::spec::meta_key`]), which the key table
+/// ([`logprobe_verify::keys`]) is built from.
 pub mod dump_key {
-    use logprobe_verify::keys;
+    use logprobe_reference::spec::meta_key as keys;
 
     /// `temperature`.
-    pub const TEMPERATURE: &str = keys::TEMPERATURE.name;
+    pub const TEMPERATURE: &str = keys::TEMPERATURE;
     /// `temperature_dtype`.
-    pub const TEMPERATURE_DTYPE: &str = keys::TEMPERATURE_DTYPE.name;
+    pub const TEMPERATURE_DTYPE: &str = keys::TEMPERATURE_DTYPE;
     /// `softcap`.
-    pub const SOFTCAP: &str = keys::SOFTCAP.name;
+    pub const SOFTCAP: &str = keys::SOFTCAP;
     /// `softcap_dtype`.
-    pub const SOFTCAP_DTYPE: &str = keys::SOFTCAP_DTYPE.name;
+    pub const SOFTCAP_DTYPE: &str = keys::SOFTCAP_DTYPE;
     /// `ignore_index`.
-    pub const IGNORE_INDEX: &str = keys::IGNORE_INDEX.name;
+    pub const IGNORE_INDEX: &str = keys::IGNORE_INDEX;
     /// `reduction`.
-    pub const REDUCTION: &str = keys::REDUCTION.name;
+    pub const REDUCTION: &str = keys::REDUCTION;
     /// `label_smoothing`.
-    pub const LABEL_SMOOTHING: &str = keys::LABEL_SMOOTHING.name;
+    pub const LABEL_SMOOTHING: &str = keys::LABEL_SMOOTHING;
     /// `mean_all_ignored`.
-    pub const MEAN_ALL_IGNORED: &str = keys::MEAN_ALL_IGNORED.name;
+    pub const MEAN_ALL_IGNORED: &str = keys::MEAN_ALL_IGNORED;
 }
 
 /// Every key of the grammar, in recipe order.

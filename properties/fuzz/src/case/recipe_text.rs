@@ -62,17 +62,23 @@ impl FuzzCase {
             format!("kind={kind}"),
             format!("offset={offset}"),
             format!("mask={}", r.mask_rate.map_or("none".into(), num)),
-            format!("temperature={}", num(r.temperature)),
+            format!("{}={}", dump_key::TEMPERATURE, num(r.temperature)),
             format!(
-                "temperature_dtype={}",
+                "{}={}",
+                dump_key::TEMPERATURE_DTYPE,
                 match r.temperature_dtype {
                     TemperatureDtype::Accumulation => "accumulation",
                     TemperatureDtype::Input => "input",
                 }
             ),
-            format!("softcap={}", r.softcap.map_or("none".into(), num)),
             format!(
-                "softcap_dtype={}",
+                "{}={}",
+                dump_key::SOFTCAP,
+                r.softcap.map_or("none".into(), num)
+            ),
+            format!(
+                "{}={}",
+                dump_key::SOFTCAP_DTYPE,
                 match r.softcap_dtype {
                     SoftcapDtype::Accumulation => "accumulation",
                     SoftcapDtype::Input => "input",
@@ -80,13 +86,21 @@ impl FuzzCase {
             ),
             format!("tokens={}", if r.tokens { "on" } else { "off" }),
             format!("ignore={}", num(r.ignore_rate)),
-            format!("ignore_index={}", r.ignore_index),
+            format!("{}={}", dump_key::IGNORE_INDEX, r.ignore_index),
             format!("topk={}", r.topk),
             format!("topk_ids={}", if r.topk_true { "true" } else { "random" }),
             format!("entropy={}", entropy_name(r.entropy)),
-            format!("reduction={}", self.loss.reduction.name()),
-            format!("label_smoothing={}", num(self.loss.label_smoothing)),
-            format!("mean_all_ignored={}", self.loss.mean_all_ignored.name()),
+            format!("{}={}", dump_key::REDUCTION, self.loss.reduction.name()),
+            format!(
+                "{}={}",
+                dump_key::LABEL_SMOOTHING,
+                num(self.loss.label_smoothing)
+            ),
+            format!(
+                "{}={}",
+                dump_key::MEAN_ALL_IGNORED,
+                self.loss.mean_all_ignored.name()
+            ),
             format!(
                 "loss_weights={}",
                 self.loss.weights.map_or("none", LossWeights::name)

@@ -3,6 +3,7 @@
 //! fingerprints.
 
 use logprobe_kernels::kernel::{Capabilities, Feature};
+use logprobe_reference::spec::meta_key;
 use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Output, Problem, SpecError, TemperatureDtype,
 };
@@ -58,9 +59,9 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
         || p.options.temperature_dtype == TemperatureDtype::Input)
         && !caps.supports(Feature::Temperature)
     {
-        Some("temperature")
+        Some(meta_key::TEMPERATURE)
     } else if p.options.softcap.is_some() && !caps.supports(Feature::Softcap) {
-        Some("softcap")
+        Some(meta_key::SOFTCAP)
     } else if p.options.vocab_size.is_some_and(|v| v < v_total)
         && !caps.supports(Feature::PaddedVocab)
     {

@@ -1,0 +1,64 @@
+//! The names of a dump's `__metadata__` keys (docs/dump-from-pytorch.md):
+//! the one spelling of each. logprobe-verify's key table (`keys.rs`, typed
+//! parse and write, version, doc line) is built from these; the spec's own
+//! errors and Debug output, the kernels' refusals and the fuzz grammar name
+//! keys through them too.
+
+/// `temperature` (default 1): `z = logits / T`.
+pub const TEMPERATURE: &str = "temperature";
+/// `vocab_size` (default `V_total`): the real columns.
+pub const VOCAB_SIZE: &str = "vocab_size";
+/// `entropy_logits` (default `unmasked`).
+pub const ENTROPY_LOGITS: &str = "entropy_logits";
+/// `ignore_index` (default -100).
+pub const IGNORE_INDEX: &str = "ignore_index";
+/// `temperature_dtype` (default `accumulation`).
+pub const TEMPERATURE_DTYPE: &str = "temperature_dtype";
+/// `format_version` (default 1).
+pub const FORMAT_VERSION: &str = "format_version";
+/// `cotangent_reduction` (default `none`).
+pub const COTANGENT_REDUCTION: &str = "cotangent_reduction";
+/// `topk_ids_source` (default `given`).
+pub const TOPK_IDS_SOURCE: &str = "topk_ids_source";
+/// `topk_sorted` (default false; only with `topk_ids_source=kernel`).
+pub const TOPK_SORTED: &str = "topk_sorted";
+/// `chunk_size` (informational, >= 1).
+pub const CHUNK_SIZE: &str = "chunk_size";
+/// `fuzz_recipe`: a fuzz finding's recipe.
+pub const FUZZ_RECIPE: &str = "fuzz_recipe";
+/// `fuzz_kernel`: a fuzz finding's `--kernel`.
+pub const FUZZ_KERNEL: &str = "fuzz_kernel";
+/// `fuzz_property`: the property a fuzz finding fails.
+pub const FUZZ_PROPERTY: &str = "fuzz_property";
+/// `fuzz_seed`: the fuzz run's `--seed`.
+pub const FUZZ_SEED: &str = "fuzz_seed";
+/// `outputs`: a fuzz protocol request's outputs wanted.
+pub const OUTPUTS: &str = "outputs";
+/// `fuzz_protocol`: the fuzz protocol version.
+pub const FUZZ_PROTOCOL: &str = "fuzz_protocol";
+/// `fuzz_exec`: the command of an `--exec` finding.
+pub const FUZZ_EXEC: &str = "fuzz_exec";
+/// `z_loss_coef` (required with `z_loss`).
+pub const Z_LOSS_COEF: &str = "z_loss_coef";
+/// `reduction` of `loss` (default `none`).
+pub const REDUCTION: &str = "reduction";
+/// `label_smoothing` (default 0).
+pub const LABEL_SMOOTHING: &str = "label_smoothing";
+/// `mean_all_ignored` (default `nan`).
+pub const MEAN_ALL_IGNORED: &str = "mean_all_ignored";
+/// `softcap` (a float > 0).
+pub const SOFTCAP: &str = "softcap";
+/// `softcap_dtype` (default `accumulation`; only with `softcap`).
+pub const SOFTCAP_DTYPE: &str = "softcap_dtype";
+/// `kl_input_clamp` of `kl_k3`.
+pub const KL_INPUT_CLAMP: &str = "kl_input_clamp";
+/// `kl_output_clamp` of `kl_k3`.
+pub const KL_OUTPUT_CLAMP: &str = "kl_output_clamp";
+/// `ratio_log_clamp` of `ratio`.
+pub const RATIO_LOG_CLAMP: &str = "ratio_log_clamp";
+/// `z_loss_rows`: reserved, not built.
+pub const Z_LOSS_ROWS: &str = "z_loss_rows";
+/// `loss_normalizer`: reserved, not built.
+pub const LOSS_NORMALIZER: &str = "loss_normalizer";
+/// `kl_renormalized` (default false).
+pub const KL_RENORMALIZED: &str = "kl_renormalized";
