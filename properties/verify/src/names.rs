@@ -11,6 +11,8 @@
 
 use std::collections::HashMap;
 
+use logprobe_reference::spec::Output;
+
 use crate::dump::DumpError;
 use crate::keys::{self, Key, MetaValue};
 
@@ -109,6 +111,15 @@ const fn t(name: &'static str, version: u8, built: bool) -> Name {
     }
 }
 
+/// The tensor of `output`'s cotangent (`grad_<name>`), spelt by the output
+/// table ([`Output::cotangent_name`]).
+const fn cot(output: Output, version: u8, built: bool) -> Name {
+    match output.cotangent_name() {
+        Some(name) => t(name, version, built),
+        None => panic!("an output without a cotangent"),
+    }
+}
+
 const fn m<T: MetaValue>(key: Key<T>, version: u8, built: bool, doc: &'static str) -> Name {
     Name {
         name: key.name,
@@ -128,14 +139,14 @@ pub const NAMES: &[Name] = &[
     t(tensor::LOGITS, 1, true),
     t(tensor::TOKENS, 1, true),
     t(tensor::SAMPLING_MASK, 1, true),
-    t("log_probs", 1, true),
-    t("entropy", 1, true),
+    t(Output::LogProbs.name(), 1, true),
+    t(Output::Entropy.name(), 1, true),
     t(tensor::TOPK_IDS, 1, true),
-    t("topk_log_probs", 1, true),
-    t("grad_log_probs", 1, true),
-    t("grad_entropy", 1, true),
-    t("grad_topk_log_probs", 1, true),
-    t("grad_logits", 1, true),
+    t(Output::TopkLogProbs.name(), 1, true),
+    cot(Output::LogProbs, 1, true),
+    cot(Output::Entropy, 1, true),
+    cot(Output::TopkLogProbs, 1, true),
+    t(Output::GradLogits.name(), 1, true),
     m(keys::TEMPERATURE, 1, true, "z = logits / T (default 1)"),
     m(
         keys::VOCAB_SIZE,
@@ -230,15 +241,15 @@ pub const NAMES: &[Name] = &[
         "the command of an `--exec` finding",
     ),
     // Version 2, the loss side: built.
-    t("lse", 2, true),
-    t("z_loss", 2, true),
+    t(Output::Lse.name(), 2, true),
+    t(Output::ZLoss.name(), 2, true),
     m(
         keys::Z_LOSS_COEF,
         2,
         true,
         "the z-loss coefficient (required with z_loss)",
     ),
-    t("loss", 2, true),
+    t(Output::Loss.name(), 2, true),
     m(
         keys::REDUCTION,
         2,
@@ -270,40 +281,40 @@ pub const NAMES: &[Name] = &[
         true,
         "`input`: x' = c tanh(x / c) materialised in the logits' dtype",
     ),
-    t("grad_lse", 2, true),
-    t("grad_z_loss", 2, true),
-    t("grad_loss", 2, true),
+    cot(Output::Lse, 2, true),
+    cot(Output::ZLoss, 2, true),
+    cot(Output::Loss, 2, true),
     // Version 2, the policy terms (issue 18): built.
     t(tensor::REF_LOG_PROBS, 2, true),
     t(tensor::OLD_LOG_PROBS, 2, true),
-    t("kl_k1", 2, true),
-    t("kl_k2", 2, true),
-    t("kl_k3", 2, true),
-    t("kl_abs", 2, true),
-    t("ratio", 2, true),
+    t(Output::KlK1.name(), 2, true),
+    t(Output::KlK2.name(), 2, true),
+    t(Output::KlK3.name(), 2, true),
+    t(Output::KlAbs.name(), 2, true),
+    t(Output::Ratio.name(), 2, true),
     m(keys::KL_INPUT_CLAMP, 2, true, "kl_k3's clamp of d"),
     m(keys::KL_OUTPUT_CLAMP, 2, true, "kl_k3's clamp of its value"),
     m(keys::RATIO_LOG_CLAMP, 2, true, "ratio's clamp of its log"),
-    t("grad_kl_k1", 2, true),
-    t("grad_kl_k2", 2, true),
-    t("grad_kl_k3", 2, true),
-    t("grad_kl_abs", 2, true),
-    t("grad_ratio", 2, true),
+    cot(Output::KlK1, 2, true),
+    cot(Output::KlK2, 2, true),
+    cot(Output::KlK3, 2, true),
+    cot(Output::KlAbs, 2, true),
+    cot(Output::Ratio, 2, true),
     // Version 2: reserved, not built yet.
     m(keys::Z_LOSS_ROWS, 2, false, "reserved"),
     m(keys::LOSS_NORMALIZER, 2, false, "reserved"),
     // (The top-k KL's four names: built.)
     t(tensor::TEACHER_TOPK_LOG_PROBS, 2, true),
-    t("forward_kl", 2, true),
-    t("reverse_kl", 2, true),
+    t(Output::ForwardKl.name(), 2, true),
+    t(Output::ReverseKl.name(), 2, true),
     m(
         keys::KL_RENORMALIZED,
         2,
         true,
         "the top-k KL's student renormalised over the K ids (default false)",
     ),
-    t("grad_forward_kl", 2, true),
-    t("grad_reverse_kl", 2, true),
+    cot(Output::ForwardKl, 2, true),
+    cot(Output::ReverseKl, 2, true),
 ];
 
 /// What is wrong with one name.
@@ -448,7 +459,6 @@ mod tests {
 
     #[test]
     fn the_table_holds_every_output_and_cotangent_once() {
-        use logprobe_reference::spec::Output;
         let tensors: Vec<&str> = built(Kind::Tensor, NAMES).collect();
         for o in Output::ALL {
             for name in std::iter::once(o.name()).chain(o.cotangent_name()) {
