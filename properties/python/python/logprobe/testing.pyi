@@ -93,6 +93,7 @@ def assert_fuzz_clean(
     shrink_budget: Duration = "30s",
     tensors: str = "auto",
     progress: bool = False,
+    bitwise: bool = False,
 ) -> FuzzReport:
     """`logprobe.fuzz(fn, ...)`, raising `FuzzFailure` (an `AssertionError`:
     the finding, its recipe and seed, the CLI's report) on a counterexample;
