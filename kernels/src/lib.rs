@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod policy;
 mod row;
 mod stats;
+mod topk_kl;
 mod vjp;
 
 pub use cpu::{CpuKernel, Sharding, Staging};
@@ -29,4 +30,5 @@ pub use kernel::{
     KernelError, Shift, Summation,
 };
 pub use row::cpu_path;
-pub use stats::{pairwise_depth, topk_kl_slopes, PAIRWISE_LEAF};
+pub use stats::{pairwise_depth, PAIRWISE_LEAF};
+pub use topk_kl::topk_kl_slopes;

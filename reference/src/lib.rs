@@ -11,4 +11,6 @@ pub mod spec;
 pub mod splitmix;
 
 #[cfg(feature = "oracle")]
+mod interval;
+#[cfg(feature = "oracle")]
 pub mod oracle;

@@ -46,10 +46,9 @@ use rug::float::Round;
 use rug::ops::{AddAssignRound, AssignRound};
 use rug::{Assign, Float};
 
-use super::fast::ival::{add_dn, add_up};
-use super::mpfr_interval::MpfrInterval;
 use super::row::{self, Cache, Entry, Row, ACC_EXTRA, CHUNK};
 use super::{Exact, Interval, Oracle, Rounder, RowStats};
+use crate::interval::{add_dn, add_up, MpfrInterval};
 use crate::spec::{Dtype, Problem, SpecError};
 
 impl Oracle {
@@ -138,7 +137,7 @@ impl Oracle {
 
 /// The f64 tier: each side's row statistics ([`Oracle::row_stats`]: f64
 /// enclosures of `d'_j`, `p_j`, `ln S`) in the module's formula, in
-/// outward f64 interval arithmetic (module `fast::ival`); `phi` with
+/// outward f64 interval arithmetic (module `crate::interval`); `phi` with
 /// CORE-MATH's correctly rounded `expm1` moved one ulp outward (a correctly
 /// rounded value is within half an ulp).
 fn kl_fast(ra: &Row<'_>, rb: &Row<'_>, sa: &RowStats, sb: &RowStats) -> Interval {

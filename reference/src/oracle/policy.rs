@@ -30,10 +30,10 @@ use rug::float::Round;
 use rug::ops::{AssignRound, NegAssign};
 use rug::{Assign, Float};
 
-use super::fast::ival::{add_dn, add_up, mul_dn, mul_up};
-use super::mpfr_interval::MpfrInterval;
 use super::row::{Entry, Row, Sums};
 use super::Interval;
+use crate::interval::MpfrInterval;
+use crate::interval::{add_dn, add_up, mul_dn, mul_up};
 pub(crate) use crate::spec::PolicyRow;
 use crate::spec::PolicyTerm;
 
@@ -462,6 +462,31 @@ pub(crate) fn phi_fast(x: f64) -> Interval {
         lo: add_dn(m_lo, x).max(0.0),
         hi: add_up(m_hi, x),
     }
+}
+
+/// The policy terms' log-prob cotangent `sum c k'(d)` of one row (module
+/// `vjp`) for the nonzero cotangents `terms` `(term, c)`, enclosed at `acc`
+/// bits from the row's log-prob at the sums' precision (the row has a
+/// target); `t` is scratch at `acc` bits.
+pub(super) fn vjp_cotangent(
+    row: &Row<'_>,
+    sums: &Sums,
+    terms: &[(PolicyTerm, f64)],
+    acc: u32,
+    t: &mut Float,
+) -> MpfrInterval {
+    let lp = log_prob_mpfr(row, sums, acc).expect("a target");
+    let mut gp = MpfrInterval::point(acc, 0.0);
+    let mut tmp = MpfrInterval::new(acc);
+    for &(term, c) in terms {
+        if let Some(k) = slope_mpfr(term, &row.policy, &lp, acc) {
+            let mut ck = MpfrInterval::new(acc);
+            ck.mul(&MpfrInterval::point(acc, c), &k, t);
+            tmp.assign_outward(&gp);
+            gp.add(&tmp, &ck);
+        }
+    }
+    gp
 }
 
 #[cfg(test)]

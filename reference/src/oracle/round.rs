@@ -19,9 +19,8 @@ use rug::float::Round;
 use rug::ops::AssignRound;
 use rug::Float;
 
-use super::fast::ival::{add_dn, add_up, two_sum};
-use super::mpfr_interval::MpfrInterval;
 use super::{Exact, Interval};
+use crate::interval::{add_dn, add_up, two_sum, MpfrInterval};
 use crate::spec::{pow2, Dtype};
 
 /// `x` correctly rounded (to nearest, ties to even, subnormals, overflow to

@@ -34,9 +34,9 @@ use rug::float::Round;
 use rug::ops::AssignRound;
 use rug::{Assign, Float};
 
-use super::mpfr_interval::MpfrInterval;
-use super::Interval;
-use crate::spec::TopkKl;
+use super::{fast, Exact, Interval};
+use crate::interval::MpfrInterval;
+use crate::spec::{Dtype, Problem, TopkKl};
 
 /// Which of the two KL terms (the spec's).
 pub(crate) use crate::spec::KlDirection as Direction;
@@ -498,4 +498,27 @@ pub(crate) fn kl_slopes_mpfr(
         }
     }
     (w, kl.renormalized)
+}
+
+/// `forward_kl` / `reverse_kl` of a row on the f64 tier
+/// ([`kl_fast`]) decided in `target`; `None` leaves it to MPFR
+/// (also when the row is not [`fast::FastRow::applicable`]).
+pub(super) fn decide_fast(
+    problem: &Problem<'_>,
+    fast: &fast::FastRow<'_>,
+    dir: Direction,
+    target: Dtype,
+) -> Option<Exact> {
+    let kl = problem.options.topk_kl?;
+    if !fast.applicable() {
+        return None;
+    }
+    let e = kl_fast(&fast.topk(), &fast.prepared().teacher, &kl, dir)?;
+    if e.lo == f64::INFINITY {
+        return Some(Exact::point(f64::INFINITY));
+    }
+    if e.lo == 0.0 && e.hi == 0.0 {
+        return Some(Exact::point(0.0));
+    }
+    fast::decide(e, target)
 }

@@ -8,9 +8,9 @@
 //! the argmax, `1 + s - E_j >= max(1, s)` elsewhere: no cancellation), the
 //! same regrouping as the MPFR path (`crate::oracle` module `vjp`).
 
-use super::ival::{add_dn, add_up, mul_dn, mul_up, TINY, U};
 use super::pass::C1;
 use super::{decide, lanes, FastRow, Mutant};
+use crate::interval::{add_dn, add_up, mul_dn, mul_up, TINY, U};
 
 /// `(1 + kappa)(1 + 2u)` rounded up: `E_j`'s shift widening factor.
 pub(super) const CE: f64 = 1.0 + 2.0 * super::pass::KAPPA;

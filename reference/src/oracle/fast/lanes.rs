@@ -16,7 +16,7 @@
 //! mispredicted branch per element and end), and its dependent chain of
 //! about 30 operations runs one element at a time.
 
-use crate::oracle::Interval;
+use crate::interval::Interval;
 use crate::spec::Dtype;
 
 use super::grad::PointForm;
@@ -91,9 +91,9 @@ mod x86 {
 
     use super::super::decide::round_to;
     use super::super::grad::{PointForm, CE};
-    use super::super::ival::{TINY, U};
     use super::super::pass::C1;
     use super::Block;
+    use crate::interval::{TINY, U};
     use crate::spec::Dtype;
 
     /// `f64::next_up` per lane, on the bits as the standard library does:
@@ -129,7 +129,7 @@ mod x86 {
         neg(next_up(neg(x)))
     }
 
-    /// `(s, e)` of TwoSum (`super::super::ival::two_sum`), per lane.
+    /// `(s, e)` of TwoSum (`crate::interval::two_sum`), per lane.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn two_sum(a: __m256d, b: __m256d) -> (__m256d, __m256d) {
@@ -146,7 +146,7 @@ mod x86 {
         _mm256_cmp_pd::<_CMP_LT_OQ>(abs(x), splat(f64::INFINITY))
     }
 
-    /// `add_dn(a, b)` (`super::super::ival`), per lane.
+    /// `add_dn(a, b)` (`crate::interval`), per lane.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn add_dn(a: __m256d, b: __m256d) -> __m256d {
@@ -163,7 +163,7 @@ mod x86 {
         )
     }
 
-    /// `add_up(a, b)` (`super::super::ival`), per lane.
+    /// `add_up(a, b)` (`crate::interval`), per lane.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn add_up(a: __m256d, b: __m256d) -> __m256d {

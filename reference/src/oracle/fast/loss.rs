@@ -9,11 +9,11 @@
 //! operation is one f64 operation moved one ulp outward (or exact), so the
 //! result encloses the exact `w l`.
 
-use super::ival::{add_dn, add_up, div_dn, div_up};
 use super::pass::{a_tight, Dd};
 use super::row::widen_abs;
 use super::FastRow;
-use crate::oracle::Interval;
+use crate::interval::Interval;
+use crate::interval::{add_dn, add_up, div_dn, div_up};
 
 impl FastRow<'_> {
     /// The enclosure of this row's loss term `w l` (nats; `w` the row's

@@ -149,13 +149,14 @@
 //! - `loss.rs`: the cross-entropy row term ([`FastRow::loss_term`]);
 //! - `lanes.rs`: (F7') and (F8) of four plain VJP elements in one AVX2
 //!   vector (the same bits as the scalar code);
-//! - `decide.rs`: the decision (F8);
-//! - `ival.rs`: the directed-rounding primitives.
+//! - `decide.rs`: the decision (F8).
+//!
+//! The directed-rounding primitives sit at the bottom of the crate, in
+//! `crate::interval`.
 
 mod decide;
 mod entries;
 mod grad;
-pub(crate) mod ival;
 mod lanes;
 mod loss;
 mod pass;

@@ -1,9 +1,9 @@
 //! The one exp pass over a softmax family and the a-priori bounds of its
 //! sums (derivation: the module docs of [`super`], steps (F1)-(F6)).
 
-use super::ival::{add_dn, add_up, div_up, mul_dn, mul_up, two_sum, TINY, U};
 use super::Mutant;
-use crate::oracle::Interval;
+use crate::interval::Interval;
+use crate::interval::{add_dn, add_up, div_up, mul_dn, mul_up, two_sum, TINY, U};
 
 /// How the shift `a_j = (v_max - v_j) / ts` is divided.
 #[derive(Clone, Copy, Debug, PartialEq)]

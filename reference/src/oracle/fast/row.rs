@@ -3,9 +3,9 @@
 //! row-level enclosures and the forward values decided from them (F8).
 
 use super::decide::{decide, decide_signed};
-use super::ival::{add_dn, add_up, div_up, mul_dn, mul_up, TINY, U};
 use super::pass::{a_tight, accumulate, family_bounds, Cache, Div, FamilyBounds, Sums};
 use super::Mutant;
+use crate::interval::{add_dn, add_up, div_up, mul_dn, mul_up, TINY, U};
 use crate::oracle::row::{self, Row, RowSoftcap, TopId};
 use crate::oracle::{Exact, Interval};
 use crate::spec::{Dtype, EntropyLogits, Output, Problem, SpecError};

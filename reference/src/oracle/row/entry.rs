@@ -8,7 +8,7 @@ use rug::ops::{AddAssignRound, AssignRound, DivAssignRound, MulAssignRound, NegA
 use rug::{Assign, Float};
 
 use super::{softcap_enclosure, Top};
-use crate::oracle::mpfr_interval::MpfrInterval;
+use crate::interval::MpfrInterval;
 
 /// Scratch for one entry: `a = -d = (vmax - v) / ts >= 0` and `exp(-a)`.
 #[derive(Debug)]

@@ -25,7 +25,7 @@ use rug::float::Round;
 use rug::ops::AssignRound;
 use rug::Float;
 
-use super::mpfr_interval::MpfrInterval;
+use crate::interval::MpfrInterval;
 use crate::spec::{
     Element, EntropyLogits, Problem, Shape, SoftcapDtype, SpecError, TemperatureDtype,
 };

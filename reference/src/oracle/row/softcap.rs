@@ -8,7 +8,7 @@ use rug::ops::{AddAssignRound, AssignRound, DivAssignRound, MulAssignRound, NegA
 use rug::{Assign, Float};
 
 use super::RowSoftcap;
-use crate::oracle::mpfr_interval::MpfrInterval;
+use crate::interval::MpfrInterval;
 
 /// `out` = an enclosure of `x' = c tanh(x / c)` at `out`'s precision
 /// (`c > 0`): `y = x / c` rounded down (exact when MPFR's ternary says so,

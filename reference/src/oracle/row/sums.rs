@@ -11,7 +11,7 @@ use rug::ops::{AddAssignRound, AssignRound, MulAssignRound};
 use rug::{Assign, Float};
 
 use super::{Entry, Row, ACC_EXTRA, CHUNK};
-use crate::oracle::mpfr_interval::MpfrInterval;
+use crate::interval::MpfrInterval;
 
 /// A chunk of a row with its slices of the `p` and `q` caches.
 type WorkItem<'c> = (

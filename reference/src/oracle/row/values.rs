@@ -5,7 +5,7 @@ use rug::float::Round;
 use rug::ops::AssignRound;
 
 use super::{pass, Cache, Entry, Row, Sums, TopId, ACC_EXTRA};
-use crate::oracle::mpfr_interval::MpfrInterval;
+use crate::interval::MpfrInterval;
 use crate::oracle::{Interval, RowStats};
 
 /// Forward enclosures of one row at precision `prec`.

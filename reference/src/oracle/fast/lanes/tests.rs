@@ -133,7 +133,7 @@ fn four_lanes_equal_the_scalar_element_and_decision() {
 #[test]
 fn four_lane_roundings_and_directed_sums_equal_the_scalar_ones() {
     use super::super::decide::round_to;
-    use super::super::ival::{add_dn, add_up};
+    use crate::interval::{add_dn, add_up};
     if !available() {
         eprintln!("no AVX2: the lanes are never used here");
         return;

@@ -15,13 +15,17 @@
 
 use rayon::prelude::*;
 use rug::float::Round;
-use rug::ops::AddAssignRound;
+use rug::ops::{AddAssignRound, AssignRound};
 use rug::Float;
 
-use super::mpfr_interval::MpfrInterval;
 use super::row::{self, Entry, ACC_EXTRA};
 use super::{first_error, Exact, Interval, Oracle, Rounder};
+use crate::interval::MpfrInterval;
 use crate::spec::{CrossEntropy, Dtype, MeanAllIgnored, Problem, Reduction, SpecError};
+
+mod z_loss;
+
+pub(super) use z_loss::{z_loss_fast, z_loss_mpfr, z_loss_vjp_term};
 
 /// The exact cross-entropy `loss` of a problem, in a target dtype.
 #[derive(Clone, Debug)]
@@ -385,4 +389,43 @@ pub(crate) fn decide_term(l: Interval, target: Dtype) -> Option<Exact> {
         return Some(Exact::point(l.lo));
     }
     super::fast::decide(l, target)
+}
+
+/// The cross-entropy loss's VJP pieces (module `vjp`, docs/design.md, "The
+/// loss side") from the row's exact `ell`: the target's coefficient
+/// `A_t = -(1 - eps) ell` at `acc` bits and, when `eps != 0`, the uniform
+/// term `u / T = -ell eps / (count T)` at `prec` bits; `t` is scratch at
+/// `acc` bits.
+pub(super) fn vjp_terms(
+    ell: &MpfrInterval,
+    eps: f64,
+    count: u64,
+    temperature: f64,
+    (acc, prec): (u32, u32),
+    t: &mut Float,
+) -> (MpfrInterval, Option<MpfrInterval>) {
+    let mut one_minus = MpfrInterval::new(acc);
+    one_minus
+        .lo
+        .assign_round(1.0 - Float::with_val(53, eps), Round::Down);
+    one_minus
+        .hi
+        .assign_round(1.0 - Float::with_val(53, eps), Round::Up);
+    let mut at = MpfrInterval::new(acc);
+    at.mul(&one_minus, ell, t);
+    at.neg();
+    let mut u = None;
+    if eps != 0.0 {
+        let mut ue = MpfrInterval::new(acc);
+        ue.mul(ell, &MpfrInterval::point(53, eps), t);
+        let mut ut = MpfrInterval::new(acc);
+        let count = Float::with_val(64, count);
+        ut.lo.assign_round(&count * temperature, Round::Down);
+        ut.hi.assign_round(&count * temperature, Round::Up);
+        let mut uu = MpfrInterval::new(prec);
+        uu.div_pos(&ue, &ut);
+        uu.neg();
+        u = Some(uu);
+    }
+    (at, u)
 }

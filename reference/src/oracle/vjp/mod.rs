@@ -22,6 +22,8 @@
 //! the target's `A_t` gains `-(1 - eps) ell`, and every allowed entry
 //! (a `-inf` logit too: `p_j = 0`) gains the constant `u = -ell eps / |A|`.
 
+mod driver;
+
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
@@ -29,13 +31,15 @@ use rug::float::Round;
 use rug::ops::{AddAssignRound, AssignRound};
 use rug::{Assign, Float};
 
-use super::mpfr_interval::MpfrInterval;
+use super::cross_entropy;
 use super::round::Rounder;
 use super::row::{
-    one_plus, pass, softcap_factor, Cache, Entry, Row, RowSoftcap, Top, TopId, ACC_EXTRA, CHUNK,
+    one_plus, pass, softcap_factor, Cache, Entry, Row, RowSoftcap, Sums, Top, TopId, ACC_EXTRA,
+    CHUNK,
 };
 use super::Exact;
-use crate::spec::Dtype;
+use crate::interval::MpfrInterval;
+use crate::spec::{Dtype, TopkKl};
 
 /// Precision at which sums of f64 cotangents are exact (f64 values span
 /// 2^-1074 .. 2^1024; the rest is carry room).
@@ -163,46 +167,9 @@ pub(crate) fn vjp_row(
 ) -> Vec<Exact> {
     let v = row.v.len();
     let mut out = vec![Exact::point(0.0); v];
-    // Exact coefficient sums of the log-prob and top-k sources.
-    let mut a_map: BTreeMap<usize, Float> = BTreeMap::new();
-    let mut c = Float::new(EXACT_SUM_PREC);
-    if let (Some(t), true) = (row.target, cot.g != 0.0) {
-        *a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC)) += cot.g;
-        c += cot.g;
-    }
-    for (id, &gk) in row.topk.iter().zip(&cot.gk) {
-        if let (TopId::Live(j), true) = (id, gk != 0.0) {
-            *a_map
-                .entry(*j)
-                .or_insert_with(|| Float::new(EXACT_SUM_PREC)) += gk;
-            c += gk;
-        }
-    }
-    // The loss's target is a source too (its coefficient is set per precision).
     let loss = cot.loss.as_ref().filter(|_| row.target.is_some());
-    if let (Some(t), Some(_)) = (row.target, loss) {
-        a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
-    }
-    // So are the policy terms (their log-prob cotangent is set per precision).
     let policy = row.target.filter(|_| !cot.policy.is_empty());
-    if let Some(t) = policy {
-        a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
-    }
-    // So are the top-k KL's ids (their cotangents `w_k` are set per precision).
-    let kl_ids: Vec<usize> = match cot.kl {
-        Some(_) => row
-            .topk
-            .iter()
-            .filter_map(|id| match id {
-                TopId::Live(j) => Some(*j),
-                TopId::Masked => None,
-            })
-            .collect(),
-        None => Vec::new(),
-    };
-    for &j in &kl_ids {
-        a_map.entry(j).or_insert_with(|| Float::new(EXACT_SUM_PREC));
-    }
+    let (a_map, c) = sources(row, cot, loss.is_some(), policy);
     let loss_side = cot.has_loss_side();
     if c.is_zero() && cot.h == 0.0 && a_map.is_empty() && !loss_side {
         return out;
@@ -238,18 +205,14 @@ pub(crate) fn vjp_row(
             cc.sub(&tmp, &MpfrInterval::point(acc.max(53), cot.lse));
         }
         if cot.z_loss != 0.0 && cot.z_loss_coef != 0.0 {
-            let mut l = MpfrInterval::new(acc);
-            l.ln_1p(&sums.s_p);
-            let mut lse = MpfrInterval::new(acc);
-            lse.add(&row.top(row.p.vmax, acc).z_max(acc), &l);
-            // 2 coef b is exact at 110 bits.
-            let two_cb = Float::with_val(110, cot.z_loss_coef) * cot.z_loss * 2u32;
-            let zb = MpfrInterval {
-                lo: two_cb.clone(),
-                hi: two_cb,
-            };
-            let mut term = MpfrInterval::new(acc);
-            term.mul(&zb, &lse, &mut t);
+            let term = cross_entropy::z_loss_vjp_term(
+                row,
+                &sums.s_p,
+                cot.z_loss_coef,
+                cot.z_loss,
+                acc,
+                &mut t,
+            );
             tmp.assign_outward(&cc);
             cc.sub(&tmp, &term);
         }
@@ -259,44 +222,22 @@ pub(crate) fn vjp_row(
             let ell = l.ell(acc);
             tmp.assign_outward(&cc);
             cc.sub(&tmp, &ell);
-            let mut one_minus = MpfrInterval::new(acc);
-            one_minus
-                .lo
-                .assign_round(1.0 - Float::with_val(53, l.eps), Round::Down);
-            one_minus
-                .hi
-                .assign_round(1.0 - Float::with_val(53, l.eps), Round::Up);
-            let mut at = MpfrInterval::new(acc);
-            at.mul(&one_minus, &ell, &mut t);
-            at.neg();
+            let (at, uu) = cross_entropy::vjp_terms(
+                &ell,
+                l.eps,
+                l.count,
+                row.temperature,
+                (acc, prec),
+                &mut t,
+            );
             loss_target = row.target.map(|tcol| (tcol, at));
-            if l.eps != 0.0 {
-                let mut ue = MpfrInterval::new(acc);
-                ue.mul(&ell, &MpfrInterval::point(53, l.eps), &mut t);
-                let mut ut = MpfrInterval::new(acc);
-                let count = Float::with_val(64, l.count);
-                ut.lo.assign_round(&count * row.temperature, Round::Down);
-                ut.hi.assign_round(&count * row.temperature, Round::Up);
-                let mut uu = MpfrInterval::new(prec);
-                uu.div_pos(&ue, &ut);
-                uu.neg();
-                u = Some(uu);
-            }
+            u = uu;
         }
         // The policy terms' log-prob cotangent `sum c k'(d)`, enclosed from
         // the log-prob at this precision: a source at the target (`A_t`)
         // and in `C`, as a log-prob cotangent is.
         if let Some(tcol) = policy {
-            let lp = super::policy::log_prob_mpfr(row, &sums, acc).expect("a target");
-            let mut gp = MpfrInterval::point(acc, 0.0);
-            for &(term, c) in &cot.policy {
-                if let Some(k) = super::policy::slope_mpfr(term, &row.policy, &lp, acc) {
-                    let mut ck = MpfrInterval::new(acc);
-                    ck.mul(&MpfrInterval::point(acc, c), &k, &mut t);
-                    tmp.assign_outward(&gp);
-                    gp.add(&tmp, &ck);
-                }
-            }
+            let gp = super::policy::vjp_cotangent(row, &sums, &cot.policy, acc, &mut t);
             tmp.assign_outward(&cc);
             cc.add(&tmp, &gp);
             loss_target = Some(match loss_target.take() {
@@ -310,44 +251,11 @@ pub(crate) fn vjp_row(
         }
         // The top-k KL's cotangents `w_k` at the ids, enclosed from the
         // top-k log-probs at this precision; in `C` unless they sum to 0.
-        let mut kl_w: BTreeMap<usize, MpfrInterval> = BTreeMap::new();
-        if let Some((gf, gr, kl)) = &cot.kl {
-            let vals = super::row::values(row, &sums, acc);
-            let (w, sums_to_zero) =
-                super::topk_kl::kl_slopes_mpfr(&vals.topk, &row.teacher, kl, (*gf, *gr), prec);
-            for (id, wk) in row.topk.iter().zip(w) {
-                if let TopId::Live(j) = id {
-                    if !sums_to_zero {
-                        tmp.assign_outward(&cc);
-                        cc.add(&tmp, &wk);
-                    }
-                    kl_w.insert(*j, wk);
-                }
-            }
-        }
-        let specials: Specials = a_map
-            .iter()
-            .map(|(&j, a)| {
-                let mut aj = MpfrInterval::new(acc);
-                aj.lo.assign_round(a, Round::Down);
-                aj.hi.assign_round(a, Round::Up);
-                if let Some((tcol, at)) = &loss_target {
-                    if *tcol == j {
-                        let mut x = MpfrInterval::new(acc);
-                        x.add(&aj, at);
-                        aj = x;
-                    }
-                }
-                if let Some(wk) = kl_w.get(&j) {
-                    let mut x = MpfrInterval::new(acc);
-                    x.add(&aj, wk);
-                    aj = x;
-                }
-                let mut rest = MpfrInterval::new(acc);
-                rest.sub(&cc, &aj);
-                (j, (aj, rest))
-            })
-            .collect();
+        let kl_w = match &cot.kl {
+            Some(kl) => kl_weights(row, &sums, kl, (acc, prec), &mut cc),
+            None => BTreeMap::new(),
+        };
+        let specials = specials(&a_map, loss_target.as_ref(), &kl_w, &cc, acc);
         let c_nonzero = !(cc.lo.is_zero() && cc.hi.is_zero());
         let mut k1 = MpfrInterval::new(prec);
         k1.div_pos(&cc, &st);
@@ -399,6 +307,121 @@ pub(crate) fn vjp_row(
         }
     }
     out
+}
+
+/// The exact coefficient sums of one row's sources: `A_j` per source
+/// column and their total `c` (the log-prob target's and the live top-k
+/// ids' cotangents); the loss's target (`loss`), the policy terms' target
+/// (`policy`) and the top-k KL's live ids enter with 0, their
+/// coefficients being set per precision.
+fn sources(
+    row: &Row<'_>,
+    cot: &RowCot,
+    loss: bool,
+    policy: Option<usize>,
+) -> (BTreeMap<usize, Float>, Float) {
+    // Exact coefficient sums of the log-prob and top-k sources.
+    let mut a_map: BTreeMap<usize, Float> = BTreeMap::new();
+    let mut c = Float::new(EXACT_SUM_PREC);
+    if let (Some(t), true) = (row.target, cot.g != 0.0) {
+        *a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC)) += cot.g;
+        c += cot.g;
+    }
+    for (id, &gk) in row.topk.iter().zip(&cot.gk) {
+        if let (TopId::Live(j), true) = (id, gk != 0.0) {
+            *a_map
+                .entry(*j)
+                .or_insert_with(|| Float::new(EXACT_SUM_PREC)) += gk;
+            c += gk;
+        }
+    }
+    // The loss's target is a source too (its coefficient is set per precision).
+    if let (Some(t), true) = (row.target, loss) {
+        a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
+    }
+    // So are the policy terms (their log-prob cotangent is set per precision).
+    if let Some(t) = policy {
+        a_map.entry(t).or_insert_with(|| Float::new(EXACT_SUM_PREC));
+    }
+    // So are the top-k KL's ids (their cotangents `w_k` are set per precision).
+    let kl_ids: Vec<usize> = match cot.kl {
+        Some(_) => row
+            .topk
+            .iter()
+            .filter_map(|id| match id {
+                TopId::Live(j) => Some(*j),
+                TopId::Masked => None,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    for &j in &kl_ids {
+        a_map.entry(j).or_insert_with(|| Float::new(EXACT_SUM_PREC));
+    }
+    (a_map, c)
+}
+
+/// The special entries' `(A_j, C - A_j)` at `acc` bits: each source's
+/// exact `A_j` plus, at the loss's (or policy terms') target, its
+/// coefficient `at` and, at a top-k KL id, its `w_k`.
+fn specials(
+    a_map: &BTreeMap<usize, Float>,
+    loss_target: Option<&(usize, MpfrInterval)>,
+    kl_w: &BTreeMap<usize, MpfrInterval>,
+    cc: &MpfrInterval,
+    acc: u32,
+) -> Specials {
+    a_map
+        .iter()
+        .map(|(&j, a)| {
+            let mut aj = MpfrInterval::new(acc);
+            aj.lo.assign_round(a, Round::Down);
+            aj.hi.assign_round(a, Round::Up);
+            if let Some((tcol, at)) = loss_target {
+                if *tcol == j {
+                    let mut x = MpfrInterval::new(acc);
+                    x.add(&aj, at);
+                    aj = x;
+                }
+            }
+            if let Some(wk) = kl_w.get(&j) {
+                let mut x = MpfrInterval::new(acc);
+                x.add(&aj, wk);
+                aj = x;
+            }
+            let mut rest = MpfrInterval::new(acc);
+            rest.sub(cc, &aj);
+            (j, (aj, rest))
+        })
+        .collect()
+}
+
+/// The top-k KL's cotangents `w_k` at the live ids (`kl` = `(g_f, g_r,
+/// options)`), enclosed from the top-k log-probs at `acc` bits
+/// ([`super::topk_kl::kl_slopes_mpfr`] at `prec`), each added to `cc` (`C`)
+/// unless they sum to 0.
+fn kl_weights(
+    row: &Row<'_>,
+    sums: &Sums,
+    (gf, gr, kl): &(f64, f64, TopkKl),
+    (acc, prec): (u32, u32),
+    cc: &mut MpfrInterval,
+) -> BTreeMap<usize, MpfrInterval> {
+    let mut kl_w: BTreeMap<usize, MpfrInterval> = BTreeMap::new();
+    let mut tmp = MpfrInterval::new(acc);
+    let vals = super::row::values(row, sums, acc);
+    let (w, sums_to_zero) =
+        super::topk_kl::kl_slopes_mpfr(&vals.topk, &row.teacher, kl, (*gf, *gr), prec);
+    for (id, wk) in row.topk.iter().zip(w) {
+        if let TopId::Live(j) = id {
+            if !sums_to_zero {
+                tmp.assign_outward(cc);
+                cc.add(&tmp, &wk);
+            }
+            kl_w.insert(*j, wk);
+        }
+    }
+    kl_w
 }
 
 struct Scratch {

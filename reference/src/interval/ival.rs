@@ -11,7 +11,7 @@
 //! (IEEE 754-2019, 4.3.1; also in the subnormal range and on overflow,
 //! where `next_down(inf) = MAX`).
 
-use crate::oracle::Interval;
+use super::Interval;
 
 /// Unit roundoff of f64, `u = 2^-53`.
 pub(crate) const U: f64 = f64::EPSILON / 2.0;
