@@ -378,6 +378,66 @@ fn planted_bugs_are_found_and_their_dumps_reproduce() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A numerical failure is a verdict on the answer, not on the process: the
+/// persistent process that gave it keeps serving the shrink (one start for
+/// the whole run, however many failing calls the shrink makes).
+#[test]
+fn a_numerical_failure_keeps_the_persistent_process() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let out = out_dir("numpy-keeps");
+    let starts = std::env::temp_dir().join(format!("logprobe-starts-{}", std::process::id()));
+    let _ = std::fs::remove_file(&starts);
+    let cmd = format!(
+        "echo start >> {}; exec {}",
+        starts.display(),
+        kernel_cmd(&py, true, "entropy-no-max-shift")
+    );
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd,
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "5s",
+            "--require",
+            "none",
+            "--options",
+            "entropy=unmasked,offset=1e3|-1e4,vocab=1..64",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec-persistent: oracle agreement"), "{t}");
+    // The shrink called the kernel, and some of those calls failed.
+    let more: u64 = t
+        .split(" more while shrinking")
+        .next()
+        .filter(|head| head.len() < t.len())
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    assert!(more > 0, "no call while shrinking: {t}");
+    // Each kept shrink step is a call that failed the same property.
+    let steps: u64 = t
+        .split("shrunk through the command in ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    assert!(steps > 0, "not shrunk: {t}");
+    let n = std::fs::read_to_string(&starts)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(n, 1, "the persistent process started {n} times: {t}");
+    let _ = std::fs::remove_file(&starts);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// `--outputs` naming `lse` and `z_loss` asks for them (with `z_loss_coef`;
 /// protocol v1 never asks them by default): the correct numpy kernel
 /// passes; one whose lse leaves out the max it shifted by is found, its

@@ -514,3 +514,36 @@ fn interrupted_failure() -> CommandFailure {
 fn secs(d: Duration) -> String {
     format!("{} s", num(d.as_secs_f64()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Runner, Transport};
+    use std::time::Duration;
+
+    /// The persistent process serves call after call; only a failed call
+    /// (here: the process exits) makes the next one start a fresh process.
+    #[test]
+    fn a_persistent_process_is_restarted_only_after_a_failed_call() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let starts = dir.path().join("starts");
+        // `cat` answers each request frame with itself.
+        let cmd = format!("echo start >> '{}'; exec cat", starts.to_string_lossy());
+        let r = Runner::new(Transport::Persistent(cmd), Duration::from_secs(30));
+        let count = || {
+            std::fs::read_to_string(&starts)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        for i in 0..5u8 {
+            assert_eq!(r.call(&[i; 16], 1 << 20), Ok(vec![i; 16]));
+        }
+        assert_eq!(count(), 1);
+        // An answer over the limit is a failed call (a bad frame): restart.
+        assert!(r.call(&[7; 64], 8).is_err());
+        assert_eq!(r.call(&[9; 16], 1 << 20), Ok(vec![9; 16]));
+        assert_eq!(count(), 2);
+        assert_eq!(r.close(), None);
+        assert_eq!(r.stats().0, 7);
+    }
+}
