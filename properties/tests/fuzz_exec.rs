@@ -196,6 +196,14 @@ fn bad_usage_exits_2() {
             vec!["fuzz", "--exec", "x {in} {out}", "--kernel", "fused"],
             "cannot be used with",
         ),
+        (
+            vec!["fuzz", "--exec", "x {in} {out}", "--accumulation", "f8"],
+            "unknown dtype `f8`",
+        ),
+        (
+            vec!["fuzz", "--kernel", "fused", "--accumulation", "bf16"],
+            "goes with --exec or --exec-persistent",
+        ),
     ] {
         let o = logprobe(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -435,6 +443,38 @@ fn a_numerical_failure_keeps_the_persistent_process() {
         .count();
     assert_eq!(n, 1, "the persistent process started {n} times: {t}");
     let _ = std::fs::remove_file(&starts);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `--accumulation` is the dtype of the kernel's bound: the same cases
+/// (seed, case count) judged with a bf16 accumulation have a smaller worst
+/// `error / bound` than with the default f32 (the bf16 bound is wider).
+#[test]
+fn the_declared_accumulation_dtype_sets_the_bound() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let out = out_dir("numpy-accumulation");
+    let worst = |extra: &[&str]| {
+        let mut args = vec!["--cases", "12", "--dtype", "f32", "--vocab", "1..64"];
+        args.extend_from_slice(extra);
+        let o = fuzz(
+            "--exec-persistent",
+            &kernel_cmd(&py, true, "none"),
+            &out,
+            &args,
+        );
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{t}");
+        t.split("worst err/bound ")
+            .nth(1)
+            .and_then(|s| s.split(')').next())
+            .and_then(|w| w.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no worst err/bound: {t}"))
+    };
+    let (f32_acc, bf16_acc) = (worst(&[]), worst(&["--accumulation", "bf16"]));
+    assert!(f32_acc > 0.0, "nothing judged: {f32_acc}");
+    assert!(bf16_acc < f32_acc, "bf16 {bf16_acc} vs f32 {f32_acc}");
     let _ = std::fs::remove_dir_all(&out);
 }
 

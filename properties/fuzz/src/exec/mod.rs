@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use logprobe_verify::dump::Dump;
-use logprobe_verify::verify::{verify_dump, VerifyConfig};
+use logprobe_verify::verify::verify_dump;
 
 use super::case::{dump_key, FuzzCase, Space};
 use super::judge::{Call, Finding};
@@ -364,7 +364,7 @@ fn finding_files(
         "inputs only (the kernel gave no valid answer on them)".to_string()
     } else {
         match Dump::parse(&files[0].1) {
-            Ok(d) => match verify_dump(&d, Path::new(&files[0].0), &VerifyConfig::default()) {
+            Ok(d) => match verify_dump(&d, Path::new(&files[0].0), &target.verify_config()) {
                 Ok(r) => r.verdict.to_string(),
                 Err(e) => format!("bad input: {e}"),
             },
@@ -573,7 +573,10 @@ pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
                     ));
                 }
                 s.push_str(&format!(
-                    "  logprobe verify {}: {verdict}",
+                    "  logprobe verify {}{}: {verdict}",
+                    target
+                        .accumulation
+                        .map_or(String::new(), |a| format!("--accumulation {a} ")),
                     super::files::shell_word(&path.to_string_lossy())
                 ));
                 if f.finding.call == Call::Invariance {
@@ -582,7 +585,17 @@ pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
                     );
                 }
                 s.push('\n');
-                s.push_str(&format!("  rerun:  {}\n", transport.rerun(path)));
+                let mut rerun = transport.rerun(path);
+                if let Some(a) = target.accumulation {
+                    match transport {
+                        Transport::InProcess(_) => {
+                            rerun.pop();
+                            rerun.push_str(&format!(", accumulation=\"{a}\")"));
+                        }
+                        _ => rerun.push_str(&format!(" --accumulation {a}")),
+                    }
+                }
+                s.push_str(&format!("  rerun:  {rerun}\n"));
             }
             Err(e) => s.push_str(&format!("  dump not written: {e}\n")),
         }

@@ -167,6 +167,7 @@ def fuzz(
     tensors: str = "auto",
     progress: bool = False,
     bitwise: bool = False,
+    accumulation: Optional[str] = None,
 ) -> FuzzReport:
     """Property-tests `fn` in this process with the engine of `logprobe fuzz
     --exec` (docs/fuzz-protocol.md): the gate's recipes, judged against the
@@ -196,6 +197,11 @@ def fuzz(
     - `progress`: a progress bar on stderr.
     - `bitwise`: the invariances compare every bit (`--bitwise`); by
       default `0` and `-0` are the same value. NaNs compare by bits.
+    - `accumulation`: the dtype `fn` accumulates in (float64, float32,
+      bfloat16, float16, or the short names; `--accumulation`): its bound
+      is that of a kernel computing in it, as `logprobe verify
+      --accumulation` judges; None: float64 for float64 logits, float32
+      otherwise. A bf16 kernel that computes in bf16 says "bfloat16".
 
     An exception raised inside `fn` is a finding of property `command`,
     with its traceback in `finding.detail`. KeyboardInterrupt stops the
@@ -212,10 +218,11 @@ def fuzz_replay(
     require: Union[str, Sequence[str]] = ("padding-invariant",),
     tensors: str = "auto",
     bitwise: bool = False,
+    accumulation: Optional[str] = None,
 ) -> Optional[FuzzFinding]:
     """Reruns the case of a fuzz dump (`report.save(path)`, or a dump of
     `logprobe fuzz --exec`) on `fn`, with the dump's property required when
     it is an invariance, as `logprobe fuzz --replay`: None when it passes
-    now, else the finding. `outputs`, `require`, `tensors`, `bitwise`: as `fuzz` (give
-    the run's `outputs`). Raises `ValueError` for a file that is not a fuzz
+    now, else the finding. `outputs`, `require`, `tensors`, `bitwise`,
+    `accumulation`: as `fuzz` (give the run's `outputs` and `accumulation`). Raises `ValueError` for a file that is not a fuzz
     dump."""
