@@ -62,6 +62,54 @@ fn fuzz(flag: &str, cmd: &str, out: &str, extra: &[&str]) -> std::process::Outpu
     logprobe(&args)
 }
 
+/// `--budget` and `--shrink-budget` are wall-clock limits on the calls: a
+/// call under way when one runs out is cut (its processes killed) and is
+/// no finding, and no call starts after it. Checked by what the run
+/// reports, not by its time (docs/fuzz.md: "Budgets").
+#[test]
+fn budgets_cut_the_call_under_way() {
+    let out = out_dir("budgets");
+    // The search: every call would take 60 s; the 1 s budget cuts the first.
+    for (flag, cmd) in [
+        ("--exec", "sleep 60; false {in} {out}"),
+        ("--exec-persistent", "exec sleep 60"),
+    ] {
+        let o = fuzz(flag, cmd, &out, &["--budget", "1s", "--timeout", "120s"]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(!t.contains("FOUND"), "{t}");
+        assert!(t.contains("note: the budget ran out during a call"), "{t}");
+        assert!(t.contains("UNCHECKED"), "{t}");
+    }
+    // The shrink: the first call fails at once, every later one would take
+    // 60 s (and then fail the same way): the 1 s shrink budget cuts the
+    // first shrink call, which keeps no step.
+    let mark = std::env::temp_dir().join(format!("logprobe-budget-mark-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
+    let m = mark.to_string_lossy();
+    let cmd = format!("if [ -e '{m}' ]; then sleep 60; fi; touch '{m}'; exit 3 # {{in}} {{out}}");
+    let o = fuzz(
+        "--exec",
+        &cmd,
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "1s",
+            "--timeout",
+            "120s",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec: command"), "{t}");
+    assert!(t.contains("exited with status 3"), "{t}");
+    assert!(t.contains("shrunk through the command in 0 steps"), "{t}");
+    let _ = std::fs::remove_file(&mark);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn command_failures_are_findings_of_kind_command() {
     let out = out_dir("failures");
