@@ -176,8 +176,10 @@ def fuzz(
     again. A finding is shrunk by calling `fn` again and returned with its
     dump (`report.save(path)`; `logprobe verify` replays it).
 
-    - `budget`: time limit of the search ("30s", "2m", seconds, a
-      timedelta); `cases`: case limit (whichever comes first).
+    - `budget`: wall-clock limit of the search ("30s", "2m", seconds, a
+      timedelta): no call of `fn` starts after it (one under way runs to
+      its end: in-process calls cannot be cut); `cases`: case limit
+      (whichever comes first).
     - `dtypes`: logit dtypes drawn (float64, float32, bfloat16, float16;
       None: all). `vocab`: vocabulary sizes `V` (an int, "lo..hi", a range,
       "real" for the real models' sizes, or a list of them; None: 1..8192
@@ -190,7 +192,7 @@ def fuzz(
     - `require`: invariances whose lack is a finding (`--require`'s names:
       padding-invariant, chunk-invariant, batch-invariant; "none" or ()
       for nothing). A lack not required is reported in `report.lacks`.
-    - `shrink_budget`: time limit of the shrink.
+    - `shrink_budget`: wall-clock limit of the shrink (as `budget`).
     - `tensors`: "auto" (torch tensors when torch imports, else numpy),
       "torch" or "numpy" (bf16 logits then arrive as exact float32 values;
       meta["logits_dtype"] says "bf16").
