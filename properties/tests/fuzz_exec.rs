@@ -494,6 +494,71 @@ fn a_numerical_failure_keeps_the_persistent_process() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// The wrapper of the Python package (`python -m logprobe.persist`, here
+/// run as a file: it needs only the standard library) runs the unchanged
+/// one-shot numpy adapter persistently: one process for the whole run, the
+/// correct kernel passes, a planted bug is found and shrunk.
+#[test]
+fn a_one_shot_adapter_runs_persistently_through_logprobe_persist() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let persist =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/python/logprobe/persist.py");
+    let out = out_dir("numpy-persist");
+    let starts =
+        std::env::temp_dir().join(format!("logprobe-persist-starts-{}", std::process::id()));
+    let cmd = |bug: &str| {
+        format!(
+            "echo start >> {}; exec {py} {} {} --bug {bug} --in {{in}} --out {{out}}",
+            starts.display(),
+            persist.display(),
+            adapter().display()
+        )
+    };
+    let starts_n = || std::fs::read_to_string(&starts).map_or(0, |s| s.lines().count());
+    let _ = std::fs::remove_file(&starts);
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd("none"),
+        &out,
+        &[
+            "--cases",
+            "12",
+            "--vocab",
+            "1..64",
+            "--require",
+            "padding-invariant,batch-invariant",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("has (required)"), "{t}");
+    assert_eq!(starts_n(), 1, "{t}");
+    let _ = std::fs::remove_file(&starts);
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd("entropy-no-max-shift"),
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "5s",
+            "--require",
+            "none",
+            "--options",
+            "entropy=unmasked,offset=1e3|-1e4,vocab=1..64",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec-persistent: oracle agreement"), "{t}");
+    assert_eq!(starts_n(), 1, "{t}");
+    let _ = std::fs::remove_file(&starts);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// `--accumulation` is the dtype of the kernel's bound: the same cases
 /// (seed, case count) judged with a bf16 accumulation have a smaller worst
 /// `error / bound` than with the default f32 (the bf16 bound is wider).
