@@ -189,7 +189,7 @@ fn fuzz(args: FuzzArgs) -> u8 {
                 out.print(&format!(
                     "{kernel}: still fails {}: {}\n  recipe: {}\n",
                     f.property,
-                    f.detail.lines().next().unwrap_or_default(),
+                    fuzz::detail_text(&f.detail, 1, ""),
                     case.recipe()
                 ));
                 out.finish(1)
@@ -397,7 +397,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
                     "{}: still fails {}: {}\n  recipe: {}\n",
                     target.runner.transport.kind(),
                     f.property,
-                    f.detail.lines().collect::<Vec<_>>().join("\n    "),
+                    logprobe_fuzz::detail_text(&f.detail, 16, "\n    "),
                     case.recipe()
                 ));
                 out.finish(1)

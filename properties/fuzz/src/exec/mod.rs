@@ -406,6 +406,23 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBu
     super::files::write_new(dir, files).map_err(|e| e.to_string())
 }
 
+/// Counts a judged case into the report (checked or why not, SUSPECT,
+/// worst ratio, invariances held).
+fn tally(rep: &mut ExecReport, j: &Judged) {
+    match &j.unchecked {
+        Some(why) if why.starts_with("bad input") => rep.unchecked.0 += 1,
+        Some(_) => rep.unchecked.1 += 1,
+        None => rep.checked += 1,
+    }
+    rep.suspect += u64::from(j.suspect);
+    rep.worst = rep.worst.max(j.worst);
+    for h in &j.held {
+        if let Some(e) = rep.held.iter_mut().find(|(i, _)| i == h) {
+            e.1 += 1;
+        }
+    }
+}
+
 /// Runs the search on the external kernel (see the module docs).
 pub fn run(config: &ExecRun) -> ExecReport {
     let start = Instant::now();
@@ -457,18 +474,7 @@ pub fn run(config: &ExecRun) -> ExecReport {
         let case = case_tree(&strategy, seed, index).current();
         match t.judge(&case) {
             Ok(j) => {
-                match &j.unchecked {
-                    Some(why) if why.starts_with("bad input") => rep.unchecked.0 += 1,
-                    Some(_) => rep.unchecked.1 += 1,
-                    None => rep.checked += 1,
-                }
-                rep.suspect += u64::from(j.suspect);
-                rep.worst = rep.worst.max(j.worst);
-                for h in &j.held {
-                    if let Some(e) = rep.held.iter_mut().find(|(i, _)| i == h) {
-                        e.1 += 1;
-                    }
-                }
+                tally(&mut rep, &j);
                 for (inv, detail, dumps) in j.lacked {
                     if rep.lacks.iter().any(|l| l.invariance == inv) {
                         continue;
@@ -488,8 +494,9 @@ pub fn run(config: &ExecRun) -> ExecReport {
                                 None => Ok(Vec::new()),
                             });
                     progress.println(&format!(
-                        "{name}: lacks {} (case {index}): {detail}",
-                        inv.name()
+                        "{name}: lacks {} (case {index}): {}",
+                        inv.name(),
+                        super::detail_text(&detail, 4, "\n  ")
                     ));
                     rep.lacks.push(Lack {
                         invariance: inv,
@@ -501,8 +508,8 @@ pub fn run(config: &ExecRun) -> ExecReport {
                     });
                 }
             }
-            // A call the budget cut or refused: the case is not judged.
             Err(_) if t.runner.interrupted() => {}
+            // A call the budget cut or refused: the case is not judged.
             Err(_) if t.runner.out_of_time() => {
                 rep.out_of_time = true;
                 break;

@@ -20,8 +20,10 @@ pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
             f.shrink_steps,
             f.shrink_secs
         ));
-        let detail: Vec<&str> = f.finding.detail.lines().take(16).collect();
-        s.push_str(&format!("  detail: {}\n", detail.join("\n          ")));
+        s.push_str(&format!(
+            "  detail: {}\n",
+            super::super::detail_text(&f.finding.detail, 16, "\n          ")
+        ));
         s.push_str(&format!("  recipe: {}\n", f.case.recipe()));
         s.push_str(&format!("  seed:   {}\n", r.seed));
         match &f.dump {
@@ -129,7 +131,7 @@ pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
         s.push_str(&format!(
             "  {}: {}\n    recipe: {}\n",
             l.invariance.name(),
-            l.detail,
+            super::super::detail_text(&l.detail, 4, "\n      "),
             l.case.recipe()
         ));
     }
