@@ -93,6 +93,8 @@ def assert_fuzz_clean(
     shrink_budget: Duration = "30s",
     tensors: str = "auto",
     progress: bool = False,
+    bitwise: bool = False,
+    accumulation: Optional[str] = None,
 ) -> FuzzReport:
     """`logprobe.fuzz(fn, ...)`, raising `FuzzFailure` (an `AssertionError`:
     the finding, its recipe and seed, the CLI's report) on a counterexample;
