@@ -20,8 +20,10 @@
 # FUZZ_CASES (cases per run, default 100), FUZZ_GUARD (wall-clock guard per
 # run, default 600s), FUZZ_SHRINK (default 2s), FUZZ_CLEAN_CASES (cases of the
 # correct kernel's run, default 1000), FUZZ_JOBS (default nproc),
-# FUZZ_TRANSPORT (`persistent`, the default, or `oneshot`: the bugs' runs with
-# --exec), LOGPROBE (binary; default: build target/release/logprobe).
+# FUZZ_TRANSPORT (`persistent`, the default; `oneshot`: the bugs' runs with
+# --exec; `wrapped`: the one-shot adapter under --exec-persistent through the
+# Python package's wrapper, logprobe/persist.py), LOGPROBE (binary; default:
+# build target/release/logprobe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The interpreter itself, not a shim (pyenv's shim costs ~1 s per start).
@@ -40,6 +42,9 @@ if [[ -z "${LOGPROBE:-}" ]]; then
 fi
 LOGPROBE=$(realpath "$LOGPROBE")
 adapter=$(realpath properties/examples/exec/adapter.py)
+# The one-shot adapter run persistently (`python -m logprobe.persist` of the
+# package; as a file it needs only the standard library).
+persist=$(realpath properties/python/python/logprobe/persist.py)
 bugs=("$@")
 if [[ ${#bugs[@]} -eq 0 ]]; then
     bugs=(entropy-no-max-shift padded-vocab-not-truncated dropped-chunk-remainder batch-dependent)
@@ -55,6 +60,8 @@ one() {
     [[ $b == batch-dependent ]] && require=batch-invariant
     if [[ $transport == oneshot ]]; then
         flag=(--exec "$py $adapter --bug $b --in {in} --out {out}")
+    elif [[ $transport == wrapped ]]; then
+        flag=(--exec-persistent "$py $persist $adapter --bug $b --in {in} --out {out}")
     else
         flag=(--exec-persistent "$py $adapter --persistent --bug $b")
     fi
@@ -82,7 +89,7 @@ one() {
     fi
 }
 export -f one
-export LOGPROBE py adapter transport cases guard shrink out
+export LOGPROBE py adapter persist transport cases guard shrink out
 
 for b in "${bugs[@]}"; do for s in $seeds; do echo "$b $s"; done; done \
     | xargs -P "$jobs" -L 1 bash -c 'one "$0" "$1"'
@@ -104,12 +111,17 @@ grep -qE "^fuzz[^:]*: $clean_cases cases" <<<"$report" \
     || { echo "the correct kernel's run did not draw its $clean_cases cases within the guard" >&2; status=1; }
 echo
 echo "per-call cost, correct kernel, 20 cases at V <= 64 (at most 120 s):"
-for flag in --exec --exec-persistent; do
-    if [[ $flag == --exec ]]; then cmd="$py $adapter --in {in} --out {out}"; else cmd="$py $adapter --persistent"; fi
+for how in --exec --exec-persistent wrapped; do
+    flag=$how
+    case $how in
+        --exec) cmd="$py $adapter --in {in} --out {out}" ;;
+        --exec-persistent) cmd="$py $adapter --persistent" ;;
+        wrapped) flag=--exec-persistent; cmd="$py $persist $adapter --in {in} --out {out}" ;;
+    esac
     t0=$(date +%s.%N)
     report=$("$LOGPROBE" fuzz "$flag" "$cmd" --seed 1 --cases 20 --budget 120s --vocab 1..64 --out "$out" --no-progress 2>/dev/null || true)
     t1=$(date +%s.%N)
-    printf '%-18s %6.1f s wall: %s\n' "$flag" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" "$(grep -m1 '^calls' <<<"$report")"
+    printf '%-18s %6.1f s wall: %s\n' "$how" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" "$(grep -m1 '^calls' <<<"$report")"
 done
 echo "fuzz-exec: $((SECONDS - start)) s"
 exit $status

@@ -62,6 +62,54 @@ fn fuzz(flag: &str, cmd: &str, out: &str, extra: &[&str]) -> std::process::Outpu
     logprobe(&args)
 }
 
+/// `--budget` and `--shrink-budget` are wall-clock limits on the calls: a
+/// call under way when one runs out is cut (its processes killed) and is
+/// no finding, and no call starts after it. Checked by what the run
+/// reports, not by its time (docs/fuzz.md: "Budgets").
+#[test]
+fn budgets_cut_the_call_under_way() {
+    let out = out_dir("budgets");
+    // The search: every call would take 60 s; the 1 s budget cuts the first.
+    for (flag, cmd) in [
+        ("--exec", "sleep 60; false {in} {out}"),
+        ("--exec-persistent", "exec sleep 60"),
+    ] {
+        let o = fuzz(flag, cmd, &out, &["--budget", "1s", "--timeout", "120s"]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(!t.contains("FOUND"), "{t}");
+        assert!(t.contains("note: the budget ran out during a call"), "{t}");
+        assert!(t.contains("UNCHECKED"), "{t}");
+    }
+    // The shrink: the first call fails at once, every later one would take
+    // 60 s (and then fail the same way): the 1 s shrink budget cuts the
+    // first shrink call, which keeps no step.
+    let mark = std::env::temp_dir().join(format!("logprobe-budget-mark-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
+    let m = mark.to_string_lossy();
+    let cmd = format!("if [ -e '{m}' ]; then sleep 60; fi; touch '{m}'; exit 3 # {{in}} {{out}}");
+    let o = fuzz(
+        "--exec",
+        &cmd,
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "1s",
+            "--timeout",
+            "120s",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec: command"), "{t}");
+    assert!(t.contains("exited with status 3"), "{t}");
+    assert!(t.contains("shrunk through the command in 0 steps"), "{t}");
+    let _ = std::fs::remove_file(&mark);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn command_failures_are_findings_of_kind_command() {
     let out = out_dir("failures");
@@ -195,6 +243,14 @@ fn bad_usage_exits_2() {
         (
             vec!["fuzz", "--exec", "x {in} {out}", "--kernel", "fused"],
             "cannot be used with",
+        ),
+        (
+            vec!["fuzz", "--exec", "x {in} {out}", "--accumulation", "f8"],
+            "unknown dtype `f8`",
+        ),
+        (
+            vec!["fuzz", "--kernel", "fused", "--accumulation", "bf16"],
+            "goes with --exec or --exec-persistent",
         ),
     ] {
         let o = logprobe(&args);
@@ -375,6 +431,163 @@ fn planted_bugs_are_found_and_their_dumps_reproduce() {
         t.contains("batch-invariant") && t.contains("lacks (case"),
         "{t}"
     );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A numerical failure is a verdict on the answer, not on the process: the
+/// persistent process that gave it keeps serving the shrink (one start for
+/// the whole run, however many failing calls the shrink makes).
+#[test]
+fn a_numerical_failure_keeps_the_persistent_process() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let out = out_dir("numpy-keeps");
+    let starts = std::env::temp_dir().join(format!("logprobe-starts-{}", std::process::id()));
+    let _ = std::fs::remove_file(&starts);
+    let cmd = format!(
+        "echo start >> {}; exec {}",
+        starts.display(),
+        kernel_cmd(&py, true, "entropy-no-max-shift")
+    );
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd,
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "5s",
+            "--require",
+            "none",
+            "--options",
+            "entropy=unmasked,offset=1e3|-1e4,vocab=1..64",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec-persistent: oracle agreement"), "{t}");
+    // The shrink called the kernel, and some of those calls failed.
+    let more: u64 = t
+        .split(" more while shrinking")
+        .next()
+        .filter(|head| head.len() < t.len())
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    assert!(more > 0, "no call while shrinking: {t}");
+    // Each kept shrink step is a call that failed the same property.
+    let steps: u64 = t
+        .split("shrunk through the command in ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    assert!(steps > 0, "not shrunk: {t}");
+    let n = std::fs::read_to_string(&starts)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(n, 1, "the persistent process started {n} times: {t}");
+    let _ = std::fs::remove_file(&starts);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The wrapper of the Python package (`python -m logprobe.persist`, here
+/// run as a file: it needs only the standard library) runs the unchanged
+/// one-shot numpy adapter persistently: one process for the whole run, the
+/// correct kernel passes, a planted bug is found and shrunk.
+#[test]
+fn a_one_shot_adapter_runs_persistently_through_logprobe_persist() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let persist =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/python/logprobe/persist.py");
+    let out = out_dir("numpy-persist");
+    let starts =
+        std::env::temp_dir().join(format!("logprobe-persist-starts-{}", std::process::id()));
+    let cmd = |bug: &str| {
+        format!(
+            "echo start >> {}; exec {py} {} {} --bug {bug} --in {{in}} --out {{out}}",
+            starts.display(),
+            persist.display(),
+            adapter().display()
+        )
+    };
+    let starts_n = || std::fs::read_to_string(&starts).map_or(0, |s| s.lines().count());
+    let _ = std::fs::remove_file(&starts);
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd("none"),
+        &out,
+        &[
+            "--cases",
+            "12",
+            "--vocab",
+            "1..64",
+            "--require",
+            "padding-invariant,batch-invariant",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("has (required)"), "{t}");
+    assert_eq!(starts_n(), 1, "{t}");
+    let _ = std::fs::remove_file(&starts);
+    let o = fuzz(
+        "--exec-persistent",
+        &cmd("entropy-no-max-shift"),
+        &out,
+        &[
+            "--budget",
+            "60s",
+            "--shrink-budget",
+            "5s",
+            "--require",
+            "none",
+            "--options",
+            "entropy=unmasked,offset=1e3|-1e4,vocab=1..64",
+        ],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("FOUND exec-persistent: oracle agreement"), "{t}");
+    assert_eq!(starts_n(), 1, "{t}");
+    let _ = std::fs::remove_file(&starts);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `--accumulation` is the dtype of the kernel's bound: the same cases
+/// (seed, case count) judged with a bf16 accumulation have a smaller worst
+/// `error / bound` than with the default f32 (the bf16 bound is wider).
+#[test]
+fn the_declared_accumulation_dtype_sets_the_bound() {
+    let Some(py) = python_with_numpy() else {
+        return;
+    };
+    let out = out_dir("numpy-accumulation");
+    let worst = |extra: &[&str]| {
+        let mut args = vec!["--cases", "12", "--dtype", "f32", "--vocab", "1..64"];
+        args.extend_from_slice(extra);
+        let o = fuzz(
+            "--exec-persistent",
+            &kernel_cmd(&py, true, "none"),
+            &out,
+            &args,
+        );
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{t}");
+        t.split("worst err/bound ")
+            .nth(1)
+            .and_then(|s| s.split(')').next())
+            .and_then(|w| w.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no worst err/bound: {t}"))
+    };
+    let (f32_acc, bf16_acc) = (worst(&[]), worst(&["--accumulation", "bf16"]));
+    assert!(f32_acc > 0.0, "nothing judged: {f32_acc}");
+    assert!(bf16_acc < f32_acc, "bf16 {bf16_acc} vs f32 {f32_acc}");
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -236,14 +236,39 @@ pub fn run(config: &FuzzConfig) -> FuzzReport {
     }
 }
 
+/// The longest line of a finding's detail in a report, in characters.
+pub const DETAIL_LINE_CAP: usize = 200;
+
+/// The first `max_lines` lines of a finding's `detail`, each cut at
+/// [`DETAIL_LINE_CAP`] characters with an explicit `…(N more chars)`,
+/// joined by `sep` (a newline and the report's indent).
+pub fn detail_text(detail: &str, max_lines: usize, sep: &str) -> String {
+    detail
+        .lines()
+        .take(max_lines)
+        .map(|l| {
+            let n = l.chars().count();
+            if n <= DETAIL_LINE_CAP {
+                l.to_string()
+            } else {
+                let keep: String = l.chars().take(DETAIL_LINE_CAP).collect();
+                format!("{keep}…({} more chars)", n - DETAIL_LINE_CAP)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// The report of one finding: property, detail, recipe, seed and dump.
 pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
     let mut s = format!(
         "FOUND {name}: {} (case {} of seed {seed}, time to find {:.1} s; shrunk in {} steps, {:.1} s)\n",
         f.finding.property, f.case_index, f.time_to_find, f.shrink_steps, f.shrink_secs
     );
-    let detail: Vec<&str> = f.finding.detail.lines().take(4).collect();
-    s.push_str(&format!("  detail: {}\n", detail.join("\n          ")));
+    s.push_str(&format!(
+        "  detail: {}\n",
+        detail_text(&f.finding.detail, 4, "\n          ")
+    ));
     s.push_str(&format!("  recipe: {}\n", f.case.recipe()));
     s.push_str(&format!("  seed:   {seed}\n"));
     if let Some(tp) = f.twin_passes {
@@ -310,4 +335,27 @@ pub fn replay(path: &Path) -> Result<(String, FuzzCase, Option<Finding>), String
     let case = FuzzCase::parse(&recipe).map_err(|e| format!("{}: {e}", path.display()))?;
     let f = judge(&t, &case).err();
     Ok((kernel, case, f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{detail_text, DETAIL_LINE_CAP};
+
+    #[test]
+    fn detail_lines_are_capped_with_an_explicit_marker() {
+        let long = "x".repeat(DETAIL_LINE_CAP + 736);
+        let d = format!("short line\n{long}\nthird\nfourth");
+        let t = detail_text(&d, 3, "\n  ");
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0], "short line");
+        assert_eq!(
+            lines[1],
+            format!("  {}…(736 more chars)", "x".repeat(DETAIL_LINE_CAP))
+        );
+        assert_eq!(lines[2], "  third");
+        // Characters, not bytes: a multi-byte line at the cap is kept whole.
+        let wide = "é".repeat(DETAIL_LINE_CAP);
+        assert_eq!(detail_text(&wide, 1, ""), wide);
+    }
 }

@@ -86,6 +86,7 @@ struct Settings {
     require: Vec<Invariance>,
     seed: u64,
     bitwise: bool,
+    accumulation: Option<logprobe_reference::spec::Dtype>,
 }
 
 fn settings(
@@ -96,7 +97,20 @@ fn settings(
     require: &str,
     seed: Option<u64>,
     bitwise: bool,
+    accumulation: Option<&str>,
 ) -> PyResult<Settings> {
+    let accumulation = accumulation
+        .map(|a| {
+            logprobe_reference::spec::Dtype::ALL
+                .into_iter()
+                .find(|d| d.name() == a.trim())
+                .ok_or_else(|| {
+                    value_error(format!(
+                        "accumulation={a:?}: expected f64, f32, bf16 or f16"
+                    ))
+                })
+        })
+        .transpose()?;
     Ok(Settings {
         gradients: outputs.iter().any(|o| o.trim() == "grad_logits"),
         loss_side: exec::loss_side_outputs(&outputs.iter().map(String::as_str).collect::<Vec<_>>()),
@@ -113,6 +127,7 @@ fn settings(
                 .map_or(0, |d| d.as_secs())
         }),
         bitwise,
+        accumulation,
     })
 }
 
@@ -135,6 +150,7 @@ fn target(k: &Arc<PyKernel>, s: &Settings) -> ExecTarget {
         gradients: s.gradients,
         loss_side: s.loss_side.clone(),
         bitwise: s.bitwise,
+        accumulation: s.accumulation,
     }
 }
 
@@ -233,7 +249,7 @@ type FuzzOut = (String, String, Vec<(String, Py<PyBytes>)>);
 /// `ValueError` for a bad budget, option or require; the exception `fn`'s
 /// caller raised past its own handling (KeyboardInterrupt, SystemExit).
 #[pyfunction]
-#[pyo3(signature = (caller, *, name, budget, cases, shrink_budget, options, outputs, require, seed, progress, bitwise = false))]
+#[pyo3(signature = (caller, *, name, budget, cases, shrink_budget, options, outputs, require, seed, progress, bitwise = false, accumulation = None))]
 #[allow(clippy::too_many_arguments)]
 fn fuzz(
     py: Python<'_>,
@@ -248,6 +264,7 @@ fn fuzz(
     seed: Option<u64>,
     progress: bool,
     bitwise: bool,
+    accumulation: Option<&str>,
 ) -> PyResult<FuzzOut> {
     let s = settings(
         &outputs,
@@ -257,6 +274,7 @@ fn fuzz(
         require,
         seed,
         bitwise,
+        accumulation,
     )?;
     let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     let pins = exec::outputs_pins(&outputs, options).map_err(value_error)?;
@@ -292,7 +310,7 @@ fn fuzz(
 /// `ValueError` for a file that is not a fuzz dump or a bad `require`; the
 /// exception the caller raised past its own handling.
 #[pyfunction]
-#[pyo3(signature = (caller, path, *, name, outputs, require, bitwise = false))]
+#[pyo3(signature = (caller, path, *, name, outputs, require, bitwise = false, accumulation = None))]
 fn fuzz_replay(
     py: Python<'_>,
     caller: Py<PyAny>,
@@ -301,8 +319,18 @@ fn fuzz_replay(
     outputs: Vec<String>,
     require: &str,
     bitwise: bool,
+    accumulation: Option<&str>,
 ) -> PyResult<Option<(String, String, String)>> {
-    let s = settings(&outputs, "0s", None, "0s", require, Some(0), bitwise)?;
+    let s = settings(
+        &outputs,
+        "0s",
+        None,
+        "0s",
+        require,
+        Some(0),
+        bitwise,
+        accumulation,
+    )?;
     let k = kernel(name, caller);
     let mut t = target(&k, &s);
     let r = py.detach(|| exec::replay(&path, &mut t));

@@ -55,10 +55,20 @@ def test_fuzz_stubs_match_the_functions():
     assert positional == ["fn"] and kwonly == ["save_to"] + kw
     positional, kwonly = stub_kwonly(PKG / "__init__.pyi", "fuzz_replay")
     assert positional == ["fn", "path"]
-    assert kwonly == ["outputs", "require", "tensors", "bitwise"]
+    assert kwonly == ["outputs", "require", "tensors", "bitwise", "accumulation"]
     assert kwonly == [p.name for p in inspect.signature(logprobe.fuzz_replay).parameters.values()
                       if p.kind is p.KEYWORD_ONLY]
     # The defaults the stubs show are the functions'.
     assert sig.parameters["require"].default == ("padding-invariant",)
     assert logprobe._native.DEFAULT_REQUIRE == "padding-invariant"
     assert sig.parameters["outputs"].default == logprobe.OUTPUTS
+
+
+def test_fuzz_accumulation_names_a_dtype():
+    import pytest
+
+    with pytest.raises(ValueError, match="accumulation='f8'"):
+        logprobe.fuzz(lambda inputs, meta: {}, cases=1, accumulation="f8")
+    # torch's and numpy's names are the CLI's: a run with them starts.
+    r = logprobe.fuzz(lambda inputs, meta: {}, cases=0, accumulation="torch.bfloat16")
+    assert r.table

@@ -104,6 +104,11 @@ struct FuzzArgs {
     /// are the same value).
     #[arg(long)]
     bitwise: bool,
+    /// Accumulation dtype the external kernel declares (`--exec`,
+    /// `--exec-persistent`): f32, f64, bf16 or f16, used for its bound as
+    /// `verify --accumulation` uses it (default: f64 for f64 logits, f32 otherwise).
+    #[arg(long, value_parser = parse_dtype)]
+    accumulation: Option<Dtype>,
     /// Time limit of the search, e.g. 90s, 10m, 1h (shrinking excluded).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     budget: std::time::Duration,
@@ -154,6 +159,10 @@ fn fuzz(args: FuzzArgs) -> u8 {
     if args.exec.is_some() || args.exec_persistent.is_some() {
         return fuzz_exec(args);
     }
+    if args.accumulation.is_some() {
+        eprint_line("logprobe: --accumulation declares an external kernel's accumulation dtype: it goes with --exec or --exec-persistent (the built-in kernels' bounds are known)");
+        return 2;
+    }
     if let Some(path) = &args.replay {
         if let Ok((kernel, _, _, _)) = fuzz::counterexample::read_meta(path) {
             if kernel.starts_with("exec") {
@@ -180,7 +189,7 @@ fn fuzz(args: FuzzArgs) -> u8 {
                 out.print(&format!(
                     "{kernel}: still fails {}: {}\n  recipe: {}\n",
                     f.property,
-                    f.detail.lines().next().unwrap_or_default(),
+                    fuzz::detail_text(&f.detail, 1, ""),
                     case.recipe()
                 ));
                 out.finish(1)
@@ -367,6 +376,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         gradients,
         loss_side: exec::loss_side_outputs(&named),
         bitwise: args.bitwise,
+        accumulation: args.accumulation,
     };
     if let Some(path) = &args.replay {
         return match exec::replay(path, &mut target) {
@@ -387,7 +397,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
                     "{}: still fails {}: {}\n  recipe: {}\n",
                     target.runner.transport.kind(),
                     f.property,
-                    f.detail.lines().collect::<Vec<_>>().join("\n    "),
+                    logprobe_fuzz::detail_text(&f.detail, 16, "\n    "),
                     case.recipe()
                 ));
                 out.finish(1)

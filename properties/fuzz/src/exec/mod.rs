@@ -26,14 +26,16 @@
 //! Files: [`transport`] (one-shot, persistent and in-process calls, the
 //! [`Runner`]), [`process`] (the adapter's processes: started, killed and
 //! reaped), [`signals`] (SIGINT, SIGTERM, SIGHUP in the binary), [`target`]
-//! (one case: request, judgement, variants), here the search, the shrink,
-//! the dumps and the report.
+//! (one case: request, judgement, variants), `render` (the report), here
+//! the search, the shrink and the dumps.
 
 pub mod process;
+mod render;
 pub mod signals;
 pub mod target;
 pub mod transport;
 
+pub use render::render;
 pub use target::{loss_side_outputs, request, Dumps, ExecFinding, ExecTarget, Judged, Lack};
 pub use transport::{shell_quote, CommandFailure, InProcessKernel, Runner, Transport};
 
@@ -41,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use logprobe_verify::dump::Dump;
-use logprobe_verify::verify::{verify_dump, VerifyConfig};
+use logprobe_verify::verify::verify_dump;
 
 use super::case::{dump_key, FuzzCase, Space};
 use super::judge::{Call, Finding};
@@ -225,11 +227,12 @@ pub struct ExecRun {
     pub target: ExecTarget,
     /// The search space (bad inputs excluded).
     pub space: Space,
-    /// Time limit of the search (shrinking excluded).
+    /// Wall-clock limit of the search (shrinking excluded): no call starts
+    /// after it and one under way is cut at it (its case is not judged).
     pub budget: Duration,
     /// Case limit.
     pub cases: Option<u64>,
-    /// Time limit of each shrink.
+    /// Wall-clock limit of each shrink (as `budget`).
     pub shrink_budget: Duration,
     /// Where dumps go (`None`: kept in memory only, in
     /// [`ExecReport::found_files`] and [`Lack::dumps`]).
@@ -280,6 +283,9 @@ pub struct ExecReport {
     pub signal: Option<i32>,
     /// A note on the persistent process's exit, if not clean.
     pub close_note: Option<String>,
+    /// Whether the search's budget cut a call short (its case not judged)
+    /// or kept one from starting.
+    pub out_of_time: bool,
 }
 
 impl ExecReport {
@@ -295,7 +301,9 @@ impl ExecReport {
 }
 
 /// Shrinks the failing `tree` through the command: a step is kept when
-/// the same property still fails.
+/// the same property still fails. `budget` is a wall-clock limit: no call
+/// starts after it, and one under way is cut at it
+/// ([`Runner::set_deadline`]); a cut call keeps no step.
 fn shrink(
     target: &ExecTarget,
     tree: &mut dyn proptest::strategy::ValueTree<Value = FuzzCase>,
@@ -303,16 +311,22 @@ fn shrink(
     budget: Duration,
 ) -> (FuzzCase, ExecFinding, usize) {
     let property = first.finding.property;
+    let runner = &target.runner;
     let fails = |c: &FuzzCase| match target.judge(c) {
-        Err(f) if f.finding.property == property && !target.runner.interrupted() => Some(f),
+        Err(f)
+            if f.finding.property == property && !runner.interrupted() && !runner.out_of_time() =>
+        {
+            Some(f)
+        }
         _ => None,
     };
+    let deadline = Instant::now() + budget;
     let mut best = (tree.current(), first, 0usize);
     if !tree.simplify() {
         return best;
     }
-    let deadline = Instant::now() + budget;
-    while Instant::now() < deadline && !target.runner.interrupted() {
+    runner.set_deadline(Some(deadline));
+    while Instant::now() < deadline && !runner.interrupted() && !runner.out_of_time() {
         let c = tree.current();
         match fails(&c) {
             Some(f) => {
@@ -364,7 +378,7 @@ fn finding_files(
         "inputs only (the kernel gave no valid answer on them)".to_string()
     } else {
         match Dump::parse(&files[0].1) {
-            Ok(d) => match verify_dump(&d, Path::new(&files[0].0), &VerifyConfig::default()) {
+            Ok(d) => match verify_dump(&d, Path::new(&files[0].0), &target.verify_config()) {
                 Ok(r) => r.verdict.to_string(),
                 Err(e) => format!("bad input: {e}"),
             },
@@ -392,6 +406,23 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBu
     super::files::write_new(dir, files).map_err(|e| e.to_string())
 }
 
+/// Counts a judged case into the report (checked or why not, SUSPECT,
+/// worst ratio, invariances held).
+fn tally(rep: &mut ExecReport, j: &Judged) {
+    match &j.unchecked {
+        Some(why) if why.starts_with("bad input") => rep.unchecked.0 += 1,
+        Some(_) => rep.unchecked.1 += 1,
+        None => rep.checked += 1,
+    }
+    rep.suspect += u64::from(j.suspect);
+    rep.worst = rep.worst.max(j.worst);
+    for h in &j.held {
+        if let Some(e) = rep.held.iter_mut().find(|(i, _)| i == h) {
+            e.1 += 1;
+        }
+    }
+}
+
 /// Runs the search on the external kernel (see the module docs).
 pub fn run(config: &ExecRun) -> ExecReport {
     let start = Instant::now();
@@ -416,6 +447,7 @@ pub fn run(config: &ExecRun) -> ExecReport {
         interrupted: false,
         signal: None,
         close_note: None,
+        out_of_time: false,
     };
     let name = format!(
         "{} {}",
@@ -432,26 +464,17 @@ pub fn run(config: &ExecRun) -> ExecReport {
     let stem = format!("fuzz-{}-seed{seed}", t.runner.transport.kind());
     let mut index = 0u64;
     let mut shrink_secs_calls = 0.0;
+    t.runner.set_deadline(Some(start + config.budget));
     while start.elapsed() < config.budget
         && config.cases.is_none_or(|n| index < n)
         && rep.found.is_none()
         && !t.runner.interrupted()
+        && !t.runner.out_of_time()
     {
         let case = case_tree(&strategy, seed, index).current();
         match t.judge(&case) {
             Ok(j) => {
-                match &j.unchecked {
-                    Some(why) if why.starts_with("bad input") => rep.unchecked.0 += 1,
-                    Some(_) => rep.unchecked.1 += 1,
-                    None => rep.checked += 1,
-                }
-                rep.suspect += u64::from(j.suspect);
-                rep.worst = rep.worst.max(j.worst);
-                for h in &j.held {
-                    if let Some(e) = rep.held.iter_mut().find(|(i, _)| i == h) {
-                        e.1 += 1;
-                    }
-                }
+                tally(&mut rep, &j);
                 for (inv, detail, dumps) in j.lacked {
                     if rep.lacks.iter().any(|l| l.invariance == inv) {
                         continue;
@@ -471,8 +494,9 @@ pub fn run(config: &ExecRun) -> ExecReport {
                                 None => Ok(Vec::new()),
                             });
                     progress.println(&format!(
-                        "{name}: lacks {} (case {index}): {detail}",
-                        inv.name()
+                        "{name}: lacks {} (case {index}): {}",
+                        inv.name(),
+                        super::detail_text(&detail, 4, "\n  ")
                     ));
                     rep.lacks.push(Lack {
                         invariance: inv,
@@ -485,6 +509,11 @@ pub fn run(config: &ExecRun) -> ExecReport {
                 }
             }
             Err(_) if t.runner.interrupted() => {}
+            // A call the budget cut or refused: the case is not judged.
+            Err(_) if t.runner.out_of_time() => {
+                rep.out_of_time = true;
+                break;
+            }
             Err(f) => {
                 let time_to_find = start.elapsed().as_secs_f64();
                 progress.println(&format!(
@@ -496,6 +525,7 @@ pub fn run(config: &ExecRun) -> ExecReport {
                 let before = t.runner.stats();
                 let mut tree = case_tree(&strategy, seed, index);
                 let (case, f, steps) = shrink(t, tree.as_mut(), f, config.shrink_budget);
+                t.runner.set_deadline(None);
                 let after = t.runner.stats();
                 rep.shrink_calls = after.0 - before.0;
                 shrink_secs_calls = after.1 - before.1;
@@ -538,141 +568,6 @@ pub fn run(config: &ExecRun) -> ExecReport {
     let (calls, secs) = t.runner.stats();
     rep.calls = (calls - rep.shrink_calls, secs - shrink_secs_calls);
     rep
-}
-
-/// The report of an `--exec` run: the finding (property, detail, recipe,
-/// seed, dumps, how to rerun), the invariances had and lacked, the counts.
-pub fn render(r: &ExecReport, target: &ExecTarget) -> String {
-    let transport = &target.runner.transport;
-    let mut s = String::new();
-    if let Some(f) = &r.found {
-        s.push_str(&format!(
-            "FOUND {}: {} (case {} of seed {}, time to find {:.1} s; shrunk through the command in {} steps, {:.1} s)\n",
-            transport.kind(),
-            f.finding.property,
-            f.case_index,
-            r.seed,
-            f.time_to_find,
-            f.shrink_steps,
-            f.shrink_secs
-        ));
-        let detail: Vec<&str> = f.finding.detail.lines().take(16).collect();
-        s.push_str(&format!("  detail: {}\n", detail.join("\n          ")));
-        s.push_str(&format!("  recipe: {}\n", f.case.recipe()));
-        s.push_str(&format!("  seed:   {}\n", r.seed));
-        match &f.dump {
-            Ok((path, verdict)) => {
-                for p in &r.found_dumps {
-                    s.push_str(&format!("  dump:   {}\n", p.display()));
-                }
-                if r.found_dumps.is_empty() {
-                    let names: Vec<&str> = r.found_files.iter().map(|(n, _)| n.as_str()).collect();
-                    s.push_str(&format!(
-                        "  dump:   {} (in memory: report.save(path) writes it)\n",
-                        names.join(", ")
-                    ));
-                }
-                s.push_str(&format!(
-                    "  logprobe verify {}: {verdict}",
-                    super::files::shell_word(&path.to_string_lossy())
-                ));
-                if f.finding.call == Call::Invariance {
-                    s.push_str(
-                        " (verify judges one file at a time; the invariance needs --replay)",
-                    );
-                }
-                s.push('\n');
-                s.push_str(&format!("  rerun:  {}\n", transport.rerun(path)));
-            }
-            Err(e) => s.push_str(&format!("  dump not written: {e}\n")),
-        }
-    }
-    s.push_str(&format!(
-        "\nfuzz {}: {} cases in {:.1} s (seed {}): {} checked against the oracle (worst err/bound {:.3}), {} SUSPECT, {} bad input not sent, {} with nothing to check\n",
-        transport.kind(),
-        r.cases,
-        r.seconds,
-        r.seed,
-        r.checked,
-        r.worst,
-        r.suspect,
-        r.unchecked.0,
-        r.unchecked.1
-    ));
-    let (calls, secs) = r.calls;
-    if calls > 0 {
-        s.push_str(&format!(
-            "calls: {calls} in {secs:.1} s during the search ({:.1} ms per call, {:.1} calls per case){}\n",
-            1e3 * secs / calls as f64,
-            calls as f64 / r.cases.max(1) as f64,
-            if r.shrink_calls > 0 {
-                format!(", {} more while shrinking", r.shrink_calls)
-            } else {
-                String::new()
-            }
-        ));
-    }
-    s.push_str("\nproperty            cases held  result\n");
-    for &(inv, held) in &r.held {
-        let lack = r.lacks.iter().find(|l| l.invariance == inv);
-        let required = target.require.contains(&inv);
-        let found_here = r
-            .found
-            .as_ref()
-            .is_some_and(|f| f.finding.property == inv.property());
-        let result = if found_here {
-            "LACKS (required): FOUND".to_string()
-        } else if let Some(l) = lack {
-            format!(
-                "lacks (case {}; --require {} makes it a failure){}",
-                l.case_index,
-                inv.name(),
-                match &l.written {
-                    Ok(p) if p.is_empty() => " (dumps in memory)".to_string(),
-                    Ok(p) => format!(
-                        ": {}",
-                        p.iter()
-                            .map(|p| p.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                    Err(e) => format!(" (dumps not written: {e})"),
-                }
-            )
-        } else if held == 0 {
-            "not checked (no case it applies to)".to_string()
-        } else if required {
-            "has (required)".into()
-        } else {
-            "has".into()
-        };
-        s.push_str(&format!("{:<19} {:>10}  {result}\n", inv.name(), held));
-    }
-    for l in &r.lacks {
-        s.push_str(&format!(
-            "  {}: {}\n    recipe: {}\n",
-            l.invariance.name(),
-            l.detail,
-            l.case.recipe()
-        ));
-    }
-    if r.found.is_none() && r.checked == 0 {
-        s.push_str("UNCHECKED: no case was checked against the oracle: nothing is known of this kernel (exit 1)\n");
-    }
-    match r.signal {
-        Some(sig) => s.push_str(&format!(
-            "note: interrupted by {}: the search stopped early; the command's processes were killed\n",
-            process::signal_text(sig)
-        )),
-        None if r.interrupted => {
-            s.push_str("note: interrupted (KeyboardInterrupt): the search stopped early\n");
-        }
-        None => {}
-    }
-    if let Some(n) = &r.close_note {
-        s.push_str(&format!("note: {n}\n"));
-    }
-    s
 }
 
 /// Reruns the case of a fuzz dump on the external kernel, with the dump's

@@ -174,6 +174,10 @@ pub struct ExecTarget {
     /// masked gradient written as `-p * 0`, is not a defect); with it every
     /// bit counts. NaNs compare by bits either way.
     pub bitwise: bool,
+    /// The accumulation dtype the kernel declares (`--accumulation`,
+    /// `accumulation=`), used for its bound as `logprobe verify
+    /// --accumulation` uses it; `None`: f64 for f64 logits, f32 otherwise.
+    pub accumulation: Option<Dtype>,
 }
 
 /// The loss-side outputs named in an `--outputs` list (`lse`, `z_loss`;
@@ -219,6 +223,15 @@ impl ExecTarget {
             r.meta.outputs.retain(|&o| o != Output::GradLogits);
         }
         r
+    }
+
+    /// The verify settings the answers are judged with: the default, with
+    /// the declared [`ExecTarget::accumulation`].
+    pub fn verify_config(&self) -> VerifyConfig {
+        VerifyConfig {
+            accumulation: self.accumulation,
+            ..VerifyConfig::default()
+        }
     }
 
     pub(super) fn extra(&self, case: &FuzzCase, property: &str) -> Metadata {
@@ -286,7 +299,7 @@ impl ExecTarget {
             .with_response(&base.response, &Metadata::new())
             .map_err(|e| self.command(case, &request, e.to_string()))?;
         let report = Dump::parse(&joined)
-            .and_then(|d| verify_dump(&d, Path::new("exec"), &VerifyConfig::default()))
+            .and_then(|d| verify_dump(&d, Path::new("exec"), &self.verify_config()))
             .map_err(|e| {
                 self.command(case, &request, format!("the answer does not verify: {e}"))
             })?;

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -242,6 +242,10 @@ pub struct Runner {
     process: Mutex<Option<Persistent>>,
     calls: AtomicU64,
     nanos: AtomicU64,
+    /// The wall-clock limit of the current phase (search or shrink), if any.
+    deadline: Mutex<Option<Instant>>,
+    /// Whether a call was refused or cut short by that limit.
+    out_of_time: AtomicBool,
 }
 
 /// How often a waiting call looks at the clock and for a signal.
@@ -256,7 +260,50 @@ impl Runner {
             process: Mutex::new(None),
             calls: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
+            deadline: Mutex::new(None),
+            out_of_time: AtomicBool::new(false),
         }
+    }
+
+    /// Sets the wall-clock limit of the calls to come (`None`: only the
+    /// per-call timeout), and clears [`Runner::out_of_time`]. From then on a
+    /// call is not started once `deadline` has passed, and one under way is
+    /// given what is left of it as its timeout: the budget holds whatever
+    /// the kernel's speed (an in-process call cannot be preempted: it is
+    /// only not started).
+    pub fn set_deadline(&self, deadline: Option<Instant>) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
+        self.out_of_time.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a call since [`Runner::set_deadline`] was not started or was
+    /// cut short (its processes killed) because the deadline came: its
+    /// failure says nothing of the kernel, and the phase is over.
+    pub fn out_of_time(&self) -> bool {
+        self.out_of_time.load(Ordering::SeqCst)
+    }
+
+    /// When the call starting now must end, and whether that is the phase's
+    /// deadline rather than the per-call timeout.
+    fn call_deadline(&self) -> (Instant, bool) {
+        let now = Instant::now();
+        // `Duration::MAX` (in-process: no timeout) is past any instant.
+        let own = now
+            .checked_add(self.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(1 << 30));
+        match *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(d) if d < own => (d, true),
+            _ => (own, false),
+        }
+    }
+
+    /// The failure of a call cut short by the phase's deadline.
+    fn out_of_time_failure(&self, stderr_tail: &str) -> CommandFailure {
+        self.out_of_time.store(true, Ordering::SeqCst);
+        failure(
+            "out of time: the budget ran out during the call; killed (not a finding)".into(),
+            stderr_tail,
+        )
     }
 
     /// Whether the run was interrupted: the user interrupted an in-process
@@ -282,6 +329,14 @@ impl Runner {
     /// [`CommandFailure`] (never a panic, never a hang past the timeout);
     /// `interrupted by SIGINT` (and the like) once a signal was caught.
     pub fn call(&self, request: &[u8], limit: u64) -> Result<Vec<u8>, CommandFailure> {
+        if self.call_deadline().0 <= Instant::now() {
+            // Not started: it could not finish within the budget.
+            self.out_of_time.store(true, Ordering::SeqCst);
+            return Err(failure(
+                "out of time: the budget ran out; the call was not started".into(),
+                "",
+            ));
+        }
         let t0 = Instant::now();
         let r = match &self.transport {
             _ if signals::caught().is_some() => Err(interrupted_failure()),
@@ -334,7 +389,7 @@ impl Runner {
                 .stderr(err),
         )
         .map_err(|e| failure(format!("could not start `sh -c {line}`: {e}"), ""))?;
-        let deadline = Instant::now() + self.timeout;
+        let (deadline, by_budget) = self.call_deadline();
         loop {
             if adapter.exited_within(POLL) {
                 break;
@@ -345,6 +400,9 @@ impl Runner {
             }
             if Instant::now() >= deadline {
                 adapter.terminate();
+                if by_budget {
+                    return Err(self.out_of_time_failure(&tail(&errp, 12)));
+                }
                 return Err(failure(
                     format!(
                         "timed out: no exit within {} (--timeout); killed",
@@ -390,7 +448,7 @@ impl Runner {
             .to_child
             .as_ref()
             .is_some_and(|tx| tx.send(request.to_vec()).is_ok());
-        let deadline = Instant::now() + self.timeout;
+        let (deadline, by_budget) = self.call_deadline();
         let r = loop {
             if !sent {
                 break Waited::Gone;
@@ -437,6 +495,12 @@ impl Runner {
                 None => "the process ended without answering".into(),
             },
             Waited::Interrupted => interrupted_failure().what,
+            Waited::TimedOut if by_budget => {
+                p.adapter.terminate();
+                let stderr = tail(&p.stderr, 12);
+                *slot = None;
+                return Err(self.out_of_time_failure(&stderr));
+            }
             Waited::TimedOut => format!(
                 "timed out: no answer frame within {} (--timeout); killed",
                 secs(self.timeout)
@@ -513,4 +577,70 @@ fn interrupted_failure() -> CommandFailure {
 
 fn secs(d: Duration) -> String {
     format!("{} s", num(d.as_secs_f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Runner, Transport};
+    use std::time::{Duration, Instant};
+
+    /// The budget is a wall-clock limit on the calls: a call under way when
+    /// the deadline comes is cut at it (not at its own, longer timeout) and
+    /// is no finding; no call starts after it. Checked by what the calls
+    /// did (how many processes started, what the failures say), not by a
+    /// timed assertion.
+    #[test]
+    fn no_call_runs_past_the_deadline() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let starts = dir.path().join("starts");
+        let log = starts.to_string_lossy();
+        for transport in [
+            Transport::OneShot(format!("echo start >> '{log}'; sleep 60 # {{in}} {{out}}")),
+            Transport::Persistent(format!("echo start >> '{log}'; exec sleep 60")),
+        ] {
+            let _ = std::fs::remove_file(&starts);
+            let r = Runner::new(transport, Duration::from_secs(120));
+            r.set_deadline(Some(Instant::now() + Duration::from_millis(300)));
+            let f = r.call(&[1; 16], 1 << 20).expect_err("cut");
+            assert!(f.what.starts_with("out of time"), "{}", f.what);
+            assert!(r.out_of_time());
+            // After the deadline: refused, nothing started.
+            let f = r.call(&[1; 16], 1 << 20).expect_err("refused");
+            assert!(f.what.contains("not started"), "{}", f.what);
+            let n = std::fs::read_to_string(&starts).map_or(0, |s| s.lines().count());
+            assert_eq!(n, 1);
+            assert_eq!(r.stats().0, 1);
+            // A new phase clears the flag; its own timeout is the limit again.
+            r.set_deadline(None);
+            assert!(!r.out_of_time());
+            assert!(r.close().is_none_or(|n| !n.is_empty()));
+        }
+    }
+
+    /// The persistent process serves call after call; only a failed call
+    /// (here: the process exits) makes the next one start a fresh process.
+    #[test]
+    fn a_persistent_process_is_restarted_only_after_a_failed_call() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let starts = dir.path().join("starts");
+        // `cat` answers each request frame with itself.
+        let cmd = format!("echo start >> '{}'; exec cat", starts.to_string_lossy());
+        let r = Runner::new(Transport::Persistent(cmd), Duration::from_secs(30));
+        let count = || {
+            std::fs::read_to_string(&starts)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        for i in 0..5u8 {
+            assert_eq!(r.call(&[i; 16], 1 << 20), Ok(vec![i; 16]));
+        }
+        assert_eq!(count(), 1);
+        // An answer over the limit is a failed call (a bad frame): restart.
+        assert!(r.call(&[7; 64], 8).is_err());
+        assert_eq!(r.call(&[9; 16], 1 << 20), Ok(vec![9; 16]));
+        assert_eq!(count(), 2);
+        assert_eq!(r.close(), None);
+        assert_eq!(r.stats().0, 7);
+    }
 }

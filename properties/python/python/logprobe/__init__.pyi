@@ -167,6 +167,7 @@ def fuzz(
     tensors: str = "auto",
     progress: bool = False,
     bitwise: bool = False,
+    accumulation: Optional[str] = None,
 ) -> FuzzReport:
     """Property-tests `fn` in this process with the engine of `logprobe fuzz
     --exec` (docs/fuzz-protocol.md): the gate's recipes, judged against the
@@ -175,8 +176,10 @@ def fuzz(
     again. A finding is shrunk by calling `fn` again and returned with its
     dump (`report.save(path)`; `logprobe verify` replays it).
 
-    - `budget`: time limit of the search ("30s", "2m", seconds, a
-      timedelta); `cases`: case limit (whichever comes first).
+    - `budget`: wall-clock limit of the search ("30s", "2m", seconds, a
+      timedelta): no call of `fn` starts after it (one under way runs to
+      its end: in-process calls cannot be cut); `cases`: case limit
+      (whichever comes first).
     - `dtypes`: logit dtypes drawn (float64, float32, bfloat16, float16;
       None: all). `vocab`: vocabulary sizes `V` (an int, "lo..hi", a range,
       "real" for the real models' sizes, or a list of them; None: 1..8192
@@ -189,13 +192,18 @@ def fuzz(
     - `require`: invariances whose lack is a finding (`--require`'s names:
       padding-invariant, chunk-invariant, batch-invariant; "none" or ()
       for nothing). A lack not required is reported in `report.lacks`.
-    - `shrink_budget`: time limit of the shrink.
+    - `shrink_budget`: wall-clock limit of the shrink (as `budget`).
     - `tensors`: "auto" (torch tensors when torch imports, else numpy),
       "torch" or "numpy" (bf16 logits then arrive as exact float32 values;
       meta["logits_dtype"] says "bf16").
     - `progress`: a progress bar on stderr.
     - `bitwise`: the invariances compare every bit (`--bitwise`); by
       default `0` and `-0` are the same value. NaNs compare by bits.
+    - `accumulation`: the dtype `fn` accumulates in (float64, float32,
+      bfloat16, float16, or the short names; `--accumulation`): its bound
+      is that of a kernel computing in it, as `logprobe verify
+      --accumulation` judges; None: float64 for float64 logits, float32
+      otherwise. A bf16 kernel that computes in bf16 says "bfloat16".
 
     An exception raised inside `fn` is a finding of property `command`,
     with its traceback in `finding.detail`. KeyboardInterrupt stops the
@@ -212,10 +220,11 @@ def fuzz_replay(
     require: Union[str, Sequence[str]] = ("padding-invariant",),
     tensors: str = "auto",
     bitwise: bool = False,
+    accumulation: Optional[str] = None,
 ) -> Optional[FuzzFinding]:
     """Reruns the case of a fuzz dump (`report.save(path)`, or a dump of
     `logprobe fuzz --exec`) on `fn`, with the dump's property required when
     it is an invariance, as `logprobe fuzz --replay`: None when it passes
-    now, else the finding. `outputs`, `require`, `tensors`, `bitwise`: as `fuzz` (give
-    the run's `outputs`). Raises `ValueError` for a file that is not a fuzz
+    now, else the finding. `outputs`, `require`, `tensors`, `bitwise`,
+    `accumulation`: as `fuzz` (give the run's `outputs` and `accumulation`). Raises `ValueError` for a file that is not a fuzz
     dump."""

@@ -207,6 +207,16 @@ def _alternatives(x: Any, what: str, conv: Callable[[Any], str]) -> Optional[str
     return "|".join(conv(i) for i in items)
 
 
+def _accumulation(d: Any) -> Optional[str]:
+    """The accumulation= keyword (a dtype name, torch's included) as the CLI's."""
+    if d is None:
+        return None
+    name = str(d).replace("torch.", "").strip()
+    if name not in _DTYPES:
+        raise ValueError(f"fuzz(): accumulation={d!r}: expected float64, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
 def _dtype(d: Any) -> str:
     name = str(d).replace("torch.", "").strip()
     if name not in _DTYPES:
@@ -369,6 +379,7 @@ def fuzz(
     tensors: str = "auto",
     progress: bool = False,
     bitwise: bool = False,
+    accumulation: Optional[Any] = None,
 ) -> FuzzReport:
     """See ``logprobe.fuzz`` (``logprobe/__init__.pyi``)."""
     if cases is not None and (not isinstance(cases, int) or isinstance(cases, bool) or cases < 0):
@@ -390,6 +401,7 @@ def fuzz(
         seed=seed,
         progress=bool(progress),
         bitwise=bool(bitwise),
+        accumulation=_accumulation(accumulation),
     )
     return FuzzReport(report_json, table, files)
 
@@ -402,13 +414,15 @@ def fuzz_replay(
     require: Any = ("padding-invariant",),
     tensors: str = "auto",
     bitwise: bool = False,
+    accumulation: Optional[Any] = None,
 ) -> Optional[FuzzFinding]:
     """See ``logprobe.fuzz_replay`` (``logprobe/__init__.pyi``)."""
     if isinstance(outputs, str):
         outputs = [o for o in outputs.split(",") if o]
     caller = Caller(fn, tensors)
     r = _native.fuzz_replay(caller, os.fspath(path), name=caller.name, outputs=list(outputs),
-                            require=require_string(require), bitwise=bool(bitwise))
+                            require=require_string(require), bitwise=bool(bitwise),
+                            accumulation=_accumulation(accumulation))
     if r is None:
         return None
     prop, detail, recipe = r

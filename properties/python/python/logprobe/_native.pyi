@@ -58,6 +58,8 @@ def fuzz(
     require: str,
     seed: Optional[int],
     progress: bool,
+    bitwise: bool = ...,
+    accumulation: Optional[str] = ...,
 ) -> Tuple[str, str, List[Tuple[str, bytes]]]: ...
 def fuzz_replay(
     caller: Callable[[bytes], Union[bytes, Tuple[str, str]]],
@@ -66,4 +68,6 @@ def fuzz_replay(
     name: str,
     outputs: List[str],
     require: str,
+    bitwise: bool = ...,
+    accumulation: Optional[str] = ...,
 ) -> Optional[Tuple[str, str, str]]: ...

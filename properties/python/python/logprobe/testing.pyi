@@ -94,6 +94,7 @@ def assert_fuzz_clean(
     tensors: str = "auto",
     progress: bool = False,
     bitwise: bool = False,
+    accumulation: Optional[str] = None,
 ) -> FuzzReport:
     """`logprobe.fuzz(fn, ...)`, raising `FuzzFailure` (an `AssertionError`:
     the finding, its recipe and seed, the CLI's report) on a counterexample;

@@ -172,7 +172,11 @@ pub fn check_chunk_sizes(
         if !result_eq(&f0, &f, forward_bits_eq) {
             let what = match (&f0, &f) {
                 (Ok(x), Ok(y)) => first_forward_diff(x, y),
-                _ => format!("{:?} vs {:?}", f0.as_ref().err(), f.as_ref().err()),
+                _ => format!(
+                    "{} vs {}",
+                    outcome(f0.as_ref().err()),
+                    outcome(f.as_ref().err())
+                ),
             };
             return Err(format!(
                 "forward with chunk_size {} and {c} differ: {what}",
@@ -190,4 +194,9 @@ pub fn check_chunk_sizes(
         }
     }
     Ok(())
+}
+
+/// A call's outcome in words: `values` or `the error "..."`.
+fn outcome(e: Option<&KernelError>) -> String {
+    e.map_or("values".into(), |e| format!("the error \"{e}\""))
 }

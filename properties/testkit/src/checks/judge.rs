@@ -91,8 +91,12 @@ pub fn judge_values(
                 let j = tolerance::judge(x, c, out, &bound);
                 if !j.pass {
                     return Err(format!(
-                        "{}; targets {targets:?}",
-                        out_of_bound(at(), x, c, out, &j)
+                        "{}; row targets: token {}, {} top-k ids, cotangents g = {:e}, h = {:e}",
+                        out_of_bound(at(), x, c, out, &j),
+                        targets.token.map_or("none".to_string(), |t| t.to_string()),
+                        targets.topk_ids.len(),
+                        targets.g,
+                        targets.h
                     ));
                 }
                 ratios.record(e.output, j.ratio.unwrap_or(0.0));
@@ -126,11 +130,21 @@ pub fn judge_forward(
         (Err(KernelError::Spec(e)), Some(x), _) if same_error(&e, &x) => {
             return Ok(Ratios::default())
         }
-        (Err(e), Some(x), _) => return Err(format!("returned {e:?}, expected {x:?}")),
-        (Ok(_), Some(x), _) => {
-            return Err(format!("returned values for bad input, expected {x:?}"))
+        (Err(e), Some(x), _) => {
+            return Err(format!(
+                "returned the error \"{e}\", expected the error \"{x}\""
+            ))
         }
-        (Err(e), None, _) => return Err(format!("returned {e:?} on valid, supported input")),
+        (Ok(_), Some(x), _) => {
+            return Err(format!(
+                "returned values for bad input, expected the error \"{x}\""
+            ))
+        }
+        (Err(e), None, _) => {
+            return Err(format!(
+                "returned the error \"{e}\" on valid, supported input"
+            ))
+        }
         (Ok(fo), None, _) => fo,
     };
     let Ok(of) = &oracle.forward else {
@@ -200,7 +214,7 @@ pub fn judge_backward(
             Err(e) => {
                 if !copy.bits_eq(&data.logits) {
                     return Err(format!(
-                        "in-place backward returned {e:?} and changed the logits"
+                        "in-place backward returned the error \"{e}\" and changed the logits"
                     ));
                 }
                 Err(e)
@@ -227,11 +241,21 @@ pub fn judge_backward(
         (Err(KernelError::Spec(e)), Some(x), _) if same_error(&e, &x) => {
             return Ok(Ratios::default())
         }
-        (Err(e), Some(x), _) => return Err(format!("returned {e:?}, expected {x:?}")),
-        (Ok(_), Some(x), _) => {
-            return Err(format!("returned a gradient for bad input, expected {x:?}"))
+        (Err(e), Some(x), _) => {
+            return Err(format!(
+                "returned the error \"{e}\", expected the error \"{x}\""
+            ))
         }
-        (Err(e), None, _) => return Err(format!("returned {e:?} on valid, supported input")),
+        (Ok(_), Some(x), _) => {
+            return Err(format!(
+                "returned a gradient for bad input, expected the error \"{x}\""
+            ))
+        }
+        (Err(e), None, _) => {
+            return Err(format!(
+                "returned the error \"{e}\" on valid, supported input"
+            ))
+        }
         (Ok(g), None, _) => g,
     };
     let key = format!(

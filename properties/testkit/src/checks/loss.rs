@@ -148,9 +148,21 @@ pub fn judge_loss(
             )
         }
         (Err(KernelError::Spec(e)), Some(x)) if same_error(&e, &x) => return Ok(0.0),
-        (Err(e), Some(x)) => return Err(format!("returned {e:?}, expected {x:?}")),
-        (Ok(_), Some(x)) => return Err(format!("returned a loss for bad input, expected {x:?}")),
-        (Err(e), None) => return Err(format!("returned {e:?} on valid, supported input")),
+        (Err(e), Some(x)) => {
+            return Err(format!(
+                "returned the error \"{e}\", expected the error \"{x}\""
+            ))
+        }
+        (Ok(_), Some(x)) => {
+            return Err(format!(
+                "returned a loss for bad input, expected the error \"{x}\""
+            ))
+        }
+        (Err(e), None) => {
+            return Err(format!(
+                "returned the error \"{e}\" on valid, supported input"
+            ))
+        }
         (Ok(g), None) => g,
     };
     let exact = oracle
@@ -245,15 +257,29 @@ pub fn check_loss_chunk_sizes(
     for &c in &chunk_sizes[1..] {
         let got = make(c).cross_entropy(&p, &ce, out);
         if !result_eq(&base, &got, |a, b| a.dtype == b.dtype && bits(a) == bits(b)) {
-            let show = |r: &Result<CrossEntropyOutput, KernelError>| match r {
-                Ok(o) => format!("{:?}", o.values),
-                Err(e) => format!("{e:?}"),
+            // The first element that differs (or the error), not the arrays.
+            let what = match (&got, &base) {
+                (Ok(a), Ok(b)) if a.values.len() == b.values.len() => {
+                    let i = (0..a.values.len())
+                        .find(|&i| a.values[i].to_bits() != b.values[i].to_bits())
+                        .unwrap_or(0);
+                    format!(
+                        "element {i} of {}: {:e} ({}) vs {:e} ({})",
+                        a.values.len(),
+                        a.values.get(i).copied().unwrap_or(f64::NAN),
+                        a.dtype,
+                        b.values.get(i).copied().unwrap_or(f64::NAN),
+                        b.dtype
+                    )
+                }
+                (Ok(a), Ok(b)) => format!("{} values vs {}", a.values.len(), b.values.len()),
+                (Ok(_), Err(e)) => format!("values vs the error \"{e}\""),
+                (Err(e), Ok(_)) => format!("the error \"{e}\" vs values"),
+                (Err(e), Err(f)) => format!("the error \"{e}\" vs the error \"{f}\""),
             };
             return Err(format!(
-                "loss ({}) at chunk_size {c}: {} vs {} at chunk_size {c0}",
-                ce.reduction,
-                show(&got),
-                show(&base)
+                "loss ({}) at chunk_size {c} vs chunk_size {c0}: {what}",
+                ce.reduction
             ));
         }
     }
