@@ -22,7 +22,7 @@ use crate::tolerance::walk::PolicyTarget;
 use crate::tolerance::NoBound;
 
 /// One row's policy-term cotangents for the gradient bound, part of
-/// [`super::GradCotangents`]: the nonzero `(term, c)` pairs of the row
+/// [`crate::tolerance::GradCotangents`]: the nonzero `(term, c)` pairs of the row
 /// (`logprobe_reference::spec::Problem::policy_cotangents`; none on an
 /// `ignore_index` row) and the row's inputs and clamps.
 #[derive(Clone, Copy, Debug)]
