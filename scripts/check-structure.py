@@ -41,7 +41,7 @@ CRATES = {
 # belongs to the family of the longest listed prefix of its last-but-any
 # component name. Modules matching none are shared (dispatch, primitives).
 FAMILIES = {
-    "logprob": ("logprob", "entropy"),
+    "logprob": ("logprob", "log_softmax", "entropy"),
     "topk": ("topk",),
     "cross_entropy": ("cross_entropy", "loss", "lse", "z_loss", "softcap"),
     "kl": ("topk_kl", "kl"),

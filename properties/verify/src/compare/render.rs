@@ -143,6 +143,13 @@ pub fn render_table(r: &CompareReport) -> String {
             k.tightest_model.as_deref().unwrap_or("none"),
         );
     }
+    write_worst_rows(&mut s, r);
+    s
+}
+
+/// The rows of largest `|observed|` of [`render_table`]'s report, worst
+/// first, `r.worst_rows` of them.
+fn write_worst_rows(s: &mut String, r: &CompareReport) {
     let mut worst: Vec<&CompareRow> = r.rows.iter().collect();
     worst.sort_by(|x, y| {
         let m = |c: &CompareRow| {
@@ -183,5 +190,4 @@ pub fn render_table(r: &CompareReport) -> String {
             );
         }
     }
-    s
 }

@@ -44,8 +44,6 @@ mod flash;
 mod judge;
 mod loss_grad;
 mod model;
-mod policy;
-mod policy_grad;
 mod statistical;
 mod upward;
 mod walk;
@@ -55,7 +53,7 @@ mod tests;
 
 pub use bounds::{
     loss_bounds, DetachedBounds, GradCotangents, GradRow, GradScreen, KlTarget, LossRowBound,
-    LossSums, RowBounds,
+    LossSums, PolicyGradCotangents, RowBounds,
 };
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
@@ -63,7 +61,6 @@ pub use loss_grad::LossGradCotangents;
 pub use model::{
     foreign_presets, tightest, EntropyForm, K3Form, Model, Order, RowContext, SoftcapContext,
 };
-pub use policy_grad::PolicyGradCotangents;
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,
     SEQUENTIAL_FACTOR,

@@ -14,9 +14,9 @@ use logprobe_reference::spec::{
 };
 
 use super::bounds::KlGradCotangents;
+use super::bounds::PolicyGradCotangents;
 use super::bounds::{GradCotangents, KlTarget};
 use super::loss_grad::LossGradCotangents;
-use super::policy_grad::PolicyGradCotangents;
 
 /// What the bounds of one row need besides its statistics: the vocabulary
 /// entries its outputs are at, and the gradient's upstream cotangents.

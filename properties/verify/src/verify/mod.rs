@@ -23,10 +23,12 @@
 //! `report` (what comes back), `table` (the text table), `expect`
 //! (`--expect` and the exit status).
 
+mod acc;
 mod config;
 mod engine;
 mod expect;
 mod grad_screen;
+mod reduced;
 mod report;
 mod table;
 

@@ -167,6 +167,15 @@ pub fn render_table(report: &FileReport) -> String {
             let _ = writeln!(s, "    topk_ids {at}: {}", f.message);
         }
     }
+    write_worst(&mut s, report);
+    write_footer(&mut s, report);
+    s
+}
+
+/// The worst elements of each output of [`render_table`]'s report, with
+/// candidate and exact values.
+fn write_worst(s: &mut String, report: &FileReport) {
+    use std::fmt::Write;
     for o in &report.outputs {
         if o.worst.is_empty() {
             continue;
@@ -195,6 +204,12 @@ pub fn render_table(report: &FileReport) -> String {
             );
         }
     }
+}
+
+/// [`render_table`]'s last lines: the MPFR fallback rates and the tensors
+/// the format ignores.
+fn write_footer(s: &mut String, report: &FileReport) {
+    use std::fmt::Write;
     let fb = &report.fallback;
     if fb.rows > 0 {
         let _ = writeln!(
@@ -210,5 +225,4 @@ pub fn render_table(report: &FileReport) -> String {
             report.ignored_tensors.join(", ")
         );
     }
-    s
 }

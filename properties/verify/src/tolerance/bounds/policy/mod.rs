@@ -10,11 +10,13 @@
 use logprobe_reference::oracle::Interval;
 use logprobe_reference::spec::{Dtype, PolicyTerm};
 
-use super::bounds::{half_ulp, RowBounds};
-use super::model::K3Form;
-use super::upward::Hi;
-use super::walk::RowTargets;
-use super::{ErrorBound, NoBound};
+use super::{half_ulp, mag, RowBounds};
+
+pub(crate) mod grad;
+use crate::tolerance::model::K3Form;
+use crate::tolerance::upward::Hi;
+use crate::tolerance::walk::RowTargets;
+use crate::tolerance::{ErrorBound, NoBound};
 
 /// What (T20) takes from the row's log-prob bound and the model.
 #[derive(Clone, Copy, Debug)]
@@ -187,5 +189,32 @@ pub(crate) fn phi_up(xi: f64) -> Hi {
         a * a * Hi(0.5) * a.exp()
     } else {
         a.exp_m1()
+    }
+}
+
+impl RowBounds<'_> {
+    /// (T20) The log-prob as the policy terms see it: its exact enclosure
+    /// `d_t - ln S` and the error of the kernel's accumulation-dtype value
+    /// (T7 with the accumulation rounding of T8), with the model's
+    /// constants.
+    pub(super) fn policy_base(&self) -> Result<Base, NoBound> {
+        let set = self.p.as_ref().map_err(Clone::clone)?;
+        let d_t = self.stats.d_t.ok_or(NoBound::MissingStatistic {
+            what: "d_t (no target)",
+        })?;
+        let d_abs = mag(&d_t);
+        let pre = self.c.lp_err_pre(set, d_abs);
+        let v_abs = d_abs + Hi(set.ln_s.hi);
+        Ok(Base {
+            lp: Interval {
+                lo: (d_t.lo - set.ln_s.hi).next_down(),
+                hi: (d_t.hi - set.ln_s.lo).next_up(),
+            },
+            lp_err: pre + half_ulp(self.c.acc, v_abs + pre),
+            acc: self.c.acc,
+            eps_exp: self.c.eps_exp,
+            eta: self.c.eta + self.c.eta_sub,
+            k3_form: self.c.k3_form,
+        })
     }
 }

@@ -14,15 +14,15 @@
 
 use logprobe_reference::spec::{PolicyClamps, PolicyTerm};
 
-use super::bounds::half_ulp;
-use super::model::K3Form;
-use super::policy::{abs_expm1_neg, d_error, phi_up, Base, DError};
-use super::upward::{Hi, Lo};
-use super::walk::PolicyTarget;
-use super::NoBound;
+use super::super::half_ulp;
+use super::{abs_expm1_neg, d_error, phi_up, Base, DError};
+use crate::tolerance::model::K3Form;
+use crate::tolerance::upward::{Hi, Lo};
+use crate::tolerance::walk::PolicyTarget;
+use crate::tolerance::NoBound;
 
 /// One row's policy-term cotangents for the gradient bound, part of
-/// [`super::GradCotangents`]: the nonzero `(term, c)` pairs of the row
+/// [`crate::tolerance::GradCotangents`]: the nonzero `(term, c)` pairs of the row
 /// (`logprobe_reference::spec::Problem::policy_cotangents`; none on an
 /// `ignore_index` row) and the row's inputs and clamps.
 #[derive(Clone, Copy, Debug)]
