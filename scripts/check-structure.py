@@ -7,10 +7,13 @@ Over every non-test Rust source file of the workspace and the Python crate
 (not `tests/`, `benches/`, `examples/`, `tests.rs`, `*_tests.rs`; lines of an
 inline `#[cfg(test)] mod ... { }` block do not count):
 
-  1. no file over MAX_FILE_LINES (700) lines;
+  1. no file over MAX_FILE_LINES (700) lines (KNOWN: the excess left when
+     the check was wired in, which may only shrink);
   2. no function over MAX_FN_LINES (150) lines, signature to closing brace;
   3. no import circle between modules of different output families: the
-     `use crate::...` / `super::` graph between module files of one crate,
+     `use` graph (`crate::`, `super::`, `self::` and child-module paths)
+     between module files of one crate, a module's arrows into its own
+     submodules not counted (containment: re-exports and dispatch),
      whose strongly connected components must each hold modules of at most
      one family (FAMILIES below; modules of no family are shared and may sit
      in circles with anything of one family).
@@ -48,6 +51,16 @@ FAMILIES = {
     "policy": ("policy",),
 }
 SKIP_DIRS = {"tests", "benches", "examples", "target"}
+# Known excess, a ratchet: each may shrink, none may grow, and nothing else
+# may go over (issue 47 lists what is left). Key: a file's path, or
+# `path:fn` for a function; value: its size when the check was wired in.
+KNOWN = {
+    "reference/src/spec/problem.rs": 856,
+    "kernels/src/cuda/forward.rs:forward": 162,
+    "properties/verify/src/tolerance/bounds/grad.rs:grad_elem": 159,
+    "properties/fuzz/src/case/recipe_text.rs:set": 152,
+    "properties/src/bench/paths.rs:run_in_pool": 246,
+}
 FN_RE = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?"
                    r"(?:extern\s+\"[^\"]*\"\s+)?fn\s+([A-Za-z_][A-Za-z0-9_]*)")
 USE_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);?", re.M)
@@ -149,7 +162,9 @@ def uses(text, mod):
                 while rest.startswith("super::"):
                     here, rest = here[:-1], rest[len("super::"):]
             else:
-                continue
+                # A uniform path: a child module (`use child::X`), or an
+                # external crate, which resolves to no module file here.
+                here, rest = list(mod), path
             names = [n for n in rest.split("::") if n and n != "self" and n != "*"]
             # Module components are lower case; the item (type, fn) ends it.
             comps = []
@@ -192,9 +207,20 @@ def sccs(graph):
     return out
 
 
+def over(problems, known, key, size, message):
+    """Records an excess: a problem unless KNOWN allows it at this size."""
+    allowed = KNOWN.get(key)
+    if allowed is not None and size <= allowed:
+        known.append(f"{message} [known, at most {allowed}]")
+    elif allowed is not None:
+        problems.append(f"{message}: grew past its known {allowed}")
+    else:
+        problems.append(message)
+
+
 def main():
     report = "--report" in sys.argv[1:]
-    problems, sizes, fns = [], [], []
+    problems, sizes, fns, known = [], [], [], []
     graphs = {}
     for crate, base, path in source_files():
         with open(path, encoding="utf-8") as f:
@@ -204,7 +230,7 @@ def main():
         count = sum(keep)
         sizes.append((count, rel))
         if count > MAX_FILE_LINES:
-            problems.append(f"{rel}: {count} non-test lines (limit {MAX_FILE_LINES})")
+            over(problems, known, rel, count, f"{rel}: {count} non-test lines (limit {MAX_FILE_LINES})")
         for i, line in enumerate(lines):
             if not keep[i]:
                 continue
@@ -215,7 +241,8 @@ def main():
             n = end - i + 1
             fns.append((n, f"{rel}:{i + 1} {m.group(2)}"))
             if n > MAX_FN_LINES:
-                problems.append(f"{rel}:{i + 1}: fn {m.group(2)} is {n} lines (limit {MAX_FN_LINES})")
+                over(problems, known, f"{rel}:{m.group(2)}", n,
+                     f"{rel}:{i + 1}: fn {m.group(2)} is {n} lines (limit {MAX_FN_LINES})")
         mod = tuple(module_path(base, path))
         text = "".join(l for l, k in zip(lines, keep) if k)
         graphs.setdefault(crate, {})[mod] = uses(text, mod)
@@ -228,7 +255,9 @@ def main():
                 # The longest prefix of the named path that is a module file.
                 for k in range(len(t), -1, -1):
                     if t[:k] in mods:
-                        if t[:k] != mod:
+                        # A module's own submodules (its re-exports and
+                        # dispatch into them) are containment, not an arrow.
+                        if t[:k][:len(mod)] != mod:
                             resolved.add(t[:k])
                         break
             edges[mod] = resolved
@@ -246,13 +275,15 @@ def main():
         print("longest functions:")
         for n, where in sorted(fns, reverse=True)[:10]:
             print(f"  {n:5} {where}")
+    for k in known:
+        print("structure: " + k)
     if problems:
         print("structure checks failed (scripts/check-structure.py):", file=sys.stderr)
         for p in problems:
             print("  " + p, file=sys.stderr)
         return 1
-    print(f"structure: {len(sizes)} files <= {MAX_FILE_LINES} lines, {len(fns)} functions <= "
-          f"{MAX_FN_LINES} lines, no import circle across families")
+    print(f"structure: {len(sizes)} files, {len(fns)} functions: none over {MAX_FILE_LINES} / "
+          f"{MAX_FN_LINES} lines but the {len(known)} known above, no import circle across families")
     return 0
 
 

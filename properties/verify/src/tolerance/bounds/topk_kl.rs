@@ -269,7 +269,7 @@ fn rounding_of(acc: Dtype, x: f64) -> Hi {
 
 impl RowBounds<'_> {
     /// (T25) The top-k KL's cotangents on the ids' log-probs as a kernel
-    /// forms them (module `logprobe_kernels::stats::topk_kl_slopes`'s
+    /// forms them (module `logprobe_kernels::topk_kl::topk_kl_slopes`'s
     /// operations, in any association): per id the gathered cotangent
     /// `c_k = -(g_f t_k) + g_r p_k (D_k + 1)` (`D_k = l_k - a_k`), then,
     /// renormalised, `w_k = c_k - q_k sum_i c_i`.
