@@ -23,7 +23,7 @@ use logprobe_verify::verify::{
 };
 
 pyo3::create_exception!(
-    _native,
+    logprobe,
     BadInputError,
     PyValueError,
     "Bad input: a tensor, shape, dtype, metadata value or row that cannot be verified. \

@@ -42,6 +42,9 @@ def test_docstrings():
               logprobe.FuzzReport, logprobe.testing.assert_fuzz_clean, logprobe.testing.FuzzFailure):
         assert f.__doc__ and len(f.__doc__) > 40
     assert issubclass(logprobe.BadInputError, ValueError)
+    # Tracebacks name it as users import it, not the extension module.
+    assert logprobe.BadInputError.__module__ == "logprobe"
+    assert logprobe.BadInputError.__qualname__ == "BadInputError"
 
 
 def test_fuzz_stubs_match_the_functions():
