@@ -11,7 +11,8 @@ and fails on one that names no file or folder of the repository, resolved
 from the mentioning file's folder or any folder above it up to the root (a
 bare file name, `TOLERANCE.md`, resolves to a tracked file of that name
 anywhere). Also fails on the names of the design notes that lived outside
-the repository (`DESIGN`, `shared/...`): docs/design.md replaced them.
+the repository (their upper-case name, and paths into the folder beside
+the checkout that held them; OUTSIDE below): docs/design.md replaced them.
 
 Usage: check-doc-refs.py [FILE...]   (default: the *.md and *.rs files git
 tracks or would add; exit 1 with one line per bad reference)
@@ -28,10 +29,10 @@ LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # A path ending in `.md`, or a path under docs/ (a mention in prose or code).
 MENTION = re.compile(r"(?<![\w./-])((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*\.md|(?:\.\./)*docs/[\w./-]*[\w/])(?![\w])")
 URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
-# Documents a clone does not contain: the external design notes and the
-# `shared/` tree they lived in (cited as `DESIGN`, `DESIGN.md`,
-# `../shared/DESIGN.md`, `shared/cases/README.md`; a `shared/` folder of
-# the repository would resolve).
+# Documents a clone does not contain: the external design notes (their
+# upper-case name, with or without the .md suffix) and any path into the
+# folder beside the checkout that held them (relative or not; a folder of
+# that name inside the repository would resolve).
 OUTSIDE = re.compile(r"\bDESIGN(?:\.md)?\b|(?<![\w/-])(?:\.\./)*shared/[\w./-]*[\w/]")
 # Placeholders and globs, not names of files.
 PATTERN = re.compile(r"[*?{}<>$]|HASH|\bNAME\b|\bFILE\b")
