@@ -59,6 +59,7 @@ use crate::row::{rescaling_exps, shift, summation, Acc, Input, Source, BLOCK, LA
 use crate::stats::{
     assemble, declared_algorithm, ids_suspect, log_prob, mask_row, pairwise_sum, row_error,
     row_forward, row_stats, shard_ranges, typed_row, CallParams, RowForward, RowStats,
+    PAIRWISE_LEAF,
 };
 use crate::vjp;
 
@@ -568,6 +569,13 @@ impl Kernel for CpuKernel {
             self.staging,
             self.shard_widths(),
         )?)
+    }
+
+    /// Every loss sum is a [`pairwise_sum`]: leaves of at most
+    /// [`PAIRWISE_LEAF`] terms in order, halves merged (`Summation::tree`
+    /// with that block bounds its depth).
+    fn loss_summation(&self, n: usize) -> Summation {
+        Summation::tree(n, PAIRWISE_LEAF)
     }
 
     /// [`CpuKernel::cross_entropy`].

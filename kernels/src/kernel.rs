@@ -167,6 +167,17 @@ pub trait Kernel: Send + Sync {
         })
     }
 
+    /// The summation of the cross-entropy loss's plain sums over `n`
+    /// terms (TOLERANCE.md (T17)): a row's smoothing sum of log-probs
+    /// (`n = V`), the reduction of `sum` / `mean` over the row terms and the
+    /// `mean`'s weighted divisor (`n = N`). The default, one accumulator in
+    /// order, is sound for any order; a kernel that sums otherwise declares
+    /// it. Declaring a shallower sum than the kernel does makes its loss
+    /// bound unsound for it.
+    fn loss_summation(&self, n: usize) -> Summation {
+        Summation::sequential(n)
+    }
+
     /// The cross-entropy `loss` of `problem` under `ce` (docs/design.md, "The
     /// loss side"; [`CrossEntropy`]), rounded to `out`: `[N]` under `none`
     /// (ignored rows 0), one value under `sum` / `mean`, nats. The default

@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::{Oracle, OracleLoss};
 use logprobe_reference::spec::{CrossEntropy, Dtype, Logits, MeanAllIgnored, Problem, Reduction};
-use logprobe_verify::tolerance::{loss_bounds, ErrorBound, LossRowBound, Model, RowContext};
+use logprobe_verify::tolerance::{loss_bounds, ErrorBound, LossRowBound, Model, Order, RowContext};
 use ndarray::{Array1, Array2};
 
 const N: usize = 9;
@@ -44,7 +44,9 @@ fn bounds(
     oracle: &OracleLoss,
 ) -> Vec<ErrorBound> {
     let shape = p.validate_shapes().unwrap();
-    let model = Model::declared(&k.algorithm(&shape));
+    let model = Model::declared(&k.algorithm(&shape)).with_loss_order(Order::Declared(
+        k.loss_summation(shape.vocab_size.max(shape.n)),
+    ));
     let acc = shape.dtype.accumulation();
     let eps = ce.effective_label_smoothing(acc).unwrap();
     let o = Oracle::default();
@@ -71,6 +73,7 @@ fn bounds(
         &counted,
         w.as_deref(),
         ce.reduction,
+        model.loss_order.summation(shape.n),
         oracle.divisor.lo,
         acc,
         shape.dtype,

@@ -9,7 +9,7 @@ use logprobe_reference::spec::{Cotangents, Dtype, Output, PerOutput, Problem, Sh
 
 use crate::cache::{oracle_vjp, OracleCase};
 use crate::strategies::{CotangentData, ProblemData};
-use logprobe_verify::tolerance::{self, Model, RowTargets};
+use logprobe_verify::tolerance::{self, Model, Order, RowTargets};
 
 use super::*;
 
@@ -19,6 +19,9 @@ use super::*;
 pub fn kernel_model(kernel: &dyn Kernel, shape: &Shape) -> Model {
     Model::declared(&kernel.algorithm(shape))
         .with_entropy_form(kernel.entropy_form().unwrap_or_default())
+        .with_loss_order(Order::Declared(
+            kernel.loss_summation(shape.vocab_size.max(shape.n)),
+        ))
 }
 
 /// Judges a kernel's values of one call against the oracle under the

@@ -99,6 +99,7 @@ fn bounds(
         &counted,
         w.as_deref(),
         ce.reduction,
+        model.loss_order.summation(shape.n),
         exact.divisor.lo,
         acc,
         out,

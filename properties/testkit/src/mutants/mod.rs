@@ -52,6 +52,7 @@ use logprobe_kernels::CpuKernel;
 
 use logprobe_kernels::kernel::{
     Algorithm, Capabilities, CrossEntropyOutput, EntropyForm, ForwardOutput, Kernel, KernelError,
+    Summation,
 };
 use logprobe_reference::spec::{
     Cotangents, CrossEntropy, Dtype, LogitsMut, Options, Problem, ProblemMut, Shape,
@@ -166,6 +167,11 @@ pub trait PlantedBug: Send + Sync {
     /// As [`Kernel::workspace_bytes`]: the wrapped kernel's declaration.
     fn workspace_bytes(&self, shape: &Shape) -> usize {
         self.inner().workspace_bytes(shape)
+    }
+
+    /// As [`Kernel::loss_summation`]: the wrapped kernel's.
+    fn loss_summation(&self, n: usize) -> Summation {
+        self.inner().loss_summation(n)
     }
 
     /// As [`Kernel::forward`]: the wrapped kernel with
@@ -379,6 +385,10 @@ impl Kernel for Mutant {
         cotangents: &Cotangents<'_>,
     ) -> Result<(), KernelError> {
         self.bug.backward_in_place(problem, cotangents)
+    }
+
+    fn loss_summation(&self, n: usize) -> Summation {
+        self.bug.loss_summation(n)
     }
 
     fn cross_entropy(

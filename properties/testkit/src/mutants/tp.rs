@@ -3,7 +3,9 @@
 
 use ndarray::Array2;
 
-use logprobe_kernels::kernel::{Algorithm, CrossEntropyOutput, ForwardOutput, Kernel, KernelError};
+use logprobe_kernels::kernel::{
+    Algorithm, CrossEntropyOutput, ForwardOutput, Kernel, KernelError, Summation,
+};
 use logprobe_kernels::CpuKernel;
 use logprobe_reference::spec::{
     Cotangents, CrossEntropy, Dtype, Output, Problem, ProblemMut, Shape,
@@ -57,6 +59,10 @@ impl PlantedBug for TpVocabOffset {
 
     fn workspace_bytes(&self, shape: &Shape) -> usize {
         self.kernel(shape.v_total).workspace_bytes(shape)
+    }
+
+    fn loss_summation(&self, n: usize) -> Summation {
+        self.nominal.loss_summation(n)
     }
 
     /// The loss of the real vocab-parallel kernel over this call's shards

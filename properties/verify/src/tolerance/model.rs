@@ -108,6 +108,12 @@ pub struct Model {
     pub tanh_ulps: f64,
     /// How `kl_k3` is evaluated (T20).
     pub k3_form: K3Form,
+    /// Summation order of the loss's plain sums (T17): a row's smoothing
+    /// sum of log-probs over its `V` terms, the reduction of `sum` /
+    /// `mean` over the `N` row terms and the `mean`'s weighted divisor.
+    /// A preset sums them as it sums the row ([`Model::order`]); a kernel
+    /// declares its own (`logprobe_kernels::Kernel::loss_summation`).
+    pub loss_order: Order,
 }
 
 /// How a kernel evaluates `kl_k3 = e^{-d} + d - 1` (T20).
@@ -138,29 +144,26 @@ impl Model {
             entropy_form: EntropyForm::Any,
             tanh_ulps: 1.0,
             k3_form: K3Form::Any,
+            loss_order: Order::Lanes(k.max(1)),
         }
     }
 
     /// Foreign-kernel preset: pairwise summation with leaf 1, otherwise as
     /// [`Model::lanes`].
     pub fn tree() -> Model {
-        Model {
-            order: Order::Tree,
-            ..Model::lanes(8)
-        }
+        Model::preset(Order::Tree)
     }
 
     /// Foreign-kernel preset: one accumulator (`h = V`), sound for any
     /// summation order; otherwise as [`Model::lanes`].
     pub fn sequential() -> Model {
-        Model {
-            order: Order::Sequential,
-            ..Model::lanes(8)
-        }
+        Model::preset(Order::Sequential)
     }
 
     /// A kernel's own declaration for one call (its summation is used as
-    /// declared; the entropy form defaults to [`EntropyForm::Any`]).
+    /// declared; the entropy form defaults to [`EntropyForm::Any`], the
+    /// loss's sums to [`Order::Sequential`], sound for any order: see
+    /// [`Model::with_loss_order`]).
     pub fn declared(algorithm: &Algorithm) -> Model {
         Model {
             order: Order::Declared(algorithm.summation),
@@ -172,7 +175,13 @@ impl Model {
             entropy_form: EntropyForm::Any,
             tanh_ulps: algorithm.tanh_ulps,
             k3_form: K3Form::Expm1,
+            loss_order: Order::Sequential,
         }
+    }
+
+    /// The same model with the loss's sums in `loss_order` (T17).
+    pub fn with_loss_order(self, loss_order: Order) -> Model {
+        Model { loss_order, ..self }
     }
 
     /// The same model with another accumulation dtype (the `exp` / `ln`
@@ -212,12 +221,14 @@ impl Model {
     }
 
     /// The foreign-kernel preset of `order` (as [`Model::lanes`] otherwise;
-    /// `Lanes(0)` is taken as `Lanes(1)`, a declared order as declared).
+    /// `Lanes(0)` is taken as `Lanes(1)`, a declared order as declared):
+    /// the loss's sums in the same order.
     pub fn preset(order: Order) -> Model {
         match order {
             Order::Lanes(k) => Model::lanes(k),
             order => Model {
                 order,
+                loss_order: order,
                 ..Model::lanes(8)
             },
         }

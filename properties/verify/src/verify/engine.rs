@@ -609,12 +609,12 @@ fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) -> Option<Vec
 
 /// The chosen model and the three reference models (tree, lanes=8,
 /// sequential), all accumulating in the same dtype.
-struct Models {
-    all: [tolerance::Model; 4],
+pub(super) struct Models {
+    pub(super) all: [tolerance::Model; 4],
 }
 
 impl Models {
-    fn new(chosen: tolerance::Order, acc: Dtype) -> Self {
+    pub(super) fn new(chosen: tolerance::Order, acc: Dtype) -> Self {
         let chosen = tolerance::Model::preset(chosen).with_accumulation(acc);
         let [a, b, c] = tolerance::foreign_presets(acc);
         Models {

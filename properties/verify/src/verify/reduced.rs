@@ -11,7 +11,7 @@ use crate::dump::{at_row, Dump, DumpError};
 use crate::tolerance;
 
 use super::acc::OutputAcc;
-use super::engine::judge4;
+use super::engine::{judge4, Models};
 use super::*;
 
 /// What one row contributes to a reduced loss (`sum` / `mean`), judged
@@ -76,6 +76,7 @@ pub(super) fn judge_reduced_loss(
         .loss_weights
         .is_some()
         .then(|| rows.iter().map(|l| l.weight).collect());
+    let models = Models::new(config.model, acc_dtype);
     let bounds: [tolerance::ErrorBound; 4] = std::array::from_fn(|i| {
         let per_row: Vec<_> = rows.iter().map(|l| l.bounds[i].clone()).collect();
         tolerance::loss_bounds(
@@ -83,6 +84,7 @@ pub(super) fn judge_reduced_loss(
             &counted,
             weights.as_deref(),
             lo.reduction,
+            models.all[i].loss_order.summation(rows.len()),
             sum.divisor.lo,
             acc_dtype,
             dtype,

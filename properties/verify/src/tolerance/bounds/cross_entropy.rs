@@ -58,6 +58,7 @@ impl RowBounds<'_> {
             &[l.counted],
             Some(&[l.weight]),
             logprobe_reference::spec::Reduction::None,
+            logprobe_reference::spec::Summation::sequential(1),
             1.0,
             self.c.acc,
             out,
@@ -199,9 +200,9 @@ impl RowBounds<'_> {
     /// Bound of the cross-entropy row loss
     /// `l = (1 - eps)(-lp_t) + eps mean_{j in A}(-lp_j)` in the accumulation
     /// dtype (TOLERANCE.md (T17)): each `lp_j` a rounded log-softmax entry
-    /// with error `lambda_j` (T9), their sum over the row by a pairwise sum
-    /// of depth `pairwise_depth(V)` ([`logprobe_kernels::pairwise_depth`]),
-    /// one division by `|A|`, then `1 - eps`, two products and an addition
+    /// with error `lambda_j` (T9), their sum over the row in the model's
+    /// [`Model::loss_order`](crate::tolerance::Model::loss_order) (depth
+    /// `D_V` over `V` terms), one division by `|A|`, then `1 - eps`, two products and an addition
     /// (`gamma_4`). `eps` as the computation takes it (rounded to the
     /// accumulation dtype); `allowed(j)`: entry `j < V` allowed by the
     /// sampling mask.
@@ -243,7 +244,6 @@ impl RowBounds<'_> {
                 infinite: false,
             });
         }
-        let v = self.stats.d.len();
         if sums.infinite {
             return Ok(LossRowBound {
                 err: 0.0,
@@ -256,7 +256,7 @@ impl RowBounds<'_> {
         let s_err = self.c.lambda_sum(set, sum_d, n_a);
         let s_abs = sum_d + n_a * ln_s;
         let u = self.c.u;
-        let g_sum = gamma(logprobe_kernels::pairwise_depth(v), u.0)?;
+        let g_sum = gamma(self.c.loss_sum_depth, u.0)?;
         let e_s = s_err + g_sum * (s_abs + s_err);
         let n = Lo(count.max(1) as f64);
         let mean_abs = s_abs / n;
@@ -278,10 +278,13 @@ impl RowBounds<'_> {
 /// not `counted`), `weights` the `loss_weights` (1 without), `divisor_lo` a
 /// lower bound of the exact `mean` divisor (the oracle's
 /// [`logprobe_reference::oracle::OracleLoss::divisor`]), `acc` the
-/// accumulation dtype. A row of weight `w != 1` adds `gamma_2` (its weight
-/// rounded to `acc`, the product); the reduction is a pairwise sum over
-/// `N` rows (`gamma_D`, `D = pairwise_depth(N)`), the `mean`'s weighted
-/// divisor another, then one division; the final roundings as (T8). An
+/// accumulation dtype, `rows_summation` the summation of the reduction
+/// over the `N` row terms (the model's
+/// [`Model::loss_order`](crate::tolerance::Model::loss_order) over `N`).
+/// A row of weight `w != 1` adds `gamma_2` (its weight
+/// rounded to `acc`, the product); the reduction sums the `N` rows
+/// (`gamma_D`, `D = rows_summation.depth()`), the `mean`'s weighted
+/// divisor is another such sum, then one division; the final roundings as (T8). An
 /// exact `+inf` (or the all-ignored mean's declared value) has bound 0:
 /// only that value is right.
 pub fn loss_bounds(
@@ -289,6 +292,7 @@ pub fn loss_bounds(
     counted: &[bool],
     weights: Option<&[f64]>,
     reduction: logprobe_reference::spec::Reduction,
+    rows_summation: logprobe_reference::spec::Summation,
     divisor_lo: f64,
     acc: Dtype,
     out: Dtype,
@@ -361,7 +365,7 @@ pub fn loss_bounds(
             if n_counted == 0 {
                 return vec![ErrorBound::Abs(0.0)];
             }
-            let g_rows = match gamma(logprobe_kernels::pairwise_depth(rows.len()), u) {
+            let g_rows = match gamma(rows_summation.depth(), u) {
                 Ok(g) => g,
                 Err(reason) => return vec![none(reason)],
             };

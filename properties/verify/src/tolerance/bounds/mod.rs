@@ -129,6 +129,9 @@ struct Consts {
     n_s: usize,
     n_b: usize,
     n_p: usize,
+    /// (T17) Depth `D_V` of the loss's smoothing sum over the row's
+    /// `V` terms in the model's [`Model::loss_order`].
+    loss_sum_depth: usize,
     /// (T18) Bound on `|z^_j - z_j|` from the kernel's own softcap (`x'`
     /// error over `T`; 0 without one or for a materialised `x'`).
     cap_z: Hi,
@@ -313,6 +316,7 @@ impl Consts {
             n_s,
             n_b,
             n_p,
+            loss_sum_depth: model.loss_order.summation(n_terms).depth(),
             cap_z,
             cap_df,
             k3_form: model.k3_form,
