@@ -27,7 +27,7 @@ use clap::{Args, Parser, Subcommand};
 
 use logprobe_cli::bench::{render as render_bench, BenchConfig};
 use logprobe_cli::cli::{eprint_line, Out};
-use logprobe_reference::spec::Dtype;
+use logprobe_reference::spec::{Dtype, Shift};
 use logprobe_testkit::memory::CountingAllocator;
 use logprobe_verify::json::{to_document, VerifyDocument};
 use logprobe_verify::tolerance::Order;
@@ -476,6 +476,12 @@ struct VerifyArgs {
     /// Summation model of the bound: lanes=8 (default), lanes=K, tree or sequential.
     #[arg(long, default_value = "lanes=8", value_parser = parse_model)]
     model: Order,
+    /// How the kernel forms the shifted logits: any (default: every form
+    /// correct for the output judged), subtract-then-scale
+    /// ((x - x_max) / T), scale-then-subtract (x / T - x_max / T, also
+    /// x * (1/T) and an upcast before it) or raw (x_t - logsumexp(x)).
+    #[arg(long, default_value = "any", value_parser = parse_form)]
+    form: Shift,
     /// Accumulation dtype of the implementation: f32, f64, bf16 or f16
     /// (default: f64 for f64 logits, f32 otherwise).
     #[arg(long, value_parser = parse_dtype)]
@@ -535,6 +541,10 @@ fn parse_rows(s: &str) -> Result<RowSelection, String> {
     s.parse()
 }
 
+fn parse_form(s: &str) -> Result<Shift, String> {
+    s.parse()
+}
+
 fn parse_dtype(s: &str) -> Result<Dtype, String> {
     Dtype::ALL
         .into_iter()
@@ -545,6 +555,7 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
 fn verify(args: VerifyArgs) -> u8 {
     let config = VerifyConfig {
         model: args.model,
+        form: args.form,
         accumulation: args.accumulation,
         rows: args.rows.unwrap_or(RowSelection::All),
         worst: args.worst,

@@ -16,6 +16,56 @@ pub enum Shift {
     /// No max shift at all (`gather - logsumexp` on raw logits): errors scale
     /// with `|x|`, not `|x - x_max|`.
     Raw,
+    /// Unknown: any form that is correct for the output judged
+    /// (`properties/TOLERANCE.md`, (T2a)): every form above for log-probs
+    /// and the outputs built on them, the two shifted forms for the
+    /// entropy (its unshifted evaluation is a defect). What the tolerance
+    /// model assumes for a foreign kernel that declares nothing; no
+    /// kernel of this workspace declares it.
+    Any,
+}
+
+impl Shift {
+    /// The form's name on the command line and in reports:
+    /// `subtract-then-scale`, `scale-then-subtract`, `raw`, `any`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Shift::SubtractThenScale => "subtract-then-scale",
+            Shift::ScaleThenSubtract => "scale-then-subtract",
+            Shift::Raw => "raw",
+            Shift::Any => "any",
+        }
+    }
+
+    /// Every form, in [`Shift::name`] order.
+    pub const ALL: [Shift; 4] = [
+        Shift::SubtractThenScale,
+        Shift::ScaleThenSubtract,
+        Shift::Raw,
+        Shift::Any,
+    ];
+
+    /// Whether log-probs subtract an unshifted `lse = z_max + ln S`
+    /// (rounded at `|lse|`) under this form: `Raw`, and `Any`, which
+    /// covers it (T6).
+    pub const fn log_probs_raw(self) -> bool {
+        matches!(self, Shift::Raw | Shift::Any)
+    }
+}
+
+impl std::str::FromStr for Shift {
+    type Err = String;
+    /// Parses [`Shift::name`].
+    fn from_str(s: &str) -> Result<Shift, String> {
+        Shift::ALL
+            .into_iter()
+            .find(|f| f.name() == s.trim())
+            .ok_or_else(|| {
+                format!(
+                    "unknown form `{s}`: expected subtract-then-scale, scale-then-subtract, raw or any"
+                )
+            })
+    }
 }
 
 /// Summation model of the row reductions: every sum is a leaf sum of at most

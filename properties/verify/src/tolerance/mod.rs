@@ -59,7 +59,8 @@ pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, N
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use loss_grad::LossGradCotangents;
 pub use model::{
-    foreign_presets, tightest, EntropyForm, K3Form, Model, Order, RowContext, SoftcapContext,
+    foreign_presets, foreign_presets_with, tightest, EntropyForm, K3Form, Model, Order, RowContext,
+    SoftcapContext,
 };
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,

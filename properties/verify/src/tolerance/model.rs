@@ -131,8 +131,9 @@ pub enum K3Form {
 impl Model {
     /// Foreign-kernel preset: `k` lanes summed in order (`h = ceil(V / k)`,
     /// `L = ceil(log2 k)`), f32 accumulation, `exp`, `ln` and `tanh` within 1 ulp,
-    /// two-pass (`rescaling_exps = 0`), subtract-then-scale, entropy form
-    /// unknown. `verify`'s default is `lanes(8)`.
+    /// two-pass (`rescaling_exps = 0`), any correct form of the shift
+    /// ([`Shift::Any`], T2a: raw and scale-first kernels pass at any
+    /// `|z|`), entropy form unknown. `verify`'s default is `lanes(8)`.
     pub fn lanes(k: usize) -> Model {
         Model {
             order: Order::Lanes(k.max(1)),
@@ -140,7 +141,7 @@ impl Model {
             exp_ulps: 1.0,
             log_ulps: 1.0,
             rescaling_exps: 0,
-            shift: Shift::SubtractThenScale,
+            shift: Shift::Any,
             entropy_form: EntropyForm::Any,
             tanh_ulps: 1.0,
             k3_form: K3Form::Any,
@@ -193,6 +194,11 @@ impl Model {
         }
     }
 
+    /// The same model with a declared form of the shift (T2, T2a).
+    pub fn with_shift(self, shift: Shift) -> Model {
+        Model { shift, ..self }
+    }
+
     /// The same model with a known entropy form.
     pub fn with_entropy_form(self, entropy_form: EntropyForm) -> Model {
         Model {
@@ -241,9 +247,15 @@ impl Model {
 }
 
 /// `verify`'s presets for a foreign kernel, tightest first: `tree`,
-/// `lanes=8`, `sequential`, all accumulating in `accumulation`.
+/// `lanes=8`, `sequential`, all accumulating in `accumulation`, any
+/// correct form of the shift ([`Shift::Any`]).
 pub fn foreign_presets(accumulation: Dtype) -> [Model; 3] {
     Order::REFERENCE.map(|o| Model::preset(o).with_accumulation(accumulation))
+}
+
+/// [`foreign_presets`] under a declared form of the shift (T2, T2a).
+pub fn foreign_presets_with(accumulation: Dtype, shift: Shift) -> [Model; 3] {
+    foreign_presets(accumulation).map(|m| m.with_shift(shift))
 }
 
 /// The first model of `models` (given tightest first, as

@@ -1471,3 +1471,6 @@ fn moment_sums_give_the_entry_by_entry_bounds() {
         }
     }
 }
+
+#[path = "tests_forms.rs"]
+mod forms;

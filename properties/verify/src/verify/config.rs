@@ -98,6 +98,11 @@ pub struct VerifyConfig {
     /// Summation order of the bound (default [`tolerance::Order::DEFAULT`],
     /// `lanes=8`): a foreign-kernel preset.
     pub model: tolerance::Order,
+    /// How the foreign kernel forms the shifted logits (default
+    /// [`Shift::Any`](logprobe_reference::spec::Shift::Any): any form
+    /// correct for the output judged, TOLERANCE.md (T2a)); a declared form
+    /// bounds that form alone (T2).
+    pub form: logprobe_reference::spec::Shift,
     /// Accumulation dtype of the foreign kernel; `None` = the logits'
     /// accumulation dtype (f32 for f32/bf16/f16 logits, f64 for f64).
     pub accumulation: Option<Dtype>,
@@ -121,6 +126,7 @@ impl Default for VerifyConfig {
     fn default() -> Self {
         VerifyConfig {
             model: tolerance::Order::DEFAULT,
+            form: logprobe_reference::spec::Shift::Any,
             accumulation: None,
             rows: RowSelection::All,
             worst: 5,

@@ -176,7 +176,10 @@ pub fn verify_dump(
         columns: dump.v_total(),
         vocab_size: dump.vocab_size(),
         logits_dtype: logits_dtype.to_string(),
-        model: config.model.to_string(),
+        model: match config.form {
+            logprobe_reference::spec::Shift::Any => config.model.to_string(),
+            form => format!("{} form={}", config.model, form.name()),
+        },
         accumulation: acc_dtype.to_string(),
         statistical_c: config.statistical_c,
         outputs,
@@ -340,7 +343,7 @@ fn verify_row(
     let with_grad = dump.candidates.get(Output::GradLogits).is_some();
     let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
-    let models = Models::new(config.model, acc_dtype);
+    let models = Models::new(config, acc_dtype);
     let statistical = config
         .statistical_c
         .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c));
@@ -614,9 +617,11 @@ pub(super) struct Models {
 }
 
 impl Models {
-    pub(super) fn new(chosen: tolerance::Order, acc: Dtype) -> Self {
-        let chosen = tolerance::Model::preset(chosen).with_accumulation(acc);
-        let [a, b, c] = tolerance::foreign_presets(acc);
+    pub(super) fn new(config: &VerifyConfig, acc: Dtype) -> Self {
+        let chosen = tolerance::Model::preset(config.model)
+            .with_accumulation(acc)
+            .with_shift(config.form);
+        let [a, b, c] = tolerance::foreign_presets_with(acc, config.form);
         Models {
             all: [chosen, a, b, c],
         }

@@ -76,7 +76,7 @@ pub(super) fn judge_reduced_loss(
         .loss_weights
         .is_some()
         .then(|| rows.iter().map(|l| l.weight).collect());
-    let models = Models::new(config.model, acc_dtype);
+    let models = Models::new(config, acc_dtype);
     let bounds: [tolerance::ErrorBound; 4] = std::array::from_fn(|i| {
         let per_row: Vec<_> = rows.iter().map(|l| l.bounds[i].clone()).collect();
         tolerance::loss_bounds(

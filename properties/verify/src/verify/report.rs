@@ -190,7 +190,8 @@ pub struct FileReport {
     pub vocab_size: usize,
     /// Dtype of the logits.
     pub logits_dtype: String,
-    /// Summation model and accumulation dtype of the bound.
+    /// Summation model of the bound (`lanes=8`), with ` form=NAME` when
+    /// the form of the shift is declared (`--form`; default `any`, unnamed).
     pub model: String,
     /// Accumulation dtype of the bound.
     pub accumulation: String,

@@ -90,12 +90,12 @@ impl<'a> RowBounds<'a> {
         let p: Vec<Result<SetBounds, NoBound>> = cs
             .iter()
             .zip(all)
-            .map(|(c, (m, _))| set_finish(c, m, sp, stats.ln_s))
+            .map(|(c, (m, _))| set_finish(c, m.shift.log_probs_raw(), sp, stats.ln_s))
             .collect();
         let w: Vec<Result<SetBounds, NoBound>> = cs
             .iter()
             .zip(all)
-            .map(|(c, (m, _))| set_finish(c, m, shared.set, stats.ln_s_w))
+            .map(|(c, (m, _))| set_finish(c, m.shift == Shift::Raw, shared.set, stats.ln_s_w))
             .collect();
         // A model equal to an earlier one (verify's chosen `lanes=8` is
         // also its reference `lanes=8`) has the same sums: walked once.
@@ -226,8 +226,8 @@ impl<'a> RowBounds<'a> {
         stat_c: Option<f64>,
     ) -> RowBounds<'a> {
         let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx, stat_c);
-        let p = set_bounds(&c, model, &stats.d, stats.ln_s);
-        let w = set_bounds(&c, model, &stats.e, stats.ln_s_w);
+        let p = set_bounds(&c, model.shift.log_probs_raw(), &stats.d, stats.ln_s);
+        let w = set_bounds(&c, model.shift == Shift::Raw, &stats.e, stats.ln_s_w);
         let (entropy_pre, entropy_grad) = match &w {
             Ok(ws) => entropy_errors(&c, model, stats, ws),
             Err(e) => (Err(e.clone()), Err(e.clone())),

@@ -256,7 +256,7 @@ impl Consts {
         // (T2) shift errors.
         let (a, b) = match model.shift {
             Shift::SubtractThenScale => (one_u * (Hi::ONE + t_div) - Lo(1.0), Hi::ZERO),
-            Shift::ScaleThenSubtract | Shift::Raw => {
+            Shift::ScaleThenSubtract | Shift::Raw | Shift::Any => {
                 (u + one_u * t_div, Hi(2.0) * one_u * t_div * z)
             }
         };
@@ -271,7 +271,9 @@ impl Consts {
         let (a_lp, b_lp) = match model.shift {
             Shift::Raw if cap_z.0 > 0.0 => (t_div, t_div * z + Hi(2.0) * cap_z),
             Shift::Raw => (t_div, t_div * z),
-            _ => (a, b),
+            // (T2a) `Any`: scale-then-subtract's terms, which bound the
+            // others' (`Raw`'s `t_div (z + 2 cap_z)` included).
+            Shift::SubtractThenScale | Shift::ScaleThenSubtract | Shift::Any => (a, b),
         };
         let n_s = h + l + r;
         let n_b = h + l + 2 * r + 2;

@@ -137,22 +137,19 @@ pub(super) fn group_entries(
 /// Pass 1 over one logit set (T4-T6): `theta_S`, `delta_ell`, `err(lse)`.
 pub(super) fn set_bounds(
     c: &Consts,
-    model: &Model,
+    raw: bool,
     ds: &[Interval],
     ln_s: Interval,
 ) -> Result<SetBounds, NoBound> {
-    set_finish(
-        c,
-        model,
-        set_sums(c, ds, ln_s, Entries::All(ds.len())),
-        ln_s,
-    )
+    set_finish(c, raw, set_sums(c, ds, ln_s, Entries::All(ds.len())), ln_s)
 }
 
-/// [`set_bounds`] from its per-entry sums.
+/// [`set_bounds`] from its per-entry sums. `raw`: the set's log-probs
+/// subtract an unshifted `lse` (T6; [`Shift::log_probs_raw`] for the
+/// log-prob set, [`Shift::Raw`] alone for the entropy set, T2a).
 pub(super) fn set_finish(
     c: &Consts,
-    model: &Model,
+    raw: bool,
     sums: SetSums,
     ln_s: Interval,
 ) -> Result<SetBounds, NoBound> {
@@ -169,12 +166,11 @@ pub(super) fn set_finish(
     let nl_theta = theta_s.neg_ln_1m();
     let delta_ell = nl_theta + c.log_ulps * Hi(c.acc.ulp((Hi(ln_s.hi) + nl_theta).0));
     // (T6) raw kernels subtract lse = z_max + ln S, rounded.
-    let lse_err = match model.shift {
-        Shift::Raw => {
-            let lse_abs = (Hi::ONE + c.t_div) * c.z + Hi(ln_s.hi) + delta_ell;
-            c.t_div * c.z + delta_ell + half_ulp(c.acc, lse_abs)
-        }
-        _ => delta_ell,
+    let lse_err = if raw {
+        let lse_abs = (Hi::ONE + c.t_div) * c.z + Hi(ln_s.hi) + delta_ell;
+        c.t_div * c.z + delta_ell + half_ulp(c.acc, lse_abs)
+    } else {
+        delta_ell
     };
     Ok(SetBounds {
         ln_s,
