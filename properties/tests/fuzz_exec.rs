@@ -302,7 +302,7 @@ fn kernel_cmd(py: &str, persistent: bool, bug: &str) -> String {
 }
 
 #[test]
-fn the_correct_numpy_kernel_passes_with_every_invariance_required() {
+fn the_correct_numpy_kernel_passes_with_every_invariance_required_even_strict() {
     let Some(py) = python_with_numpy() else {
         return;
     };
@@ -312,7 +312,15 @@ fn the_correct_numpy_kernel_passes_with_every_invariance_required() {
         "--exec-persistent",
         &kernel_cmd(&py, true, "none"),
         &out,
-        &["--cases", "25", "--vocab", "1..64", "--require", all],
+        &[
+            "--cases",
+            "25",
+            "--vocab",
+            "1..64",
+            "--require",
+            all,
+            "--strict",
+        ],
     );
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
@@ -326,6 +334,8 @@ fn the_correct_numpy_kernel_passes_with_every_invariance_required() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     assert!(checked >= 15, "{t}");
+    // Correct code is never SUSPECT: --strict finds nothing either.
+    assert!(t.contains(" 0 SUSPECT"), "{t}");
     for inv in ["padding-invariant", "chunk-invariant", "batch-invariant"] {
         let line = t.lines().find(|l| l.starts_with(inv)).unwrap_or_default();
         assert!(line.contains("has (required)"), "{inv}: {t}");

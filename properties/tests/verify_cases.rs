@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use logprobe_verify::verify::{
-    exit_status, verify_files, Expectations, FileOutcome, FileReport, OutputReport, ReportVerdict,
-    VerifyConfig,
+    exit_status, exit_status_strict, verify_files, Expectations, FileOutcome, FileReport,
+    OutputReport, ReportVerdict, VerifyConfig,
 };
 
 fn torch_dir() -> PathBuf {
@@ -47,6 +47,25 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
     assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
     assert_eq!(exit_status(&outcomes, None), 1, "eight dumps fail");
+    // Under --strict the two SUSPECT dumps are expected to fail, and do.
+    let strict_rows = expect.compare_mode(&outcomes, true);
+    for r in &strict_rows {
+        assert!(
+            r.matches,
+            "--strict {}: expected {:?}, found {}",
+            r.name, r.expected, r.found
+        );
+    }
+    assert_eq!(
+        strict_rows
+            .iter()
+            .filter(|r| r.expected.as_deref() == Some("fail"))
+            .count(),
+        rows.iter()
+            .filter(|r| matches!(r.expected.as_deref(), Some("fail" | "suspect")))
+            .count()
+    );
+    assert_eq!(exit_status_strict(&outcomes, Some(&strict_rows), true), 0);
 
     let reports: Vec<&FileReport> = outcomes
         .iter()
@@ -306,4 +325,41 @@ fn binary_table_and_exit_status_of_single_dumps() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("MISMATCH"), "{text}");
+}
+
+/// `--form` and `--k3-form` (issue 42): a declared form is bounded alone.
+/// The default (`any`) bounds every correct form, so its bound is never
+/// tighter than a declared one's; declaring `expm1` for a `kl_k3` that the
+/// kernel evaluated as `exp(-d) + d - 1` makes it SUSPECT, where the
+/// default passes it.
+#[test]
+fn declared_forms_narrow_the_bound() {
+    let verify_one = |name: &str, config: &VerifyConfig| -> FileReport {
+        let path = torch_dir().join(format!("{name}.safetensors"));
+        match verify_files(&[path], config).remove(0) {
+            FileOutcome::Report(r) => r,
+            FileOutcome::BadInput { error, .. } => panic!("{name}: {error}"),
+        }
+    };
+    let any = VerifyConfig::default();
+    let sts = VerifyConfig {
+        form: logprobe_reference::spec::Shift::SubtractThenScale,
+        ..VerifyConfig::default()
+    };
+    let name = "temperature_input_bf16";
+    let (a, s) = (verify_one(name, &any), verify_one(name, &sts));
+    let ratio = |r: &FileReport| output(r, "log_probs").max_ratio.unwrap();
+    assert!(ratio(&a) <= ratio(&s), "{} > {}", ratio(&a), ratio(&s));
+    assert_eq!(s.model, "lanes=8 form=subtract-then-scale");
+    assert_eq!(a.model, "lanes=8");
+
+    let expm1 = VerifyConfig {
+        k3_form: logprobe_verify::tolerance::K3Form::Expm1,
+        ..VerifyConfig::default()
+    };
+    let name = "policy_grad_k3_ratio_bf16";
+    let (a, e) = (verify_one(name, &any), verify_one(name, &expm1));
+    assert_eq!(output(&a, "kl_k3").verdict, ReportVerdict::Pass);
+    assert_eq!(output(&e, "kl_k3").verdict, ReportVerdict::Suspect);
+    assert_eq!(e.model, "lanes=8 k3_form=expm1");
 }

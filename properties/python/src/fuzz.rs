@@ -87,6 +87,7 @@ struct Settings {
     seed: u64,
     bitwise: bool,
     accumulation: Option<logprobe_reference::spec::Dtype>,
+    strict: bool,
 }
 
 fn settings(
@@ -98,6 +99,7 @@ fn settings(
     seed: Option<u64>,
     bitwise: bool,
     accumulation: Option<&str>,
+    strict: bool,
 ) -> PyResult<Settings> {
     let accumulation = accumulation
         .map(|a| {
@@ -128,6 +130,7 @@ fn settings(
         }),
         bitwise,
         accumulation,
+        strict,
     })
 }
 
@@ -151,6 +154,7 @@ fn target(k: &Arc<PyKernel>, s: &Settings) -> ExecTarget {
         loss_side: s.loss_side.clone(),
         bitwise: s.bitwise,
         accumulation: s.accumulation,
+        strict: s.strict,
     }
 }
 
@@ -249,7 +253,7 @@ type FuzzOut = (String, String, Vec<(String, Py<PyBytes>)>);
 /// `ValueError` for a bad budget, option or require; the exception `fn`'s
 /// caller raised past its own handling (KeyboardInterrupt, SystemExit).
 #[pyfunction]
-#[pyo3(signature = (caller, *, name, budget, cases, shrink_budget, options, outputs, require, seed, progress, bitwise = false, accumulation = None))]
+#[pyo3(signature = (caller, *, name, budget, cases, shrink_budget, options, outputs, require, seed, progress, bitwise = false, accumulation = None, strict = false))]
 #[allow(clippy::too_many_arguments)]
 fn fuzz(
     py: Python<'_>,
@@ -265,6 +269,7 @@ fn fuzz(
     progress: bool,
     bitwise: bool,
     accumulation: Option<&str>,
+    strict: bool,
 ) -> PyResult<FuzzOut> {
     let s = settings(
         &outputs,
@@ -275,6 +280,7 @@ fn fuzz(
         seed,
         bitwise,
         accumulation,
+        strict,
     )?;
     let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
     let pins = exec::outputs_pins(&outputs, options).map_err(value_error)?;
@@ -310,7 +316,7 @@ fn fuzz(
 /// `ValueError` for a file that is not a fuzz dump or a bad `require`; the
 /// exception the caller raised past its own handling.
 #[pyfunction]
-#[pyo3(signature = (caller, path, *, name, outputs, require, bitwise = false, accumulation = None))]
+#[pyo3(signature = (caller, path, *, name, outputs, require, bitwise = false, accumulation = None, strict = false))]
 fn fuzz_replay(
     py: Python<'_>,
     caller: Py<PyAny>,
@@ -320,6 +326,7 @@ fn fuzz_replay(
     require: &str,
     bitwise: bool,
     accumulation: Option<&str>,
+    strict: bool,
 ) -> PyResult<Option<(String, String, String)>> {
     let s = settings(
         &outputs,
@@ -330,6 +337,7 @@ fn fuzz_replay(
         Some(0),
         bitwise,
         accumulation,
+        strict,
     )?;
     let k = kernel(name, caller);
     let mut t = target(&k, &s);

@@ -30,7 +30,7 @@ use logprobe_cli::cli::{eprint_line, Out};
 use logprobe_reference::spec::{Dtype, Shift};
 use logprobe_testkit::memory::CountingAllocator;
 use logprobe_verify::json::{to_document, VerifyDocument};
-use logprobe_verify::tolerance::Order;
+use logprobe_verify::tolerance::{K3Form, Order};
 use logprobe_verify::verify::{
     exit_status_strict, render_expect, render_table, verify_files, Expectations, FileOutcome,
     RowSelection, VerifyConfig,
@@ -104,6 +104,12 @@ struct FuzzArgs {
     /// are the same value).
     #[arg(long)]
     bitwise: bool,
+    /// A SUSPECT verdict (within the sound bound, beyond the statistical
+    /// threshold) is a finding (property `statistical`), as under
+    /// `verify --strict` (`--exec`, `--exec-persistent`; by default it is
+    /// counted in the report, not a finding).
+    #[arg(long)]
+    strict: bool,
     /// Accumulation dtype the external kernel declares (`--exec`,
     /// `--exec-persistent`): f32, f64, bf16 or f16, used for its bound as
     /// `verify --accumulation` uses it (default: f64 for f64 logits, f32 otherwise).
@@ -377,6 +383,7 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
         loss_side: exec::loss_side_outputs(&named),
         bitwise: args.bitwise,
         accumulation: args.accumulation,
+        strict: args.strict,
     };
     if let Some(path) = &args.replay {
         return match exec::replay(path, &mut target) {
@@ -482,6 +489,10 @@ struct VerifyArgs {
     /// x * (1/T) and an upcast before it) or raw (x_t - logsumexp(x)).
     #[arg(long, default_value = "any", value_parser = parse_form)]
     form: Shift,
+    /// How the kernel evaluates kl_k3: any (default: also the naive
+    /// exp(-d) + d - 1, which cancels near d = 0) or expm1 (expm1(-d) + d).
+    #[arg(long, default_value = "any", value_parser = parse_k3_form)]
+    k3_form: K3Form,
     /// Accumulation dtype of the implementation: f32, f64, bf16 or f16
     /// (default: f64 for f64 logits, f32 otherwise).
     #[arg(long, value_parser = parse_dtype)]
@@ -489,8 +500,10 @@ struct VerifyArgs {
     /// Rows to check: `a..b`, `a..` or `sample:K` (K rows spread evenly).
     #[arg(long, value_parser = parse_rows)]
     rows: Option<RowSelection>,
-    /// Compare each file's verdict with a JSON file `{"name": {"expect": "pass"|"fail"}}`
-    /// (name = file stem): exit 0 when all match, 1 otherwise.
+    /// Compare each file's verdict with a JSON file `{"name": {"expect":
+    /// "pass"|"suspect"|"unchecked"|"fail"|"no bound", "strict": ...}}` (name =
+    /// file stem; under --strict a suspect is a fail, and `strict`, when
+    /// given, is the verdict expected then): exit 0 when all match, 1 otherwise.
     #[arg(long)]
     expect: Option<PathBuf>,
     /// Worst elements listed per output.
@@ -541,6 +554,10 @@ fn parse_rows(s: &str) -> Result<RowSelection, String> {
     s.parse()
 }
 
+fn parse_k3_form(s: &str) -> Result<K3Form, String> {
+    s.parse()
+}
+
 fn parse_form(s: &str) -> Result<Shift, String> {
     s.parse()
 }
@@ -556,6 +573,7 @@ fn verify(args: VerifyArgs) -> u8 {
     let config = VerifyConfig {
         model: args.model,
         form: args.form,
+        k3_form: args.k3_form,
         accumulation: args.accumulation,
         rows: args.rows.unwrap_or(RowSelection::All),
         worst: args.worst,
@@ -575,7 +593,9 @@ fn verify(args: VerifyArgs) -> u8 {
     };
     let outcomes = verify_files(&args.files, &config);
     let mut out = Out::new();
-    let expect_rows = expectations.as_ref().map(|e| e.compare(&outcomes));
+    let expect_rows = expectations
+        .as_ref()
+        .map(|e| e.compare_mode(&outcomes, args.strict));
     let status = exit_status_strict(&outcomes, expect_rows.as_deref(), args.strict);
     if args.json {
         let doc = VerifyDocument::new(&outcomes, expect_rows.as_deref(), status);

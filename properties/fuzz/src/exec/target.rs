@@ -178,6 +178,11 @@ pub struct ExecTarget {
     /// `accumulation=`), used for its bound as `logprobe verify
     /// --accumulation` uses it; `None`: f64 for f64 logits, f32 otherwise.
     pub accumulation: Option<Dtype>,
+    /// Whether a SUSPECT verdict (within the sound bound, beyond the
+    /// statistical threshold) is a finding, property `statistical`
+    /// (`--strict`, `strict=True`), as `logprobe verify --strict` fails it;
+    /// by default it is counted, not a finding.
+    pub strict: bool,
 }
 
 /// The loss-side outputs named in an `--outputs` list (`lse`, `z_loss`;
@@ -338,6 +343,16 @@ impl ExecTarget {
                         .collect::<Vec<_>>()
                         .join("; "),
                 )
+            }
+            Verdict::Suspect if self.strict => {
+                return Err(ExecFinding {
+                    finding: Finding {
+                        property: "statistical",
+                        call: Call::Exec,
+                        detail: suspect_detail(&report),
+                    },
+                    dumps: vec![("", self.joined(case, &base, "statistical"))],
+                });
             }
             Verdict::Suspect => j.suspect = true,
             Verdict::Pass => {}
@@ -569,6 +584,27 @@ fn value(dtype: safetensors::Dtype, b: &[u8]) -> String {
 }
 
 /// The worst element of each failing output, one line each.
+/// The SUSPECT outputs of a report: each one's largest `err/stat` (the
+/// error over the statistical threshold; within the sound bound).
+fn suspect_detail(r: &FileReport) -> String {
+    r.outputs
+        .iter()
+        .filter(|o| o.verdict == Verdict::Suspect)
+        .map(|o| {
+            format!(
+                "{} ({}): SUSPECT, {} of {} elements beyond the statistical threshold (err/stat {:.3}), within the sound bound (err/bound {:.3})",
+                o.output,
+                o.dtype,
+                o.suspect_elements,
+                o.count,
+                o.statistical_max_ratio.unwrap_or(f64::NAN),
+                o.max_ratio.unwrap_or(f64::NAN),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn fail_detail(r: &FileReport) -> String {
     let mut lines = Vec::new();
     for o in r.outputs.iter().filter(|o| o.verdict == Verdict::Fail) {
@@ -582,10 +618,14 @@ fn fail_detail(r: &FileReport) -> String {
                 w.candidate,
                 w.exact,
                 w.error,
-                w.bound.map_or(String::new(), |b| format!(
-                    " > bound {b:.3e} ({:.3}x)",
-                    w.error / b
-                )),
+                w.bound.map_or(String::new(), |b| {
+                    let r = w.error / b;
+                    if r.is_finite() {
+                        format!(" > bound {b:.3e} ({r:.3}x)")
+                    } else {
+                        format!(" > bound {b:.3e} (an infinite ratio)")
+                    }
+                }),
             )),
             None => lines.push(format!("{}: FAIL", o.output)),
         }

@@ -168,6 +168,7 @@ def fuzz(
     progress: bool = False,
     bitwise: bool = False,
     accumulation: Optional[str] = None,
+    strict: bool = False,
 ) -> FuzzReport:
     """Property-tests `fn` in this process with the engine of `logprobe fuzz
     --exec` (docs/fuzz-protocol.md): the gate's recipes, judged against the
@@ -204,6 +205,10 @@ def fuzz(
       is that of a kernel computing in it, as `logprobe verify
       --accumulation` judges; None: float64 for float64 logits, float32
       otherwise. A bf16 kernel that computes in bf16 says "bfloat16".
+    - `strict`: a SUSPECT verdict (within the sound bound, beyond the
+      statistical threshold) is a finding of property `statistical`, as
+      `logprobe verify --strict` fails it (`--strict`); by default it is
+      counted in the report, not a finding.
 
     An exception raised inside `fn` is a finding of property `command`,
     with its traceback in `finding.detail`. KeyboardInterrupt stops the
@@ -221,10 +226,13 @@ def fuzz_replay(
     tensors: str = "auto",
     bitwise: bool = False,
     accumulation: Optional[str] = None,
+    strict: bool = False,
 ) -> Optional[FuzzFinding]:
     """Reruns the case of a fuzz dump (`report.save(path)`, or a dump of
     `logprobe fuzz --exec`) on `fn`, with the dump's property required when
     it is an invariance, as `logprobe fuzz --replay`: None when it passes
     now, else the finding. `outputs`, `require`, `tensors`, `bitwise`,
-    `accumulation`: as `fuzz` (give the run's `outputs` and `accumulation`). Raises `ValueError` for a file that is not a fuzz
+    `accumulation`, `strict`: as `fuzz` (give the run's `outputs`,
+    `accumulation` and `strict`: a `statistical` finding replays only under
+    `strict=True`). Raises `ValueError` for a file that is not a fuzz
     dump."""

@@ -380,6 +380,7 @@ def fuzz(
     progress: bool = False,
     bitwise: bool = False,
     accumulation: Optional[Any] = None,
+    strict: bool = False,
 ) -> FuzzReport:
     """See ``logprobe.fuzz`` (``logprobe/__init__.pyi``)."""
     if cases is not None and (not isinstance(cases, int) or isinstance(cases, bool) or cases < 0):
@@ -402,6 +403,7 @@ def fuzz(
         progress=bool(progress),
         bitwise=bool(bitwise),
         accumulation=_accumulation(accumulation),
+        strict=bool(strict),
     )
     return FuzzReport(report_json, table, files)
 
@@ -415,6 +417,7 @@ def fuzz_replay(
     tensors: str = "auto",
     bitwise: bool = False,
     accumulation: Optional[Any] = None,
+    strict: bool = False,
 ) -> Optional[FuzzFinding]:
     """See ``logprobe.fuzz_replay`` (``logprobe/__init__.pyi``)."""
     if isinstance(outputs, str):
@@ -422,7 +425,7 @@ def fuzz_replay(
     caller = Caller(fn, tensors)
     r = _native.fuzz_replay(caller, os.fspath(path), name=caller.name, outputs=list(outputs),
                             require=require_string(require), bitwise=bool(bitwise),
-                            accumulation=_accumulation(accumulation))
+                            accumulation=_accumulation(accumulation), strict=bool(strict))
     if r is None:
         return None
     prop, detail, recipe = r

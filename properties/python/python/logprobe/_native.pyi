@@ -60,6 +60,7 @@ def fuzz(
     progress: bool,
     bitwise: bool = ...,
     accumulation: Optional[str] = ...,
+    strict: bool = ...,
 ) -> Tuple[str, str, List[Tuple[str, bytes]]]: ...
 def fuzz_replay(
     caller: Callable[[bytes], Union[bytes, Tuple[str, str]]],
@@ -70,4 +71,5 @@ def fuzz_replay(
     require: str,
     bitwise: bool = ...,
     accumulation: Optional[str] = ...,
+    strict: bool = ...,
 ) -> Optional[Tuple[str, str, str]]: ...

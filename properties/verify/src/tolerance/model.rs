@@ -128,6 +128,27 @@ pub enum K3Form {
     Any,
 }
 
+impl K3Form {
+    /// `expm1` or `any` (`verify --k3-form`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            K3Form::Expm1 => "expm1",
+            K3Form::Any => "any",
+        }
+    }
+}
+
+impl std::str::FromStr for K3Form {
+    type Err = String;
+    /// Parses [`K3Form::name`].
+    fn from_str(s: &str) -> Result<K3Form, String> {
+        [K3Form::Expm1, K3Form::Any]
+            .into_iter()
+            .find(|f| f.name() == s.trim())
+            .ok_or_else(|| format!("unknown k3 form `{s}`: expected expm1 or any"))
+    }
+}
+
 impl Model {
     /// Foreign-kernel preset: `k` lanes summed in order (`h = ceil(V / k)`,
     /// `L = ceil(log2 k)`), f32 accumulation, `exp`, `ln` and `tanh` within 1 ulp,
@@ -197,6 +218,11 @@ impl Model {
     /// The same model with a declared form of the shift (T2, T2a).
     pub fn with_shift(self, shift: Shift) -> Model {
         Model { shift, ..self }
+    }
+
+    /// The same model with a declared `kl_k3` form (T20).
+    pub fn with_k3_form(self, k3_form: K3Form) -> Model {
+        Model { k3_form, ..self }
     }
 
     /// The same model with a known entropy form.

@@ -103,6 +103,10 @@ pub struct VerifyConfig {
     /// correct for the output judged, TOLERANCE.md (T2a)); a declared form
     /// bounds that form alone (T2).
     pub form: logprobe_reference::spec::Shift,
+    /// How the foreign kernel evaluates `kl_k3` (default
+    /// [`K3Form::Any`](tolerance::K3Form::Any): also the naive
+    /// `exp(-d) + d - 1`; `Expm1` declares `expm1(-d) + d`, T20).
+    pub k3_form: tolerance::K3Form,
     /// Accumulation dtype of the foreign kernel; `None` = the logits'
     /// accumulation dtype (f32 for f32/bf16/f16 logits, f64 for f64).
     pub accumulation: Option<Dtype>,
@@ -127,6 +131,7 @@ impl Default for VerifyConfig {
         VerifyConfig {
             model: tolerance::Order::DEFAULT,
             form: logprobe_reference::spec::Shift::Any,
+            k3_form: tolerance::K3Form::Any,
             accumulation: None,
             rows: RowSelection::All,
             worst: 5,

@@ -176,10 +176,7 @@ pub fn verify_dump(
         columns: dump.v_total(),
         vocab_size: dump.vocab_size(),
         logits_dtype: logits_dtype.to_string(),
-        model: match config.form {
-            logprobe_reference::spec::Shift::Any => config.model.to_string(),
-            form => format!("{} form={}", config.model, form.name()),
-        },
+        model: model_name(config),
         accumulation: acc_dtype.to_string(),
         statistical_c: config.statistical_c,
         outputs,
@@ -610,6 +607,20 @@ fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) -> Option<Vec
     })
 }
 
+/// The model's name in reports: the summation order (`lanes=8`), then
+/// ` form=NAME` and ` k3_form=NAME` for what `--form` / `--k3-form` declare
+/// (the defaults, `any`, unnamed).
+fn model_name(config: &VerifyConfig) -> String {
+    let mut s = config.model.to_string();
+    if config.form != logprobe_reference::spec::Shift::Any {
+        s += &format!(" form={}", config.form.name());
+    }
+    if config.k3_form != tolerance::K3Form::Any {
+        s += &format!(" k3_form={}", config.k3_form.name());
+    }
+    s
+}
+
 /// The chosen model and the three reference models (tree, lanes=8,
 /// sequential), all accumulating in the same dtype.
 pub(super) struct Models {
@@ -623,7 +634,7 @@ impl Models {
             .with_shift(config.form);
         let [a, b, c] = tolerance::foreign_presets_with(acc, config.form);
         Models {
-            all: [chosen, a, b, c],
+            all: [chosen, a, b, c].map(|m| m.with_k3_form(config.k3_form)),
         }
     }
 }

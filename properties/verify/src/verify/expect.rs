@@ -43,9 +43,43 @@ pub enum ExpectError {
 }
 
 /// Expected verdicts by file stem, from JSON `{"name": {"expect": "pass" |
-/// "fail" | "no bound", ...}, ...}` (other keys, such as `why`, are ignored).
+/// "suspect" | "unchecked" | "fail" | "no bound", "strict": ..., ...}, ...}`
+/// (other keys, such as `why`, are ignored; docs/verify.md, "Expected
+/// verdicts").
 #[derive(Clone, Debug, Default)]
-pub struct Expectations(pub std::collections::BTreeMap<String, String>);
+pub struct Expectations(pub std::collections::BTreeMap<String, Expected>);
+
+/// One file's expected verdicts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// The verdict without `--strict` (`expect`).
+    pub default: String,
+    /// The verdict under `--strict` (`strict`); when absent, `default`
+    /// with `suspect` read as `fail` (what `--strict` makes of it).
+    pub strict: Option<String>,
+}
+
+impl Expected {
+    /// The verdict expected in this mode.
+    pub fn in_mode(&self, strict: bool) -> &str {
+        match (&self.strict, strict) {
+            (Some(s), true) => s,
+            (None, true) => strict_verdict(&self.default),
+            (_, false) => &self.default,
+        }
+    }
+}
+
+/// What `--strict` makes of a verdict: `suspect` fails, the rest stay.
+fn strict_verdict(v: &str) -> &str {
+    if v == "suspect" {
+        "fail"
+    } else {
+        v
+    }
+}
+
+const VERDICTS: [&str; 5] = ["pass", "suspect", "unchecked", "fail", "no bound"];
 
 impl Expectations {
     /// Reads and checks an expectations file.
@@ -72,34 +106,52 @@ impl Expectations {
         let obj = value.as_object().ok_or("top level is not an object")?;
         let mut out = std::collections::BTreeMap::new();
         for (name, entry) in obj {
-            let expect = entry
-                .get("expect")
-                .and_then(|e| e.as_str())
+            let verdict = |key: &str| -> Result<Option<String>, String> {
+                match entry.get(key) {
+                    None => Ok(None),
+                    Some(v) => match v.as_str() {
+                        Some(v) if VERDICTS.contains(&v) => Ok(Some(v.to_string())),
+                        _ => Err(format!(
+                            "entry `{name}`: {key} = {v}, not pass, suspect, unchecked, fail or no bound"
+                        )),
+                    },
+                }
+            };
+            let default = verdict("expect")?
                 .ok_or_else(|| format!("entry `{name}` has no string `expect`"))?;
-            match expect {
-                "pass" | "suspect" | "unchecked" | "fail" | "no bound" => {
-                    out.insert(name.clone(), expect.to_string());
-                }
-                other => {
-                    return Err(format!(
-                        "entry `{name}`: expect = {other:?}, not pass, suspect, unchecked, fail or no bound"
-                    ))
-                }
+            let strict = verdict("strict")?;
+            if strict.as_deref() == Some("suspect") {
+                return Err(format!(
+                    "entry `{name}`: strict = \"suspect\", but --strict fails every suspect verdict"
+                ));
             }
+            out.insert(name.clone(), Expected { default, strict });
         }
         Ok(Expectations(out))
     }
 
-    /// Compares outcomes with the expectations, in the outcomes' order.
+    /// Compares outcomes with the expectations, in the outcomes' order,
+    /// without `--strict` ([`Expectations::compare_mode`]).
     pub fn compare(&self, outcomes: &[FileOutcome]) -> Vec<ExpectRow> {
+        self.compare_mode(outcomes, false)
+    }
+
+    /// Compares outcomes with the expectations of a mode: under `strict` a
+    /// `suspect` verdict found is `fail`, and so is one expected unless
+    /// the entry gives its `strict` verdict.
+    pub fn compare_mode(&self, outcomes: &[FileOutcome], strict: bool) -> Vec<ExpectRow> {
         outcomes
             .iter()
             .map(|o| {
                 let (name, found) = match o {
-                    FileOutcome::Report(r) => (r.name.clone(), r.verdict.name().to_string()),
+                    FileOutcome::Report(r) => {
+                        let v = r.verdict.name();
+                        let v = if strict { strict_verdict(v) } else { v };
+                        (r.name.clone(), v.to_string())
+                    }
                     FileOutcome::BadInput { path, .. } => (stem(path), "bad input".to_string()),
                 };
-                let expected = self.0.get(&name).cloned();
+                let expected = self.0.get(&name).map(|e| e.in_mode(strict).to_string());
                 let matches = expected.as_deref() == Some(found.as_str());
                 ExpectRow {
                     name,
@@ -164,5 +216,44 @@ pub fn exit_status_strict(
             matches!(o, FileOutcome::Report(r) if r.verdict == ReportVerdict::Pass
                     || (!strict && r.verdict == ReportVerdict::Suspect))
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_reads_suspect_as_fail_unless_the_entry_says_otherwise() {
+        let e = Expectations::parse(
+            r#"{"a": {"expect": "suspect"}, "b": {"expect": "suspect", "strict": "pass"},
+                "c": {"expect": "pass", "why": "x"}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.0["a"].in_mode(false), "suspect");
+        assert_eq!(e.0["a"].in_mode(true), "fail");
+        assert_eq!(e.0["b"].in_mode(true), "pass");
+        assert_eq!(e.0["c"].in_mode(true), "pass");
+        assert_eq!(strict_verdict("suspect"), "fail");
+        assert_eq!(strict_verdict("no bound"), "no bound");
+    }
+
+    #[test]
+    fn bad_entries_are_named() {
+        for (text, what) in [
+            (r#"{"a": {"expect": "ok"}}"#, "entry `a`: expect"),
+            (r#"{"a": {"why": "x"}}"#, "entry `a` has no string `expect`"),
+            (
+                r#"{"a": {"expect": "pass", "strict": 1}}"#,
+                "entry `a`: strict",
+            ),
+            (
+                r#"{"a": {"expect": "pass", "strict": "suspect"}}"#,
+                "--strict fails every",
+            ),
+        ] {
+            let err = Expectations::parse(text).unwrap_err();
+            assert!(err.contains(what), "{text}: {err}");
+        }
     }
 }

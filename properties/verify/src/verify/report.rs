@@ -190,8 +190,9 @@ pub struct FileReport {
     pub vocab_size: usize,
     /// Dtype of the logits.
     pub logits_dtype: String,
-    /// Summation model of the bound (`lanes=8`), with ` form=NAME` when
-    /// the form of the shift is declared (`--form`; default `any`, unnamed).
+    /// Summation model of the bound (`lanes=8`), with ` form=NAME` and
+    /// ` k3_form=NAME` when declared (`--form`, `--k3-form`; the defaults,
+    /// `any`, unnamed).
     pub model: String,
     /// Accumulation dtype of the bound.
     pub accumulation: String,

@@ -3,6 +3,19 @@
 use super::*;
 
 /// Formats a float for the table: 3 significant digits, `-` for none.
+/// A ratio (`err/bound`, `err/stat`, the flash rule's, `vs f32`) for the
+/// text table: an infinite ratio is the word `infinite`, a NaN one
+/// `undefined`; finite ones as [`fmt_g`] with `suffix`.
+pub(crate) fn fmt_ratio(x: f64, suffix: &str) -> String {
+    if x.is_nan() {
+        "undefined".into()
+    } else if x.is_infinite() {
+        "infinite".into()
+    } else {
+        format!("{}{suffix}", fmt_g(x))
+    }
+}
+
 pub(crate) fn fmt_g(x: f64) -> String {
     if x.is_nan() {
         "NaN".into()
@@ -104,22 +117,34 @@ pub fn render_table(report: &FileReport) -> String {
             },
             fmt_g(o.max_abs_error),
             fmt_g(o.max_ulps),
-            o.max_ratio.map_or("-".into(), fmt_g),
+            o.max_ratio.map_or("-".into(), |r| fmt_ratio(r, "")),
             o.tightest_model.as_deref().unwrap_or("none"),
-            o.flash_rule.as_ref().map_or("-".into(), |f| fmt_g(f.ratio)),
-            o.statistical_max_ratio.map_or("-".into(), fmt_g),
-            o.vs_fused.map_or("-".into(), |r| format!("{}x", fmt_g(r))),
+            o.flash_rule
+                .as_ref()
+                .map_or("-".into(), |f| fmt_ratio(f.ratio, "")),
+            o.statistical_max_ratio
+                .map_or("-".into(), |r| fmt_ratio(r, "")),
+            o.vs_fused.map_or("-".into(), |r| fmt_ratio(r, "x")),
         );
     }
-    // "37x less accurate than a correct f32 kernel on these rows".
+    // "37x less accurate than a correct f32 kernel on these rows": only
+    // next to an output that is not a pass, where it explains the verdict.
     for o in &report.outputs {
-        if let (Some(r), Some(f)) = (o.vs_fused, o.fused_max_abs_error) {
+        if let (Some(r), Some(f), false) = (
+            o.vs_fused,
+            o.fused_max_abs_error,
+            o.verdict == ReportVerdict::Pass,
+        ) {
             if r > 2.0 {
+                let times = if r.is_finite() {
+                    format!("{}x", fmt_g(r))
+                } else {
+                    "infinitely".into()
+                };
                 let _ = writeln!(
                     s,
-                    "  {}: {}x less accurate than a correct f32 kernel on these rows (its max |err| {})",
+                    "  {}: {times} less accurate than a correct f32 kernel on these rows (its max |err| {})",
                     o.output,
-                    fmt_g(r),
                     fmt_g(f)
                 );
             }
@@ -200,7 +225,7 @@ fn write_worst(s: &mut String, report: &FileReport) {
                 fmt_g(j.error),
                 fmt_g(j.ulps),
                 j.bound.map_or("none".into(), fmt_g),
-                if j.bound.is_some() { fmt_g(j.ratio) } else { "-".into() },
+                if j.bound.is_some() { fmt_ratio(j.ratio, "") } else { "-".into() },
             );
         }
     }

@@ -287,6 +287,7 @@ impl RowBounds<'_> {
 /// divisor is another such sum, then one division; the final roundings as (T8). An
 /// exact `+inf` (or the all-ignored mean's declared value) has bound 0:
 /// only that value is right.
+#[allow(clippy::too_many_arguments)] // (T17)'s inputs, each documented above
 pub fn loss_bounds(
     rows: &[Result<LossRowBound, NoBound>],
     counted: &[bool],
