@@ -58,7 +58,7 @@ def test_fuzz_stubs_match_the_functions():
     assert positional == ["fn"] and kwonly == ["save_to"] + kw
     positional, kwonly = stub_kwonly(PKG / "__init__.pyi", "fuzz_replay")
     assert positional == ["fn", "path"]
-    assert kwonly == ["outputs", "require", "tensors", "bitwise", "accumulation"]
+    assert kwonly == ["outputs", "require", "tensors", "bitwise", "accumulation", "strict"]
     assert kwonly == [p.name for p in inspect.signature(logprobe.fuzz_replay).parameters.values()
                       if p.kind is p.KEYWORD_ONLY]
     # The defaults the stubs show are the functions'.

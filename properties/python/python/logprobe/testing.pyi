@@ -95,6 +95,7 @@ def assert_fuzz_clean(
     progress: bool = False,
     bitwise: bool = False,
     accumulation: Optional[str] = None,
+    strict: bool = False,
 ) -> FuzzReport:
     """`logprobe.fuzz(fn, ...)`, raising `FuzzFailure` (an `AssertionError`:
     the finding, its recipe and seed, the CLI's report) on a counterexample;
