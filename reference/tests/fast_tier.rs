@@ -904,3 +904,109 @@ fn softcapped_real_vocab_rows_are_decided_on_the_f64_tier() {
     let f = Oracle::default().forward(&p, Dtype::Bf16).unwrap();
     assert_eq!(f.fallback.outputs_mpfr, 0, "{:?}", f.fallback);
 }
+
+/// (F10) The loss side on the f64 tier: with `lse`, `z_loss` and
+/// cross-entropy (`none`, `sum` and `mean`, weighted, label smoothing 0 and
+/// 0.1) cotangents the public oracle's VJP returns the same correctly
+/// rounded values on both tiers, the f64 tier's enclosures meet MPFR's,
+/// and it decides about as many elements as without the loss side.
+#[test]
+fn loss_side_vjp_is_on_the_f64_tier() {
+    use logprobe_reference::spec::{LossOptions, Reduction};
+    let fast = Oracle {
+        tier: Tier::FastVjp,
+        ..Oracle::default()
+    };
+    let mpfr = Oracle {
+        tier: Tier::Mpfr,
+        ..Oracle::default()
+    };
+    let (mut decided, mut total, mut smoothed) = (0u64, 0u64, (0u64, 0u64));
+    let mut base = (0u64, 0u64);
+    for (i, c) in cases(0xFA57_0008, 240, &[1, 3, 8, 40, 300])
+        .into_iter()
+        .enumerate()
+    {
+        if c.softcap.is_some() && i % 2 == 0 {
+            continue;
+        }
+        let data = c.data();
+        let mut p = data.problem(&c);
+        let reduction = [Reduction::None, Reduction::Sum, Reduction::Mean][i % 3];
+        let eps = if i % 7 == 3 { 0.1 } else { 0.0 };
+        p.options.loss = Some(LossOptions {
+            reduction,
+            label_smoothing: eps,
+            ..LossOptions::default()
+        });
+        p.options.lse = i % 2 == 0;
+        p.options.z_loss_coef = (i % 4 < 2).then_some(1e-4);
+        let w = Array1::from_elem(1, [1.0, 0.5, 3.0][i % 3]);
+        if i % 5 == 1 {
+            p.loss_weights = Some(w.view());
+        }
+        let a = Array1::from_elem(1, [0.7, -1.3, 1e-3][i % 3]);
+        let b = Array1::from_elem(1, [2.0, -0.25][i % 2]);
+        let l = Array1::from_elem(1, [1.0, -0.5, 3.0e2][i % 3]);
+        let mut cot = data
+            .cotangents(&c)
+            .with_column(Output::Loss, Some(l.view()));
+        if p.options.lse {
+            cot = cot.with_column(Output::Lse, Some(a.view()));
+        }
+        if p.options.z_loss_coef.is_some() {
+            cot = cot.with_column(Output::ZLoss, Some(b.view()));
+        }
+        for target in [Dtype::F32, Dtype::Bf16] {
+            let (x, y) = match (
+                fast.vjp_counted(&p, &cot, target),
+                mpfr.vjp(&p, &cot, target),
+            ) {
+                (Ok(x), Ok(y)) => (x, y),
+                (Err(x), Err(y)) => {
+                    assert_eq!(x, y);
+                    continue;
+                }
+                (x, y) => panic!("{c:?}: {:?} vs {:?}", x.err(), y.err()),
+            };
+            let (g, fb) = x;
+            for (x, y) in g.iter().zip(y.iter()) {
+                same_value(x, y, &format!("{target} {reduction:?} eps {eps} {c:?}"));
+                assert!(
+                    x.enclosure.lo <= y.enclosure.hi && y.enclosure.lo <= x.enclosure.hi,
+                    "{target} {c:?}: {x:?} vs {y:?}"
+                );
+            }
+            let (_, fb0) = fast.vjp_counted(&p, &data.cotangents(&c), target).unwrap();
+            if eps == 0.0 || p.loss_cotangent(&cot, 0).is_none() {
+                decided += fb.outputs - fb.outputs_mpfr;
+                total += fb.outputs;
+                base.0 += fb0.outputs - fb0.outputs_mpfr;
+                base.1 += fb0.outputs;
+            } else {
+                smoothed.0 += fb.outputs - fb.outputs_mpfr;
+                smoothed.1 += fb0.outputs - fb0.outputs_mpfr;
+            }
+        }
+    }
+    eprintln!(
+        "loss side: {decided} of {total} decided; without it: {} of {}",
+        base.0, base.1
+    );
+    assert!(total > 2000, "{total}");
+    // As many decided as with the log-prob / entropy / top-k cotangents
+    // alone, to within 2% (these small rows of every kind leave about a
+    // quarter of their elements to MPFR either way).
+    assert!(
+        decided as f64 >= 0.98 * base.0 as f64,
+        "{decided} of {total}, without the loss side {} of {}",
+        base.0,
+        base.1
+    );
+    eprintln!(
+        "label smoothing: {} decided, without the loss side {}",
+        smoothed.0, smoothed.1
+    );
+    assert!(smoothed.1 > 0);
+    assert!(smoothed.0 as f64 >= 0.9 * smoothed.1 as f64, "{smoothed:?}");
+}

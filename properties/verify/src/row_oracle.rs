@@ -19,7 +19,7 @@
 
 use ndarray::Array2;
 
-use logprobe_reference::oracle::fast::{FastOptions, FastRow, RowCotangents};
+use logprobe_reference::oracle::fast::{FastOptions, FastRow, LossSide, RowCotangents};
 use logprobe_reference::oracle::{Exact, Fallback, Oracle, OracleForward, RowStats, Tier};
 use logprobe_reference::spec::{
     Cotangents, Dtype, EntropyLogits, Output, PolicyTerm, Problem, SpecError,
@@ -143,22 +143,20 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         cotangents: &Cotangents<'_>,
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
-        // The f64 tier has no loss-side terms (`grad_lse`, `grad_z_loss`,
-        // `grad_loss`) and no policy terms (`grad_kl_*`, `grad_ratio`):
-        // such rows take [`Oracle::vjp`] (which itself keeps the f64 tier
-        // for a row whose loss-side cotangents are all 0). The top-k KL's
-        // (`grad_forward_kl`, `grad_reverse_kl`) it has, as slopes on the
-        // top-k log-probs ([`FastRow::kl_slopes`]), unless they are not
-        // finite there.
-        let loss_side = cotangents.column(Output::Lse).is_some()
-            || cotangents.column(Output::ZLoss).is_some()
-            || cotangents.column(Output::Loss).is_some()
-            || PolicyTerm::ALL
-                .iter()
-                .any(|&t| cotangents.policy(t).is_some());
-        // Validated first: the KL's cotangents are read below.
+        // The f64 tier has the loss side's `grad_lse`, `grad_z_loss` and
+        // `grad_loss` ((F10), [`LossSide`]); a row with a policy term
+        // (`grad_kl_*`, `grad_ratio`) takes [`Oracle::vjp`] (which
+        // itself keeps the f64 tier for a row whose loss-side cotangents
+        // are all 0). The top-k KL's (`grad_forward_kl`, `grad_reverse_kl`)
+        // it has, as slopes on the top-k log-probs
+        // ([`FastRow::kl_slopes`]), unless they are not finite there.
+        // Validated first: the cotangents are read below.
         let shape = self.problem.validate_shapes()?;
         self.problem.validate_cotangents(&shape, cotangents)?;
+        let loss_side = self.loss_side(cotangents, shape.dtype.accumulation())?;
+        let policy = PolicyTerm::ALL
+            .iter()
+            .any(|&t| cotangents.policy(t).is_some());
         let kl = match self.problem.kl_cotangents(cotangents, 0) {
             (0.0, 0.0) => None,
             (gf, gr) => self.problem.options.topk_kl.map(|kl| (gf, gr, kl)),
@@ -168,7 +166,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             _ => Some((Vec::new(), false)),
         };
         let fast = match (&self.fast, &kl_w) {
-            (Some(fast), Some(_)) if !loss_side => fast,
+            (Some(fast), Some(_)) if !policy && loss_side.is_some() => fast,
             _ => {
                 let (g, fb) = self.oracle.vjp_counted(self.problem, cotangents, target)?;
                 self.fallback.outputs += fb.outputs;
@@ -190,6 +188,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             kl,
             kl_w: kl_w.as_ref().map_or(&[], |w| &w.0),
             kl_sum_zero: kl_w.as_ref().is_some_and(|w| w.1),
+            loss_side: loss_side.as_ref().and_then(Option::as_ref),
         };
         let v = fast.vocab_size();
         let (mut out, mut pending) = (Vec::with_capacity(shape.v_total), Vec::new());
@@ -210,6 +209,58 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         }
         out.resize(shape.v_total, Exact::point(0.0));
         Ok(Array2::from_shape_vec((1, shape.v_total), out).expect("V_total gradients"))
+    }
+
+    /// The row's loss-side cotangents on the f64 tier: `Some(None)` when
+    /// it has none, `Some(Some(_))` when the tier has them all ((F10): `lse`,
+    /// `z_loss`, the cross-entropy), `None` when the row must take the MPFR
+    /// path (a `mean` divisor of 0).
+    ///
+    /// # Errors
+    /// The spec's errors of the effective `z_loss_coef` and label smoothing.
+    fn loss_side(
+        &self,
+        cotangents: &Cotangents<'_>,
+        acc: Dtype,
+    ) -> Result<Option<Option<LossSide>>, SpecError> {
+        let p = self.problem;
+        let lse = cotangents.column(Output::Lse).map_or(0.0, |a| a[0]);
+        let z_loss = cotangents.column(Output::ZLoss).map_or(0.0, |b| b[0]);
+        let z_loss_coef = p.options.effective_z_loss_coef(acc)?.unwrap_or(0.0);
+        let loss = p.loss_cotangent(cotangents, 0);
+        if lse == 0.0 && (z_loss == 0.0 || z_loss_coef == 0.0) && loss.is_none() {
+            return Ok(Some(None));
+        }
+        let (eps, mean) = match p.cross_entropy() {
+            Some(ce) => (
+                ce.effective_label_smoothing(acc)?,
+                ce.reduction == logprobe_reference::spec::Reduction::Mean,
+            ),
+            None => (0.0, false),
+        };
+        let divisor = match (loss, mean) {
+            (Some(_), true) => Some(match cotangents.loss_divisor {
+                Some(d) => d.parts().to_vec(),
+                None => p.loss_divisor_terms().map_or(Vec::new(), |t| t.collect()),
+            }),
+            _ => None,
+        };
+        if divisor
+            .as_ref()
+            .is_some_and(|d| d.iter().sum::<f64>() <= 0.0)
+        {
+            return Ok(None);
+        }
+        let v = p.validate_shapes()?.vocab_size;
+        Ok(Some(Some(LossSide {
+            lse,
+            z_loss,
+            z_loss_coef,
+            loss,
+            divisor,
+            eps,
+            count: (0..v).filter(|&j| p.allowed(0, j)).count() as u64,
+        })))
     }
 
     /// The row's counts, the row itself included (`rows = 1`,

@@ -42,6 +42,96 @@ pub struct RowCotangents<'c> {
     /// Whether the `kl_w` sum to exactly 0 (renormalised): then they add
     /// nothing to `C`, and `C - A_j` loses only `w_j`'s own part.
     pub kl_sum_zero: bool,
+    /// The loss side's cotangents (`lse`, `z_loss`, the cross-entropy
+    /// without label smoothing), when any is given (F10).
+    pub loss_side: Option<&'c LossSide>,
+}
+
+/// One row's loss-side cotangents for [`FastRow::vjp`] (docs/fast-oracle.md,
+/// (F10)): `lse`'s `a` and `z_loss`'s `b` add `(a + 2 coef b lse) p_j`, so
+/// `C` loses that enclosure; the cross-entropy's row coefficient `ell = g w`
+/// (`/ W` under `mean`) adds `ell (p_j - (1 - eps)[j = t] - eps [j in A] /
+/// |A|)`: a source `-(1 - eps) ell` at the target (in `C`), `C` loses
+/// `eps ell` more, and every allowed entry gains `-ell eps / (|A| T)`.
+/// Units: loss per nat (`a`, `b`, `g`), weights and `W` unitless.
+#[derive(Clone, Debug, Default)]
+pub struct LossSide {
+    /// `a`, the cotangent of `lse`.
+    pub lse: f64,
+    /// `b`, the cotangent of `z_loss`.
+    pub z_loss: f64,
+    /// The effective `z_loss_coef` (0 without one).
+    pub z_loss_coef: f64,
+    /// The cross-entropy's `(g, w)` of this row
+    /// ([`crate::spec::Problem::loss_cotangent`]), when given; the row must
+    /// have a target.
+    pub loss: Option<(f64, f64)>,
+    /// The `mean`'s divisor `W` as exact parts (their sum,
+    /// [`crate::spec::MeanDivisor::parts`]); `None` under `none` / `sum`.
+    pub divisor: Option<Vec<f64>>,
+    /// The effective label smoothing `eps` in `[0, 1]` (as the oracle takes
+    /// it: rounded to the accumulation dtype).
+    pub eps: f64,
+    /// `|A|`: the row's allowed entries of the real vocabulary.
+    pub count: u64,
+}
+
+impl LossSide {
+    /// `ell = g w / W` enclosed (exact product and quotient rounded
+    /// outward; `W` summed outward from its parts): `None` without a loss
+    /// term or when `W` is not positive.
+    pub(crate) fn ell(&self) -> Option<Interval> {
+        let (g, w) = self.loss?;
+        let gw = Interval {
+            lo: mul_dn(g, w).min(mul_up(g, w)),
+            hi: mul_up(g, w).max(mul_dn(g, w)),
+        };
+        match &self.divisor {
+            None => Some(gw),
+            Some(parts) => {
+                let (mut lo, mut hi) = (0.0f64, 0.0f64);
+                for &x in parts {
+                    lo = add_dn(lo, x);
+                    hi = add_up(hi, x);
+                }
+                (lo > 0.0).then(|| gw.div_pos(Interval { lo, hi }))
+            }
+        }
+    }
+
+    /// `1 - eps`, enclosed.
+    fn one_minus_eps(&self) -> Interval {
+        Interval {
+            lo: add_dn(1.0, -self.eps),
+            hi: add_up(1.0, -self.eps),
+        }
+    }
+
+    /// The uniform term `-ell eps / (|A| T)` of every allowed entry, when
+    /// `eps > 0` and the row has a loss term.
+    pub(crate) fn uniform(&self, ell: Interval, temperature: f64) -> Option<Interval> {
+        if self.eps == 0.0 || self.count == 0 {
+            return None;
+        }
+        let at = Interval {
+            lo: mul_dn(self.count as f64, temperature),
+            hi: mul_up(self.count as f64, temperature),
+        };
+        Some(ell.mul(Interval::point(self.eps)).div_pos(at).neg())
+    }
+
+    /// `kappa = a + 2 coef b lse` for the row's `lse` enclosure.
+    pub(crate) fn kappa(&self, lse: Interval) -> Interval {
+        let mut k = Interval::point(self.lse);
+        if self.z_loss != 0.0 && self.z_loss_coef != 0.0 {
+            let cb = Interval {
+                lo: mul_dn(2.0 * self.z_loss_coef, self.z_loss),
+                hi: mul_up(2.0 * self.z_loss_coef, self.z_loss),
+            };
+            k = k.add(cb.mul(lse));
+        }
+        k
+    }
 }
 
 /// A coefficient sum as an enclosure (exact when representable: the sum
@@ -78,6 +168,9 @@ pub struct FastVjp<'r, 'a> {
     any_term: bool,
     /// Constants of the a-priori element bound (F7'), when it applies.
     pub(super) pt: Option<PointForm>,
+    /// (F10) The loss's uniform term `-ell eps / (|A| T)` on every allowed
+    /// entry (label smoothing), when present.
+    uniform: Option<Interval>,
 }
 
 /// Midpoints and radii of the row constants, for the a-priori bound of a
@@ -121,9 +214,27 @@ impl<'r, 'a> FastVjp<'r, 'a> {
                 coeffs.push((*j, wk, true));
             }
         }
+        // (F10) The loss side: `-ell` at the target (in `C`), and `kappa`,
+        // which `C` loses.
+        let (mut kappa, mut uniform) = (Interval::ZERO, None);
+        if let Some(ls) = cot.loss_side {
+            kappa = ls.kappa(row.lse());
+            if let (Some(t), Some(_)) = (pr.target, ls.loss) {
+                // An `ell` that cannot be enclosed (`W <= 0`) decides nothing.
+                let ell = ls.ell().unwrap_or(Interval {
+                    lo: f64::NEG_INFINITY,
+                    hi: f64::INFINITY,
+                });
+                coeffs.push((t, ell.mul(ls.one_minus_eps()).neg(), false));
+                if ls.eps != 0.0 {
+                    kappa = kappa.add(ell.mul(Interval::point(ls.eps)));
+                    uniform = ls.uniform(ell, pr.temperature);
+                }
+            }
+        }
         // A slope summing to 0 with the others is in no `C`.
         let in_c = |x: &&(usize, Interval, bool)| !(x.2 && cot.kl_sum_zero);
-        let c = sum_interval(coeffs.iter().filter(in_c).map(|x| x.1));
+        let c = sum_interval(coeffs.iter().filter(in_c).map(|x| x.1)).sub(kappa);
         let mut ids: Vec<usize> = coeffs.iter().map(|x| x.0).collect();
         ids.sort_unstable();
         ids.dedup();
@@ -143,7 +254,8 @@ impl<'r, 'a> FastVjp<'r, 'a> {
                                 .iter()
                                 .filter(|x| x.0 == j && x.2 && cot.kl_sum_zero)
                                 .map(|x| x.1.neg()),
-                        ),
+                        )
+                        .chain(std::iter::once(kappa.neg())),
                 );
                 (j, a, rest)
             })
@@ -171,24 +283,27 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             _ => (Interval::ZERO, Interval::ZERO),
         };
         let h = if row.qfam().is_some() { cot.h } else { 0.0 };
-        let any_term = c_nonzero || h != 0.0 || !specials.is_empty();
+        let any_term = c_nonzero || h != 0.0 || !specials.is_empty() || uniform.is_some();
         let (k1m, dk1) = mid_rad(k1);
         let (k2m, dk2) = mid_rad(k2);
         let (rho, dr) = mid_rad(r);
         let kmax = 1f64.max(k1m.abs() + dk1).max(k2m.abs() + dk2);
-        let pt =
-            (kmax < 2f64.powi(500) && rho.abs() + dr < 2f64.powi(20) && (h == 0.0 || row.q_is_p))
-                .then_some(PointForm {
-                    k1: k1m,
-                    dk1,
-                    k2: k2m,
-                    dk2,
-                    rho,
-                    dr,
-                    abs: 64.0 * TINY * 2f64.powi(11) * kmax,
-                    exp_w: row.mutant != Some(Mutant::ExpNotWidened),
-                    shift_w: row.mutant != Some(Mutant::ShiftNotWidened),
-                });
+        // With a uniform term every element takes the interval form.
+        let pt = (uniform.is_none()
+            && kmax < 2f64.powi(500)
+            && rho.abs() + dr < 2f64.powi(20)
+            && (h == 0.0 || row.q_is_p))
+            .then_some(PointForm {
+                k1: k1m,
+                dk1,
+                k2: k2m,
+                dk2,
+                rho,
+                dr,
+                abs: 64.0 * TINY * 2f64.powi(11) * kmax,
+                exp_w: row.mutant != Some(Mutant::ExpNotWidened),
+                shift_w: row.mutant != Some(Mutant::ShiftNotWidened),
+            });
         FastVjp {
             row,
             specials,
@@ -201,6 +316,7 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             temperature: t,
             any_term,
             pt,
+            uniform,
         }
     }
 
@@ -449,6 +565,16 @@ impl<'r, 'a> FastVjp<'r, 'a> {
     /// elements where it applies, interval arithmetic otherwise.
     #[inline(always)]
     fn element_at(&self, j: usize, sp: Option<&(usize, Interval, Interval)>) -> Option<Interval> {
+        let base = self.element_base(j, sp);
+        match self.uniform {
+            Some(u) if self.row.row.allowed(j) => Some(base.unwrap_or(Interval::ZERO).add(u)),
+            _ => base,
+        }
+    }
+
+    /// [`FastVjp::element_at`] without the uniform term.
+    #[inline(always)]
+    fn element_base(&self, j: usize, sp: Option<&(usize, Interval, Interval)>) -> Option<Interval> {
         let fr = self.row;
         match (sp, &self.pt, &fr.p.cache) {
             (None, Some(pt), Some(c)) => {

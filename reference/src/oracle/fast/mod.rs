@@ -122,6 +122,20 @@
 //!   1/2` (a huge `c / T`). The VJP (its `sech^2` factor) stays on MPFR
 //!   for every softcapped row ([`FastRow::vjp_applicable`]).
 //!
+//! - (F10) Loss side of the VJP ([`LossSide`]). `lse`'s cotangent `a` and
+//!   `z_loss`'s `b` add `kappa p_j`, `kappa = a + 2 coef b lse`, enclosed
+//!   from `lse`'s enclosure (F9's `eta_z` included) by interval products
+//!   (`2 coef b` exact); the cross-entropy's row coefficient `ell = g w`
+//!   (`/ W` under `mean`: `g w` enclosed by one outward product, `W` by
+//!   outward sums of its exact f64 parts, one outward quotient) adds
+//!   `ell (p_j - [j = t])`. In (F7)'s form `A_j - C p_j` both are exact
+//!   regroupings: the target's `A_t` gains `-ell` (a source in `C`), and
+//!   `C` loses `kappa`, so (F7)'s interval evaluation and (F7')'s point
+//!   bound hold unchanged with `C` an enclosure. Label smoothing `eps > 0`
+//!   adds `-ell eps / |A|` on every allowed entry, which cancels against
+//!   `eps ell p_j` on near-uniform rows: those rows stay on MPFR, as do
+//!   the policy terms.
+//!
 //! Every bound is a function of computed f64 values only, evaluated with
 //! upward rounding. The property test `reference/tests/fast_tier.rs` checks
 //! every enclosure against a 320-bit MPFR evaluation over offsets up to
@@ -164,7 +178,7 @@ mod row;
 
 pub use decide::decide;
 pub(crate) use decide::decide_signed;
-pub use grad::{FastVjp, RowCotangents};
+pub use grad::{FastVjp, LossSide, RowCotangents};
 pub use row::{FastForward, FastOptions, FastRow};
 
 /// Which tier of the oracle computes results.

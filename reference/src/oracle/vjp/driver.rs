@@ -139,10 +139,10 @@ impl Oracle {
         // The f64 tier encloses the log-prob, entropy, top-k and top-k KL
         // terms only: another loss-side cotangent takes the MPFR path for
         // the row.
-        let fast_mutant = self
-            .tier
-            .fast_vjp()
-            .filter(|_| !cot.has_loss_side_besides_kl());
+        // (F10) `lse`, `z_loss` and the cross-entropy are on the f64 tier
+        // too (the policy terms are not).
+        let loss_side = cot.fast_loss_side();
+        let fast_mutant = self.tier.fast_vjp().filter(|_| loss_side.is_some());
         let Some(mutant) = fast_mutant else {
             out.copy_from_slice(&super::vjp_row(&row, cot, target, precs, None));
             return Fallback {
@@ -172,6 +172,7 @@ impl Oracle {
             kl: cot.kl,
             kl_w: &kl_w,
             kl_sum_zero,
+            loss_side: loss_side.as_ref().and_then(Option::as_ref),
         };
         let mut pending = Vec::new();
         if fast.vjp_applicable() && (cot.kl.is_none() || !kl_w.is_empty()) {
@@ -209,11 +210,30 @@ impl Oracle {
         target: Dtype,
         pending: Vec<usize>,
     ) -> Vec<Exact> {
+        let ls = cotangents.loss_side;
         let cot = super::RowCot {
             g: cotangents.g,
             h: cotangents.h,
             gk: cotangents.topk.to_vec(),
             kl: cotangents.kl,
+            lse: ls.map_or(0.0, |l| l.lse),
+            z_loss: ls.map_or(0.0, |l| l.z_loss),
+            z_loss_coef: ls.map_or(0.0, |l| l.z_loss_coef),
+            loss: ls.and_then(|l| {
+                let (g, w) = l.loss?;
+                let den = l.divisor.as_ref().map(|parts| {
+                    let mut d = rug::Float::new(super::EXACT_SUM_PREC);
+                    parts.iter().for_each(|&x| d += x);
+                    std::sync::Arc::new(d)
+                });
+                Some(super::RowLoss {
+                    g,
+                    w,
+                    den,
+                    eps: l.eps,
+                    count: l.count,
+                })
+            }),
             ..Default::default()
         };
         super::vjp_row(

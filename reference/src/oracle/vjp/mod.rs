@@ -32,6 +32,7 @@ use rug::ops::{AddAssignRound, AssignRound};
 use rug::{Assign, Float};
 
 use super::cross_entropy;
+use super::fast::LossSide;
 use super::round::Rounder;
 use super::row::{
     one_plus, pass, softcap_factor, Cache, Entry, Row, RowSoftcap, Sums, Top, TopId, ACC_EXTRA,
@@ -79,6 +80,32 @@ impl RowCot {
         self.has_loss_side_besides_kl() || self.kl.is_some()
     }
 
+    /// The loss side as the f64 tier takes it ((F10), [`LossSide`]):
+    /// `Some(None)` without one, `Some(Some(_))` for `lse`, `z_loss` and the
+    /// cross-entropy, `None` when the row needs the MPFR path (a policy
+    /// term).
+    pub(crate) fn fast_loss_side(&self) -> Option<Option<LossSide>> {
+        if !self.policy.is_empty() {
+            return None;
+        }
+        if !self.has_loss_side_besides_kl() {
+            return Some(None);
+        }
+        let divisor = match self.loss.as_ref().and_then(|l| l.den.as_ref()) {
+            Some(d) => Some(f64_parts(d)?),
+            None => None,
+        };
+        Some(Some(LossSide {
+            lse: self.lse,
+            z_loss: self.z_loss,
+            z_loss_coef: self.z_loss_coef,
+            loss: self.loss.as_ref().map(|l| (l.g, l.w)),
+            divisor,
+            eps: self.loss.as_ref().map_or(0.0, |l| l.eps),
+            count: self.loss.as_ref().map_or(0, |l| l.count),
+        }))
+    }
+
     /// Whether any term beyond the log-prob / entropy / top-k / top-k KL
     /// ones is given (the f64 tier's VJP has those four).
     pub(crate) fn has_loss_side_besides_kl(&self) -> bool {
@@ -87,6 +114,23 @@ impl RowCot {
             || self.loss.is_some()
             || !self.policy.is_empty()
     }
+}
+
+/// The f64 parts of an exact sum of f64s: each the nearest f64 to what is
+/// left, until nothing is (at most ~40 for a sum of f64 weights); `None`
+/// when they do not sum to `x` exactly within 64 parts.
+fn f64_parts(x: &Float) -> Option<Vec<f64>> {
+    let mut rest = x.clone();
+    let mut parts = Vec::new();
+    while !rest.is_zero() {
+        let p = rest.to_f64();
+        if p == 0.0 || !p.is_finite() || parts.len() == 64 {
+            return None;
+        }
+        parts.push(p);
+        rest -= p;
+    }
+    Some(parts)
 }
 
 /// The loss's cotangent of one counted row: `ell = g w` (`/ W` under
