@@ -90,6 +90,7 @@ struct Settings {
     strict: bool,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn settings(
     outputs: &[String],
     budget: &str,
@@ -317,6 +318,7 @@ fn fuzz(
 /// exception the caller raised past its own handling.
 #[pyfunction]
 #[pyo3(signature = (caller, path, *, name, outputs, require, bitwise = false, accumulation = None, strict = false))]
+#[allow(clippy::too_many_arguments)]
 fn fuzz_replay(
     py: Python<'_>,
     caller: Py<PyAny>,

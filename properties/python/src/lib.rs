@@ -37,10 +37,17 @@ fn config(
     rows: Option<&str>,
     worst: usize,
     statistical_c: Option<f64>,
+    (form, k3_form): (&str, &str),
 ) -> PyResult<VerifyConfig> {
     let model: Order = model
         .parse()
         .map_err(|e: String| PyValueError::new_err(format!("model={model:?}: {e}")))?;
+    let form: logprobe_reference::spec::Shift = form
+        .parse()
+        .map_err(|e: String| PyValueError::new_err(format!("form={form:?}: {e}")))?;
+    let k3_form: logprobe_verify::tolerance::K3Form = k3_form
+        .parse()
+        .map_err(|e: String| PyValueError::new_err(format!("k3_form={k3_form:?}: {e}")))?;
     let accumulation = accumulation
         .map(|a| {
             Dtype::ALL
@@ -68,6 +75,8 @@ fn config(
     }
     Ok(VerifyConfig {
         model,
+        form,
+        k3_form,
         accumulation,
         rows,
         worst,
@@ -94,7 +103,7 @@ fn report_out(report: &FileReport) -> PyResult<(String, String)> {
 /// `BadInputError` (a `ValueError`) naming tensor, row and column;
 /// `ValueError` for a bad `model` / `rows` / `accumulation`.
 #[pyfunction]
-#[pyo3(signature = (tensors, metadata, *, name, model, accumulation=None, rows=None, worst=3, statistical_c=Some(DEFAULT_C)))]
+#[pyo3(signature = (tensors, metadata, *, name, model, accumulation=None, rows=None, worst=3, statistical_c=Some(DEFAULT_C), form="any", k3_form="any"))]
 #[allow(clippy::too_many_arguments)]
 fn verify(
     py: Python<'_>,
@@ -106,8 +115,17 @@ fn verify(
     rows: Option<&str>,
     worst: usize,
     statistical_c: Option<f64>,
+    form: &str,
+    k3_form: &str,
 ) -> PyResult<(String, String)> {
-    let config = config(model, accumulation, rows, worst, statistical_c)?;
+    let config = config(
+        model,
+        accumulation,
+        rows,
+        worst,
+        statistical_c,
+        (form, k3_form),
+    )?;
     let mut imported = Vec::with_capacity(tensors.len());
     for (tname, obj, dtype16, explicit) in &tensors {
         let d16 = dtype16.as_deref().map(import::parse_dtype16).transpose()?;
@@ -146,7 +164,8 @@ fn verify(
 /// # Errors
 /// As `verify`.
 #[pyfunction]
-#[pyo3(signature = (path, *, model, accumulation=None, rows=None, worst=3, statistical_c=Some(DEFAULT_C)))]
+#[pyo3(signature = (path, *, model, accumulation=None, rows=None, worst=3, statistical_c=Some(DEFAULT_C), form="any", k3_form="any"))]
+#[allow(clippy::too_many_arguments)]
 fn verify_file(
     py: Python<'_>,
     path: std::path::PathBuf,
@@ -155,8 +174,17 @@ fn verify_file(
     rows: Option<&str>,
     worst: usize,
     statistical_c: Option<f64>,
+    form: &str,
+    k3_form: &str,
 ) -> PyResult<(String, String)> {
-    let config = config(model, accumulation, rows, worst, statistical_c)?;
+    let config = config(
+        model,
+        accumulation,
+        rows,
+        worst,
+        statistical_c,
+        (form, k3_form),
+    )?;
     match py.detach(|| verify_path(&path, &config)) {
         Ok(r) => report_out(&r),
         Err(e) => Err(BadInputError::new_err(e.to_string())),
@@ -224,7 +252,14 @@ fn compare(
             "clip={clip}: the PPO clip range eps, in (0, 1)"
         )));
     }
-    let verify = config(model, accumulation, rows, 1, Some(DEFAULT_C))?;
+    let verify = config(
+        model,
+        accumulation,
+        rows,
+        1,
+        Some(DEFAULT_C),
+        ("any", "any"),
+    )?;
     let cfg = CompareConfig {
         rows: verify.rows,
         clip,

@@ -10,7 +10,7 @@ import logprobe
 import logprobe.testing
 
 PKG = Path(logprobe.__file__).parent
-OPTIONS = ["model", "rows", "strict", "dtype", "accumulation", "worst", "statistical_c", "name"]
+OPTIONS = ["model", "rows", "strict", "dtype", "accumulation", "form", "k3_form", "worst", "statistical_c", "name"]
 
 
 def stub_kwonly(path: Path, fn: str):

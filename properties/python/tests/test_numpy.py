@@ -35,6 +35,22 @@ def test_correct_f32_kernel_passes(rng):
     assert str(r).startswith("<tensors>: pass")
 
 
+def test_raw_form_at_a_large_offset_passes_the_default_and_forms_are_named(rng):
+    # x.gather(t) - logsumexp(x) on f32 logits near 300 (TRL / verl's form):
+    # correct, so it passes the default form "any" (TOLERANCE.md (T2a)).
+    x = (rng.standard_normal((8, 1024)) + 300.0).astype(np.float32)
+    t = rng.integers(0, 1024, 8)
+    m = x.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True, dtype=np.float32))).astype(np.float32)
+    lp = (x[np.arange(8), t] - lse[:, 0]).astype(np.float32)
+    r = logprobe.verify(x, t, log_probs=lp)
+    assert r.verdict == "pass", str(r)
+    declared = logprobe.verify(x, t, log_probs=lp, form="raw", k3_form="expm1")
+    assert declared.verdict == "pass" and "form=raw k3_form=expm1" in str(declared)
+    with pytest.raises(ValueError, match="form='sideways'"):
+        logprobe.verify(x, t, log_probs=lp, form="sideways")
+
+
 def test_naive_entropy_on_neg_inf_logits_fails_on_that_row(rng):
     logits, tokens = f32_case(rng)
     logits[5, :10] = -np.inf

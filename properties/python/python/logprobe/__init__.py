@@ -74,6 +74,8 @@ def verify(
     strict: bool = False,
     dtype: Union[None, str, Dict[str, str]] = None,
     accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
     worst: int = 3,
     statistical_c: Optional[float] = _DEFAULT,
     name: str = "<tensors>",
@@ -106,6 +108,8 @@ def verify(
         rows=rows_arg(rows),
         worst=worst,
         statistical_c=None if c is None else float(c),
+        form=form,
+        k3_form=k3_form,
     )
     return Report(report_json, table, strict=strict)
 
@@ -117,6 +121,8 @@ def verify_file(
     rows: Union[None, str, range] = None,
     strict: bool = False,
     accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
     worst: int = 3,
     statistical_c: Optional[float] = _DEFAULT,
 ) -> Report:
@@ -130,6 +136,8 @@ def verify_file(
         rows=rows_arg(rows),
         worst=worst,
         statistical_c=None if c is None else float(c),
+        form=form,
+        k3_form=k3_form,
     )
     return Report(report_json, table, strict=strict)
 

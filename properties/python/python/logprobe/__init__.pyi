@@ -32,6 +32,8 @@ def verify(
     strict: bool = False,
     dtype: Union[None, str, Dict[str, str]] = None,
     accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
     worst: int = 3,
     statistical_c: Optional[float] = ...,
     name: str = "<tensors>",
@@ -101,6 +103,12 @@ def verify(
     - `dtype`: `"bfloat16"` / `"float16"` for uint16 arrays holding those bits
       (every float tensor), or `{name: dtype}`.
     - `accumulation`: accumulation dtype of the kernel (`f32` default, `f64` for f64 logits).
+    - `form`: how the kernel forms the shifted logits (`verify --form`):
+      `"any"` (default: every form correct for the output, raw
+      `x.gather(t) - logsumexp(x)` and `log_softmax(x.float() / T)`
+      included), `"subtract-then-scale"`, `"scale-then-subtract"`, `"raw"`.
+    - `k3_form`: how it evaluates `kl_k3` (`verify --k3-form`): `"any"`
+      (default, also the naive `exp(-d) + d - 1`) or `"expm1"`.
     - `worst`: worst elements kept per output.
     - `statistical_c`: the SUSPECT tier's constant (`None`: no tier).
     - `name`: what the report's table calls these tensors.
@@ -116,6 +124,8 @@ def verify_file(
     rows: Union[None, str, range] = None,
     strict: bool = False,
     accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
     worst: int = 3,
     statistical_c: Optional[float] = ...,
 ) -> Report:

@@ -19,6 +19,8 @@ def verify(
     rows: Optional[str] = None,
     worst: int = 3,
     statistical_c: Optional[float] = ...,
+    form: str = ...,
+    k3_form: str = ...,
 ) -> Tuple[str, str]: ...
 def verify_file(
     path: str,
@@ -28,6 +30,8 @@ def verify_file(
     rows: Optional[str] = None,
     worst: int = 3,
     statistical_c: Optional[float] = ...,
+    form: str = ...,
+    k3_form: str = ...,
 ) -> Tuple[str, str]: ...
 def closest_name(name: str) -> Optional[str]: ...
 def name_kind(name: str) -> Optional[Tuple[str, bool]]: ...

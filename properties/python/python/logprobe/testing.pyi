@@ -12,6 +12,8 @@ def assert_verified(
     strict: bool = False,
     dtype: Union[None, str, Dict[str, str]] = None,
     accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
     worst: int = 3,
     statistical_c: Optional[float] = ...,
     name: str = "<tensors>",
