@@ -1,11 +1,13 @@
 //! The format-version-2 metadata this build reads (`docs/dump-from-pytorch.md`):
 //! `format_version`, `cotangent_reduction`, `topk_ids_source`,
-//! `topk_sorted`, `chunk_size` (checked, informational). Version-1 keys are parsed with the options in
+//! `topk_sorted`, `chunk_size` (checked, informational), `masked_log_probs`. Version-1 keys are parsed with the options in
 //! [`crate::dump`].
 
 use std::collections::HashMap;
 
 use crate::dump::DumpError;
+use logprobe_reference::spec::{Dtype, Output};
+
 use crate::keys::{self, CotangentReduction, FormatVersion, TopkIdsSource};
 
 /// Format options of a dump.
@@ -21,6 +23,10 @@ pub struct FormatOptions {
     pub topk_kernel: bool,
     /// `topk_sorted=true` (with `kernel`): ids in descending order of `z'`.
     pub topk_sorted: bool,
+    /// `masked_log_probs=finfo_min`: a top-k log-prob whose exact value is
+    /// `-inf` (a masked id) may be stored as `-finfo(dtype).max`; it is
+    /// judged as `-inf` ([`FormatOptions::masked_candidate`]).
+    pub masked_finfo_min: bool,
 }
 
 impl FormatOptions {
@@ -57,6 +63,32 @@ impl FormatOptions {
             cotangent_sum,
             topk_kernel,
             topk_sorted,
+            masked_finfo_min: keys::MASKED_LOG_PROBS.get(meta)?
+                == Some(keys::MaskedLogProbs::FinfoMin),
         })
+    }
+
+    /// The value a candidate of `output` in `dtype` is judged as, for an
+    /// element whose exact value is `exact`: under `masked_log_probs =
+    /// finfo_min`, a `topk_log_probs` candidate equal to `-dtype.max` where
+    /// the exact value is `-inf` (a masked id) is `-inf`; any other
+    /// candidate as stored (`-finfo.max` where the exact value is finite is
+    /// judged as that finite value, and fails).
+    pub fn masked_candidate(
+        &self,
+        output: Output,
+        dtype: Dtype,
+        exact: f64,
+        candidate: f64,
+    ) -> f64 {
+        let clamped = self.masked_finfo_min
+            && output == Output::TopkLogProbs
+            && exact == f64::NEG_INFINITY
+            && candidate == -dtype.max_finite();
+        if clamped {
+            f64::NEG_INFINITY
+        } else {
+            candidate
+        }
     }
 }

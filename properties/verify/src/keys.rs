@@ -111,6 +111,7 @@ choice_value!(EntropyLogits: EntropyLogits::Unmasked => "unmasked", EntropyLogit
 choice_value!(FormatVersion: FormatVersion::V1 => "1", FormatVersion::V2 => "2");
 choice_value!(CotangentReduction: CotangentReduction::None => "none", CotangentReduction::Sum => "sum");
 choice_value!(TopkIdsSource: TopkIdsSource::Given => "given", TopkIdsSource::Kernel => "kernel");
+choice_value!(MaskedLogProbs: MaskedLogProbs::NegInf => "neg_inf", MaskedLogProbs::FinfoMin => "finfo_min");
 
 impl MetaValue for Reduction {
     const TYPE: &'static str = "one of `none` `sum` `mean`";
@@ -176,6 +177,17 @@ pub enum TopkIdsSource {
     Given,
     /// `topk_ids` are the kernel's own top-k, checked as a top-k set.
     Kernel,
+}
+
+/// `masked_log_probs`: how a masked id's top-k log-prob (exactly `-inf`)
+/// is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskedLogProbs {
+    /// `-inf` (default; PyTorch's `log_softmax` of a `-inf` logit).
+    NegInf,
+    /// `-finfo(dtype).max`, the most negative finite value of the output's
+    /// dtype (SGLang clamps on purpose): that value is judged as `-inf`.
+    FinfoMin,
 }
 
 /// A typed metadata key: its name and the reason a malformed value is
@@ -316,6 +328,8 @@ keys! {
     LOSS_NORMALIZER: String = meta_key::LOSS_NORMALIZER, "not a string";
     /// `kl_renormalized` (default false).
     KL_RENORMALIZED: bool = meta_key::KL_RENORMALIZED, "not true or false";
+    /// `masked_log_probs` (default `neg_inf`).
+    MASKED_LOG_PROBS: MaskedLogProbs = meta_key::MASKED_LOG_PROBS, "expected `neg_inf` or `finfo_min`";
 }
 
 #[cfg(test)]

@@ -315,6 +315,12 @@ pub const NAMES: &[Name] = &[
     ),
     cot(Output::ForwardKl, 2, true),
     cot(Output::ReverseKl, 2, true),
+    m(
+        keys::MASKED_LOG_PROBS,
+        2,
+        true,
+        "`finfo_min`: masked ids' top-k log-probs stored as -finfo(dtype).max (default `neg_inf`)",
+    ),
 ];
 
 /// What is wrong with one name.

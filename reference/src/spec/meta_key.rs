@@ -62,3 +62,6 @@ pub const Z_LOSS_ROWS: &str = "z_loss_rows";
 pub const LOSS_NORMALIZER: &str = "loss_normalizer";
 /// `kl_renormalized` (default false).
 pub const KL_RENORMALIZED: &str = "kl_renormalized";
+/// `masked_log_probs` (default `neg_inf`): how a masked id's top-k
+/// log-prob is stored (`finfo_min`: clamped to `-finfo(dtype).max`).
+pub const MASKED_LOG_PROBS: &str = "masked_log_probs";

@@ -92,6 +92,7 @@ def verify(
     kl_output_clamp: Optional[MetaValue] = None,
     ratio_log_clamp: Optional[MetaValue] = None,
     kl_renormalized: Optional[MetaValue] = None,
+    masked_log_probs: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.

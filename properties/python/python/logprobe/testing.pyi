@@ -70,6 +70,7 @@ def assert_verified(
     kl_output_clamp: Optional[MetaValue] = None,
     ratio_log_clamp: Optional[MetaValue] = None,
     kl_renormalized: Optional[MetaValue] = None,
+    masked_log_probs: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

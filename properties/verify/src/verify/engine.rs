@@ -429,7 +429,11 @@ fn verify_row(
                 acc.no_bound_reason = Some(reason.to_string());
             }
             let col = (e.output.columns() != Columns::One).then_some(e.col);
-            let (judged, pass, reference) = judge4(r, col, e.candidate, e.exact, e.dtype, &bounds);
+            // `masked_log_probs = finfo_min`: a masked id's clamped value is `-inf`.
+            let candidate =
+                dump.format
+                    .masked_candidate(e.output, e.dtype, e.exact.rounded, e.candidate);
+            let (judged, pass, reference) = judge4(r, col, candidate, e.exact, e.dtype, &bounds);
             let error = judged.error;
             acc.push(judged, reference, keep);
             // The statistical threshold (forward outputs only) and our
@@ -441,8 +445,8 @@ fn verify_row(
                 // Measured as in f64: for a finite candidate that is the
                 // judgement's above (only an infinite candidate's error
                 // depends on the dtype, `judge`'s out-of-range rule).
-                let (error, pass) = if e.candidate.is_infinite() {
-                    let j = tolerance::judge(e.exact, e.candidate, Dtype::F64, &bounds[0]);
+                let (error, pass) = if candidate.is_infinite() {
+                    let j = tolerance::judge(e.exact, candidate, Dtype::F64, &bounds[0]);
                     (j.error_abs, j.pass)
                 } else {
                     (error, pass)
@@ -455,7 +459,7 @@ fn verify_row(
             if let Some(n) = naive.value(e.output, e.col, &targets, e.dtype) {
                 acc.flash
                     .get_or_insert_with(tolerance::FlashRule::new)
-                    .observe(e.exact, e.candidate, n, e.dtype);
+                    .observe(e.exact, candidate, n, e.dtype);
             }
             Ok(())
         },
