@@ -47,7 +47,7 @@ def test_raw_form_at_a_large_offset_passes_the_default_and_forms_are_named(rng):
     assert r.verdict == "pass", str(r)
     declared = logprobe.verify(x, t, log_probs=lp, form="raw", k3_form="expm1")
     assert declared.verdict == "pass" and "form=raw k3_form=expm1" in str(declared)
-    with pytest.raises(ValueError, match="form='sideways'"):
+    with pytest.raises(ValueError, match='form="sideways"'):
         logprobe.verify(x, t, log_probs=lp, form="sideways")
 
 
