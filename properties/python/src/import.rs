@@ -1,9 +1,9 @@
 //! Tensors in from Python through DLPack (dlpark): torch tensors, numpy
 //! arrays and any object with `__dlpack__`, read as the raw little-endian
 //! bytes a dump holds. bf16 / f16 keep their bit patterns: nothing goes
-//! through a float conversion. Compact CPU tensors are borrowed here (the
-//! one copy is the in-memory dump, `logprobe_verify::tensors`); strided ones
-//! are gathered into row-major order.
+//! through a float conversion. Compact CPU tensors are borrowed here and
+//! read in place by the verifier (`logprobe_verify::tensors`: no copy);
+//! strided ones are gathered into row-major order.
 
 use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
 use dlpark::python::{dlpack_device, from_dlpack, ImportedDlpack};

@@ -2,10 +2,11 @@
 //! tensors and metadata strings, as a dump holds them, judged exactly as
 //! `logprobe verify` judges the file.
 //!
-//! [`verify_tensors`] lays the tensors out as the bytes of a safetensors dump
-//! (one copy of each tensor, in memory; nothing is written to disk) and runs
-//! the dump reader ([`crate::dump`]) and the verify engine
-//! ([`crate::verify::verify_dump`]) on them, so names, dtypes, shapes
+//! [`verify_tensors`] reads the tensors in place, as a dump holding them
+//! (nothing is copied: `[N, V]` tensors are decoded row by row from the
+//! caller's memory, as from a file's bytes), with the dump reader
+//! ([`crate::dump`]) and the verify engine ([`crate::verify::verify_dump`]),
+//! so names, dtypes, shapes
 //! (`[N, V]` or `[B, T, V]`), metadata and values are checked by the same code,
 //! with the same messages, as for a file. A caller need not add
 //! `format_version=2`: it is set when a version-2 name is given
@@ -86,45 +87,40 @@ pub fn verify_tensors(
     name: &str,
     config: &VerifyConfig,
 ) -> Result<FileReport, DumpError> {
-    let bytes = to_dump_bytes(tensors, metadata)?;
-    let dump = Dump::parse(&bytes)?;
+    let dump = Dump::from_header(header_of(tensors, metadata)?, true)?;
     verify_dump(&dump, Path::new(name), config)
 }
 
-/// The bytes of a safetensors dump holding `tensors` and `metadata` (plus
-/// `format_version="2"` where [`needs_version2`] and none is given).
+/// The checked header of tensors in memory (read in place) and metadata,
+/// `format_version="2"` added where [`needs_version2`] and none is given.
 ///
 /// # Errors
 /// [`DumpError::Duplicate`] for a name given twice, [`DumpError::Malformed`]
-/// for a byte length that does not match shape and dtype.
-pub fn to_dump_bytes(
-    tensors: &[(&str, TensorBytes<'_>)],
+/// for a byte length that does not match shape and dtype, and the header's
+/// metadata and name errors.
+pub(crate) fn header_of<'a>(
+    tensors: &[(&str, TensorBytes<'a>)],
     metadata: &[(&str, &str)],
-) -> Result<Vec<u8>, DumpError> {
+) -> Result<crate::dump::Header<'a>, DumpError> {
     use crate::header::Repeated;
-    for (i, (n, _)) in tensors.iter().enumerate() {
-        if tensors[..i].iter().any(|(m, _)| m == n) {
-            return Err(DumpError::Duplicate(Repeated::Tensor(n.to_string())));
-        }
-    }
     for (i, (k, _)) in metadata.iter().enumerate() {
         if metadata[..i].iter().any(|(m, _)| m == k) {
             return Err(DumpError::Duplicate(Repeated::MetaKey(k.to_string())));
         }
     }
-    for (n, t) in tensors {
-        let elems = t.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if elems.and_then(|e| e.checked_mul(t.dtype.bitsize() / 8)) != Some(t.data.len()) {
-            return Err(DumpError::Malformed {
-                reason: format!(
-                    "tensor `{n}`: {} bytes do not match shape {:?} of {:?}",
-                    t.data.len(),
-                    t.shape,
-                    t.dtype
-                ),
-            });
-        }
-    }
+    let parts: Vec<(&str, StDtype, &[usize], &'a [u8])> = tensors
+        .iter()
+        .map(|(n, t)| (*n, t.dtype, t.shape, t.data))
+        .collect();
+    crate::dump::Header::of_memory(&parts, with_version(tensors, metadata))
+}
+
+/// `metadata` as a map, plus `format_version="2"` where [`needs_version2`]
+/// and none is given.
+fn with_version(
+    tensors: &[(&str, TensorBytes<'_>)],
+    metadata: &[(&str, &str)],
+) -> std::collections::HashMap<String, String> {
     let mut meta: std::collections::HashMap<String, String> = metadata
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -137,11 +133,7 @@ pub fn to_dump_bytes(
         let (k, v) = keys::FORMAT_VERSION.pair(&keys::FormatVersion::V2);
         meta.insert(k.into(), v);
     }
-    safetensors::serialize(tensors.iter().map(|(k, t)| (*k, t)), Some(meta)).map_err(|e| {
-        DumpError::Malformed {
-            reason: e.to_string(),
-        }
-    })
+    meta
 }
 
 #[cfg(test)]
@@ -203,18 +195,49 @@ mod tests {
         assert_eq!(r.verdict, ReportVerdict::Fail);
         assert_eq!(r.outputs[0].worst[0].row, 1);
         // Duplicates and byte lengths are bad input, not a panic.
+        let cfg = VerifyConfig::default();
         let dup = [("logits", t(&logits)), ("logits", t(&logits))];
         assert!(matches!(
-            to_dump_bytes(&dup, &[]),
+            verify_tensors(&dup, &[], "mem", &cfg),
             Err(DumpError::Duplicate(_))
         ));
         let short = TensorBytes {
             data: &logits.data[..4],
             ..t(&logits)
         };
+        let e = verify_tensors(&[("logits", short)], &[], "mem", &cfg).unwrap_err();
+        assert!(e.to_string().contains("tensor `logits`: 4 bytes do not match"), "{e}");
+        // A shape whose byte count overflows is bad input, not a wrap.
+        let huge = [usize::MAX / 2, 3];
+        let overflow = TensorBytes {
+            shape: &huge,
+            ..t(&logits)
+        };
         assert!(matches!(
-            to_dump_bytes(&[("logits", short)], &[]),
+            verify_tensors(&[("logits", overflow)], &[], "mem", &cfg),
             Err(DumpError::Malformed { .. })
         ));
+        let meta = [("temperature", "1.0"), ("temperature", "2.0")];
+        assert!(matches!(
+            verify_tensors(&tensors, &meta, "mem", &cfg),
+            Err(DumpError::Duplicate(_))
+        ));
+    }
+
+    /// Tensors in memory are read where they lie: the `[N, V]` tensors the
+    /// dump holds are the caller's bytes, not a copy.
+    #[test]
+    fn tensors_in_memory_are_read_in_place() {
+        let logits = DumpTensor::floats(logprobe_reference::spec::Dtype::F32, &[2, 3], &[0.0; 6]);
+        let tokens = DumpTensor::i64s(&[2], &[2, 0]);
+        let lp = DumpTensor::floats(logprobe_reference::spec::Dtype::F32, &[2], &[-1.0986123; 2]);
+        let tensors = [
+            ("logits", t(&logits)),
+            ("tokens", t(&tokens)),
+            ("log_probs", t(&lp)),
+        ];
+        let dump = Dump::from_header(header_of(&tensors, &[]).unwrap(), true).unwrap();
+        assert_eq!(dump.logits.data.as_ptr(), logits.data.as_ptr());
+        assert_eq!(dump.logits.data.len(), logits.data.len());
     }
 }

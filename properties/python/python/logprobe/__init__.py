@@ -88,8 +88,11 @@ def verify(
     verified, naming tensor, row and column; ``TypeError`` for an unknown
     keyword (with the closest name) or a value of the wrong kind.
 
-    The tensors are copied once into an in-memory dump (nothing is written
-    to disk). The exact oracle is far slower than a kernel (its cost grows
+    CPU tensors and C-contiguous numpy arrays are read in place (DLPack; no
+    copy: verifying a [4096, 152064] batch adds a few MiB per thread, not the
+    batch's size); CUDA tensors are copied once to the host, strided or
+    big-endian arrays once into row-major little-endian order. Nothing is
+    written to disk. The exact oracle is far slower than a kernel (its cost grows
     with N x V): for large tensors pass ``rows="sample:K"``. Ctrl-C takes effect when the call
     returns (the GIL is released while Rust works).
     """

@@ -222,14 +222,16 @@ impl Default for CompareConfig {
 /// without logits [`CompareError::ANeedsLogits`] (side A),
 /// [`CompareError::NeedsLogits`], [`CompareError::NothingToCompare`].
 pub fn parse_side(bytes: &[u8], side: Side) -> Result<SideDump<'_>, CompareError> {
+    let h = crate::dump::Header::read(bytes).map_err(|source| CompareError::Dump { side, source })?;
+    side_of_header(h, side)
+}
+
+/// One side from its checked header (a file's, or tensors' in memory).
+fn side_of_header(h: crate::dump::Header<'_>, side: Side) -> Result<SideDump<'_>, CompareError> {
     let dump = |source| CompareError::Dump { side, source };
-    let has_logits = safetensors::SafeTensors::deserialize(bytes)
-        .map(|st| st.names().contains(&"logits"))
-        // Malformed: the reader says why.
-        .unwrap_or(true);
-    if has_logits {
-        let d = match crate::dump::Dump::parse(bytes) {
-            Err(DumpError::NoCandidate { .. }) => crate::dump::Dump::parse_inputs(bytes),
+    if h.st.tensor("logits").is_some() {
+        let d = match crate::dump::Dump::from_header(h.clone(), true) {
+            Err(DumpError::NoCandidate { .. }) => crate::dump::Dump::from_header(h, false),
             other => other,
         }
         .map_err(dump)?;
@@ -238,7 +240,7 @@ pub fn parse_side(bytes: &[u8], side: Side) -> Result<SideDump<'_>, CompareError
     if side == Side::A {
         return Err(CompareError::ANeedsLogits);
     }
-    let d = LogProbsDump::parse(bytes, side)?;
+    let d = LogProbsDump::from_header(&h, side)?;
     if d.log_probs.is_none() {
         return Err(CompareError::NothingToCompare);
     }
@@ -275,9 +277,9 @@ pub type TensorSide<'a> = (
 );
 
 /// Compares two sides given as named tensors and metadata strings in
-/// memory (the Python package's entry point): each side is laid out as the
-/// bytes of a dump ([`crate::tensors::to_dump_bytes`]: `format_version=2`
-/// added where a version-2 name is present) and compared as
+/// memory (the Python package's entry point), read in place as a dump
+/// holding them (`format_version=2` added where a version-2 name is
+/// present) and compared as
 /// [`compare_files`] compares two files; `name_a`, `name_b` stand for the
 /// paths in the report.
 ///
@@ -291,12 +293,11 @@ pub fn compare_tensors(
     name_b: &str,
     config: &CompareConfig,
 ) -> Result<CompareReport, CompareError> {
-    let bytes = |side, (t, m)| {
-        crate::tensors::to_dump_bytes(t, m).map_err(|source| CompareError::Dump { side, source })
+    let side = |side, (t, m)| {
+        let h = crate::tensors::header_of(t, m).map_err(|source| CompareError::Dump { side, source })?;
+        side_of_header(h, side)
     };
-    let (ba, bb) = (bytes(Side::A, a)?, bytes(Side::B, b)?);
-    let da = parse_side(&ba, Side::A)?;
-    let db = parse_side(&bb, Side::B)?;
+    let (da, db) = (side(Side::A, a)?, side(Side::B, b)?);
     compare_dumps(&da, &db, Path::new(name_a), Path::new(name_b), config)
 }
 

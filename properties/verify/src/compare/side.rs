@@ -71,11 +71,15 @@ impl LogProbsDump {
     /// needs logits (`entropy`, `topk_ids`, ...) is
     /// [`CompareError::NeedsLogits`].
     pub fn parse(bytes: &[u8], side: Side) -> Result<Self, CompareError> {
+        let h = crate::dump::Header::read(bytes).map_err(|source| CompareError::Dump { side, source })?;
+        Self::from_header(&h, side)
+    }
+
+    /// As [`LogProbsDump::parse`], from a checked header (a file's or
+    /// tensors' in memory).
+    pub(crate) fn from_header(h: &crate::dump::Header<'_>, side: Side) -> Result<Self, CompareError> {
         let dump = |source| CompareError::Dump { side, source };
-        let h = crate::dump::Header::read(bytes).map_err(dump)?;
-        let mut names: Vec<&str> = h.st.names().into_iter().collect();
-        names.sort_unstable();
-        for n in names {
+        for n in h.st.names() {
             if !LOGITS_FREE_TENSORS.contains(&n) {
                 let tensor = crate::names::NAMES
                     .iter()
@@ -84,7 +88,7 @@ impl LogProbsDump {
                 return Err(CompareError::NeedsLogits { side, tensor });
             }
         }
-        let get = |name: &str| h.st.tensor(name).ok();
+        let get = |name: &str| h.st.tensor(name);
         let t = get("tokens").ok_or_else(|| {
             dump(DumpError::MissingTensor {
                 tensor: "tokens",

@@ -22,7 +22,8 @@
 //! Files: `error`, `file` (the bytes), `tensors` (row-by-row
 //! decoding), `reader` (the [`Dump`] and its checks), `parts` (its tensor
 //! groups), `options` (its metadata), `row` (one row's
-//! inputs), `writer`.
+//! inputs), `source` (the tensors by name, from a file or from memory),
+//! `writer`.
 
 mod error;
 mod file;
@@ -30,6 +31,7 @@ mod options;
 mod parts;
 mod reader;
 mod row;
+mod source;
 mod tensors;
 mod writer;
 
@@ -37,5 +39,6 @@ pub use error::*;
 pub use file::*;
 pub use reader::*;
 pub use row::*;
+pub(crate) use source::{malformed, Header, Source};
 pub use tensors::*;
 pub use writer::*;

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use ndarray::{Array1, Array2};
-use safetensors::{tensor::TensorView, Dtype as StDtype, SafeTensors};
+use safetensors::{tensor::TensorView, Dtype as StDtype};
 
 use logprobe_reference::spec::{
     Columns, Dtype, LossOptions, Output, PerOutput, PolicyTerm, Reduction, SpecError,
@@ -37,11 +37,11 @@ pub(super) fn float_dtype(name: &'static str, t: &TensorView<'_>) -> Result<Dtyp
 /// [`DumpError::MissingTensor`], [`DumpError::BadDtype`],
 /// [`DumpError::BadShape`].
 pub(super) fn read_logits<'a>(
-    st: &SafeTensors<'a>,
+    st: &Source<'a>,
 ) -> Result<(FloatMatrix<'a>, RowShape), DumpError> {
     let logits_t = st
         .tensor(tensor::LOGITS)
-        .map_err(|_| DumpError::MissingTensor {
+        .ok_or(DumpError::MissingTensor {
             tensor: tensor::LOGITS,
             why: "",
         })?;
@@ -73,11 +73,11 @@ pub(super) struct Inputs<'a> {
 /// [`DumpError::BadDtype`], [`DumpError::BadShape`],
 /// [`DumpError::IdOverflow`].
 pub(super) fn read_inputs<'a>(
-    st: &SafeTensors<'a>,
+    st: &Source<'a>,
     rs: &RowShape,
     v: usize,
 ) -> Result<Inputs<'a>, DumpError> {
-    let get = |name: &str| st.tensor(name).ok();
+    let get = |name: &str| st.tensor(name);
     let tokens = match get(tensor::TOKENS) {
         None => None,
         Some(t) => {
@@ -133,7 +133,7 @@ type Read<'a> = Option<(FloatMatrix<'a>, Option<usize>)>;
 /// `topk_ids` (`K`).
 pub(super) struct Tensors<'a, 'h> {
     /// The file's tensors.
-    pub st: &'h SafeTensors<'a>,
+    pub st: &'h Source<'a>,
     /// `N` (or `[B, T]`).
     pub rs: &'h RowShape,
     /// `V_total`.
@@ -146,7 +146,7 @@ pub(super) struct Tensors<'a, 'h> {
 
 impl<'a> Tensors<'a, '_> {
     fn get(&self, name: &str) -> Option<TensorView<'a>> {
-        self.st.tensor(name).ok()
+        self.st.tensor(name)
     }
 
     /// The float tensor `name` of `columns`, a cotangent or not.

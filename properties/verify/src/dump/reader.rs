@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 
 use ndarray::{Array1, Array2};
-use safetensors::SafeTensors;
 
 use logprobe_reference::spec::{MeanDivisor, Options, Output, PerOutput, Reduction, TopkKl};
 
@@ -65,37 +64,6 @@ pub struct Dump<'a> {
 
 pub use crate::names::TENSOR_NAMES;
 
-/// Why the data section does not match the header (truncated or extended
-/// file), naming the first tensor that reaches past the end. Reads only the
-/// header (already checked to be valid JSON by safetensors).
-pub(crate) fn describe_size_mismatch(bytes: &[u8]) -> String {
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("checked by safetensors")) as usize;
-    let data_len = bytes.len() - 8 - n;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap_or_default();
-    let mut ends: Vec<(u64, &str)> = header
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(name, info)| {
-            Some((info.get("data_offsets")?.get(1)?.as_u64()?, name.as_str()))
-        })
-        .collect();
-    ends.sort();
-    let declared = ends.last().map_or(0, |e| e.0);
-    match ends.iter().find(|(end, _)| *end > data_len as u64) {
-        Some((end, name)) => format!(
-            "truncated file: tensor `{name}` ends at data byte {end}, the file holds {data_len} data bytes (header declares {declared})"
-        ),
-        None => format!("the file holds {data_len} data bytes, the header declares {declared} (trailing bytes)"),
-    }
-}
-
-pub(crate) fn malformed(e: safetensors::SafeTensorError) -> DumpError {
-    DumpError::Malformed {
-        reason: e.to_string(),
-    }
-}
-
 impl<'a> Dump<'a> {
     /// Parses `bytes` (a whole safetensors file). See [`DumpFile::parse`].
     ///
@@ -115,8 +83,28 @@ impl<'a> Dump<'a> {
         Self::parse_with(bytes, false)
     }
 
+    /// Tensors held in memory (`(name, dtype, shape, bytes)`, as a dump
+    /// holds them; nothing is copied: `[N, V]` tensors stay in the caller's
+    /// memory and are decoded row by row) and `__metadata__` strings, parsed
+    /// as [`Dump::parse`] parses a file.
+    ///
+    /// # Errors
+    /// As [`Dump::parse`]; a name given twice is [`DumpError::Duplicate`], a
+    /// byte length that does not match shape and dtype
+    /// [`DumpError::Malformed`].
+    pub fn from_memory(
+        tensors: &[(&str, safetensors::Dtype, &[usize], &'a [u8])],
+        meta: HashMap<String, String>,
+    ) -> Result<Self, DumpError> {
+        Self::from_header(Header::of_memory(tensors, meta)?, true)
+    }
+
     fn parse_with(bytes: &'a [u8], require_candidate: bool) -> Result<Self, DumpError> {
-        let Header { st, meta, format } = Header::read(bytes)?;
+        Self::from_header(Header::read(bytes)?, require_candidate)
+    }
+
+    pub(crate) fn from_header(header: Header<'a>, require_candidate: bool) -> Result<Self, DumpError> {
+        let Header { st, meta, format } = header;
         let (logits, rs) = read_logits(&st)?;
         let (n, v) = (rs.n, logits.cols);
         let inputs = read_inputs(&st, &rs, v)?;
@@ -133,15 +121,14 @@ impl<'a> Dump<'a> {
         let teacher = r.teacher(&candidates)?;
         let cotangents = r.cotangents(loss_options.reduction)?;
 
-        let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
-        names.sort();
+        let names: Vec<String> = st.names().into_iter().map(String::from).collect();
         if require_candidate
             && !(format.topk_kernel && inputs.topk_ids.is_some())
             && candidates.is_empty()
         {
             return Err(DumpError::NoCandidate { tensors: names });
         }
-        let row_mask = match st.tensor(tensor::ROW_MASK).ok() {
+        let row_mask = match st.tensor(tensor::ROW_MASK) {
             None => None,
             Some(t) => {
                 rs.expect(tensor::ROW_MASK, t.shape(), &[])?;
@@ -287,66 +274,5 @@ impl<'a> Dump<'a> {
         self.tokens
             .as_ref()
             .is_some_and(|t| t[row] != self.options.ignore_index)
-    }
-}
-
-/// A checked safetensors file: its tensors, its `__metadata__` and the
-/// format options, every name checked against the name table
-/// ([`crate::names`]). Shared by [`Dump::parse`] and the logits-less side of
-/// `compare` ([`crate::compare`]).
-pub(crate) struct Header<'a> {
-    /// The tensors (offsets and sizes checked).
-    pub st: SafeTensors<'a>,
-    /// `__metadata__`.
-    pub meta: HashMap<String, String>,
-    /// `format_version` and the version-2 options.
-    pub format: crate::format::FormatOptions,
-}
-
-impl<'a> Header<'a> {
-    /// Deserializes `bytes` (a whole safetensors file) and checks its header
-    /// and names.
-    ///
-    /// # Errors
-    /// [`DumpError::Malformed`], [`DumpError::Duplicate`],
-    /// [`DumpError::BadMetadata`] (format options), [`DumpError::Name`].
-    pub(crate) fn read(bytes: &'a [u8]) -> Result<Self, DumpError> {
-        // Checks offsets, sizes (with overflow checks) and that the data
-        // covers the file exactly: nothing below reads out of bounds.
-        let st = SafeTensors::deserialize(bytes).map_err(|e| match e {
-                _ if crate::header::first_repeated(bytes).is_some() => {
-                    DumpError::Duplicate(crate::header::first_repeated(bytes).expect("just found"))
-                }
-                safetensors::SafeTensorError::MetadataIncompleteBuffer => DumpError::Malformed {
-                    reason: describe_size_mismatch(bytes),
-                },
-                safetensors::SafeTensorError::InvalidHeaderLength => DumpError::Malformed {
-                    reason: format!(
-                        "truncated header: its length field declares {} bytes, the file holds {} after it",
-                        u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes read by safetensors")),
-                        bytes.len() - 8
-                    ),
-                },
-                safetensors::SafeTensorError::TensorInvalidInfo
-                | safetensors::SafeTensorError::ValidationOverflow
-                | safetensors::SafeTensorError::MisalignedSlice => DumpError::Malformed {
-                    reason: crate::header::describe_bad_size(bytes)
-                        .unwrap_or_else(|| e.to_string()),
-                },
-                other => malformed(other),
-            })?;
-        let (_, header) = SafeTensors::read_metadata(bytes).map_err(malformed)?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        if let Some(r) = crate::header::first_repeated(bytes) {
-            return Err(DumpError::Duplicate(r));
-        }
-        let format = crate::format::FormatOptions::parse(&meta)?;
-        crate::names::check_names(
-            st.names(),
-            meta.keys().map(String::as_str),
-            format.version,
-            crate::names::NAMES,
-        )?;
-        Ok(Header { st, meta, format })
     }
 }
