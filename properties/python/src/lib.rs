@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 
 use logprobe_reference::spec::Dtype;
 use logprobe_verify::names::{closest, Kind, NAMES};
-use logprobe_verify::tensors::{keyword_names, verify_tensors, TensorBytes};
+use logprobe_verify::tensors::{keyword_names, to_dump_bytes, verify_tensors, TensorBytes};
 use logprobe_verify::tolerance::{Order, DEFAULT_C};
 use logprobe_verify::verify::{
     render_table, verify_file as verify_path, FileReport, RowSelection, VerifyConfig,
@@ -126,24 +126,8 @@ fn verify(
         statistical_c,
         (form, k3_form),
     )?;
-    let mut imported = Vec::with_capacity(tensors.len());
-    for (tname, obj, dtype16, explicit) in &tensors {
-        let d16 = dtype16.as_deref().map(import::parse_dtype16).transpose()?;
-        imported.push(import::import(tname, obj, d16, *explicit)?);
-    }
-    let views: Vec<(&str, TensorBytes<'_>)> = imported
-        .iter()
-        .map(|t| {
-            (
-                t.name.as_str(),
-                TensorBytes {
-                    dtype: t.dtype,
-                    shape: &t.shape,
-                    data: t.bytes(),
-                },
-            )
-        })
-        .collect();
+    let imported = import_side(&tensors)?;
+    let views = views(&imported);
     let meta: Vec<(&str, &str)> = metadata
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -192,6 +176,31 @@ fn verify_file(
 }
 
 /// Imports one side's tensors (see `verify`).
+/// The bytes of a dump holding the tensors and metadata (as `verify` takes
+/// them): `logprobe.save_dump` writes them, and `logprobe verify` judges the
+/// file as `verify` judged the tensors.
+///
+/// # Errors
+/// `BadInputError` for a tensor that cannot be imported, a name given twice
+/// or unknown, a bad format option.
+#[pyfunction]
+fn dump_bytes<'py>(
+    py: Python<'py>,
+    tensors: Vec<(String, Bound<'py, PyAny>, Option<String>, bool)>,
+    metadata: Vec<(String, String)>,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let imported = import_side(&tensors)?;
+    let views = views(&imported);
+    let meta: Vec<(&str, &str)> = metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let bytes = py
+        .detach(|| to_dump_bytes(&views, &meta))
+        .map_err(|e| BadInputError::new_err(e.to_string()))?;
+    Ok(pyo3::types::PyBytes::new(py, &bytes))
+}
+
 fn import_side(
     tensors: &[(String, Bound<'_, PyAny>, Option<String>, bool)],
 ) -> PyResult<Vec<import::Imported>> {
@@ -310,6 +319,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_file, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(dump_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(closest_name, m)?)?;
     m.add_function(wrap_pyfunction!(name_kind, m)?)?;
     fuzz::register(m)?;

@@ -136,6 +136,27 @@ fn with_version(
     meta
 }
 
+/// The bytes of a safetensors dump holding `tensors` and `metadata` (plus
+/// `format_version="2"` where [`needs_version2`] and none is given): what
+/// [`verify_tensors`] judges, as a file `logprobe verify` judges the same
+/// way (Python's `logprobe.save_dump`). The names are checked against the
+/// table first.
+///
+/// # Errors
+/// As [`header_of`]: a name given twice, a byte length that does not match
+/// shape and dtype, an unknown name or a bad format option.
+pub fn to_dump_bytes(
+    tensors: &[(&str, TensorBytes<'_>)],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, DumpError> {
+    let header = header_of(tensors, metadata)?;
+    safetensors::serialize(tensors.iter().map(|(k, t)| (*k, t)), Some(header.meta)).map_err(|e| {
+        DumpError::Malformed {
+            reason: e.to_string(),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,7 +227,11 @@ mod tests {
             ..t(&logits)
         };
         let e = verify_tensors(&[("logits", short)], &[], "mem", &cfg).unwrap_err();
-        assert!(e.to_string().contains("tensor `logits`: 4 bytes do not match"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("tensor `logits`: 4 bytes do not match"),
+            "{e}"
+        );
         // A shape whose byte count overflows is bad input, not a wrap.
         let huge = [usize::MAX / 2, 3];
         let overflow = TensorBytes {
@@ -216,6 +241,14 @@ mod tests {
         assert!(matches!(
             verify_tensors(&[("logits", overflow)], &[], "mem", &cfg),
             Err(DumpError::Malformed { .. })
+        ));
+        // The dump written from memory is judged as the tensors were.
+        let bytes = to_dump_bytes(&tensors, &[]).unwrap();
+        let from_file = verify_dump(&Dump::parse(&bytes).unwrap(), Path::new("f"), &cfg).unwrap();
+        assert_eq!(from_file.outputs[0].worst[0].row, 1);
+        assert!(matches!(
+            to_dump_bytes(&dup, &[]),
+            Err(DumpError::Duplicate(_))
         ));
         let meta = [("temperature", "1.0"), ("temperature", "2.0")];
         assert!(matches!(

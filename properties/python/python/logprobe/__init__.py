@@ -26,6 +26,7 @@ runs in Rust with the GIL released.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Union
 
 from . import _native
@@ -46,6 +47,7 @@ __version__ = _native.__version__
 __all__ = [
     "verify",
     "verify_file",
+    "save_dump",
     "compare",
     "CompareReport",
     "fuzz",
@@ -143,6 +145,30 @@ def verify_file(
         k3_form=k3_form,
     )
     return Report(report_json, table, strict=strict)
+
+
+def save_dump(
+    path: Any,
+    logits: Any,
+    tokens: Any = None,
+    *,
+    dtype: Union[None, str, Dict[str, str]] = None,
+    **names: Any,
+) -> str:
+    """Writes the tensors and metadata ``verify`` takes (the same keywords)
+    as a dump file (safetensors, docs/dump-from-pytorch.md) at ``path``:
+    ``logprobe verify PATH`` and ``logprobe.verify_file(PATH)`` judge it as
+    ``verify`` judges the tensors. Returns the path. Raises ``BadInputError``
+    for a tensor that cannot be read or a name given twice, ``TypeError``
+    for an unknown keyword."""
+    named: Dict[str, Any] = {"logits": logits, "tokens": tokens}
+    named.update(names)
+    tensors, metadata = split("save_dump", named, dtype)
+    data = _native.dump_bytes(tensors, metadata)
+    path = os.fspath(path)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
 
 
 def compare(

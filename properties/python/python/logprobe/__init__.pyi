@@ -132,6 +132,17 @@ def verify_file(
 ) -> Report:
     """Judges a dump file as `logprobe verify FILE` does."""
 
+def save_dump(
+    path: Union[str, "PathLike[str]"],
+    logits: Any,
+    tokens: Any = None,
+    *,
+    dtype: Union[None, str, Dict[str, str]] = None,
+    **names: Any,
+) -> str:
+    """Writes `verify`'s tensors and metadata as a dump file that
+    `logprobe verify PATH` judges as `verify` judged them; returns the path."""
+
 def compare(
     a: Dict[str, Any],
     b: Dict[str, Any],

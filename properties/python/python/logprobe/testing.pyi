@@ -1,7 +1,7 @@
 from os import PathLike
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
-from . import OUTPUTS, Duration, FuzzReport, Kernel, MetaValue, Report, TensorLike
+from . import OUTPUTS, Duration, FuzzFinding, FuzzReport, Kernel, MetaValue, Report, TensorLike
 
 def assert_verified(
     logits: TensorLike,
@@ -76,10 +76,31 @@ def assert_verified(
     table and the worst rows) unless the report is `ok`."""
 
 class FuzzFailure(AssertionError):
-    """`assert_fuzz_clean` found a counterexample."""
+    """`assert_fuzz_clean` found a counterexample (`report` None when a
+    stored finding failed again on replay)."""
 
-    report: FuzzReport
-    def __init__(self, message: str, report: FuzzReport) -> None: ...
+    report: Optional[FuzzReport]
+    finding: Optional[FuzzFinding]
+    path: Optional[str]
+    def __init__(
+        self,
+        message: str,
+        report: Optional[FuzzReport],
+        finding: Optional[FuzzFinding] = None,
+        path: Optional[str] = None,
+    ) -> None: ...
+
+def configure(
+    *,
+    budget: Optional[Duration] = None,
+    seed: Optional[int] = None,
+    store: Union[None, str, "PathLike[str]"] = None,
+) -> None:
+    """The run's fuzz budget and seed (overriding each `assert_fuzz_clean`
+    call's) and the findings store; `configure()` resets them."""
+
+def settings() -> Dict[str, Any]:
+    """`{"budget", "seed", "store"}` of the run (None where unset)."""
 
 def assert_fuzz_clean(
     fn: Kernel,

@@ -222,7 +222,8 @@ impl Default for CompareConfig {
 /// without logits [`CompareError::ANeedsLogits`] (side A),
 /// [`CompareError::NeedsLogits`], [`CompareError::NothingToCompare`].
 pub fn parse_side(bytes: &[u8], side: Side) -> Result<SideDump<'_>, CompareError> {
-    let h = crate::dump::Header::read(bytes).map_err(|source| CompareError::Dump { side, source })?;
+    let h =
+        crate::dump::Header::read(bytes).map_err(|source| CompareError::Dump { side, source })?;
     side_of_header(h, side)
 }
 
@@ -294,7 +295,8 @@ pub fn compare_tensors(
     config: &CompareConfig,
 ) -> Result<CompareReport, CompareError> {
     let side = |side, (t, m)| {
-        let h = crate::tensors::header_of(t, m).map_err(|source| CompareError::Dump { side, source })?;
+        let h = crate::tensors::header_of(t, m)
+            .map_err(|source| CompareError::Dump { side, source })?;
         side_of_header(h, side)
     };
     let (da, db) = (side(Side::A, a)?, side(Side::B, b)?);

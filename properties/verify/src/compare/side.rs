@@ -71,13 +71,17 @@ impl LogProbsDump {
     /// needs logits (`entropy`, `topk_ids`, ...) is
     /// [`CompareError::NeedsLogits`].
     pub fn parse(bytes: &[u8], side: Side) -> Result<Self, CompareError> {
-        let h = crate::dump::Header::read(bytes).map_err(|source| CompareError::Dump { side, source })?;
+        let h = crate::dump::Header::read(bytes)
+            .map_err(|source| CompareError::Dump { side, source })?;
         Self::from_header(&h, side)
     }
 
     /// As [`LogProbsDump::parse`], from a checked header (a file's or
     /// tensors' in memory).
-    pub(crate) fn from_header(h: &crate::dump::Header<'_>, side: Side) -> Result<Self, CompareError> {
+    pub(crate) fn from_header(
+        h: &crate::dump::Header<'_>,
+        side: Side,
+    ) -> Result<Self, CompareError> {
         let dump = |source| CompareError::Dump { side, source };
         for n in h.st.names() {
             if !LOGITS_FREE_TENSORS.contains(&n) {

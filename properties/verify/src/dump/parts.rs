@@ -36,15 +36,11 @@ pub(super) fn float_dtype(name: &'static str, t: &TensorView<'_>) -> Result<Dtyp
 /// # Errors
 /// [`DumpError::MissingTensor`], [`DumpError::BadDtype`],
 /// [`DumpError::BadShape`].
-pub(super) fn read_logits<'a>(
-    st: &Source<'a>,
-) -> Result<(FloatMatrix<'a>, RowShape), DumpError> {
-    let logits_t = st
-        .tensor(tensor::LOGITS)
-        .ok_or(DumpError::MissingTensor {
-            tensor: tensor::LOGITS,
-            why: "",
-        })?;
+pub(super) fn read_logits<'a>(st: &Source<'a>) -> Result<(FloatMatrix<'a>, RowShape), DumpError> {
+    let logits_t = st.tensor(tensor::LOGITS).ok_or(DumpError::MissingTensor {
+        tensor: tensor::LOGITS,
+        why: "",
+    })?;
     let ldtype = float_dtype(tensor::LOGITS, &logits_t)?;
     let (rs, v) = RowShape::of_logits(logits_t.shape())?;
     let logits = FloatMatrix {

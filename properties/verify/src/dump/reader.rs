@@ -103,7 +103,10 @@ impl<'a> Dump<'a> {
         Self::from_header(Header::read(bytes)?, require_candidate)
     }
 
-    pub(crate) fn from_header(header: Header<'a>, require_candidate: bool) -> Result<Self, DumpError> {
+    pub(crate) fn from_header(
+        header: Header<'a>,
+        require_candidate: bool,
+    ) -> Result<Self, DumpError> {
         let Header { st, meta, format } = header;
         let (logits, rs) = read_logits(&st)?;
         let (n, v) = (rs.n, logits.cols);
