@@ -62,7 +62,7 @@ python_suite() {
     "$venv/bin/pip" install -q --disable-pip-version-check --no-index "$wheel"
     t2=$(date +%s)
     echo "python: wheel built in $((t1 - t0)) s; fresh venv + wheel install in $((t2 - t1)) s" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ml_dtypes
+    "$venv/bin/pip" install -q --disable-pip-version-check pytest numpy ml_dtypes safetensors
     # The installed wheel needs no Rust: import and verify with a PATH that
     # holds no cargo / rustc (and a CARGO_HOME / RUSTUP_HOME that does not exist).
     env -i HOME=/nonexistent PATH=/usr/bin:/bin CARGO_HOME=/nonexistent RUSTUP_HOME=/nonexistent \
@@ -75,7 +75,14 @@ r = logprobe.verify(logits, np.array([2]), log_probs=np.array([-0.40760596444438
 assert r.ok, str(r)
 print("python: the installed wheel verifies without Rust:", r.verdict)
 '
-    (cd properties/python && "$venv/bin/python" -m pytest -q tests "$@")
+    # With LOGPROBE_TORCH_DIR (scripts/install-torch.sh's folder; CI sets it)
+    # the torch tests and the docs' torch examples run and must not skip.
+    if [[ -n "${LOGPROBE_TORCH_DIR:-}" ]]; then
+        (cd properties/python && PYTHONPATH="$LOGPROBE_TORCH_DIR" LOGPROBE_REQUIRE_TORCH=1 \
+            "$venv/bin/python" -m pytest -q tests "$@")
+    else
+        (cd properties/python && "$venv/bin/python" -m pytest -q tests "$@")
+    fi
 }
 
 cmd="${1:-}"
