@@ -55,7 +55,6 @@ SKIP_DIRS = {"tests", "benches", "examples", "target"}
 # may go over (issue 47 lists what is left). Key: a file's path, or
 # `path:fn` for a function; value: its size when the check was wired in.
 KNOWN = {
-    "reference/src/spec/problem.rs": 856,
     "kernels/src/cuda/forward.rs:forward": 162,
     "properties/verify/src/tolerance/bounds/grad.rs:grad_elem": 159,
     "properties/fuzz/src/case/recipe_text.rs:set": 152,

@@ -1,7 +1,9 @@
 //! [`Capabilities`]: what a kernel computes (an [`OutputSet`]) and which
 //! input features and call forms it accepts (a [`FeatureSet`]).
 
-use logprobe_reference::spec::{Family, KlDirection, Output, OutputSet, PolicyTerm};
+use logprobe_reference::spec::{Family, KlDirection, Output, OutputSet, PolicyTerm, Problem};
+
+use crate::kernel::KernelError;
 
 /// What a kernel can compute; anything else it refuses with
 /// [`KernelError::Unsupported`](crate::kernel::KernelError::Unsupported).
@@ -48,6 +50,27 @@ impl Capabilities {
     /// Whether the kernel computes both top-k KLs.
     pub const fn computes_topk_kl(&self) -> bool {
         self.computes_family(Family::TopkKl(KlDirection::Forward))
+    }
+
+    /// `Ok` when the kernel computes every output `problem` requests
+    /// ([`Output::requested`]); else [`KernelError::Unsupported`] naming the
+    /// first it lacks. Kernels call it after their own, more specific
+    /// refusals, so an output added to the table is refused by every kernel
+    /// that does not list it, with no code of its own.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] with the output's name.
+    pub fn check_requested(&self, problem: &Problem<'_>, kernel: &str) -> Result<(), KernelError> {
+        match Output::FORWARD
+            .into_iter()
+            .find(|&o| o.requested(problem) && !self.computes(o))
+        {
+            Some(o) => Err(KernelError::Unsupported {
+                kernel: kernel.to_string(),
+                what: o.name(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Whether the kernel accepts `feature`.

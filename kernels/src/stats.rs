@@ -332,6 +332,10 @@ pub struct RowForward {
     pub forward_kl: f64,
     /// `reverse_kl` (0 when not wanted), rounded to `out`: [`topk_kl`].
     pub reverse_kl: f64,
+    /// `token_ranks`: `#{j < V allowed : lp(j) >= lp(t)}` over the unrounded
+    /// log-probs, an exact integer (0 when not wanted or on `ignore_index`
+    /// rows): [`token_rank`].
+    pub token_rank: f64,
 }
 
 /// Rounds an accumulation value to `out` (correctly: [`Dtype::round_f64`]).
@@ -422,7 +426,14 @@ pub fn row_forward<A: Acc>(
         }
         _ => (0.0, 0.0),
     };
+    let token_rank = match problem.tokens {
+        Some(t) if problem.options.token_ranks && t[row] != p.ignore_index => {
+            token_rank(problem, row, p.v, t[row] as usize, &lp)
+        }
+        _ => 0.0,
+    };
     RowForward {
+        token_rank,
         log_prob,
         entropy,
         topk,
@@ -433,6 +444,24 @@ pub fn row_forward<A: Acc>(
         forward_kl,
         reverse_kl,
     }
+}
+
+/// The rank of the token `t` among row `row`'s log-probs (vLLM's
+/// `token_ranks`, `(logprobs >= logprobs[t]).sum(-1)`, TOLERANCE.md
+/// (T26)): the allowed columns `j < v` whose log-prob `lp(j)` in the
+/// accumulation dtype is at least the token's (ties counted against it;
+/// masked columns are `-inf`, below the allowed token), as an exact f64.
+pub fn token_rank<A: Acc>(
+    problem: &Problem<'_>,
+    row: usize,
+    v: usize,
+    t: usize,
+    lp: &impl Fn(usize) -> A,
+) -> f64 {
+    let lp_t = lp(t);
+    (0..v)
+        .filter(|&j| problem.allowed(row, j) && lp(j) >= lp_t)
+        .count() as f64
 }
 
 /// Leaf width of [`pairwise_sum`].
@@ -552,6 +581,9 @@ pub fn assemble(
         }
         if let Some(k) = fo.values.get_mut(Output::ReverseKl) {
             k[[r, 0]] = f.reverse_kl;
+        }
+        if let Some(k) = fo.values.get_mut(Output::TokenRanks) {
+            k[[r, 0]] = f.token_rank;
         }
     }
     Ok(fo)

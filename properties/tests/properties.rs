@@ -115,9 +115,10 @@ fn candle_baseline_bf16_f16_logsumexp_out_of_bound_at_real_vocab() {
         let oc = OracleCase::compute(&data);
         let verdict = judge_forward(&CandleComposed, &data, &oc, Dtype::F32, false);
         // Candle's composed baseline computes log-probs only (no lse /
-        // z_loss, no policy terms).
+        // z_loss, no policy terms, no token ranks).
         let mut p = data.problem();
         (p.options.lse, p.options.z_loss_coef) = (false, None);
+        p.options.token_ranks = false;
         p.policy = Default::default();
         let lp = CandleComposed.forward(&p, Dtype::F32).unwrap().values[Output::LogProbs][[0, 0]];
         let exact = oc.forward.as_ref().unwrap().values[Output::LogProbs][[0, 0]];

@@ -202,6 +202,7 @@ impl Kernel for CandleComposed {
         if shape.temperature != 1.0 {
             return Err(Self::unsupported("temperature other than 1"));
         }
+        self.capabilities().check_requested(problem, Self::NAME)?;
         for row in 0..shape.n {
             problem.validate_row(&shape, row)?;
         }

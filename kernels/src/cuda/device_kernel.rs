@@ -169,6 +169,7 @@ impl DeviceKernel {
                 what: "top-k wider than 12287 ids",
             });
         }
+        self.capabilities().check_requested(problem, &self.name())?;
         Ok(shape)
     }
 

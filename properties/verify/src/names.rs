@@ -321,6 +321,8 @@ pub const NAMES: &[Name] = &[
         true,
         "`finfo_min`: masked ids' top-k log-probs stored as -finfo(dtype).max (default `neg_inf`)",
     ),
+    // Version 2, vLLM's token ranks (issue 47).
+    t(Output::TokenRanks.name(), 2, true),
 ];
 
 /// What is wrong with one name.

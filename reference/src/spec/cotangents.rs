@@ -288,6 +288,7 @@ impl Problem<'_> {
                 None => missing("topk_ids"),
             },
             Family::Gradient => no("grad_logits has no cotangent"),
+            Family::LogSoftmax(RowStat::Rank) => no("token_ranks has no cotangent"),
             Family::Loss(LossTerm::Lse) => match self.options.lse {
                 true => Ok(name),
                 false => no("grad_lse given but options.lse is false"),

@@ -9,6 +9,7 @@ mod dtype;
 mod error;
 mod loss;
 pub mod meta_key;
+mod options;
 mod output;
 mod output_set;
 mod per_output;
@@ -21,12 +22,10 @@ pub use cotangents::Cotangents;
 pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, MeanDivisor, Reduction};
+pub use options::{EntropyLogits, Options, SoftcapDtype, TemperatureDtype};
 pub use output::{Columns, Family, LossTerm, Output, RowStat};
 pub use output_set::OutputSet;
 pub use per_output::PerOutput;
 pub use policy::{PolicyClamps, PolicyInputs, PolicyRow, PolicyTerm};
-pub use problem::{
-    EntropyLogits, Logits, LogitsMut, Options, Problem, ProblemMut, ProblemOf, Shape, SoftcapDtype,
-    TemperatureDtype, DEFAULT_IGNORE_INDEX,
-};
+pub use problem::{Logits, LogitsMut, Problem, ProblemMut, ProblemOf, Shape, DEFAULT_IGNORE_INDEX};
 pub use topk_kl::{check_teacher_row, first_duplicate, teacher_mass_lower, KlDirection, TopkKl};

@@ -178,6 +178,16 @@ macro_rules! for_each_output {
                 columns: $crate::spec::Columns::One,
                 family: $crate::spec::Family::TopkKl($crate::spec::KlDirection::Reverse),
             },
+            /// `token_ranks [N]` (stored `[N, 1]`, integer or float):
+            /// `#{j < V : log_prob_j >= log_prob_t}`, the rank of the token
+            /// among the row's log-probs counting ties against it (vLLM's
+            /// `token_ranks`: 1 for the argmax, `V` for a `-inf` log-prob).
+            TokenRanks {
+                name: "token_ranks",
+                cotangent: None,
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::LogSoftmax($crate::spec::RowStat::Rank),
+            },
         }
     };
 }
@@ -286,6 +296,8 @@ pub enum RowStat {
     LogProb,
     /// `entropy`.
     Entropy,
+    /// `token_ranks`: the token's rank among the log-probs (no gradient).
+    Rank,
 }
 
 /// The part of [`Family::Loss`] an output is.
@@ -320,6 +332,12 @@ impl Output {
         self as usize
     }
 
+    /// Whether this output's values are counts (integers, whatever the
+    /// output dtype: `token_ranks`) rather than values of the output dtype.
+    pub fn is_count(self) -> bool {
+        matches!(self.family(), Family::LogSoftmax(RowStat::Rank))
+    }
+
     /// Whether a forward call computes this output (all but `grad_logits`).
     pub fn is_forward(self) -> bool {
         Output::FORWARD.contains(&self)
@@ -336,7 +354,8 @@ impl Output {
     }
 
     /// Whether a forward call on `problem` computes this output: log-probs
-    /// with `tokens`, the entropy with `options.entropy`, top-k log-probs
+    /// with `tokens`, the entropy with `options.entropy`, `token_ranks`
+    /// with `options.token_ranks` and `tokens`, top-k log-probs
     /// with `topk_ids`, `lse` with `options.lse`, `z_loss` with
     /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`, the
     /// KL estimators with `ref_log_probs` and `tokens`, `ratio` with
@@ -357,6 +376,7 @@ impl Output {
             Output::Ratio => problem.policy.old_log_probs.is_some() && problem.tokens.is_some(),
             Output::ForwardKl => problem.options.topk_kl.is_some_and(|k| k.forward),
             Output::ReverseKl => problem.options.topk_kl.is_some_and(|k| k.reverse),
+            Output::TokenRanks => problem.options.token_ranks && problem.tokens.is_some(),
         }
     }
 
@@ -380,7 +400,8 @@ impl Output {
             | Output::KlAbs
             | Output::Ratio
             | Output::ForwardKl
-            | Output::ReverseKl => false,
+            | Output::ReverseKl
+            | Output::TokenRanks => false,
         }
     }
 
@@ -397,7 +418,8 @@ impl Output {
             | Output::KlK2
             | Output::KlK3
             | Output::KlAbs
-            | Output::Ratio => problem.has_target(row),
+            | Output::Ratio
+            | Output::TokenRanks => problem.has_target(row),
             Output::Loss => !self.reduced(problem),
             Output::Entropy
             | Output::TopkLogProbs

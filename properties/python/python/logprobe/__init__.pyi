@@ -72,6 +72,7 @@ def verify(
     reverse_kl: Optional[TensorLike] = None,
     grad_forward_kl: Optional[TensorLike] = None,
     grad_reverse_kl: Optional[TensorLike] = None,
+    token_ranks: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,

@@ -51,6 +51,7 @@ def assert_verified(
     reverse_kl: Optional[TensorLike] = None,
     grad_forward_kl: Optional[TensorLike] = None,
     grad_reverse_kl: Optional[TensorLike] = None,
+    token_ranks: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,

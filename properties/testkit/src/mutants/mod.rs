@@ -42,6 +42,7 @@
 //! | `ratio-inverted` | [`RatioInverted`] | fused | `ratio = exp(old - lp)` where `lp != old` |
 //! | `clamp-missing` | [`ClampMissing`] | fused | `kl_k3` / `ratio` without their declared clamps, where one binds |
 //! | `k3-grad-wrong-sign` | [`K3GradWrongSign`] | fused | backward with a nonzero `grad_kl_k3`: `k3'(d)` taken as `1 - e^{d}` instead of `1 - e^{-d}` where `d` is inside the clamps and not tiny |
+//! | `rank-ties-for-token` | [`RankTiesForToken`] | fused | `token_ranks` rows where another allowed entry's log-prob equals the token's: `>` instead of `>=`, the ties not counted against the token |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -64,6 +65,7 @@ mod loss;
 mod loss_grad;
 mod options;
 mod policy;
+mod rank;
 mod rewired;
 mod softcap;
 #[cfg(test)]
@@ -80,6 +82,7 @@ pub use options::{
     EntropyWrongLogits, PaddedVocabNotTruncated, TemperatureIgnored, TemperatureTwice,
 };
 pub use policy::{ClampMissing, K3GradWrongSign, K3Naive, RatioInverted};
+pub use rank::RankTiesForToken;
 pub use softcap::SoftcapGradMissingTanh;
 pub use topk_kl::{
     KlGradNormalizerDetached, KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb,
@@ -499,6 +502,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(RatioInverted, Fused, memory: false),
     entry!(ClampMissing, Fused, memory: false),
     entry!(K3GradWrongSign, Fused, memory: false),
+    entry!(RankTiesForToken, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

@@ -310,6 +310,9 @@ impl ProblemRecipe {
             vocab_size: (self.padding > 0).then_some(v),
             ignore_index: self.ignore_index,
             entropy: self.entropy,
+            // vLLM's token ranks ride on every case with tokens (issue 47),
+            // judged wherever a kernel computes them.
+            token_ranks: self.tokens,
             // The loss side rides on every case: lse and z_loss are judged
             // wherever a kernel supports them (`lse`, `z_loss` in Capabilities::outputs).
             lse: true,

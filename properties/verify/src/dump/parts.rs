@@ -48,6 +48,7 @@ pub(super) fn read_logits<'a>(st: &Source<'a>) -> Result<(FloatMatrix<'a>, RowSh
         rows: rs.n,
         cols: v,
         data: logits_t.data(),
+        ints: None,
     };
     Ok((logits, rs))
 }
@@ -193,6 +194,7 @@ impl<'a> Tensors<'a, '_> {
                 rows: if summed { 1 } else { rs.n },
                 cols: if summed { 1 } else { cols },
                 data: t.data(),
+                ints: None,
             },
             summed.then_some(cols),
         )))
@@ -209,7 +211,12 @@ impl<'a> Tensors<'a, '_> {
     ) -> Result<(PerOutput<FloatMatrix<'a>>, LossOptions), DumpError> {
         let mut candidates = PerOutput::new();
         for o in Output::ALL.into_iter().filter(|&o| o != Output::Loss) {
-            if let Some((m, _)) = self.float(o.name(), o.columns(), false)? {
+            let m = if o == Output::TokenRanks {
+                self.ranks()?
+            } else {
+                self.float(o.name(), o.columns(), false)?.map(|(m, _)| m)
+            };
+            if let Some(m) = m {
                 candidates.insert(o, m);
             }
         }
@@ -235,10 +242,39 @@ impl<'a> Tensors<'a, '_> {
                     rows,
                     cols: 1,
                     data: t.data(),
+                    ints: None,
                 },
             );
         }
         Ok((candidates, loss_options))
+    }
+
+    /// `token_ranks [N]`: int64 / int32 (vLLM's), decoded exactly and
+    /// judged as f32 (f64 for `V > 2^24`), or any float dtype.
+    ///
+    /// # Errors
+    /// [`DumpError`] for a bad dtype or shape.
+    fn ranks(&self) -> Result<Option<FloatMatrix<'a>>, DumpError> {
+        let name = Output::TokenRanks.name();
+        match self.get(name) {
+            Some(t) if matches!(t.dtype(), StDtype::I64 | StDtype::I32) => {
+                self.rs.expect(name, t.shape(), &[])?;
+                Ok(Some(FloatMatrix {
+                    dtype: if self.v > 1 << 24 {
+                        Dtype::F64
+                    } else {
+                        Dtype::F32
+                    },
+                    rows: self.rs.n,
+                    cols: 1,
+                    data: t.data(),
+                    ints: Some(t.dtype()),
+                }))
+            }
+            _ => Ok(self
+                .float(name, Output::TokenRanks.columns(), false)?
+                .map(|(m, _)| m)),
+        }
     }
 
     /// `loss_weights [N]` as exact f64 (only with `loss` or `grad_loss`).

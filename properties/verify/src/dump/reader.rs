@@ -156,6 +156,7 @@ impl<'a> Dump<'a> {
         let mut options = parse_options(&meta, want_entropy, v, logits.dtype)?;
         // An output is computed for its candidate or its cotangent.
         options.lse = candidates.contains(Output::Lse) || cotangents.contains(Output::Lse);
+        options.token_ranks = candidates.contains(Output::TokenRanks);
         if candidates.contains(Output::ZLoss) || cotangents.contains(Output::ZLoss) {
             options.z_loss_coef = Some(parse_z_loss_coef(&meta, logits.dtype)?);
         }

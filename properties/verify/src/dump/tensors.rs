@@ -19,20 +19,38 @@ pub struct FloatMatrix<'a> {
     /// Columns.
     pub cols: usize,
     pub(crate) data: &'a [u8],
+    /// `Some(I64 | I32)`: the tensor holds integers (`token_ranks`), decoded
+    /// exactly; `dtype` is then the float they are judged in (f32, or f64
+    /// past `2^24`).
+    pub(crate) ints: Option<StDtype>,
 }
 
 impl<'a> FloatMatrix<'a> {
     /// The whole tensor `[rows, cols]` as exact f64 values.
     pub fn to_array(&self) -> Array2<f64> {
-        Array2::from_shape_vec((self.rows, self.cols), decode_floats(self.dtype, self.data))
+        Array2::from_shape_vec((self.rows, self.cols), self.decode(self.data))
             .expect("size checked by safetensors")
     }
 
     /// Row `r` as exact f64 values (`[cols]`). Panics if `r >= rows`.
     pub fn row_f64(&self, r: usize) -> Vec<f64> {
-        let w = self.dtype.size_bytes();
+        let w = self
+            .ints
+            .map_or(self.dtype.size_bytes(), |d| d.bitsize() / 8);
         let bytes = &self.data[r * self.cols * w..(r + 1) * self.cols * w];
-        decode_floats(self.dtype, bytes)
+        self.decode(bytes)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Vec<f64> {
+        match self.ints {
+            // I64 / I32 only (checked where the matrix is built).
+            Some(d) => decode_ids("token_ranks", d, bytes)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|x| x as f64)
+                .collect(),
+            None => decode_floats(self.dtype, bytes),
+        }
     }
 
     /// Row `r` as logits `[1, cols]` of the same dtype. Panics if `r >= rows`.

@@ -517,9 +517,11 @@ impl NaiveRow {
             Family::TopK => *targets.topk_ids.get(col)?,
             Family::LogSoftmax(RowStat::Entropy) => return Some(self.entropy(dtype)),
             // The flash rule is stated for these three outputs alone.
-            Family::Gradient | Family::Loss(_) | Family::Policy(_) | Family::TopkKl(_) => {
-                return None
-            }
+            Family::Gradient
+            | Family::Loss(_)
+            | Family::Policy(_)
+            | Family::TopkKl(_)
+            | Family::LogSoftmax(RowStat::Rank) => return None,
         };
         let x = *self.masked.get(id)?;
         Some(self.naive(dtype).lp(x))

@@ -62,7 +62,8 @@ impl Judgement {
 
 /// Judges `candidate` (a value of dtype `dtype`, as an exact f64) against
 /// `exact` and `bound`: pass iff `error_abs <= bound`, the error measured
-/// at the far end of the enclosure.
+/// at the far end of the enclosure (under [`ErrorBound::Upward`] a
+/// candidate below the enclosure, or not an integer, is an infinite error).
 pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) -> Judgement {
     // An exact value beyond `dtype`'s range is judged against its correct
     // rounding (an infinity) in `dtype`, whatever the oracle's target
@@ -71,7 +72,14 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) ->
         && (candidate == exact.rounded
             || (dtype.round_f64(exact.enclosure.lo) == candidate
                 && dtype.round_f64(exact.enclosure.hi) == candidate));
-    let (error_abs, error_ulps) = if same_infinity {
+    // One-sided bounds (counts): a candidate below the exact value, or not
+    // an integer, is wrong whatever the width (`token_ranks` never
+    // undercounts).
+    let below = matches!(bound, ErrorBound::Upward(_))
+        && !(candidate >= exact.enclosure.lo && candidate.fract() == 0.0);
+    let (error_abs, error_ulps) = if below {
+        (f64::INFINITY, f64::INFINITY)
+    } else if same_infinity {
         (0.0, 0.0)
     } else {
         (exact.error(candidate), exact.error_ulps(candidate, dtype))
@@ -91,7 +99,7 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) ->
 /// error against a zero bound): one error judged against several bounds.
 pub fn ratio_pass(error_abs: f64, bound: &ErrorBound) -> (Option<f64>, bool) {
     match bound {
-        ErrorBound::Abs(b) => {
+        ErrorBound::Abs(b) | ErrorBound::Upward(b) => {
             let ratio = if *b > 0.0 {
                 error_abs / b
             } else if error_abs == 0.0 {

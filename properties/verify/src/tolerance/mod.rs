@@ -108,6 +108,12 @@ pub enum ErrorBound {
     /// Absolute bound on `|candidate - exact|`, in the output's units
     /// (nats for log-probs and entropy), rounded up.
     Abs(f64),
+    /// One-sided, for counts: the candidate, an integer, may exceed the
+    /// exact value by at most this much and never fall below it
+    /// (`token_ranks`, TOLERANCE.md (T26)). [`judge`] measures a candidate
+    /// below the exact value, or not an integer, as an infinite error,
+    /// wrong under every model.
+    Upward(f64),
     /// The model certifies nothing: report "no bound", never a pass.
     None {
         /// Why.
@@ -119,7 +125,7 @@ impl ErrorBound {
     /// The bound's value, if there is one.
     pub fn value(&self) -> Option<f64> {
         match self {
-            ErrorBound::Abs(b) => Some(*b),
+            ErrorBound::Abs(b) | ErrorBound::Upward(b) => Some(*b),
             ErrorBound::None { .. } => None,
         }
     }
@@ -129,6 +135,7 @@ impl std::fmt::Display for ErrorBound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ErrorBound::Abs(b) => write!(f, "{b:.3e}"),
+            ErrorBound::Upward(b) => write!(f, "+{b:.3e}"),
             ErrorBound::None { reason } => write!(f, "{reason}"),
         }
     }

@@ -135,6 +135,7 @@ fn ctx1() -> RowContext {
 fn abs(b: &ErrorBound) -> f64 {
     match b {
         ErrorBound::Abs(x) => *x,
+        ErrorBound::Upward(x) => panic!("expected a two-sided bound, got +{x}"),
         ErrorBound::None { reason } => panic!("expected a bound, got {reason}"),
     }
 }
@@ -1474,3 +1475,5 @@ fn moment_sums_give_the_entry_by_entry_bounds() {
 
 #[path = "tests_forms.rs"]
 mod forms;
+#[path = "tests_rank.rs"]
+mod tests_rank;

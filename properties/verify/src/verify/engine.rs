@@ -252,7 +252,7 @@ fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> St
         return no_rows_reason(dump);
     }
     match output {
-        Output::LogProbs => format!(
+        Output::LogProbs | Output::TokenRanks => format!(
             "every checked row's token is ignore_index ({})",
             dump.options.ignore_index
         ),

@@ -1,5 +1,6 @@
-//! The log-prob / entropy family: log-prob (T7-T8), entropy (T11-T13)
-//! and the entropy sums over the row (T4 for the entropy set, T11-T13).
+//! The log-prob / entropy family: log-prob (T7-T8), entropy (T11-T13),
+//! the token's rank (T26) and the entropy sums over the row (T4 for the
+//! entropy set, T11-T13).
 
 use super::*;
 
@@ -20,6 +21,70 @@ impl RowBounds<'_> {
 }
 
 impl RowBounds<'_> {
+    /// One-sided bound on `token_ranks` (T26): how many more entries a
+    /// kernel may count than the exact rank. A kernel ranks the log-probs
+    /// it computed in the accumulation dtype, each within `e_j` of the
+    /// exact one (T7-T8 at `d_j`, rounded to the accumulation dtype), by
+    /// the same monotone steps for every entry of the row, so it never
+    /// counts fewer entries than the exact rank and counts an entry below
+    /// the token only when their log-probs may meet: `d_t - d_j <= e_t +
+    /// e_j`. The bound is the number of such entries (entries whose
+    /// enclosures overlap the token's are counted too, exact ties excepted:
+    /// an upper bound).
+    pub fn token_rank(&self, token: Option<usize>) -> ErrorBound {
+        let (Some(t), Some(d_t)) = (token, self.stats.d_t) else {
+            return ErrorBound::None {
+                reason: NoBound::MissingStatistic {
+                    what: "d_t (no target)",
+                },
+            };
+        };
+        let e = |d: &Interval| self.shifted_log_prob(d, self.c.acc, "token_ranks");
+        let e_t = match e(&d_t) {
+            ErrorBound::Abs(b) => Hi(b),
+            other => return other,
+        };
+        // (T26) `e_j` grows with `|d_j|`: the row's most negative finite
+        // `d` bounds every entry's, a cheap screen before the exact `e_j`.
+        let far = self
+            .stats
+            .d
+            .iter()
+            .map(|d| d.lo)
+            .filter(|lo| lo.is_finite())
+            .fold(d_t.lo, f64::min);
+        let e_far = match e(&Interval { lo: far, hi: far }) {
+            ErrorBound::Abs(b) => Hi(b),
+            other => return other,
+        };
+        let reach = (e_t + e_far).0;
+        let mut extra = 0usize;
+        for (j, d) in self.stats.d.iter().enumerate() {
+            // `-inf` log-probs never meet a finite one; an entry surely
+            // above the token is in the exact rank already.
+            if j == t || d.hi == f64::NEG_INFINITY || d.lo > d_t.hi {
+                continue;
+            }
+            // An exact tie (both `d` exact and equal: `T = 1`, or a power
+            // of two) is in the exact rank too.
+            if d.lo == d.hi && d_t.lo == d_t.hi && d.lo == d_t.lo {
+                continue;
+            }
+            // The gap `d_t - d_j` at its low end, rounded down.
+            let g = d_t.lo - d.hi;
+            let gap = g - g.abs() * f64::EPSILON;
+            if gap > reach {
+                continue;
+            }
+            match e(d) {
+                ErrorBound::Abs(b) if gap <= (e_t + Hi(b)).0 => extra += 1,
+                ErrorBound::Abs(_) => {}
+                other => return other,
+            }
+        }
+        ErrorBound::Upward(extra as f64)
+    }
+
     pub(super) fn shifted_log_prob(
         &self,
         d: &Interval,

@@ -422,6 +422,7 @@ impl RowBounds<'_> {
         match output.family() {
             Family::LogSoftmax(RowStat::LogProb) => self.log_prob(out),
             Family::LogSoftmax(RowStat::Entropy) => self.entropy(out),
+            Family::LogSoftmax(RowStat::Rank) => self.token_rank(targets.token),
             Family::TopK => match targets.topk_ids.get(col) {
                 Some(&id) => self.topk(id, out),
                 None => ErrorBound::None {
