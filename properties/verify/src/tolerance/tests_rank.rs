@@ -43,7 +43,10 @@ fn f32_ranks_lie_in_the_one_sided_bound_and_undercounts_fail() {
         let r = exact_rank(&x, t);
         let exact = Exact::point(r);
         let c = f32_rank(&x, t);
-        assert!(c >= r && c <= r + w, "case {case}: {c} not in [{r}, {r} + {w}]");
+        assert!(
+            c >= r && c <= r + w,
+            "case {case}: {c} not in [{r}, {r} + {w}]"
+        );
         assert!(judge(&exact, c, Dtype::F32, &b).pass);
         // `>` instead of `>=`: the exact tie at column 200 is lost.
         assert!(!judge(&exact, r - 1.0, Dtype::F32, &b).pass);
