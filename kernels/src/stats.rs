@@ -332,6 +332,9 @@ pub struct RowForward {
     pub forward_kl: f64,
     /// `reverse_kl` (0 when not wanted), rounded to `out`: [`topk_kl`].
     pub reverse_kl: f64,
+    /// `soft_cross_entropy` (0 when not wanted), rounded to `out`:
+    /// [`soft_cross_entropy`].
+    pub soft_cross_entropy: f64,
     /// `token_ranks`: `#{j < V allowed : lp(j) >= lp(t)}` over the unrounded
     /// log-probs, an exact integer (0 when not wanted or on `ignore_index`
     /// rows): [`token_rank`].
@@ -432,7 +435,12 @@ pub fn row_forward<A: Acc>(
         }
         _ => 0.0,
     };
+    let soft_cross_entropy = problem.teacher_probs.map_or(0.0, |tp| {
+        let p: Vec<f64> = tp.row(row).iter().take(p.v).copied().collect();
+        round_out(soft_cross_entropy(problem, row, &p, &lp), out)
+    });
     RowForward {
+        soft_cross_entropy,
         token_rank,
         log_prob,
         entropy,
@@ -444,6 +452,30 @@ pub fn row_forward<A: Acc>(
         forward_kl,
         reverse_kl,
     }
+}
+
+/// The soft-target cross-entropy of row `row` in `A` (docs/design.md,
+/// "The loss side"; TOLERANCE.md (T27)): `-sum_{j < v} p_j lp(j)` over the
+/// teacher's probabilities `p [v]`, each product rounded to `A` and summed by
+/// [`pairwise_sum`]; `p_j = 0` entries add nothing (not `0 * -inf`), teacher
+/// mass on a masked entry makes it `+inf`.
+pub fn soft_cross_entropy<A: Acc>(
+    problem: &Problem<'_>,
+    row: usize,
+    p: &[f64],
+    lp: &impl Fn(usize) -> A,
+) -> A {
+    let term = |j: usize| {
+        let pj = A::from_f64(p[j]);
+        if pj == A::ZERO {
+            A::ZERO
+        } else if problem.allowed(row, j) {
+            pj * lp(j)
+        } else {
+            A::from_f64(f64::NEG_INFINITY)
+        }
+    };
+    -pairwise_sum(0..p.len(), &term)
 }
 
 /// The rank of the token `t` among row `row`'s log-probs (vLLM's
@@ -584,6 +616,9 @@ pub fn assemble(
         }
         if let Some(k) = fo.values.get_mut(Output::TokenRanks) {
             k[[r, 0]] = f.token_rank;
+        }
+        if let Some(h) = fo.values.get_mut(Output::SoftCrossEntropy) {
+            h[[r, 0]] = f.soft_cross_entropy;
         }
     }
     Ok(fo)

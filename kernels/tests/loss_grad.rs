@@ -132,6 +132,7 @@ fn loss_side_backward_is_chunk_thread_and_in_place_invariant() {
                         topk_ids: None,
                         policy: pb.policy.shorten(),
                         teacher_topk_log_probs: None,
+                        teacher_probs: None,
                         options: pb.options,
                         loss_weights: pb.loss_weights,
                     },

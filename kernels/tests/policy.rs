@@ -199,6 +199,7 @@ fn backward_of_the_policy_terms_is_the_log_prob_backward_with_their_slope() {
                     topk_ids: None,
                     loss_weights: None,
                     teacher_topk_log_probs: None,
+                    teacher_probs: None,
                     policy: p.policy.shorten(),
                     options: p.options,
                 },

@@ -116,6 +116,7 @@ fn kl_backward_is_the_top_k_backward_with_its_slopes() {
                     topk_ids: p.topk_ids,
                     loss_weights: None,
                     teacher_topk_log_probs: p.teacher_topk_log_probs,
+                    teacher_probs: p.teacher_probs,
                     policy: p.policy.shorten(),
                     options: p.options,
                 },

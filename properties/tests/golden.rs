@@ -87,6 +87,7 @@ fn snapshots(name: &str, bytes: &[u8]) -> (String, String) {
         topk_ids: dump.topk_ids.as_ref().map(|t| t.view()),
         policy: Default::default(),
         teacher_topk_log_probs: dump.teacher_topk_log_probs.as_ref().map(|t| t.view()),
+        teacher_probs: None,
         options: dump.options,
         loss_weights: None,
     };

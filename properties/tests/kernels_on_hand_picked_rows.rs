@@ -333,6 +333,7 @@ fn bad_input_gives_typed_errors_and_leaves_logits_unchanged() {
                     topk_ids: None,
                     policy: p.policy.shorten(),
                     teacher_topk_log_probs: None,
+                    teacher_probs: None,
                     options: p.options,
                     loss_weights: p.loss_weights,
                 },

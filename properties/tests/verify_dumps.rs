@@ -38,6 +38,7 @@ fn exact(x: &[f64], tokens: &[i64], ids: &[i64], k: usize, g: &[f64]) -> [Vec<f6
         topk_ids: Some(ida.view()),
         policy: Default::default(),
         teacher_topk_log_probs: None,
+        teacher_probs: None,
         options: Options::default(),
         loss_weights: None,
     };

@@ -86,6 +86,7 @@ impl Case {
             topk_ids: Some(ids.view()),
             policy: Default::default(),
             teacher_topk_log_probs: None,
+            teacher_probs: None,
             options: self.options,
             loss_weights: None,
         };

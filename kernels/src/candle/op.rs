@@ -127,6 +127,7 @@ impl LogProbOp {
             topk_ids: None,
             policy: Default::default(),
             teacher_topk_log_probs: None,
+            teacher_probs: None,
             options: self.options,
             loss_weights: None,
         })

@@ -291,6 +291,7 @@ pub(crate) fn backward_in_place(
         topk_ids,
         policy,
         teacher_topk_log_probs,
+        teacher_probs,
         options,
         loss_weights,
     } = problem;
@@ -305,6 +306,7 @@ pub(crate) fn backward_in_place(
                     topk_ids,
                     policy: policy.shorten(),
                     teacher_topk_log_probs,
+                    teacher_probs,
                     options,
                     loss_weights,
                 };

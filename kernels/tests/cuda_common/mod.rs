@@ -178,6 +178,7 @@ pub fn problem<'a>(c: &'a Case, logits: Logits<'a>) -> Problem<'a> {
         topk_ids: Some(c.ids.view()),
         policy: Default::default(),
         teacher_topk_log_probs: None,
+        teacher_probs: None,
         options: c.options,
         loss_weights: None,
     }
@@ -363,6 +364,7 @@ pub fn chunk_invariance(l: &Arc<dyn Launcher>) -> Check {
         topk_ids: Some(c.ids.slice(ndarray::s![4..9, ..])),
         policy: Default::default(),
         teacher_topk_log_probs: None,
+        teacher_probs: None,
         options: c.options,
         loss_weights: None,
     };

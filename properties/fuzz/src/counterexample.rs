@@ -286,7 +286,20 @@ fn forward_tensors(k: &dyn Kernel, p: &Problem<'_>, out: Dtype, t: &mut Tensors)
             Columns::One => vec![a.nrows()],
             Columns::TopK | Columns::Vocabulary => vec![a.nrows(), a.ncols()],
         };
-        t.push((o.name(), DumpTensor::floats(out, &shape, &values)));
+        // Counts (`token_ranks`) are stored exactly, whatever `out`.
+        let dtype = if o.is_count() { Dtype::F64 } else { out };
+        t.push((o.name(), DumpTensor::floats(dtype, &shape, &values)));
+    }
+    // The soft cross-entropy's teacher (drawn exact in f32).
+    if let (Some(tp), true) = (
+        p.teacher_probs,
+        fo.values.contains(Output::SoftCrossEntropy),
+    ) {
+        let values: Vec<f64> = tp.iter().copied().collect();
+        t.push((
+            tensor::TEACHER_PROBS,
+            DumpTensor::floats(Dtype::F32, &[tp.nrows(), tp.ncols()], &values),
+        ));
     }
     // The top-k KL's teacher, in the dtype it was drawn in.
     if let (Some(kl), Some(a)) = (p.options.topk_kl, p.teacher_topk_log_probs) {

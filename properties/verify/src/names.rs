@@ -57,6 +57,9 @@ pub mod tensor {
     pub const OLD_LOG_PROBS: &str = "old_log_probs";
     /// `teacher_topk_log_probs [N, K]`: the top-k KL's teacher.
     pub const TEACHER_TOPK_LOG_PROBS: &str = "teacher_topk_log_probs";
+    /// `teacher_probs [N, V_total]`: the teacher's probabilities of
+    /// `soft_cross_entropy`.
+    pub const TEACHER_PROBS: &str = "teacher_probs";
 }
 
 /// The version-1 tensor names (the first rows of [`NAMES`]).
@@ -321,8 +324,10 @@ pub const NAMES: &[Name] = &[
         true,
         "`finfo_min`: masked ids' top-k log-probs stored as -finfo(dtype).max (default `neg_inf`)",
     ),
-    // Version 2, vLLM's token ranks (issue 47).
+    // Version 2, vLLM's token ranks and the soft-target cross-entropy (issue 47).
     t(Output::TokenRanks.name(), 2, true),
+    t(tensor::TEACHER_PROBS, 2, true),
+    t(Output::SoftCrossEntropy.name(), 2, true),
 ];
 
 /// What is wrong with one name.

@@ -430,6 +430,10 @@ impl Oracle {
                         target,
                     )]
                 }
+                Family::Loss(LossTerm::SoftCrossEntropy) => {
+                    let h = cross_entropy::soft_term(row, prec, Some(&sums.s_p));
+                    vec![rounder.exact(&h, target)]
+                }
                 Family::Loss(LossTerm::CrossEntropy) => {
                     let eps = cross_entropy::label_smoothing(problem);
                     let t = cross_entropy::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
@@ -598,6 +602,9 @@ fn fast_values(
         Family::Loss(LossTerm::CrossEntropy) => vec![fast
             .loss_term(cross_entropy::label_smoothing(problem))
             .and_then(|l| cross_entropy::decide_term(l, target))],
+        Family::Loss(LossTerm::SoftCrossEntropy) => vec![fast
+            .soft_cross_entropy()
+            .and_then(|h| cross_entropy::decide_term(h, target))],
         Family::TopkKl(dir) => vec![topk_kl::decide_fast(problem, fast, dir, target)],
         Family::Policy(term) => vec![match fast.log_prob() {
             // No log-prob on an `ignore_index` row: its terms are 0.

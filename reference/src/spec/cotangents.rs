@@ -289,6 +289,10 @@ impl Problem<'_> {
             },
             Family::Gradient => no("grad_logits has no cotangent"),
             Family::LogSoftmax(RowStat::Rank) => no("token_ranks has no cotangent"),
+            // Its gradient is issue 47's next step.
+            Family::Loss(LossTerm::SoftCrossEntropy) => {
+                no("soft_cross_entropy has no cotangent yet")
+            }
             Family::Loss(LossTerm::Lse) => match self.options.lse {
                 true => Ok(name),
                 false => no("grad_lse given but options.lse is false"),

@@ -158,6 +158,17 @@ pub enum SpecError {
         /// The value as given.
         found: String,
     },
+    /// A `teacher_probs` entry (of the real vocabulary) that is negative or
+    /// not finite.
+    #[error("teacher_probs[{row}, {col}] is {value}: a probability is finite and >= 0")]
+    BadTeacherProb {
+        /// Row index.
+        row: usize,
+        /// Column index.
+        col: usize,
+        /// The offending value.
+        value: f64,
+    },
     /// A `loss_weights` entry that is negative or not finite.
     #[error("loss_weights[{row}] is {value}: weights must be finite and >= 0")]
     BadLossWeight {

@@ -87,7 +87,7 @@ pub struct Options {
     pub softcap_dtype: SoftcapDtype,
     /// `Some`: compute the cross-entropy `loss` (needs `tokens`;
     /// docs/design.md, "The loss side") with this reduction, label smoothing and all-ignored
-    /// mean; its per-row weights are [`Problem::loss_weights`]. Default
+    /// mean; its per-row weights are [`Problem::loss_weights`](super::Problem::loss_weights). Default
     /// `None`.
     pub loss: Option<LossOptions>,
     /// The clamps of the policy terms (`kl_k3`, `ratio`;
@@ -95,7 +95,7 @@ pub struct Options {
     pub policy_clamps: PolicyClamps,
     /// `Some`: compute the top-k KL to a teacher (`forward_kl`,
     /// `reverse_kl`; docs/design.md, "The loss side"), over `topk_ids` with the
-    /// teacher's log-probs [`Problem::teacher_topk_log_probs`]. Default
+    /// teacher's log-probs [`Problem::teacher_topk_log_probs`](super::Problem::teacher_topk_log_probs). Default
     /// `None`.
     pub topk_kl: Option<TopkKl>,
 }

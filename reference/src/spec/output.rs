@@ -178,6 +178,17 @@ macro_rules! for_each_output {
                 columns: $crate::spec::Columns::One,
                 family: $crate::spec::Family::TopkKl($crate::spec::KlDirection::Reverse),
             },
+            /// `soft_cross_entropy [N]` (stored `[N, 1]`): the cross-entropy
+            /// `H(p, q) = -sum_{j < V} p_j log q_j` against the teacher's
+            /// probabilities `p = teacher_probs` (docs/design.md, "The loss
+            /// side"; `q = softmax(z')`), nats; NeMo-RL's
+            /// `DistributedCrossEntropy`, torchtune's `ForwardKLLoss` per token.
+            SoftCrossEntropy {
+                name: "soft_cross_entropy",
+                cotangent: None,
+                columns: $crate::spec::Columns::One,
+                family: $crate::spec::Family::Loss($crate::spec::LossTerm::SoftCrossEntropy),
+            },
             /// `token_ranks [N]` (stored `[N, 1]`, integer or float):
             /// `#{j < V : log_prob_j >= log_prob_t}`, the rank of the token
             /// among the row's log-probs counting ties against it (vLLM's
@@ -309,6 +320,9 @@ pub enum LossTerm {
     ZLoss,
     /// The cross-entropy `loss`.
     CrossEntropy,
+    /// `soft_cross_entropy`: the cross-entropy against a teacher's
+    /// probabilities.
+    SoftCrossEntropy,
 }
 
 impl Output {
@@ -359,7 +373,8 @@ impl Output {
     /// with `topk_ids`, `lse` with `options.lse`, `z_loss` with
     /// `options.z_loss_coef`, `loss` with `options.loss` and `tokens`, the
     /// KL estimators with `ref_log_probs` and `tokens`, `ratio` with
-    /// `old_log_probs` and `tokens`; never `grad_logits` (a backward call's
+    /// `old_log_probs` and `tokens`, `soft_cross_entropy` with
+    /// `teacher_probs`; never `grad_logits` (a backward call's
     /// output).
     pub fn requested(self, problem: &Problem<'_>) -> bool {
         match self {
@@ -377,6 +392,7 @@ impl Output {
             Output::ForwardKl => problem.options.topk_kl.is_some_and(|k| k.forward),
             Output::ReverseKl => problem.options.topk_kl.is_some_and(|k| k.reverse),
             Output::TokenRanks => problem.options.token_ranks && problem.tokens.is_some(),
+            Output::SoftCrossEntropy => problem.teacher_probs.is_some(),
         }
     }
 
@@ -401,6 +417,7 @@ impl Output {
             | Output::Ratio
             | Output::ForwardKl
             | Output::ReverseKl
+            | Output::SoftCrossEntropy
             | Output::TokenRanks => false,
         }
     }
@@ -427,7 +444,8 @@ impl Output {
             | Output::Lse
             | Output::ZLoss
             | Output::ForwardKl
-            | Output::ReverseKl => true,
+            | Output::ReverseKl
+            | Output::SoftCrossEntropy => true,
         }
     }
 

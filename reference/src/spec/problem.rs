@@ -3,130 +3,19 @@
 //! The math these inputs define is docs/design.md's "The math" section; the
 //! oracle's module docs restate it with sources.
 
-use half::{bf16, f16};
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
+use ndarray::{ArrayView1, ArrayView2, Axis};
 
 use super::dtype::{Dtype, Element};
 use super::error::SpecError;
+use super::logits::{Logits, LogitsMut};
 use super::loss::{CrossEntropy, Reduction};
 use super::options::{Options, SoftcapDtype, TemperatureDtype};
 use super::policy::{self, PolicyInputs};
 use super::topk_kl::{check_teacher_row, first_duplicate, TopkKl};
+use crate::with_logits;
 
 /// PyTorch's default `ignore_index`.
 pub const DEFAULT_IGNORE_INDEX: i64 = -100;
-
-/// Logits `[N, V_total]` in one of the four dtypes, borrowed. Only the first
-/// `vocab_size` columns are real vocabulary; the rest are padding.
-#[derive(Clone, Copy, Debug)]
-pub enum Logits<'a> {
-    /// binary64 logits.
-    F64(ArrayView2<'a, f64>),
-    /// binary32 logits.
-    F32(ArrayView2<'a, f32>),
-    /// bfloat16 logits.
-    Bf16(ArrayView2<'a, bf16>),
-    /// binary16 logits.
-    F16(ArrayView2<'a, f16>),
-}
-
-/// Mutable logits `[N, V_total]`, for the in-place backward.
-#[derive(Debug)]
-pub enum LogitsMut<'a> {
-    /// binary64 logits.
-    F64(ArrayViewMut2<'a, f64>),
-    /// binary32 logits.
-    F32(ArrayViewMut2<'a, f32>),
-    /// bfloat16 logits.
-    Bf16(ArrayViewMut2<'a, bf16>),
-    /// binary16 logits.
-    F16(ArrayViewMut2<'a, f16>),
-}
-
-/// Dispatches `$body` over the element type of a [`Logits`]: `$v` is bound to
-/// the typed `ArrayView2<T>`.
-#[macro_export]
-macro_rules! with_logits {
-    ($logits:expr, $v:ident => $body:expr) => {
-        match $logits {
-            $crate::spec::Logits::F64($v) => $body,
-            $crate::spec::Logits::F32($v) => $body,
-            $crate::spec::Logits::Bf16($v) => $body,
-            $crate::spec::Logits::F16($v) => $body,
-        }
-    };
-}
-
-impl<'a> Logits<'a> {
-    /// The dtype of the logits.
-    pub fn dtype(&self) -> Dtype {
-        match self {
-            Logits::F64(_) => Dtype::F64,
-            Logits::F32(_) => Dtype::F32,
-            Logits::Bf16(_) => Dtype::Bf16,
-            Logits::F16(_) => Dtype::F16,
-        }
-    }
-
-    /// `(N, V_total)`.
-    pub fn dim(&self) -> (usize, usize) {
-        with_logits!(self, v => v.dim())
-    }
-
-    /// Element `[row, col]` as the exactly equal f64. Panics if out of bounds
-    /// (indices come from validated shapes).
-    pub fn get_f64(&self, row: usize, col: usize) -> f64 {
-        with_logits!(self, v => v[[row, col]].to_f64())
-    }
-
-    /// Row `row` converted exactly to f64 (`[V_total]`).
-    pub fn row_f64(&self, row: usize) -> Vec<f64> {
-        with_logits!(self, v => v.row(row).iter().map(|x| x.to_f64()).collect())
-    }
-
-    /// Rows `range` as a view of the same dtype.
-    pub fn slice_rows(&self, range: std::ops::Range<usize>) -> Logits<'a> {
-        use ndarray::s;
-        match *self {
-            Logits::F64(v) => Logits::F64(v.slice_move(s![range, ..])),
-            Logits::F32(v) => Logits::F32(v.slice_move(s![range, ..])),
-            Logits::Bf16(v) => Logits::Bf16(v.slice_move(s![range, ..])),
-            Logits::F16(v) => Logits::F16(v.slice_move(s![range, ..])),
-        }
-    }
-
-    /// Columns `range` as a view of the same dtype (a vocabulary shard).
-    pub fn slice_cols(&self, range: std::ops::Range<usize>) -> Logits<'a> {
-        use ndarray::s;
-        match *self {
-            Logits::F64(v) => Logits::F64(v.slice_move(s![.., range])),
-            Logits::F32(v) => Logits::F32(v.slice_move(s![.., range])),
-            Logits::Bf16(v) => Logits::Bf16(v.slice_move(s![.., range])),
-            Logits::F16(v) => Logits::F16(v.slice_move(s![.., range])),
-        }
-    }
-}
-
-impl<'a> LogitsMut<'a> {
-    /// A shorter-lived mutable view of the same buffer.
-    pub fn reborrow(&mut self) -> LogitsMut<'_> {
-        match self {
-            LogitsMut::F64(v) => LogitsMut::F64(v.view_mut()),
-            LogitsMut::F32(v) => LogitsMut::F32(v.view_mut()),
-            LogitsMut::Bf16(v) => LogitsMut::Bf16(v.view_mut()),
-            LogitsMut::F16(v) => LogitsMut::F16(v.view_mut()),
-        }
-    }
-    /// A read-only view of the same buffer.
-    pub fn view(&self) -> Logits<'_> {
-        match self {
-            LogitsMut::F64(v) => Logits::F64(v.view()),
-            LogitsMut::F32(v) => Logits::F32(v.view()),
-            LogitsMut::Bf16(v) => Logits::Bf16(v.view()),
-            LogitsMut::F16(v) => Logits::F16(v.view()),
-        }
-    }
-}
 
 /// One log-prob / entropy / top-k problem over `N` rows, over logits of
 /// type `L`: read-only ([`Problem`]) or mutable ([`ProblemMut`], the
@@ -150,6 +39,10 @@ pub struct ProblemOf<'a, L> {
     /// The teacher's log-probs `[N, K]` at `topk_ids` (exact inputs, nats,
     /// `<= 0`); read only when `options.topk_kl` is `Some`.
     pub teacher_topk_log_probs: Option<ArrayView2<'a, f64>>,
+    /// The teacher's probabilities `[N, V_total]` of the soft-target
+    /// cross-entropy `soft_cross_entropy` (exact inputs, finite, `>= 0`;
+    /// padded columns ignored). Its presence asks for that output.
+    pub teacher_probs: Option<ArrayView2<'a, f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss` (finite, `>= 0`,
     /// exact f64 inputs; `None` = every weight 1). Read only when
     /// `options.loss` is `Some`.
@@ -178,6 +71,7 @@ impl<'a, L> ProblemOf<'a, L> {
             sampling_mask: None,
             topk_ids: None,
             teacher_topk_log_probs: None,
+            teacher_probs: None,
             loss_weights: None,
             policy: PolicyInputs::default(),
             options: Options::default(),
@@ -198,6 +92,7 @@ impl<'a, L> ProblemOf<'a, L> {
             sampling_mask: self.sampling_mask,
             topk_ids: self.topk_ids,
             teacher_topk_log_probs: self.teacher_topk_log_probs,
+            teacher_probs: self.teacher_probs,
             loss_weights: self.loss_weights,
             policy: self.policy.shorten(),
             options: self.options,
@@ -237,6 +132,26 @@ pub struct Shape {
 }
 
 impl<'a> Problem<'a> {
+    /// Rows `rows` of every per-row input (logits, tokens, mask, ids, the
+    /// teachers, weights, policy inputs), the options unchanged: the
+    /// problem a chunk of rows is. Panics if `rows` is out of range.
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>) -> Problem<'a> {
+        let r2 = || ndarray::s![rows.clone(), ..];
+        Problem {
+            logits: self.logits.slice_rows(rows.clone()),
+            tokens: self.tokens.map(|t| t.slice_move(ndarray::s![rows.clone()])),
+            sampling_mask: self.sampling_mask.map(|m| m.slice_move(r2())),
+            topk_ids: self.topk_ids.map(|k| k.slice_move(r2())),
+            teacher_topk_log_probs: self.teacher_topk_log_probs.map(|a| a.slice_move(r2())),
+            teacher_probs: self.teacher_probs.map(|p| p.slice_move(r2())),
+            loss_weights: self
+                .loss_weights
+                .map(|w| w.slice_move(ndarray::s![rows.clone()])),
+            policy: self.policy.slice_rows(rows.clone()),
+            options: self.options,
+        }
+    }
+
     /// The checks of an explicit cross-entropy call (`Oracle::cross_entropy`,
     /// `CpuKernel::cross_entropy`), in the order both report them: shapes
     /// ([`Problem::validate_shapes`]), `ce`'s options for `N` rows
@@ -316,6 +231,11 @@ impl<'a> Problem<'a> {
                 return Err(shape_err("sampling_mask", vec![n, v_total], m.shape()));
             }
         }
+        if let Some(p) = self.teacher_probs {
+            if p.dim() != (n, v_total) {
+                return Err(shape_err("teacher_probs", vec![n, v_total], p.shape()));
+            }
+        }
         let mut k = 0;
         if let Some(ids) = self.topk_ids {
             if ids.nrows() != n {
@@ -389,6 +309,17 @@ impl<'a> Problem<'a> {
     pub fn validate_row(&self, shape: &Shape, row: usize) -> Result<(), SpecError> {
         let v = shape.vocab_size;
         policy::validate_row(&self.policy, row)?;
+        if let Some(p) = self.teacher_probs {
+            let bad = p
+                .row(row)
+                .iter()
+                .take(v)
+                .position(|x| !(x.is_finite() && *x >= 0.0));
+            if let Some(col) = bad {
+                let value = p[[row, col]];
+                return Err(SpecError::BadTeacherProb { row, col, value });
+            }
+        }
         if let (Some(_), Some(w)) = (self.options.loss, self.loss_weights) {
             let value = w[row];
             if !(value.is_finite() && value >= 0.0) {

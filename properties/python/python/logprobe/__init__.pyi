@@ -73,6 +73,8 @@ def verify(
     grad_forward_kl: Optional[TensorLike] = None,
     grad_reverse_kl: Optional[TensorLike] = None,
     token_ranks: Optional[TensorLike] = None,
+    teacher_probs: Optional[TensorLike] = None,
+    soft_cross_entropy: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,

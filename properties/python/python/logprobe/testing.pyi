@@ -52,6 +52,8 @@ def assert_verified(
     grad_forward_kl: Optional[TensorLike] = None,
     grad_reverse_kl: Optional[TensorLike] = None,
     token_ranks: Optional[TensorLike] = None,
+    teacher_probs: Optional[TensorLike] = None,
+    soft_cross_entropy: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,

@@ -12,7 +12,7 @@ use crate::cache::OracleCase;
 use crate::strategies::{CotangentData, OwnedLogits, ProblemData};
 
 /// What a kernel is asked: the problem with the outputs it cannot compute
-/// left out (entropy, masked entropy, top-k, token ranks, lse and z_loss, the loss), and the input features it
+/// left out (entropy, masked entropy, top-k, token ranks, lse and z_loss, the loss, the soft cross-entropy), and the input features it
 /// cannot take (mask, temperature, padding, f64), for which it must answer
 /// [`KernelError::Unsupported`](logprobe_kernels::KernelError::Unsupported).
 pub struct Asked<'a> {
@@ -40,6 +40,9 @@ pub fn asked<'a>(problem: &Problem<'a>, caps: &Capabilities) -> Asked<'a> {
     }
     if !caps.computes(Output::TokenRanks) {
         p.options.token_ranks = false;
+    }
+    if !caps.computes(Output::SoftCrossEntropy) {
+        p.teacher_probs = None;
     }
     if !caps.computes(Output::ZLoss) {
         p.options.z_loss_coef = None;

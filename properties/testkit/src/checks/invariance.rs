@@ -1,6 +1,6 @@
 //! Chunk-size and row-slicing invariance (bit for bit, no oracle).
 
-use ndarray::{s, Array2, Axis};
+use ndarray::{Array2, Axis};
 
 use logprobe_kernels::kernel::{ForwardOutput, Kernel, KernelError};
 use logprobe_reference::spec::{Dtype, MeanDivisor, Output, Reduction};
@@ -78,19 +78,7 @@ pub fn check_row_slicing(
     let n = data.n();
     let cut = cut.min(n);
     let whole = kernel.forward(&p, Dtype::F32);
-    let part = |r: std::ops::Range<usize>| {
-        let mut q = p;
-        q.logits = p.logits.slice_rows(r.clone());
-        q.tokens = p.tokens.map(|t| t.slice_move(s![r.clone()]));
-        q.sampling_mask = p.sampling_mask.map(|m| m.slice_move(s![r.clone(), ..]));
-        q.topk_ids = p.topk_ids.map(|k| k.slice_move(s![r.clone(), ..]));
-        q.loss_weights = p.loss_weights.map(|w| w.slice_move(s![r.clone()]));
-        q.teacher_topk_log_probs = p
-            .teacher_topk_log_probs
-            .map(|t| t.slice_move(s![r.clone(), ..]));
-        q.policy = p.policy.slice_rows(r.clone());
-        q
-    };
+    let part = |r: std::ops::Range<usize>| p.slice_rows(r);
     let (top, bottom) = (part(0..cut), part(cut..n));
     if let Ok(w) = &whole {
         let (t, b) = (

@@ -115,6 +115,9 @@ impl PlantedBug for InPlaceCorruption {
                 teacher_topk_log_probs: problem
                     .teacher_topk_log_probs
                     .map(|k| k.slice_move(s![r.clone(), ..])),
+                teacher_probs: problem
+                    .teacher_probs
+                    .map(|k| k.slice_move(s![r.clone(), ..])),
                 options: problem.options,
                 loss_weights: problem.loss_weights.map(|w| w.slice_move(s![r.clone()])),
             };

@@ -75,6 +75,7 @@ impl PlantedBug for LabelSmoothingCountsIgnored {
             sampling_mask: p.sampling_mask.as_ref().map(|m| m.view()),
             topk_ids: None,
             teacher_topk_log_probs: None,
+            teacher_probs: None,
             loss_weights: None,
             policy: Default::default(),
             options: p.options,

@@ -200,6 +200,7 @@ impl PlantedBug for SmoothingGradOnIgnored {
                 sampling_mask: p.sampling_mask.as_ref().map(|m| m.view()),
                 topk_ids: None,
                 teacher_topk_log_probs: None,
+                teacher_probs: None,
                 loss_weights: Some(weights.view()),
                 policy: Default::default(),
                 options,

@@ -43,6 +43,7 @@
 //! | `clamp-missing` | [`ClampMissing`] | fused | `kl_k3` / `ratio` without their declared clamps, where one binds |
 //! | `k3-grad-wrong-sign` | [`K3GradWrongSign`] | fused | backward with a nonzero `grad_kl_k3`: `k3'(d)` taken as `1 - e^{d}` instead of `1 - e^{-d}` where `d` is inside the clamps and not tiny |
 //! | `rank-ties-for-token` | [`RankTiesForToken`] | fused | `token_ranks` rows where another allowed entry's log-prob equals the token's: `>` instead of `>=`, the ties not counted against the token |
+//! | `soft-ce-nan-on-zero-prob` | [`SoftCeNanOnZeroProb`] | fused | `soft_cross_entropy` rows with a zero teacher probability at an entry the student cannot reach (masked, or a `-inf` logit without a softcap): `0 * -inf = NaN`, unmasked |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -67,6 +68,7 @@ mod options;
 mod policy;
 mod rank;
 mod rewired;
+mod soft;
 mod softcap;
 #[cfg(test)]
 mod tests;
@@ -83,6 +85,7 @@ pub use options::{
 };
 pub use policy::{ClampMissing, K3GradWrongSign, K3Naive, RatioInverted};
 pub use rank::RankTiesForToken;
+pub use soft::SoftCeNanOnZeroProb;
 pub use softcap::SoftcapGradMissingTanh;
 pub use topk_kl::{
     KlGradNormalizerDetached, KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb,
@@ -503,6 +506,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(ClampMissing, Fused, memory: false),
     entry!(K3GradWrongSign, Fused, memory: false),
     entry!(RankTiesForToken, Fused, memory: false),
+    entry!(SoftCeNanOnZeroProb, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

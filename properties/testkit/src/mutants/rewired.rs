@@ -120,6 +120,7 @@ impl Reversed {
             topk_ids: self.ids.as_ref().map(|k| k.view()),
             policy: Default::default(),
             teacher_topk_log_probs: None,
+            teacher_probs: None,
             options,
             loss_weights: None,
         }

@@ -92,6 +92,7 @@ impl PlantedBug for SoftcapGradMissingTanh {
             sampling_mask: problem.sampling_mask,
             topk_ids: problem.topk_ids,
             teacher_topk_log_probs: problem.teacher_topk_log_probs,
+            teacher_probs: problem.teacher_probs,
             loss_weights: problem.loss_weights,
             policy: problem.policy.shorten(),
             options,

@@ -173,6 +173,7 @@ impl PlantedBug for KlIdsShardLocal {
                 sampling_mask: p.sampling_mask.map(|m| m.slice_move(rows)),
                 topk_ids: Some(local.slice(rows)),
                 teacher_topk_log_probs: p.teacher_topk_log_probs.map(|a| a.slice_move(rows)),
+                teacher_probs: p.teacher_probs.map(|a| a.slice_move(rows)),
                 loss_weights: p.loss_weights.map(|w| w.slice_move(ndarray::s![r..r + 1])),
                 policy: p.policy.slice_rows(r..r + 1),
                 options: p.options,

@@ -112,6 +112,8 @@ pub struct ProblemData {
     /// The teacher's log-probs `[N, K]` of the top-k KL (read when
     /// `options.topk_kl` is `Some`).
     pub teacher_topk_log_probs: Option<Array2<f64>>,
+    /// The teacher's probabilities `[N, V_total]` of `soft_cross_entropy`.
+    pub teacher_probs: Option<Array2<f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss` (read when
     /// `options.loss` is `Some`).
     pub loss_weights: Option<Array1<f64>>,
@@ -134,6 +136,7 @@ impl ProblemData {
                 old_log_probs: self.policy[1].as_ref().map(|a| a.view()),
             },
             teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|k| k.view()),
+            teacher_probs: self.teacher_probs.as_ref().map(|k| k.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }

@@ -304,6 +304,21 @@ impl ProblemRecipe {
                 };
             }
         }
+        self.assemble(x, mask, tokens, ids, v, dtype)
+    }
+
+    /// The options, the drawn inputs that ride on the rows (policy
+    /// terms, the teachers) and the [`ProblemData`] of
+    /// [`ProblemRecipe::expand_with_masked_cols`], from its rows.
+    fn assemble(
+        &self,
+        x: Array2<f64>,
+        mask: Option<Array2<bool>>,
+        tokens: Array1<i64>,
+        ids: Array2<i64>,
+        v: usize,
+        dtype: Dtype,
+    ) -> ProblemData {
         let options = Options {
             temperature: self.temperature,
             temperature_dtype: self.temperature_dtype,
@@ -343,12 +358,18 @@ impl ProblemRecipe {
             Some((a, kl)) => (Some(a), Some(kl)),
             None => (None, None),
         };
+        // The soft-target cross-entropy rides on one case in four, its
+        // teacher from a stream of its own (`teacher.rs`).
+        let teacher_probs = draw_teacher_probs(self.seed, &x, v, |i, j| {
+            mask.as_ref().is_none_or(|m| m[[i, j]])
+        });
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),
             tokens: self.tokens.then_some(tokens),
             sampling_mask: mask,
             topk_ids: (self.topk > 0).then_some(ids),
             teacher_topk_log_probs: teacher,
+            teacher_probs,
             loss_weights: None,
             policy,
             options: Options {

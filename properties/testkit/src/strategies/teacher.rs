@@ -116,3 +116,64 @@ fn row_log_softmax_at(
         .map(|&id| r[id as usize] - m - s.ln())
         .collect()
 }
+
+/// The stream of the soft teacher's draws (beside [`TEACHER_STREAM`]).
+const SOFT_TEACHER_STREAM: u64 = (1 << 40) + (1 << 39);
+
+/// The teacher probabilities `[N, V_total]` of `soft_cross_entropy`, for
+/// one case in four: per row `p = softmax(x / tau + noise)` over the real
+/// vocabulary (`tau` in `[0.5, 2]`, Gaussian noise of scale 0, 0.5 or 3),
+/// each entry rounded to f32 (a teacher's stored dtype), `0` on padded
+/// columns and, on seven problems in eight, on the entries the student
+/// cannot reach (masked, or a `-inf` logit); on the eighth the teacher
+/// keeps mass there and the row's `H = +inf`. Now and then an entry is
+/// exactly 0. `x [N, V_total]` the exact logits, `v` the real vocabulary,
+/// `allowed(i, j)` the sampling mask. From its own stream of the recipe's
+/// seed: every other value of the case is unchanged.
+pub fn draw_teacher_probs(
+    seed: u64,
+    x: &Array2<f64>,
+    v: usize,
+    allowed: impl Fn(usize, usize) -> bool,
+) -> Option<Array2<f64>> {
+    let mut rng = rng_for(seed, SOFT_TEACHER_STREAM);
+    if !rng.chance(0.25) {
+        return None;
+    }
+    let reachable_only = !rng.chance(0.125);
+    let (n, vt) = x.dim();
+    let mut p = Array2::zeros((n, vt));
+    for i in 0..n {
+        let tau = 0.5 + 1.5 * rng.uniform();
+        let noise = [0.0, 0.5, 3.0][rng.below(3)];
+        let reach = |j: usize| allowed(i, j) && x[[i, j]] > f64::NEG_INFINITY;
+        let y: Vec<f64> = (0..v)
+            .map(|j| {
+                let xj = if x[[i, j]].is_finite() {
+                    x[[i, j]]
+                } else {
+                    -30.0
+                };
+                xj / tau + noise * rng.normal()
+            })
+            .collect();
+        let m = y.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = (0..v)
+            .map(|j| {
+                let keep = (!reachable_only || reach(j)) && !rng.chance(0.02);
+                if keep {
+                    (y[j] - m).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let s: f64 = w.iter().sum();
+        if s > 0.0 {
+            for j in 0..v {
+                p[[i, j]] = f64::from((w[j] / s) as f32);
+            }
+        }
+    }
+    Some(p)
+}

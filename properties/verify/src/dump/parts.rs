@@ -402,6 +402,33 @@ impl<'a> Tensors<'a, '_> {
         }
     }
 
+    /// `teacher_probs [N, V_total]`, left in the file (only with a
+    /// `soft_cross_entropy` candidate, which it is judged through).
+    ///
+    /// # Errors
+    /// [`DumpError`]: one without the other, a bad dtype or shape.
+    pub(super) fn teacher_probs(
+        &self,
+        candidates: &PerOutput<FloatMatrix<'a>>,
+    ) -> Result<Option<FloatMatrix<'a>>, DumpError> {
+        let want = candidates.contains(Output::SoftCrossEntropy);
+        let name = tensor::TEACHER_PROBS;
+        match self.get(name) {
+            None if want => Err(DumpError::MissingTensor {
+                tensor: name,
+                why: " (needed by soft_cross_entropy)",
+            }),
+            None => Ok(None),
+            Some(_) if !want => Err(DumpError::MissingTensor {
+                tensor: Output::SoftCrossEntropy.name(),
+                why: " (teacher_probs is judged through it)",
+            }),
+            Some(_) => Ok(self
+                .float(name, Columns::Vocabulary, false)?
+                .map(|(m, _)| m)),
+        }
+    }
+
     /// The upstream cotangents as exact f64 `[N, width]` (a reduced loss's
     /// `[1, 1]`), keyed by their output.
     ///

@@ -26,6 +26,9 @@ pub struct Dump<'a> {
     /// `teacher_topk_log_probs [N, K]` as exact f64 (only with a
     /// `forward_kl` or `reverse_kl` candidate).
     pub teacher_topk_log_probs: Option<Array2<f64>>,
+    /// `teacher_probs [N, V_total]`, left in the file and decoded row by
+    /// row (only with a `soft_cross_entropy` candidate).
+    pub teacher_probs: Option<FloatMatrix<'a>>,
     /// The candidate outputs, `[N, width]` each (`log_probs [N]` and
     /// `entropy [N]` as width 1, `topk_log_probs [N, K]`, `grad_logits
     /// [N, V_total]`), left in the file and decoded row by row, each with
@@ -122,6 +125,7 @@ impl<'a> Dump<'a> {
         let loss_weights = r.loss_weights(&candidates)?;
         let policy = r.policy(&candidates)?;
         let teacher = r.teacher(&candidates)?;
+        let teacher_probs = r.teacher_probs(&candidates)?;
         let cotangents = r.cotangents(loss_options.reduction)?;
 
         let names: Vec<String> = st.names().into_iter().map(String::from).collect();
@@ -200,6 +204,7 @@ impl<'a> Dump<'a> {
             sampling_mask: inputs.sampling_mask,
             topk_ids: inputs.topk_ids,
             teacher_topk_log_probs: teacher.map(|t| t.1),
+            teacher_probs,
             candidates,
             loss_weights,
             policy,
@@ -250,6 +255,10 @@ impl<'a> Dump<'a> {
                 .teacher_topk_log_probs
                 .as_ref()
                 .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
+            teacher_probs: self
+                .teacher_probs
+                .as_ref()
+                .map(|m| Array1::from(m.row_f64(row)).insert_axis(ndarray::Axis(0))),
             options: self.options,
             loss_weights: self
                 .loss_weights

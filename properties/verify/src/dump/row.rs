@@ -23,6 +23,8 @@ pub struct RowInputs {
     pub topk_ids: Option<Array2<i64>>,
     /// The teacher's log-probs `[1, K]` (top-k KL).
     pub teacher_topk_log_probs: Option<Array2<f64>>,
+    /// The teacher's probabilities `[1, V_total]` (soft cross-entropy).
+    pub teacher_probs: Option<Array2<f64>>,
     /// Options of the dump.
     pub options: Options,
     /// The row's `loss_weights` entry `[1]`.
@@ -48,6 +50,7 @@ impl RowInputs {
                 old_log_probs: self.policy[1].as_ref().map(|a| a.view()),
             },
             teacher_topk_log_probs: self.teacher_topk_log_probs.as_ref().map(|m| m.view()),
+            teacher_probs: self.teacher_probs.as_ref().map(|m| m.view()),
             options: self.options,
             loss_weights: self.loss_weights.as_ref().map(|w| w.view()),
         }

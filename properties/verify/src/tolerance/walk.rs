@@ -39,6 +39,9 @@ pub struct RowTargets {
     /// accumulation dtype, [`logprobe_reference::spec::Options::effective_z_loss_coef`]);
     /// 0 without `z_loss`.
     pub z_loss_coef: f64,
+    /// The row's teacher probabilities `[V]` of `soft_cross_entropy`
+    /// (empty without `teacher_probs`).
+    pub teacher_probs: Vec<f64>,
     /// The row's cross-entropy `loss` (`None` when the problem has none).
     pub loss: Option<LossTarget>,
     /// The row's loss-side cotangents for the gradient bound (T19; `None`
@@ -226,6 +229,9 @@ impl RowTargets {
                 .ok()
                 .flatten()
                 .unwrap_or(0.0),
+            teacher_probs: problem.teacher_probs.map_or(Vec::new(), |p| {
+                p.row(row).iter().take(vocab_size).copied().collect()
+            }),
             loss: problem.cross_entropy().map(|ce| LossTarget {
                 label_smoothing: ce
                     .effective_label_smoothing(problem.logits.dtype().accumulation())

@@ -261,6 +261,7 @@ fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> St
             "K = 0: topk_ids has no column, the top-k KL is over no teacher entry".to_string()
         }
         Output::Entropy
+        | Output::SoftCrossEntropy
         | Output::GradLogits
         | Output::Lse
         | Output::ZLoss

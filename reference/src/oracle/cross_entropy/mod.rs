@@ -23,8 +23,11 @@ use super::{first_error, Exact, Interval, Oracle, Rounder};
 use crate::interval::MpfrInterval;
 use crate::spec::{CrossEntropy, Dtype, MeanAllIgnored, Problem, Reduction, SpecError};
 
+mod soft;
 mod z_loss;
 
+pub(crate) use soft::infinite as soft_infinite;
+pub(super) use soft::soft_term;
 pub(super) use z_loss::{z_loss_fast, z_loss_mpfr, z_loss_vjp_term};
 
 /// The exact cross-entropy `loss` of a problem, in a target dtype.

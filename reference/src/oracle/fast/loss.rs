@@ -13,7 +13,7 @@ use super::pass::{a_tight, Dd};
 use super::row::widen_abs;
 use super::FastRow;
 use crate::interval::Interval;
-use crate::interval::{add_dn, add_up, div_dn, div_up};
+use crate::interval::{add_dn, add_up, div_dn, div_up, mul_dn, mul_up};
 
 impl FastRow<'_> {
     /// The enclosure of this row's loss term `w l` (nats; `w` the row's
@@ -86,5 +86,58 @@ impl FastRow<'_> {
         } else {
             l.mul_nonneg(Interval::point(w))
         })
+    }
+}
+
+impl FastRow<'_> {
+    /// The enclosure of this row's soft-target cross-entropy `H(p, q) =
+    /// (sum_j p_j) L + sum_j p_j a_j` (nats; `oracle/cross_entropy/soft.rs`):
+    /// an exact `+inf` when the teacher puts mass on an entry whose
+    /// log-prob is `-inf`. The products `p_j a_j` rounded outward, both
+    /// sums by TwoSum (F3) each widened by its bound; under an exact
+    /// softcap every `-log q_j` widened by `k` (F9), so `H` by `k sum p`.
+    /// `None` when the row is not [`FastRow::applicable`].
+    pub fn soft_cross_entropy(&self) -> Option<Interval> {
+        let row = &self.row;
+        if crate::oracle::cross_entropy::soft_infinite(row) {
+            return Some(Interval::point(f64::INFINITY));
+        }
+        if !self.applicable {
+            return None;
+        }
+        let vals = self.vals();
+        let (mut lo, mut hi, mut mass_lo, mut mass_hi, mut n) = (
+            Dd::default(),
+            Dd::default(),
+            Dd::default(),
+            Dd::default(),
+            0u64,
+        );
+        for (j, &p) in row.teacher_probs.iter().enumerate() {
+            if p == 0.0 {
+                continue;
+            }
+            let a = a_tight(self.p.vmax, vals[j], self.div, self.mutant);
+            lo.add(mul_dn(p, a.lo));
+            hi.add(mul_up(p, a.hi));
+            mass_lo.add(p);
+            mass_hi.add(p);
+            n += 1;
+        }
+        let pa = Interval {
+            lo: lo.enclose(lo.err(n), 0.0).lo,
+            hi: hi.enclose(0.0, hi.err(n)).hi,
+        };
+        let mass = Interval {
+            lo: mass_lo.enclose(mass_lo.err(n), 0.0).lo,
+            hi: mass_hi.enclose(0.0, mass_hi.err(n)).hi,
+        };
+        let nonneg = |i: Interval| Interval {
+            lo: i.lo.max(0.0),
+            hi: i.hi,
+        };
+        let h = mass.mul_nonneg(nonneg(self.p.bounds.ln_s)).add(pa);
+        let k = self.k_p();
+        Some(nonneg(widen_abs(h, mul_up(k, mass.hi))))
     }
 }

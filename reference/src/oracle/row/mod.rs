@@ -108,6 +108,9 @@ pub(crate) struct Row<'a> {
     pub weight: f64,
     /// The row's policy-term inputs (`ref`, `old`, clamps).
     pub policy: super::policy::PolicyRow,
+    /// The teacher's probabilities `p_j [V]` of `soft_cross_entropy` (empty
+    /// without `teacher_probs`).
+    pub teacher_probs: Vec<f64>,
     /// The teacher's log-probs `a_k [K]` of the top-k KL (empty without
     /// `options.topk_kl`).
     pub teacher: Vec<f64>,
@@ -300,6 +303,9 @@ pub(crate) fn prepare<'a>(
         topk,
         weight: problem.loss_weight(row),
         policy: super::policy::PolicyRow::of(problem, row),
+        teacher_probs: problem
+            .teacher_probs
+            .map_or_else(Vec::new, |p| p.row(row).iter().take(vsz).copied().collect()),
         teacher: match (problem.options.topk_kl, problem.teacher_topk_log_probs) {
             (Some(_), Some(a)) => a.row(row).to_vec(),
             _ => Vec::new(),

@@ -146,6 +146,54 @@ impl RowBounds<'_> {
     }
 }
 
+impl RowBounds<'_> {
+    /// Bound (nats) on `|H^ - H|` of the soft-target cross-entropy
+    /// `H = -sum_j p_j lp_j` for a candidate in `out` (TOLERANCE.md (T27)):
+    /// the teacher's `p_j` rounded to the accumulation dtype, each product
+    /// `p_j lp_j` of a rounded log-softmax entry (error `lambda_j`, T9)
+    /// rounded, summed in the model's
+    /// [`Model::loss_order`](crate::tolerance::Model::loss_order) (depth
+    /// `D_V`), then the final roundings (T8). `p [V]`: the row's teacher
+    /// probabilities. Teacher mass on a `-inf` log-prob makes `H = +inf`:
+    /// bound 0, only `+inf` is right.
+    pub fn soft_cross_entropy(&self, p: &[f64], out: Dtype) -> ErrorBound {
+        let set = match &self.p {
+            Ok(s) => s,
+            Err(e) => return ErrorBound::None { reason: e.clone() },
+        };
+        let (mut p0, mut p1) = (Hi::ZERO, Hi::ZERO);
+        for (j, &pj) in p.iter().enumerate() {
+            if pj == 0.0 {
+                continue;
+            }
+            let Some(d) = self.stats.d.get(j) else {
+                return ErrorBound::None {
+                    reason: NoBound::MissingStatistic {
+                        what: "d of a teacher entry (out of range)",
+                    },
+                };
+            };
+            if d.hi == f64::NEG_INFINITY {
+                return ErrorBound::Abs(0.0);
+            }
+            p0 = p0 + Hi(pj);
+            p1 = p1 + Hi(pj) * mag(d);
+        }
+        let u = self.c.u;
+        let g_sum = match gamma(self.c.loss_sum_depth, u.0) {
+            Ok(g) => g,
+            Err(reason) => return ErrorBound::None { reason },
+        };
+        // (T27) sum p_j lambda_j: lambda is affine in |d| (T9).
+        let e_pl = self.c.lambda_sum(set, p1, p0);
+        let pl_abs = p1 + p0 * Hi(set.ln_s.hi);
+        let one_u = Hi::ONE + u;
+        let big = pl_abs + e_pl;
+        let pre = e_pl + (Hi(2.0) * u + u * u) * big + g_sum * one_u * one_u * big;
+        self.c.finish(pre, pl_abs, out, "soft_cross_entropy")
+    }
+}
+
 /// The per-entry sums the smoothed row-loss bound (T17) needs, the same
 /// for every summation model: one O(V) pass per row
 /// ([`LossSums::of`]), then each model's bound is O(1)

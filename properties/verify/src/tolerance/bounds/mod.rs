@@ -436,6 +436,9 @@ impl RowBounds<'_> {
             Family::Loss(LossTerm::Lse) => self.lse(out),
             Family::Loss(LossTerm::ZLoss) => self.z_loss(targets.z_loss_coef, out),
             Family::Loss(LossTerm::CrossEntropy) => self.loss(targets, out),
+            Family::Loss(LossTerm::SoftCrossEntropy) => {
+                self.soft_cross_entropy(&targets.teacher_probs, out)
+            }
             Family::Policy(term) => policy::bound(self, term, targets, out),
             Family::TopkKl(dir) => {
                 self.topk_kl(dir, &targets.topk_ids, targets.topk_kl.as_ref(), out)
