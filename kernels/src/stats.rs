@@ -436,8 +436,11 @@ pub fn row_forward<A: Acc>(
         _ => 0.0,
     };
     let soft_cross_entropy = problem.teacher_probs.map_or(0.0, |tp| {
-        let p: Vec<f64> = tp.row(row).iter().take(p.v).copied().collect();
-        round_out(soft_cross_entropy(problem, row, &p, &lp), out)
+        let teacher = tp.row(row);
+        round_out(
+            soft_cross_entropy(problem, row, teacher.slice(ndarray::s![..p.v]), &lp),
+            out,
+        )
     });
     RowForward {
         soft_cross_entropy,
@@ -456,13 +459,13 @@ pub fn row_forward<A: Acc>(
 
 /// The soft-target cross-entropy of row `row` in `A` (docs/design.md,
 /// "The loss side"; TOLERANCE.md (T27)): `-sum_{j < v} p_j lp(j)` over the
-/// teacher's probabilities `p [v]`, each product rounded to `A` and summed by
-/// [`pairwise_sum`]; `p_j = 0` entries add nothing (not `0 * -inf`), teacher
-/// mass on a masked entry makes it `+inf`.
+/// teacher's probabilities `p [v]` (a view: no allocation), each product
+/// rounded to `A` and summed by [`pairwise_sum`]; `p_j = 0` entries add
+/// nothing (not `0 * -inf`), teacher mass on a masked entry makes it `+inf`.
 pub fn soft_cross_entropy<A: Acc>(
     problem: &Problem<'_>,
     row: usize,
-    p: &[f64],
+    p: ArrayView1<'_, f64>,
     lp: &impl Fn(usize) -> A,
 ) -> A {
     let term = |j: usize| {

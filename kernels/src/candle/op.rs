@@ -121,15 +121,9 @@ impl LogProbOp {
             other => return Err(unsupported_dtype(other)),
         };
         f(&Problem {
-            logits,
             tokens: Some(ArrayView1::from(&tokens[..])),
-            sampling_mask: None,
-            topk_ids: None,
-            policy: Default::default(),
-            teacher_topk_log_probs: None,
-            teacher_probs: None,
             options: self.options,
-            loss_weights: None,
+            ..Problem::new(logits)
         })
     }
 

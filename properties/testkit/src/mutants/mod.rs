@@ -60,6 +60,24 @@ use logprobe_reference::spec::{
     Cotangents, CrossEntropy, Dtype, LogitsMut, Options, Problem, ProblemMut, Shape,
 };
 
+/// Declares a unit bug type around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) with its catalog name.
+macro_rules! unit_bug {
+    ($(#[$doc:meta])* $ty:ident, $name:literal) => {
+        $(#[$doc])*
+        pub struct $ty;
+
+        impl $ty {
+            /// Catalog name.
+            pub const NAME: &'static str = $name;
+
+            /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
+            pub fn new(_chunk_size: usize) -> $ty {
+                $ty
+            }
+        }
+    };
+}
+
 mod backward;
 mod chunks;
 mod loss;

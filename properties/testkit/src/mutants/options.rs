@@ -8,40 +8,22 @@ use logprobe_reference::spec::{EntropyLogits, Options, Problem, TemperatureDtype
 
 use super::PlantedBug;
 
-/// Declares a unit bug type around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) with its catalog name.
-macro_rules! option_bug {
-    ($(#[$doc:meta])* $ty:ident, $name:literal) => {
-        $(#[$doc])*
-        pub struct $ty;
-
-        impl $ty {
-            /// Catalog name.
-            pub const NAME: &'static str = $name;
-
-            /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
-            pub fn new(_chunk_size: usize) -> $ty {
-                $ty
-            }
-        }
-    };
-}
-
-option_bug!(
+unit_bug!(
     /// Padded vocabulary columns not truncated (`vocab_size` dropped).
     PaddedVocabNotTruncated,
     "padded-vocab-not-truncated"
 );
-option_bug!(
+unit_bug!(
     /// Temperature ignored (`T = 1`).
     TemperatureIgnored,
     "temperature-ignored"
 );
-option_bug!(
+unit_bug!(
     /// Temperature applied twice (`T^2`).
     TemperatureTwice,
     "temperature-twice"
 );
-option_bug!(
+unit_bug!(
     /// Entropy over the wrong logits (masked vs unmasked swapped) when a
     /// sampling mask is given.
     EntropyWrongLogits,

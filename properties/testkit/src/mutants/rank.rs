@@ -12,18 +12,11 @@ use logprobe_reference::spec::{Dtype, Logits, Output, Problem, Shape};
 
 use super::{PlantedBug, FUSED};
 
-/// `token_ranks` with ties counted for the token (module docs).
-pub struct RankTiesForToken;
-
-impl RankTiesForToken {
-    /// Catalog name.
-    pub const NAME: &'static str = "rank-ties-for-token";
-
-    /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
-    pub fn new(_chunk_size: usize) -> RankTiesForToken {
-        RankTiesForToken
-    }
-}
+unit_bug!(
+    /// `token_ranks` with ties counted for the token (module docs).
+    RankTiesForToken,
+    "rank-ties-for-token"
+);
 
 impl PlantedBug for RankTiesForToken {
     fn inner(&self) -> &dyn Kernel {

@@ -10,18 +10,11 @@ use logprobe_reference::spec::{Dtype, Output, Problem, Shape};
 
 use super::{PlantedBug, FUSED};
 
-/// `soft_cross_entropy` NaN where `0 * -inf` meets (module docs).
-pub struct SoftCeNanOnZeroProb;
-
-impl SoftCeNanOnZeroProb {
-    /// Catalog name.
-    pub const NAME: &'static str = "soft-ce-nan-on-zero-prob";
-
-    /// The bug around [`CpuKernel::fused`](logprobe_kernels::CpuKernel::fused) (`chunk_size` ignored).
-    pub fn new(_chunk_size: usize) -> SoftCeNanOnZeroProb {
-        SoftCeNanOnZeroProb
-    }
-}
+unit_bug!(
+    /// `soft_cross_entropy` NaN where `0 * -inf` meets (module docs).
+    SoftCeNanOnZeroProb,
+    "soft-ce-nan-on-zero-prob"
+);
 
 impl PlantedBug for SoftCeNanOnZeroProb {
     fn inner(&self) -> &dyn Kernel {
