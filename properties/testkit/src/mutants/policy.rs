@@ -101,19 +101,7 @@ fn expm1(acc: Dtype, x: f64) -> f64 {
 
 macro_rules! policy_bug {
     ($(#[$doc:meta])* $ty:ident, $name:literal, $bug:expr) => {
-        $(#[$doc])*
-        pub struct $ty;
-
-        impl $ty {
-            /// Catalog name.
-            pub const NAME: &'static str = $name;
-
-            /// The bug around [`logprobe_kernels::CpuKernel::fused`]
-            /// (`chunk_size` ignored).
-            pub fn new(_chunk_size: usize) -> $ty {
-                $ty
-            }
-        }
+        unit_bug!($(#[$doc])* $ty, $name);
 
         impl PlantedBug for $ty {
             fn inner(&self) -> &dyn Kernel {
