@@ -284,32 +284,15 @@ pub(crate) fn backward_in_place(
     staging: Staging,
     widths: &[usize],
 ) -> Result<(), SpecError> {
-    let ProblemMut {
-        logits,
-        tokens,
-        sampling_mask,
-        topk_ids,
-        policy,
-        teacher_topk_log_probs,
-        teacher_probs,
-        options,
-        loss_weights,
-    } = problem;
+    // Every input but the logits, borrowed apart from them (nothing of
+    // `problem` is borrowed by `with_logits`).
+    let inputs = problem.with_logits(());
+    let (logits, sampling_mask, options) = (problem.logits, problem.sampling_mask, problem.options);
     macro_rules! go {
         ($lv:expr, $wrap:path) => {{
             let mut lv = $lv;
             let write = {
-                let problem = Problem {
-                    logits: $wrap(lv.view()),
-                    tokens,
-                    sampling_mask,
-                    topk_ids,
-                    policy: policy.shorten(),
-                    teacher_topk_log_probs,
-                    teacher_probs,
-                    options,
-                    loss_weights,
-                };
+                let problem = inputs.with_logits($wrap(lv.view()));
                 let shape = problem.validate_shapes()?;
                 problem.validate_cotangents(&shape, cot)?;
                 plan_in_place(&problem, &shape, lv.view(), cot, widths)?
