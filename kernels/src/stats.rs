@@ -468,12 +468,13 @@ pub fn soft_cross_entropy<A: Acc>(
     p: ArrayView1<'_, f64>,
     lp: &impl Fn(usize) -> A,
 ) -> A {
+    // Which entries count is decided on the input `p_j` (the oracle's
+    // definition), not on its rounding to `A`.
     let term = |j: usize| {
-        let pj = A::from_f64(p[j]);
-        if pj == A::ZERO {
+        if p[j] == 0.0 {
             A::ZERO
         } else if problem.allowed(row, j) {
-            pj * lp(j)
+            A::from_f64(p[j]) * lp(j)
         } else {
             A::from_f64(f64::NEG_INFINITY)
         }
