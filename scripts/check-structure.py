@@ -56,7 +56,6 @@ SKIP_DIRS = {"tests", "benches", "examples", "target"}
 # `path:fn` for a function; value: its size when the check was wired in.
 KNOWN = {
     "kernels/src/cuda/forward.rs:forward": 162,
-    "properties/verify/src/tolerance/bounds/grad.rs:grad_elem": 159,
     "properties/fuzz/src/case/recipe_text.rs:set": 152,
     "properties/src/bench/paths.rs:run_in_pool": 246,
 }

@@ -1010,3 +1010,87 @@ fn loss_side_vjp_is_on_the_f64_tier() {
     assert!(smoothed.1 > 0);
     assert!(smoothed.0 as f64 >= 0.9 * smoothed.1 as f64, "{smoothed:?}");
 }
+
+/// (F10) The soft cross-entropy's cotangent on the f64 tier: with a
+/// teacher of mass 1 or 0.6 (zero where the student cannot reach), or the
+/// student's own softmax (the cancellation `(sum p) q_j - p_j ~ 0`), the
+/// public oracle's VJP returns the same correctly rounded values on both
+/// tiers, the f64 tier's enclosures meet MPFR's, and away from the
+/// cancellation it decides most elements.
+#[test]
+fn soft_cross_entropy_vjp_is_on_the_f64_tier() {
+    let fast = Oracle {
+        tier: Tier::FastVjp,
+        ..Oracle::default()
+    };
+    let mpfr = Oracle {
+        tier: Tier::Mpfr,
+        ..Oracle::default()
+    };
+    let (mut decided, mut total) = (0u64, 0u64);
+    for (i, c) in cases(0xFA57_0047, 160, &[1, 3, 8, 40, 300])
+        .into_iter()
+        .enumerate()
+    {
+        let data = c.data();
+        let mut p = data.problem(&c);
+        let (n, vt) = p.logits.dim();
+        let v = p.options.vocab_size.unwrap_or(vt);
+        let capped = p.options.softcap.is_some();
+        let own = i % 4 == 3;
+        let mass = [1.0, 0.6][i % 2];
+        let mut tp = ndarray::Array2::<f64>::zeros((n, vt));
+        for r in 0..n {
+            let live = |j: usize| {
+                p.allowed(r, j) && (capped || p.logits.get_f64(r, j) > f64::NEG_INFINITY)
+            };
+            let y = |j: usize| {
+                let x = p.logits.get_f64(r, j).max(-1e300);
+                if own {
+                    x
+                } else {
+                    -(((j * 7 + i) % 11) as f64) * 0.4
+                }
+            };
+            let m = (0..v).filter(|&j| live(j)).map(y).fold(f64::MIN, f64::max);
+            let w: Vec<f64> = (0..v)
+                .map(|j| if live(j) { (y(j) - m).exp() } else { 0.0 })
+                .collect();
+            let s: f64 = w.iter().sum();
+            for j in 0..v {
+                tp[[r, j]] = f64::from((w[j] / s * mass) as f32);
+            }
+        }
+        p.teacher_probs = Some(tp.view());
+        let g = Array1::from_elem(n, [1.0, -0.5, 3.0e2][i % 3]);
+        let cot = Cotangents::default().with_column(Output::SoftCrossEntropy, Some(g.view()));
+        for target in [Dtype::F32, Dtype::Bf16] {
+            let (x, y) = match (
+                fast.vjp_counted(&p, &cot, target),
+                mpfr.vjp(&p, &cot, target),
+            ) {
+                (Ok(x), Ok(y)) => (x, y),
+                (Err(x), Err(y)) => {
+                    assert_eq!(x, y);
+                    continue;
+                }
+                (x, y) => panic!("{c:?}: {:?} vs {:?}", x.err(), y.err()),
+            };
+            let (g, fb) = x;
+            for (x, y) in g.iter().zip(y.iter()) {
+                same_value(x, y, &format!("{target} own {own} mass {mass} {c:?}"));
+                assert!(
+                    x.enclosure.lo <= y.enclosure.hi && y.enclosure.lo <= x.enclosure.hi,
+                    "{target} {c:?}: {x:?} vs {y:?}"
+                );
+            }
+            if !own {
+                decided += fb.outputs - fb.outputs_mpfr;
+                total += fb.outputs;
+            }
+        }
+    }
+    eprintln!("soft cross-entropy: {decided} of {total} decided on the f64 tier");
+    assert!(total > 2000, "{total}");
+    assert!(decided as f64 >= 0.5 * total as f64, "{decided} of {total}");
+}

@@ -22,6 +22,21 @@ pub struct RowCot<A> {
     /// more source at each id, of weight [`crate::topk_kl::topk_kl_slopes`]
     /// from the row's own log-probs at the ids, added in [`grad_row`].
     pub kl: Option<KlSide<A>>,
+    /// The soft cross-entropy's cotangent (`None`: absent or zero on this
+    /// row): every entry `j` gains `-c p_j` (the teacher's, read from
+    /// `teacher_probs` in [`grad_row`]) and the total weight of `-p_j`
+    /// loses `c sum_j p_j`.
+    pub soft: Option<SoftSide<A>>,
+}
+
+/// One row's soft cross-entropy cotangent `c` and the teacher's mass
+/// `sum_{j < V} p_j` ([`pairwise_sum`] of the `p_j` rounded to `A`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftSide<A> {
+    /// `c`, the row's `grad_soft_cross_entropy`.
+    pub c: A,
+    /// `sum_j p_j`.
+    pub mass: A,
 }
 
 /// One row's top-k KL cotangents and inputs.
@@ -175,13 +190,29 @@ impl<A: Acc> RowCot<A> {
             loss,
             policy: crate::policy::PolicySide::of(problem, cot, row),
             kl: KlSide::of(problem, cot, row),
+            soft: match (
+                problem.soft_cross_entropy_cotangent(cot, row),
+                problem.teacher_probs,
+            ) {
+                (c, Some(tp)) if c != 0.0 => {
+                    let tp = tp.row(row);
+                    Some(SoftSide {
+                        c: A::from_f64(c),
+                        mass: pairwise_sum(0..p.v.min(tp.len()), &|j| A::from_f64(tp[j])),
+                    })
+                }
+                _ => None,
+            },
         }
     }
 
     /// Sum of all weights, in source order, less the loss side's weight
     /// of `p_j` (then also the constant `u`; `0` without a loss side).
     pub(super) fn total(&self, st: &RowStats<A>, p: &CallParams<A>) -> (A, A) {
-        let s = self.sources.iter().fold(A::ZERO, |a, &(_, w)| a + w);
+        let mut s = self.sources.iter().fold(A::ZERO, |a, &(_, w)| a + w);
+        if let Some(sf) = &self.soft {
+            s = s - sf.c * sf.mass;
+        }
         match &self.loss {
             None => (s, A::ZERO),
             Some(l) => (s - l.p_weight(st, p), l.u),

@@ -105,15 +105,16 @@ fn backward_rows<T: Input, K: GradSink<T::Acc>>(
                     if ids_suspect(problem, &src, r, p.v) {
                         return Err(row_error(problem, shape, r));
                     }
-                    let mask = mask_row(problem.sampling_mask, r);
-                    let st = row_stats(&src, mask, &p).map_err(|_| row_error(problem, shape, r))?;
+                    let inputs = RowInputs::of(problem.sampling_mask, problem.teacher_probs, r);
+                    let st = row_stats(&src, inputs.mask, &p)
+                        .map_err(|_| row_error(problem, shape, r))?;
                     let rc = RowCot::new(problem, cot, r, &p);
                     let mut io = ToSink {
                         src: &src,
                         dst,
                         sink,
                     };
-                    grad_row(&mut io, mask, &st, &p, &rc, vt, me);
+                    grad_row(&mut io, inputs, &st, &p, &rc, vt, me);
                     Ok(())
                 })
                 .collect();
@@ -199,10 +200,10 @@ fn chunked_grad_chunk<T: Input>(
             if ids_suspect(problem, z, r, v) {
                 return Err(row_error(problem, shape, r));
             }
-            let mask = mask_row(problem.sampling_mask, r);
-            let st = row_stats(z, mask, p).map_err(|_| row_error(problem, shape, r))?;
+            let inputs = RowInputs::of(problem.sampling_mask, problem.teacher_probs, r);
+            let st = row_stats(z, inputs.mask, p).map_err(|_| row_error(problem, shape, r))?;
             let rc = RowCot::new(problem, cot, r, p);
-            grad_row(&mut ToBuffer { src: z, dst: g }, mask, &st, p, &rc, v, me);
+            grad_row(&mut ToBuffer { src: z, dst: g }, inputs, &st, p, &rc, v, me);
             apply_softcap_factors(p.softcap, lv.row(r), g);
             Ok(())
         })
@@ -287,7 +288,8 @@ pub(crate) fn backward_in_place(
     // Every input but the logits, borrowed apart from them (nothing of
     // `problem` is borrowed by `with_logits`).
     let inputs = problem.with_logits(());
-    let (logits, sampling_mask, options) = (problem.logits, problem.sampling_mask, problem.options);
+    let (logits, options) = (problem.logits, problem.options);
+    let per_entry = (problem.sampling_mask, problem.teacher_probs);
     macro_rules! go {
         ($lv:expr, $wrap:path) => {{
             let mut lv = $lv;
@@ -297,7 +299,7 @@ pub(crate) fn backward_in_place(
                 problem.validate_cotangents(&shape, cot)?;
                 plan_in_place(&problem, &shape, lv.view(), cot, widths)?
             };
-            apply_in_place(&mut lv, sampling_mask, &options, write, staging);
+            apply_in_place(&mut lv, per_entry, &options, write, staging);
             Ok(())
         }};
     }
@@ -340,9 +342,11 @@ fn plan_in_place<T: Input>(
     })
 }
 
+/// The in-place write pass of `plan` over `lv`; `per_entry`: the
+/// problem's `(sampling_mask, teacher_probs)`.
 fn apply_in_place<T: GradElement>(
     lv: &mut ArrayViewMut2<'_, T>,
-    sampling_mask: Option<ArrayView2<'_, bool>>,
+    per_entry: (Option<ArrayView2<'_, bool>>, Option<ArrayView2<'_, f64>>),
     options: &Options,
     plan: InPlacePlan<T::Acc>,
     staging: Staging,
@@ -361,7 +365,7 @@ fn apply_in_place<T: GradElement>(
                 };
                 grad_row(
                     &mut io,
-                    mask_row(sampling_mask, r),
+                    RowInputs::of(per_entry.0, per_entry.1, r),
                     &plan.stats[r],
                     p,
                     &plan.cots[r],
@@ -400,7 +404,7 @@ fn apply_in_place<T: GradElement>(
                         let r = r0 + i;
                         grad_row(
                             &mut ToBuffer { src: z, dst: g },
-                            mask_row(sampling_mask, r),
+                            RowInputs::of(per_entry.0, per_entry.1, r),
                             &plan.stats[r],
                             p,
                             &plan.cots[r],

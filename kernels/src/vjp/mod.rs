@@ -47,7 +47,32 @@ mod cot;
 mod drive;
 mod io;
 
-pub use cot::RowCot;
+pub use cot::{RowCot, SoftSide};
+
+/// One row's inputs beside its logits that the write pass reads per
+/// entry: the sampling mask `[V_total]` and the teacher's probabilities
+/// `[V_total]` of `soft_cross_entropy` (each `None` when absent).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowInputs<'r> {
+    /// The row's sampling mask.
+    pub mask: Option<ArrayView1<'r, bool>>,
+    /// The row's `teacher_probs`.
+    pub teacher: Option<ArrayView1<'r, f64>>,
+}
+
+impl<'r> RowInputs<'r> {
+    /// Row `row` of `[N, V_total]` masks and teacher probabilities.
+    pub fn of(
+        mask: Option<ArrayView2<'r, bool>>,
+        teacher: Option<ArrayView2<'r, f64>>,
+        row: usize,
+    ) -> Self {
+        RowInputs {
+            mask: mask_row(mask, row),
+            teacher: teacher.map(|t| t.index_axis_move(ndarray::Axis(0), row)),
+        }
+    }
+}
 pub(crate) use drive::{backward, backward_in_place, backward_into};
 pub use io::{BlockCols, F64Rounded, GradSink, InPlace, RowIo, ToBuffer, ToSink, Typed};
 
@@ -83,7 +108,7 @@ fn entropy_term<A: Acc>(
 /// is computed), then the source columns.
 pub fn grad_row<A: Acc, Io: RowIo<A>>(
     io: &mut Io,
-    mask: Option<ArrayView1<'_, bool>>,
+    inputs: RowInputs<'_>,
     st: &RowStats<A>,
     p: &CallParams<A>,
     rc: &RowCot<A>,
@@ -91,6 +116,9 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     masked_entropy: bool,
 ) {
     let v = p.v;
+    let mask = inputs.mask;
+    // The soft cross-entropy's `-c p_j` (the teacher's `p_j`) per entry.
+    let dense = rc.soft.zip(inputs.teacher);
     let (mut total, u) = rc.total(st, p);
     // The policy terms' source at the target (read before any write).
     let pol = rc.policy.as_ref().map(|ps| {
@@ -140,6 +168,7 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     let mut zbuf = [A::ZERO; BLOCK];
     let mut mbuf = [false; BLOCK];
     let mut fbuf = [A::ONE; BLOCK];
+    let mut dbuf = [A::ZERO; BLOCK];
     let mut start = 0;
     while start < v {
         let n = BLOCK.min(v - start);
@@ -156,45 +185,28 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
                 Some(&mbuf[..n])
             }
         };
-        if io.softcap_factors(start, &mut fbuf[..n]) {
-            let fac = &fbuf[..n];
-            io.block(BlockCols { start, n, end: v }, &mut zbuf, &mut |z, out| {
-                let BlockOut { direct, emit } = out;
-                match direct {
-                    Some(d) => {
-                        grad_block(
-                            &consts,
-                            z,
-                            mk,
-                            BlockOut {
-                                direct: Some(&mut *d),
-                                emit: &mut *emit,
-                            },
-                        );
-                        for (g, &f) in d.iter_mut().zip(fac) {
-                            *g = softcapped(*g, f);
-                        }
-                    }
-                    None => {
-                        let mut tmp = [A::ZERO; BLOCK];
-                        grad_block(
-                            &consts,
-                            z,
-                            mk,
-                            BlockOut {
-                                direct: None,
-                                emit: &mut |k, vals| {
-                                    let t = &mut tmp[..vals.len()];
-                                    for ((o, &g), &f) in t.iter_mut().zip(vals).zip(&fac[k..]) {
-                                        *o = softcapped(g, f);
-                                    }
-                                    emit(k, t)
-                                },
-                            },
-                        );
-                    }
-                }
-            });
+        let capped = io.softcap_factors(start, &mut fbuf[..n]);
+        if let Some((sf, t)) = dense {
+            for (i, d) in dbuf[..n].iter_mut().enumerate() {
+                *d = soft_term(sf, t[start + i], p.grad_scale);
+            }
+        }
+        if capped || dense.is_some() {
+            // `(g - d_j) f_j`: the soft term `d_j`, then the softcap factor.
+            let fac = capped.then_some(&fbuf[..n]);
+            let dn = dense.is_some().then_some(&dbuf[..n]);
+            let fix = |g: A, i: usize| {
+                let g = dn.map_or(g, |d| g - d[i]);
+                fac.map_or(g + A::ZERO, |f| softcapped(g, f[i]))
+            };
+            block_fixed(
+                io,
+                BlockCols { start, n, end: v },
+                &mut zbuf,
+                &consts,
+                mk,
+                fix,
+            );
         } else {
             io.block(BlockCols { start, n, end: v }, &mut zbuf, &mut |z, out| {
                 grad_block(&consts, z, mk, out)
@@ -205,13 +217,15 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     io.store_zeros(v..v_total);
     // Source columns: c_j (1 - p_j) - o_j p_j - h q_j (e_j + R), cancellation-free.
     for &(j, zj, fj) in &spec {
+        // A source's soft term joins its constant `u`.
+        let uj = dense.map_or(u, |(sf, t)| u - sf.c * A::from_f64(t[j]));
         let g = source_grad(
             (j, zj),
             &sources,
             st,
             p,
             rc,
-            u,
+            uj,
             allowed(j) || !masked_entropy,
         );
         let g = match p.grad_scale {
@@ -226,6 +240,57 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
             }],
         );
     }
+}
+
+/// One block of [`grad_row`] whose values get a per-entry fix before
+/// they are stored (`fix(g, i)`, `i` the entry's index in the block: the
+/// soft term and the softcap factor), in the direct and the emitted
+/// output alike.
+fn block_fixed<A: Acc, Io: RowIo<A>>(
+    io: &mut Io,
+    cols: BlockCols,
+    zbuf: &mut [A; BLOCK],
+    consts: &BlockConsts<A>,
+    mk: Option<&[bool]>,
+    fix: impl Fn(A, usize) -> A,
+) {
+    io.block(cols, zbuf, &mut |z, out| {
+        let BlockOut { direct, emit } = out;
+        match direct {
+            Some(d) => {
+                grad_block(
+                    consts,
+                    z,
+                    mk,
+                    BlockOut {
+                        direct: Some(&mut *d),
+                        emit: &mut *emit,
+                    },
+                );
+                for (i, g) in d.iter_mut().enumerate() {
+                    *g = fix(*g, i);
+                }
+            }
+            None => {
+                let mut tmp = [A::ZERO; BLOCK];
+                grad_block(
+                    consts,
+                    z,
+                    mk,
+                    BlockOut {
+                        direct: None,
+                        emit: &mut |k, vals| {
+                            let t = &mut tmp[..vals.len()];
+                            for (i, (o, &g)) in t.iter_mut().zip(vals).enumerate() {
+                                *o = fix(g, k + i);
+                            }
+                            emit(k, t)
+                        },
+                    },
+                );
+            }
+        }
+    });
 }
 
 /// One source column `j` (logit `zj`) of [`grad_row`], before the
@@ -257,8 +322,13 @@ fn source_grad<A: Acc>(
     } else {
         A::ONE - pj
     };
-    // The others' weight of `p_j` less the loss side's (`total - c`);
+    // The others' weight of `p_j` less the soft term's and the loss
+    // side's (`total - c`);
     // `u` is every allowed entry's (a source is allowed).
+    let o = match &rc.soft {
+        None => o,
+        Some(sf) => o - sf.c * sf.mass,
+    };
     let o = match &rc.loss {
         None => o,
         Some(l) => o - l.p_weight(st, p),
@@ -272,6 +342,15 @@ fn source_grad<A: Acc>(
         g = g - h * t;
     }
     g
+}
+
+/// The soft cross-entropy's term of entry `j` as the write pass subtracts
+/// it: `c p_j` (`p_j` the teacher's, rounded to `A`), divided by `T` when
+/// the gradient is (`grad_scale`).
+#[inline(always)]
+fn soft_term<A: Acc>(sf: SoftSide<A>, pj: f64, grad_scale: Option<A>) -> A {
+    let d = sf.c * A::from_f64(pj);
+    grad_scale.map_or(d, |t| d / t)
 }
 
 /// A gradient `g` with respect to `x'` times the softcap factor `f =

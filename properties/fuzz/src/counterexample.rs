@@ -8,9 +8,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use logprobe_kernels::kernel::Kernel;
-use logprobe_reference::spec::{Columns, Dtype, Output, PolicyTerm, Problem, Reduction, TopkKl};
+use logprobe_reference::spec::{
+    Columns, Cotangents, Dtype, Output, PolicyTerm, Problem, Reduction, TopkKl,
+};
 use logprobe_testkit::checks::{asked, loss_problem};
-use logprobe_testkit::strategies::ProblemData;
+use logprobe_testkit::strategies::{CotangentData, ProblemData};
 use logprobe_verify::dump::{write_dump, Dump, DumpError, DumpTensor, Metadata};
 use logprobe_verify::keys;
 use logprobe_verify::names::tensor;
@@ -202,35 +204,16 @@ fn backward_tensors(
             meta_kl = Some(kl.renormalized);
         }
     }
-    let mut cv = cot.view();
-    if p.options.topk_kl.is_none() || p.teacher_topk_log_probs.is_none() {
-        cv.per_output.take(Output::ForwardKl);
-        cv.per_output.take(Output::ReverseKl);
+    // The soft cross-entropy's, with its teacher (drawn exact in f32).
+    if let (Some(g), Some(tp)) = (&cot.grad_soft_cross_entropy, p.teacher_probs) {
+        t.push((grad(Output::SoftCrossEntropy), f32s1(g)));
+        let values: Vec<f64> = tp.iter().copied().collect();
+        t.push((
+            tensor::TEACHER_PROBS,
+            DumpTensor::floats(Dtype::F32, &[tp.nrows(), tp.ncols()], &values),
+        ));
     }
-    if p.policy.ref_log_probs.is_none() {
-        cv.per_output.take(Output::KlK1);
-        cv.per_output.take(Output::KlK2);
-        cv.per_output.take(Output::KlK3);
-        cv.per_output.take(Output::KlAbs);
-    }
-    if p.policy.old_log_probs.is_none() {
-        cv.per_output.take(Output::Ratio);
-    }
-    if p.options.entropy.is_none() {
-        cv.per_output.take(Output::Entropy);
-    }
-    if p.topk_ids.is_none() {
-        cv.per_output.take(Output::TopkLogProbs);
-    }
-    if !p.options.lse {
-        cv.per_output.take(Output::Lse);
-    }
-    if p.options.z_loss_coef.is_none() {
-        cv.per_output.take(Output::ZLoss);
-    }
-    if p.options.loss.is_none() {
-        cv.per_output.take(Output::Loss);
-    }
+    let cv = asked_cotangents(cot, p);
     let (grad_logits, out) = if call == Call::InPlace {
         let mut copy = data.logits.clone();
         let r = k.backward_in_place(p.with_logits(copy.view_mut()), &cv);
@@ -272,6 +255,44 @@ fn loss_tensors(e: &Expanded, k: &dyn Kernel, p: &Problem<'_>, out: Dtype, t: &m
             ));
         }
     }
+}
+
+/// The cotangents of `cot` the problem `p` (as asked of the kernel) has
+/// outputs for: each other one left out.
+fn asked_cotangents<'c>(cot: &'c CotangentData, p: &Problem<'_>) -> Cotangents<'c> {
+    let mut cv = cot.view();
+    if p.teacher_probs.is_none() {
+        cv.per_output.take(Output::SoftCrossEntropy);
+    }
+    if p.options.topk_kl.is_none() || p.teacher_topk_log_probs.is_none() {
+        cv.per_output.take(Output::ForwardKl);
+        cv.per_output.take(Output::ReverseKl);
+    }
+    if p.policy.ref_log_probs.is_none() {
+        cv.per_output.take(Output::KlK1);
+        cv.per_output.take(Output::KlK2);
+        cv.per_output.take(Output::KlK3);
+        cv.per_output.take(Output::KlAbs);
+    }
+    if p.policy.old_log_probs.is_none() {
+        cv.per_output.take(Output::Ratio);
+    }
+    if p.options.entropy.is_none() {
+        cv.per_output.take(Output::Entropy);
+    }
+    if p.topk_ids.is_none() {
+        cv.per_output.take(Output::TopkLogProbs);
+    }
+    if !p.options.lse {
+        cv.per_output.take(Output::Lse);
+    }
+    if p.options.z_loss_coef.is_none() {
+        cv.per_output.take(Output::ZLoss);
+    }
+    if p.options.loss.is_none() {
+        cv.per_output.take(Output::Loss);
+    }
+    cv
 }
 
 /// A forward finding's outputs in `out`, with the top-k KL's teacher and

@@ -328,6 +328,7 @@ pub const NAMES: &[Name] = &[
     t(Output::TokenRanks.name(), 2, true),
     t(tensor::TEACHER_PROBS, 2, true),
     t(Output::SoftCrossEntropy.name(), 2, true),
+    cot(Output::SoftCrossEntropy, 2, true),
 ];
 
 /// What is wrong with one name.

@@ -228,7 +228,8 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         let z_loss = cotangents.column(Output::ZLoss).map_or(0.0, |b| b[0]);
         let z_loss_coef = p.options.effective_z_loss_coef(acc)?.unwrap_or(0.0);
         let loss = p.loss_cotangent(cotangents, 0);
-        if lse == 0.0 && (z_loss == 0.0 || z_loss_coef == 0.0) && loss.is_none() {
+        let soft = p.soft_cross_entropy_cotangent(cotangents, 0);
+        if lse == 0.0 && (z_loss == 0.0 || z_loss_coef == 0.0) && loss.is_none() && soft == 0.0 {
             return Ok(Some(None));
         }
         let (eps, mean) = match p.cross_entropy() {
@@ -260,6 +261,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             divisor,
             eps,
             count: (0..v).filter(|&j| p.allowed(0, j)).count() as u64,
+            soft,
         })))
     }
 

@@ -113,6 +113,7 @@ fn loss_cot<'a>(p: &Problem<'a>, cot: &Cotangents<'_>, r: usize) -> LossGradCota
         mask: p
             .sampling_mask
             .map(|m| m.index_axis_move(ndarray::Axis(0), r)),
+        ..Default::default()
     }
 }
 

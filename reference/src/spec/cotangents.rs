@@ -142,7 +142,8 @@ impl Problem<'_> {
     /// # Errors
     /// [`SpecError::ShapeMismatch`], [`SpecError::NoCotangent`] (none given,
     /// or one for an output that is not computed), [`SpecError::MissingTensor`],
-    /// [`SpecError::NonFiniteCotangent`], [`SpecError::KlGradientInfinite`].
+    /// [`SpecError::NonFiniteCotangent`], [`SpecError::KlGradientInfinite`],
+    /// [`SpecError::SoftCrossEntropyGradientInfinite`].
     pub fn validate_cotangents(
         &self,
         shape: &Shape,
@@ -151,7 +152,7 @@ impl Problem<'_> {
         if cot.is_empty() {
             return Err(SpecError::NoCotangent {
                 what:
-                    "no cotangent of log_probs, entropy, topk_log_probs, lse, z_loss, loss, a policy term or a top-k KL given",
+                    "no cotangent of log_probs, entropy, topk_log_probs, lse, z_loss, loss, soft_cross_entropy, a policy term or a top-k KL given",
             });
         }
         for (o, g) in cot.per_output.iter() {
@@ -201,7 +202,48 @@ impl Problem<'_> {
                 }
             }
         }
+        self.validate_soft_cross_entropy_cotangent(shape, cot)
+    }
+
+    /// A nonzero `grad_soft_cross_entropy` must not meet an infinite soft
+    /// cross-entropy: teacher mass `p_j > 0` where the student's `q_j` is 0
+    /// (a masked entry, or a `-inf` logit without a softcap).
+    fn validate_soft_cross_entropy_cotangent(
+        &self,
+        shape: &Shape,
+        cot: &Cotangents<'_>,
+    ) -> Result<(), SpecError> {
+        let (Some(g), Some(p)) = (cot.column(Output::SoftCrossEntropy), self.teacher_probs) else {
+            return Ok(());
+        };
+        for (row, &cotangent) in g.iter().enumerate().filter(|(_, &c)| c != 0.0) {
+            let dead = |c: usize| {
+                !self.allowed(row, c)
+                    || (self.options.softcap.is_none()
+                        && self.logits.get_f64(row, c) == f64::NEG_INFINITY)
+            };
+            let tp = p.row(row);
+            if let Some(col) = (0..shape.vocab_size.min(tp.len())).find(|&c| tp[c] > 0.0 && dead(c))
+            {
+                return Err(SpecError::SoftCrossEntropyGradientInfinite {
+                    row,
+                    col,
+                    cotangent,
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// Row `row`'s soft cross-entropy cotangent `c` (0 without
+    /// `grad_soft_cross_entropy` or `teacher_probs`): `d (c H) / d z'_j =
+    /// c ((sum p) q_j - p_j)` (docs/design.md, "The loss side"). Call after
+    /// [`Problem::validate_cotangents`]; `row < N`.
+    pub fn soft_cross_entropy_cotangent(&self, cot: &Cotangents<'_>, row: usize) -> f64 {
+        match (cot.column(Output::SoftCrossEntropy), self.teacher_probs) {
+            (Some(g), Some(_)) => g[row],
+            _ => 0.0,
+        }
     }
 
     /// Row `row`'s top-k KL cotangents `(forward, reverse)` (0 where not
@@ -289,10 +331,10 @@ impl Problem<'_> {
             },
             Family::Gradient => no("grad_logits has no cotangent"),
             Family::LogSoftmax(RowStat::Rank) => no("token_ranks has no cotangent"),
-            // Its gradient is issue 47's next step.
-            Family::Loss(LossTerm::SoftCrossEntropy) => {
-                no("soft_cross_entropy has no cotangent yet")
-            }
+            Family::Loss(LossTerm::SoftCrossEntropy) => match self.teacher_probs {
+                Some(_) => Ok(name),
+                None => missing("teacher_probs"),
+            },
             Family::Loss(LossTerm::Lse) => match self.options.lse {
                 true => Ok(name),
                 false => no("grad_lse given but options.lse is false"),

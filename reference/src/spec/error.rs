@@ -270,4 +270,17 @@ pub enum SpecError {
         /// The row's `grad_reverse_kl`.
         cotangent: f64,
     },
+    /// A `grad_soft_cross_entropy` cotangent on a row whose soft
+    /// cross-entropy is `+inf` (teacher mass where the student's
+    /// probability is 0: a masked entry, or a `-inf` logit without a
+    /// softcap): its gradient is infinite, not a number to check.
+    #[error("grad_soft_cross_entropy[{row}] = {cotangent} differentiates an infinite soft_cross_entropy: teacher_probs[{row}, {col}] is > 0 where the student's probability is 0")]
+    SoftCrossEntropyGradientInfinite {
+        /// Row index.
+        row: usize,
+        /// The column with teacher mass and no student mass.
+        col: usize,
+        /// The row's `grad_soft_cross_entropy`.
+        cotangent: f64,
+    },
 }

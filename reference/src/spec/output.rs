@@ -185,7 +185,7 @@ macro_rules! for_each_output {
             /// `DistributedCrossEntropy`, torchtune's `ForwardKLLoss` per token.
             SoftCrossEntropy {
                 name: "soft_cross_entropy",
-                cotangent: None,
+                cotangent: Some("grad_soft_cross_entropy"),
                 columns: $crate::spec::Columns::One,
                 family: $crate::spec::Family::Loss($crate::spec::LossTerm::SoftCrossEntropy),
             },

@@ -75,6 +75,7 @@ def verify(
     token_ranks: Optional[TensorLike] = None,
     teacher_probs: Optional[TensorLike] = None,
     soft_cross_entropy: Optional[TensorLike] = None,
+    grad_soft_cross_entropy: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,

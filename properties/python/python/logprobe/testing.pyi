@@ -54,6 +54,7 @@ def assert_verified(
     token_ranks: Optional[TensorLike] = None,
     teacher_probs: Optional[TensorLike] = None,
     soft_cross_entropy: Optional[TensorLike] = None,
+    grad_soft_cross_entropy: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,

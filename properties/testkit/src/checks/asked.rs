@@ -107,6 +107,9 @@ pub(crate) fn cot_for<'c>(
     if data.options.loss.is_some() && asked.options.loss.is_none() {
         cv.per_output.take(Output::Loss);
     }
+    if asked.teacher_probs.is_none() {
+        cv.per_output.take(Output::SoftCrossEntropy);
+    }
     // The policy terms', where the kernel is not given their inputs.
     if asked.policy.ref_log_probs.is_none() {
         cv.per_output.take(Output::KlK1);

@@ -262,12 +262,13 @@ pub fn judge_backward(
         (Ok(g), None, _) => g,
     };
     let key = format!(
-        "{vjp_key} asked={:?}/{:?} loss-side={}/{}/{} policy={:?} kl={}/{}",
+        "{vjp_key} asked={:?}/{:?} loss-side={}/{}/{}/{} policy={:?} kl={}/{}",
         a.problem.options.entropy,
         a.problem.topk_ids.is_some(),
         cv.column(Output::Lse).is_some(),
         cv.column(Output::ZLoss).is_some(),
         cv.column(Output::Loss).is_some(),
+        cv.column(Output::SoftCrossEntropy).is_some(),
         logprobe_reference::spec::PolicyTerm::ALL.map(|t| cv.policy(t).is_some()),
         cv.column(Output::ForwardKl).is_some(),
         cv.column(Output::ReverseKl).is_some(),

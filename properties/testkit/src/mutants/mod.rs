@@ -44,6 +44,7 @@
 //! | `k3-grad-wrong-sign` | [`K3GradWrongSign`] | fused | backward with a nonzero `grad_kl_k3`: `k3'(d)` taken as `1 - e^{d}` instead of `1 - e^{-d}` where `d` is inside the clamps and not tiny |
 //! | `rank-ties-for-token` | [`RankTiesForToken`] | fused | `token_ranks` rows where another allowed entry's log-prob equals the token's: `>` instead of `>=`, the ties not counted against the token |
 //! | `soft-ce-nan-on-zero-prob` | [`SoftCeNanOnZeroProb`] | fused | `soft_cross_entropy` rows with a zero teacher probability at an entry the student cannot reach (masked, or a `-inf` logit without a softcap): `0 * -inf = NaN`, unmasked |
+//! | `soft-ce-grad-unit-mass` | [`SoftCeGradUnitMass`] | fused | backward with a nonzero `grad_soft_cross_entropy` on a row whose teacher's mass is not 1 (a truncated teacher): `c (q_j - p_j)`, the mass taken as 1 |
 //!
 //! A new mutant: one type implementing [`PlantedBug`] (overriding only
 //! what its bug changes) and one [`Entry`] in [`CATALOG`].
@@ -103,7 +104,7 @@ pub use options::{
 };
 pub use policy::{ClampMissing, K3GradWrongSign, K3Naive, RatioInverted};
 pub use rank::RankTiesForToken;
-pub use soft::SoftCeNanOnZeroProb;
+pub use soft::{SoftCeGradUnitMass, SoftCeNanOnZeroProb};
 pub use softcap::SoftcapGradMissingTanh;
 pub use topk_kl::{
     KlGradNormalizerDetached, KlIdsShardLocal, KlRenormalizationSkipped, TeacherProbAsLogProb,
@@ -525,6 +526,7 @@ pub static CATALOG: &[Entry] = &[
     entry!(K3GradWrongSign, Fused, memory: false),
     entry!(RankTiesForToken, Fused, memory: false),
     entry!(SoftCeNanOnZeroProb, Fused, memory: false),
+    entry!(SoftCeGradUnitMass, Fused, memory: false),
 ];
 
 /// The catalog entry named `name` (kebab case, without `mutant:`).

@@ -185,6 +185,8 @@ pub struct CotangentData {
     pub grad_forward_kl: Option<Array1<f64>>,
     /// Cotangent of the top-k KL's `reverse_kl` `[N]` (issue 18).
     pub grad_reverse_kl: Option<Array1<f64>>,
+    /// Cotangent of `soft_cross_entropy` `[N]` (issue 47).
+    pub grad_soft_cross_entropy: Option<Array1<f64>>,
 }
 
 impl CotangentData {
@@ -218,6 +220,10 @@ impl CotangentData {
             .with_column(
                 Output::ReverseKl,
                 self.grad_reverse_kl.as_ref().map(|g| g.view()),
+            )
+            .with_column(
+                Output::SoftCrossEntropy,
+                self.grad_soft_cross_entropy.as_ref().map(|g| g.view()),
             )
     }
 
@@ -326,7 +332,9 @@ impl CotangentRecipe {
         };
         let grad_policy = self.policy_cotangents(data);
         let [grad_forward_kl, grad_reverse_kl] = self.kl_cotangents(data);
+        let grad_soft_cross_entropy = self.soft_cross_entropy_cotangent(data);
         CotangentData {
+            grad_soft_cross_entropy,
             grad_log_probs,
             grad_entropy,
             grad_topk_log_probs,
@@ -384,6 +392,37 @@ impl CotangentRecipe {
         let f = pick[0].then(|| draw(0));
         let r = pick[1].then(|| draw(1));
         [f, r]
+    }
+
+    /// The soft cross-entropy's cotangent of [`CotangentRecipe::expand`]
+    /// with [`CotangentRecipe::loss`] and a teacher, from a stream of its
+    /// own (every other cotangent's value is unchanged by it), values as
+    /// the others'; 0 on a row whose teacher has mass where the student
+    /// has none: there `H = +inf`, and a nonzero cotangent is refused
+    /// ([`logprobe_reference::spec::SpecError::SoftCrossEntropyGradientInfinite`],
+    /// judged by the edge-case property's bad inputs instead).
+    fn soft_cross_entropy_cotangent(&self, data: &ProblemData) -> Option<Array1<f64>> {
+        let p = data.teacher_probs.as_ref().filter(|_| self.loss)?;
+        let problem = data.problem();
+        let v = problem
+            .options
+            .vocab_size
+            .unwrap_or(p.ncols())
+            .min(p.ncols());
+        let capped = problem.options.softcap.is_some();
+        let mut rng = rng_for(self.seed, 0xC07A + 47);
+        Some(Array1::from_shape_fn(data.n(), |row| {
+            let c = cotangent_value(&mut rng);
+            let dead = |j: usize| {
+                !problem.allowed(row, j)
+                    || (!capped && problem.logits.get_f64(row, j) == f64::NEG_INFINITY)
+            };
+            if (0..v).any(|j| p[[row, j]] > 0.0 && dead(j)) {
+                0.0
+            } else {
+                c
+            }
+        }))
     }
 
     /// The policy terms' cotangents of [`CotangentRecipe::expand`], from a

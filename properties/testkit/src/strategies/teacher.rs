@@ -123,6 +123,7 @@ const SOFT_TEACHER_STREAM: u64 = (1 << 40) + (1 << 39);
 /// The teacher probabilities `[N, V_total]` of `soft_cross_entropy`, for
 /// one case in four: per row `p = softmax(x / tau + noise)` over the real
 /// vocabulary (`tau` in `[0.5, 2]`, Gaussian noise of scale 0, 0.5 or 3),
+/// one row in four scaled to a mass in `[0.5, 1)` (a truncated teacher),
 /// each entry rounded to f32 (a teacher's stored dtype), `0` on padded
 /// columns and, on seven problems in eight, on the entries the student
 /// cannot reach (masked, or a `-inf` logit); on the eighth the teacher
@@ -169,9 +170,16 @@ pub fn draw_teacher_probs(
             })
             .collect();
         let s: f64 = w.iter().sum();
+        // One row in four is a truncated teacher (a top-k teacher's mass
+        // without renormalisation): mass in [0.5, 1).
+        let mass = if rng.chance(0.25) {
+            0.5 + 0.5 * rng.uniform()
+        } else {
+            1.0
+        };
         if s > 0.0 {
             for j in 0..v {
-                p[[i, j]] = f64::from((w[j] / s) as f32);
+                p[[i, j]] = f64::from((w[j] / s * mass) as f32);
             }
         }
     }

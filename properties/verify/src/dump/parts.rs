@@ -403,25 +403,28 @@ impl<'a> Tensors<'a, '_> {
     }
 
     /// `teacher_probs [N, V_total]`, left in the file (only with a
-    /// `soft_cross_entropy` candidate, which it is judged through).
+    /// `soft_cross_entropy` candidate or `grad_soft_cross_entropy`, which it
+    /// is judged through).
     ///
     /// # Errors
     /// [`DumpError`]: one without the other, a bad dtype or shape.
     pub(super) fn teacher_probs(
         &self,
         candidates: &PerOutput<FloatMatrix<'a>>,
+        cotangents: &PerOutput<Array2<f64>>,
     ) -> Result<Option<FloatMatrix<'a>>, DumpError> {
-        let want = candidates.contains(Output::SoftCrossEntropy);
+        let want = candidates.contains(Output::SoftCrossEntropy)
+            || cotangents.contains(Output::SoftCrossEntropy);
         let name = tensor::TEACHER_PROBS;
         match self.get(name) {
             None if want => Err(DumpError::MissingTensor {
                 tensor: name,
-                why: " (needed by soft_cross_entropy)",
+                why: " (needed by soft_cross_entropy and its cotangent)",
             }),
             None => Ok(None),
             Some(_) if !want => Err(DumpError::MissingTensor {
                 tensor: Output::SoftCrossEntropy.name(),
-                why: " (teacher_probs is judged through it)",
+                why: " (teacher_probs is judged through it or grad_soft_cross_entropy)",
             }),
             Some(_) => Ok(self
                 .float(name, Columns::Vocabulary, false)?
@@ -512,7 +515,7 @@ pub(super) fn check_needs(
     }
     if candidates.contains(Output::GradLogits) && cotangents.is_empty() {
         return Err(DumpError::Spec(SpecError::NoCotangent {
-            what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss, grad_loss, a policy term's (grad_kl_k1 .. grad_ratio) or a top-k KL's (grad_forward_kl, grad_reverse_kl)",
+            what: "grad_logits given without grad_log_probs, grad_entropy, grad_topk_log_probs, grad_lse, grad_z_loss, grad_loss, grad_soft_cross_entropy, a policy term's (grad_kl_k1 .. grad_ratio) or a top-k KL's (grad_forward_kl, grad_reverse_kl)",
         }));
     }
     // Cotangents are judged only through grad_logits: without it they

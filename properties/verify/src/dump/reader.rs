@@ -125,8 +125,8 @@ impl<'a> Dump<'a> {
         let loss_weights = r.loss_weights(&candidates)?;
         let policy = r.policy(&candidates)?;
         let teacher = r.teacher(&candidates)?;
-        let teacher_probs = r.teacher_probs(&candidates)?;
         let cotangents = r.cotangents(loss_options.reduction)?;
+        let teacher_probs = r.teacher_probs(&candidates, &cotangents)?;
 
         let names: Vec<String> = st.names().into_iter().map(String::from).collect();
         if require_candidate

@@ -135,6 +135,13 @@ pub fn at_row(e: SpecError, row: usize) -> SpecError {
             id,
             cotangent,
         },
+        SoftCrossEntropyGradientInfinite { col, cotangent, .. } => {
+            SoftCrossEntropyGradientInfinite {
+                row,
+                col,
+                cotangent,
+            }
+        }
         NonFinitePolicyInput { tensor, value, .. } => NonFinitePolicyInput { tensor, row, value },
         NonFiniteCotangent {
             tensor,

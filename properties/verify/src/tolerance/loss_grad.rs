@@ -4,8 +4,11 @@
 //! target weight `-(1 - eps) ell`, an indicator at `t`, and the weight
 //! `pw = a + zb lse + ell eps` of `p_j`, at no column), plus the errors of
 //! those coefficients and the smoothing constant `u = -ell eps / |A|` on
-//! every allowed entry, which (T14) does not see. `bounds.rs` calls
-//! [`LossTerms::new`] and adds [`LossTerms::extra`] to each element.
+//! every allowed entry, which (T14) does not see. The soft cross-entropy's
+//! cotangent `c` (T28) is one more source at every entry (`-c p_j`, the
+//! teacher's `p_j`: an indicator term at `j`) and adds `c sum_j p_j` to
+//! the weight of `p_j`, its sum in the declared summation. `bounds.rs`
+//! calls [`LossTerms::new`] and adds [`LossTerms::extra`] to each element.
 
 use ndarray::ArrayView1;
 
@@ -33,6 +36,23 @@ pub struct LossGradCotangents<'c> {
     pub count: usize,
     /// The row's sampling mask `[>= V]` (`None`: every entry allowed).
     pub mask: Option<ArrayView1<'c, bool>>,
+    /// `|c|`: the row's `grad_soft_cross_entropy` (0 without).
+    pub soft: f64,
+    /// An upper bound of `sum_{j < V} p_j`, the teacher's mass (0 without
+    /// `soft`).
+    pub soft_mass: f64,
+    /// The teacher's probabilities `p [V]` of `soft_cross_entropy`, exact
+    /// (`None` without `soft`).
+    pub teacher: Option<ArrayView1<'c, f64>>,
+}
+
+impl LossGradCotangents<'_> {
+    /// `|c| p_j`'s inputs at entry `j`: the teacher's `p_j` when the soft
+    /// cross-entropy's cotangent is nonzero and `p_j != 0`.
+    pub(crate) fn teacher_at(&self, j: usize) -> Option<f64> {
+        let p = *self.teacher.as_ref()?.get(j)?;
+        (self.soft != 0.0 && p != 0.0).then_some(p)
+    }
 }
 
 /// The row constants of (T19) for one model.
@@ -57,7 +77,8 @@ pub(crate) struct LossTerms {
 impl LossTerms {
     /// (T19) for unit roundoff `u` of the accumulation dtype, the
     /// accumulation-dtype `lse^`'s error `e_l` and magnitude bound `big_l`
-    /// (T15 with its rounding).
+    /// (T15 with its rounding); (T28) the soft cross-entropy's teacher mass
+    /// summed at depth `sum_depth` (the model's loss summation over `V`).
     ///
     /// # Errors
     /// [`NoBound::GammaUndefined`] when `(N + 1) u >= 1`.
@@ -66,6 +87,7 @@ impl LossTerms {
         u: Hi,
         e_l: Hi,
         big_l: Hi,
+        sum_depth: usize,
     ) -> Result<LossTerms, NoBound> {
         let one = Hi::ONE;
         let ou = one + u;
@@ -93,7 +115,17 @@ impl LossTerms {
         let g4 = gamma(4, u.0)?;
         let delta_pw =
             u * a + zb * (theta_z * (big_l + e_l) + e_l) + eps * ell * theta_ell + g4 * m_pw;
-        let p_weight = m_pw * (one + g4);
+        // (T28) fl(c^ fl(sum p^_j)): the `p_j` rounded to the accumulation
+        // dtype, summed at depth `D`, one product: within gamma_{D + 2}.
+        let soft = Hi(l.soft) * Hi(l.soft_mass);
+        let (soft_hi, delta_soft) = if l.soft != 0.0 {
+            let gs = gamma(sum_depth + 2, u.0)?;
+            (soft * (one + gs), soft * gs)
+        } else {
+            (Hi::ZERO, Hi::ZERO)
+        };
+        let delta_pw = delta_pw + delta_soft;
+        let p_weight = m_pw * (one + g4) + soft_hi;
         // u^ = -(fl(ell^ eps) / fl(|A|)): three roundings.
         let count = Lo(l.count.max(1) as f64);
         let u_abs = eps * ell / count;

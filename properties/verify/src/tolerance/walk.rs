@@ -71,7 +71,8 @@ pub type PolicyTarget = logprobe_reference::spec::PolicyRow;
 /// scalar terms (its `mask` `None` here) and the mask's row.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LossGradRow {
-    /// `a`, `zb`, `ell`, `mean_rows`, `eps`, `count` (see that type).
+    /// `a`, `zb`, `ell`, `mean_rows`, `eps`, `count`, `soft`, `soft_mass`
+    /// (see that type); the teacher's row is [`RowTargets::teacher_probs`].
     pub terms: LossGradCotangents<'static>,
     /// Which entries `j < V` the sampling mask allows (`None`: all).
     pub allowed: Option<Vec<bool>>,
@@ -86,6 +87,7 @@ impl LossGradRow {
         if cot.column(Output::Lse).is_none()
             && cot.column(Output::ZLoss).is_none()
             && cot.column(Output::Loss).is_none()
+            && cot.column(Output::SoftCrossEntropy).is_none()
         {
             return None;
         }
@@ -139,6 +141,13 @@ impl LossGradRow {
                 .unwrap_or(0.0),
             count: (0..v).filter(|&j| problem.allowed(row, j)).count(),
             mask: None,
+            soft: problem.soft_cross_entropy_cotangent(cot, row).abs(),
+            // An upward sum of `p_j >= 0`: within `V` ulps (relative) above.
+            soft_mass: problem.teacher_probs.map_or(0.0, |p| {
+                let s: f64 = p.row(row).iter().take(v).sum();
+                up(s * (1.0 + (v as f64 + 1.0) * f64::EPSILON))
+            }),
+            teacher: None,
         };
         Some(LossGradRow {
             terms,
@@ -266,6 +275,7 @@ impl RowTargets {
             topk: &self.live_topk,
             loss: self.loss_grad.as_ref().map(|l| LossGradCotangents {
                 mask: l.allowed.as_deref().map(ArrayView1::from),
+                teacher: (l.terms.soft != 0.0).then(|| ArrayView1::from(&self.teacher_probs[..])),
                 ..l.terms
             }),
             policy: match (&self.policy, self.policy_grad.is_empty()) {

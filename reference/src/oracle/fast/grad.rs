@@ -74,6 +74,10 @@ pub struct LossSide {
     pub eps: f64,
     /// `|A|`: the row's allowed entries of the real vocabulary.
     pub count: u64,
+    /// `c`, the cotangent of `soft_cross_entropy` (0 without): `C` loses
+    /// `c sum_j p_j` and every entry gains `-c p_j / T` (the teacher's
+    /// `p_j`, the row's `teacher_probs`).
+    pub soft: f64,
 }
 
 impl LossSide {
@@ -171,6 +175,9 @@ pub struct FastVjp<'r, 'a> {
     /// (F10) The loss's uniform term `-ell eps / (|A| T)` on every allowed
     /// entry (label smoothing), when present.
     uniform: Option<Interval>,
+    /// (F10) The soft cross-entropy's `-c / T`: entry `j` gains it times
+    /// the teacher's `p_j`, when `c != 0`.
+    soft: Option<Interval>,
 }
 
 /// Midpoints and radii of the row constants, for the a-priori bound of a
@@ -232,6 +239,19 @@ impl<'r, 'a> FastVjp<'r, 'a> {
                 }
             }
         }
+        // The soft cross-entropy: `C` loses `c sum_j p_j` (the teacher's).
+        let soft = match cot.loss_side {
+            Some(ls) if ls.soft != 0.0 && !pr.teacher_probs.is_empty() => {
+                let (mut lo, mut hi) = (0.0f64, 0.0f64);
+                for &p in &pr.teacher_probs {
+                    lo = add_dn(lo, p);
+                    hi = add_up(hi, p);
+                }
+                kappa = kappa.add(Interval::point(ls.soft).mul(Interval { lo, hi }));
+                Some(Interval::point(-ls.soft).div_pos(Interval::point(pr.temperature)))
+            }
+            _ => None,
+        };
         // A slope summing to 0 with the others is in no `C`.
         let in_c = |x: &&(usize, Interval, bool)| !(x.2 && cot.kl_sum_zero);
         let c = sum_interval(coeffs.iter().filter(in_c).map(|x| x.1)).sub(kappa);
@@ -283,13 +303,15 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             _ => (Interval::ZERO, Interval::ZERO),
         };
         let h = if row.qfam().is_some() { cot.h } else { 0.0 };
-        let any_term = c_nonzero || h != 0.0 || !specials.is_empty() || uniform.is_some();
+        let any_term =
+            c_nonzero || h != 0.0 || !specials.is_empty() || uniform.is_some() || soft.is_some();
         let (k1m, dk1) = mid_rad(k1);
         let (k2m, dk2) = mid_rad(k2);
         let (rho, dr) = mid_rad(r);
         let kmax = 1f64.max(k1m.abs() + dk1).max(k2m.abs() + dk2);
-        // With a uniform term every element takes the interval form.
+        // With a uniform or soft term every element takes the interval form.
         let pt = (uniform.is_none()
+            && soft.is_none()
             && kmax < 2f64.powi(500)
             && rho.abs() + dr < 2f64.powi(20)
             && (h == 0.0 || row.q_is_p))
@@ -317,6 +339,7 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             any_term,
             pt,
             uniform,
+            soft,
         }
     }
 
@@ -565,9 +588,15 @@ impl<'r, 'a> FastVjp<'r, 'a> {
     /// elements where it applies, interval arithmetic otherwise.
     #[inline(always)]
     fn element_at(&self, j: usize, sp: Option<&(usize, Interval, Interval)>) -> Option<Interval> {
-        let base = self.element_base(j, sp);
-        match self.uniform {
-            Some(u) if self.row.row.allowed(j) => Some(base.unwrap_or(Interval::ZERO).add(u)),
+        let mut base = self.element_base(j, sp);
+        if let Some(u) = self.uniform.filter(|_| self.row.row.allowed(j)) {
+            base = Some(base.unwrap_or(Interval::ZERO).add(u));
+        }
+        match self.soft {
+            Some(k) if self.row.row.teacher_probs[j] != 0.0 => {
+                let p = Interval::point(self.row.row.teacher_probs[j]);
+                Some(base.unwrap_or(Interval::ZERO).add(k.mul_by_nonneg(p)))
+            }
             _ => base,
         }
     }

@@ -134,7 +134,10 @@
 //!   bound hold unchanged with `C` an enclosure. Label smoothing `eps > 0`
 //!   adds `-ell eps / |A|` on every allowed entry, which cancels against
 //!   `eps ell p_j` on near-uniform rows: those rows stay on MPFR, as do
-//!   the policy terms.
+//!   the policy terms. The soft cross-entropy's cotangent `c` is one more
+//!   source at every entry: `C` loses `c sum_j p_j` (the teacher's, summed
+//!   outward), and entry `j` gains `-c p_j / T`; where the teacher is close
+//!   to the student the two cancel and the element goes to MPFR.
 //!
 //! Every bound is a function of computed f64 values only, evaluated with
 //! upward rounding. The property test `reference/tests/fast_tier.rs` checks

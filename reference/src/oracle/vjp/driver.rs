@@ -97,6 +97,7 @@ impl Oracle {
                     (0.0, 0.0) => None,
                     (gf, gr) => problem.options.topk_kl.map(|kl| (gf, gr, kl)),
                 },
+                soft: problem.soft_cross_entropy_cotangent(cotangents, r),
             };
             let entropy = if cot.h != 0.0 {
                 problem.options.entropy
@@ -234,6 +235,7 @@ impl Oracle {
                     count: l.count,
                 })
             }),
+            soft: ls.map_or(0.0, |l| l.soft),
             ..Default::default()
         };
         super::vjp_row(

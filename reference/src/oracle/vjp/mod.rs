@@ -72,6 +72,9 @@ pub(crate) struct RowCot {
     /// when one is nonzero: each id's log-prob gains the cotangent `w_k`
     /// of module `topk_kl` ([`super::topk_kl::kl_slopes_mpfr`]).
     pub kl: Option<(f64, f64, crate::spec::TopkKl)>,
+    /// `c`, the cotangent of `soft_cross_entropy` (0 without): `C` loses
+    /// `c sum_j p_j` and every entry gains `-c p_j` (the teacher's).
+    pub soft: f64,
 }
 
 impl RowCot {
@@ -103,6 +106,7 @@ impl RowCot {
             divisor,
             eps: self.loss.as_ref().map_or(0.0, |l| l.eps),
             count: self.loss.as_ref().map_or(0, |l| l.count),
+            soft: self.soft,
         }))
     }
 
@@ -113,6 +117,7 @@ impl RowCot {
             || (self.z_loss != 0.0 && self.z_loss_coef != 0.0)
             || self.loss.is_some()
             || !self.policy.is_empty()
+            || self.soft != 0.0
     }
 }
 
@@ -179,6 +184,9 @@ struct Consts {
     /// The loss's uniform term `u / T = -ell eps / (|A| T)` on every
     /// allowed entry (`None`: no such term).
     u: Option<MpfrInterval>,
+    /// The soft cross-entropy's cotangent `c` (every entry gains `-c p_j /
+    /// T`, `p` the teacher's), when nonzero.
+    soft: Option<f64>,
     /// `s = S - 1` (accumulator precision).
     s: MpfrInterval,
     /// `S T`.
@@ -219,11 +227,22 @@ pub(crate) fn vjp_row(
         return out;
     }
     let uniform = loss.is_some_and(|l| l.eps != 0.0);
+    // The soft cross-entropy's `c sum_j p_j`, exact (a sum of f64s).
+    let soft = (cot.soft != 0.0 && !row.teacher_probs.is_empty()).then(|| {
+        let mut sum = Float::new(EXACT_SUM_PREC);
+        row.teacher_probs.iter().for_each(|&p| sum += p);
+        sum * cot.soft
+    });
+    let dense = |j: usize| soft.is_some() && row.teacher_probs[j] != 0.0;
     let mut pending: Vec<usize> = match only {
         Some(only) => only,
         None => (0..v)
             .filter(|&j| {
-                row.in_p(j) || row.in_q(j) || a_map.contains_key(&j) || (uniform && row.allowed(j))
+                row.in_p(j)
+                    || row.in_q(j)
+                    || a_map.contains_key(&j)
+                    || (uniform && row.allowed(j))
+                    || dense(j)
             })
             .collect(),
     };
@@ -237,29 +256,11 @@ pub(crate) fn vjp_row(
         st.lo.assign_round(&sp.lo * row.temperature, Round::Down);
         st.hi.assign_round(&sp.hi * row.temperature, Round::Up);
         // `C`: the total coefficient of `-p_j`: `g + sum_k G_k - a - 2 coef
-        // b lse - ell`; the sources' `A_j` (the loss's target `-(1 - eps)
-        // ell`) and `C - A_j`.
-        let mut cc = MpfrInterval::new(acc);
-        cc.lo.assign_round(&c, Round::Down);
-        cc.hi.assign_round(&c, Round::Up);
+        // b lse - c sum p - ell`; the sources' `A_j` (the loss's target
+        // `-(1 - eps) ell`) and `C - A_j`.
         let mut t = Float::new(acc);
         let mut tmp = MpfrInterval::new(acc);
-        if cot.lse != 0.0 {
-            tmp.assign_outward(&cc);
-            cc.sub(&tmp, &MpfrInterval::point(acc.max(53), cot.lse));
-        }
-        if cot.z_loss != 0.0 && cot.z_loss_coef != 0.0 {
-            let term = cross_entropy::z_loss_vjp_term(
-                row,
-                &sums.s_p,
-                cot.z_loss_coef,
-                cot.z_loss,
-                acc,
-                &mut t,
-            );
-            tmp.assign_outward(&cc);
-            cc.sub(&tmp, &term);
-        }
+        let mut cc = c_less_p_weights(row, cot, &c, soft.as_ref(), &sums, acc, &mut t);
         let mut loss_target: Option<(usize, MpfrInterval)> = None;
         let mut u = None;
         if let Some(l) = loss {
@@ -317,6 +318,7 @@ pub(crate) fn vjp_row(
         let top_q = row.top(row.q.map_or(0.0, |q| q.vmax), prec);
         let consts = Consts {
             u,
+            soft: soft.as_ref().map(|_| cot.soft),
             s: sums.s_p,
             st,
             k1,
@@ -351,6 +353,42 @@ pub(crate) fn vjp_row(
         }
     }
     out
+}
+
+/// `C` before the loss's and later terms: the sources' exact sum `c` less
+/// `lse`'s `a`, `z_loss`'s `2 coef b lse` and the soft cross-entropy's
+/// `c sum p` (`soft`, exact), enclosed at `acc` bits.
+fn c_less_p_weights(
+    row: &Row<'_>,
+    cot: &RowCot,
+    c: &Float,
+    soft: Option<&Float>,
+    sums: &Sums,
+    acc: u32,
+    t: &mut Float,
+) -> MpfrInterval {
+    let mut cc = MpfrInterval::new(acc);
+    cc.lo.assign_round(c, Round::Down);
+    cc.hi.assign_round(c, Round::Up);
+    let mut tmp = MpfrInterval::new(acc);
+    if cot.lse != 0.0 {
+        tmp.assign_outward(&cc);
+        cc.sub(&tmp, &MpfrInterval::point(acc.max(53), cot.lse));
+    }
+    if cot.z_loss != 0.0 && cot.z_loss_coef != 0.0 {
+        let term =
+            cross_entropy::z_loss_vjp_term(row, &sums.s_p, cot.z_loss_coef, cot.z_loss, acc, t);
+        tmp.assign_outward(&cc);
+        cc.sub(&tmp, &term);
+    }
+    if let Some(cs) = soft {
+        let mut x = MpfrInterval::new(acc);
+        x.lo.assign_round(cs, Round::Down);
+        x.hi.assign_round(cs, Round::Up);
+        tmp.assign_outward(&cc);
+        cc.sub(&tmp, &x);
+    }
+    cc
 }
 
 /// The exact coefficient sums of one row's sources: `A_j` per source
@@ -477,6 +515,8 @@ struct Scratch {
     dx: MpfrInterval,
     sigma: MpfrInterval,
     t: Float,
+    /// `-c p_j`, exact (two f64s' product).
+    cp: Float,
     rounder: Rounder,
 }
 
@@ -491,6 +531,7 @@ impl Scratch {
             dx: MpfrInterval::new(prec),
             sigma: MpfrInterval::new(prec + ACC_EXTRA),
             t: Float::new(prec),
+            cp: Float::new(2 * 53),
             rounder: Rounder::new(),
         }
     }
@@ -539,6 +580,16 @@ fn entry(
         any = true;
         sc.tp.assign_outward(&sc.dx);
         sc.dx.add(&sc.tp, u);
+    }
+    // The soft cross-entropy's `-c p_j / T` (the teacher's `p_j`).
+    if let Some(c) = k.soft.filter(|_| row.teacher_probs[j] != 0.0) {
+        any = true;
+        sc.cp.assign(row.teacher_probs[j]);
+        sc.cp *= -c;
+        sc.m.lo.assign_round(&sc.cp / row.temperature, Round::Down);
+        sc.m.hi.assign_round(&sc.cp / row.temperature, Round::Up);
+        sc.tp.assign_outward(&sc.dx);
+        sc.dx.add(&sc.tp, &sc.m);
     }
     // q part: -h q_j (e_j + R) / T = -K2 e^{e_j} (R - |e_j|).
     if in_q {

@@ -204,61 +204,14 @@ impl RowBounds<'_> {
             });
         };
         let h = Hi(cot.h.abs());
-        // Top-k terms of every id the caller passes: live ids, including
-        // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
-        let mut g_sum = cc.g_sum;
-        let mut ind = sh.ind;
-        // Terms beyond the row's `n0`: the indicators at `j`, the h-terms.
-        let mut n_extra = sh.n_extra;
-        // (T19): the loss side's two weights join G (and the target's the
-        // indicator at t), two more terms (three at t).
-        let loss = match &cot.loss {
-            Some(l) => {
-                let (pre, big_l) = self.lse_pre()?;
-                let e_l = pre + half_ulp(c.acc, big_l + pre);
-                let lt = LossTerms::new(l, c.u, e_l, big_l)?;
-                g_sum = g_sum + lt.t_weight + lt.p_weight;
-                n_extra += 2;
-                if cot.token == Some(j) {
-                    ind = ind + lt.t_weight;
-                    n_extra += 1;
-                }
-                Some((l, lt))
-            }
-            None => None,
-        };
-        // (T21): the policy terms' log-prob cotangent `w^`, one more source
-        // at the target: in G, and in the indicator at t.
-        let policy = match &mg.policy {
-            Some(pt) => {
-                let pt = pt.clone()?;
-                g_sum = g_sum + pt.weight;
-                n_extra += 1;
-                if cot.token == Some(j) {
-                    ind = ind + pt.weight;
-                    n_extra += 1;
-                }
-                Some(pt)
-            }
-            None => None,
-        };
-        // (T25): the top-k KL's cotangents `w^_k`, one more source at each
-        // id: in G (K terms), and in the indicator at an id.
-        let kl = match &mg.kl {
-            Some(kt) => {
-                let kt = kt.clone()?;
-                g_sum = g_sum + kt.weight;
-                n_extra += kt.per_id.len();
-                for &(id, w, _) in &kt.per_id {
-                    if id == j {
-                        ind = ind + w;
-                        n_extra += 1;
-                    }
-                }
-                Some(kt)
-            }
-            None => None,
-        };
+        let Sources {
+            g_sum,
+            ind,
+            mut n_extra,
+            loss,
+            policy,
+            kl,
+        } = self.grad_sources(j, cot, sh, mg, cc)?;
         // p-terms: |g^| p_j rho_j (T10).
         let (mut p_hi, mut p_dev) = (Hi::ZERO, Hi::ZERO);
         // `(lambda_j, p_dev)` of the p-term, for the h-term when its set
@@ -347,6 +300,94 @@ impl RowBounds<'_> {
         Ok(ErrorBound::Abs(finite(total, "grad_logits")?.0))
     }
 
+    /// The sources of element `j` beyond the row's `n0` (T14): `G`, the
+    /// indicator terms at `j` and their count, with the loss side (T19,
+    /// T28), the policy terms (T21) and the top-k KL (T25) folded in.
+    fn grad_sources<'c>(
+        &self,
+        j: usize,
+        cot: &GradCotangents<'c>,
+        sh: &GradShared,
+        mg: &ModelGrad,
+        cc: &CotConsts,
+    ) -> Result<Sources<'c>, NoBound> {
+        let c = &self.c;
+        // Top-k terms of every id the caller passes: live ids, including
+        // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
+        let mut g_sum = cc.g_sum;
+        let mut ind = sh.ind;
+        // Terms beyond the row's `n0`: the indicators at `j`, the h-terms.
+        let mut n_extra = sh.n_extra;
+        // (T19): the loss side's two weights join G (and the target's the
+        // indicator at t), two more terms (three at t).
+        let loss = match &cot.loss {
+            Some(l) => {
+                let (pre, big_l) = self.lse_pre()?;
+                let e_l = pre + half_ulp(c.acc, big_l + pre);
+                let lt = LossTerms::new(l, c.u, e_l, big_l, c.loss_sum_depth)?;
+                g_sum = g_sum + lt.t_weight + lt.p_weight;
+                n_extra += 2;
+                if cot.token == Some(j) {
+                    ind = ind + lt.t_weight;
+                    n_extra += 1;
+                }
+                // (T28): the soft cross-entropy's weight of `p_j` is one more
+                // term of the total; its source `-c p_j` at `j` an indicator
+                // (`c` and `p_j` rounded, their product, the division by `T`
+                // and the subtraction: four more roundings).
+                if l.soft != 0.0 {
+                    n_extra += 1;
+                }
+                if let Some(pj) = l.teacher_at(j) {
+                    ind = ind + Hi(l.soft) * Hi(pj);
+                    n_extra += 4;
+                }
+                Some((*l, lt))
+            }
+            None => None,
+        };
+        // (T21): the policy terms' log-prob cotangent `w^`, one more source
+        // at the target: in G, and in the indicator at t.
+        let policy = match &mg.policy {
+            Some(pt) => {
+                let pt = pt.clone()?;
+                g_sum = g_sum + pt.weight;
+                n_extra += 1;
+                if cot.token == Some(j) {
+                    ind = ind + pt.weight;
+                    n_extra += 1;
+                }
+                Some(pt)
+            }
+            None => None,
+        };
+        // (T25): the top-k KL's cotangents `w^_k`, one more source at each
+        // id: in G (K terms), and in the indicator at an id.
+        let kl = match &mg.kl {
+            Some(kt) => {
+                let kt = kt.clone()?;
+                g_sum = g_sum + kt.weight;
+                n_extra += kt.per_id.len();
+                for &(id, w, _) in &kt.per_id {
+                    if id == j {
+                        ind = ind + w;
+                        n_extra += 1;
+                    }
+                }
+                Some(kt)
+            }
+            None => None,
+        };
+        Ok(Sources {
+            g_sum,
+            ind,
+            n_extra,
+            loss,
+            policy,
+            kl,
+        })
+    }
+
     /// `(ln p_j upper, arg_j, lambda_j)`: the exponent of the relative
     /// error of a computed probability, the larger of its two evaluation
     /// forms (T10): `exp(lp^_j)` (`lambda_j`, T9) and `e^_j / S^`
@@ -360,6 +401,16 @@ impl RowBounds<'_> {
         let lam = c.lambda(set, d_abs);
         (lw, lam.max(via_div), lam)
     }
+}
+
+/// [`RowBounds::grad_sources`]: element `j`'s sources beyond the row's `n0`.
+struct Sources<'c> {
+    g_sum: Hi,
+    ind: Hi,
+    n_extra: usize,
+    loss: Option<(LossGradCotangents<'c>, LossTerms)>,
+    policy: Option<PolicyGradTerms>,
+    kl: Option<KlGradTerms>,
 }
 
 /// `gamma_m` and floors precomputed per model: `m = base + n_extra` for
