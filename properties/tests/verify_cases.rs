@@ -363,3 +363,33 @@ fn declared_forms_narrow_the_bound() {
     assert_eq!(output(&e, "kl_k3").verdict, ReportVerdict::Suspect);
     assert_eq!(e.model, "lanes=8 k3_form=expm1");
 }
+
+/// The dump's own `k3_form=expm1` (issue 42: a declaration a dump can
+/// carry) narrows the bound as `--k3-form expm1` does: the same tensors
+/// as `policy_grad_k3_ratio_bf16` (whose kernel evaluates `exp(kl) - kl -
+/// 1`) with the key added are SUSPECT where the file passes, and the
+/// report names the form.
+#[test]
+fn a_dump_declares_its_k3_form() {
+    let src = std::fs::read(torch_dir().join("policy_grad_k3_ratio_bf16.safetensors")).unwrap();
+    let n = u64::from_le_bytes(src[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&src[8..8 + n]).unwrap();
+    header["__metadata__"]["k3_form"] = serde_json::Value::from("expm1");
+    let mut text = serde_json::to_vec(&header).unwrap();
+    // The data stays 8-byte aligned: the header padded with spaces.
+    while !(8 + text.len()).is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&text);
+    bytes.extend_from_slice(&src[8 + n..]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k3_expm1.safetensors");
+    std::fs::write(&path, bytes).unwrap();
+    let report = match verify_files(&[path], &VerifyConfig::default()).remove(0) {
+        FileOutcome::Report(r) => r,
+        FileOutcome::BadInput { error, .. } => panic!("{error}"),
+    };
+    assert_eq!(output(&report, "kl_k3").verdict, ReportVerdict::Suspect);
+    assert_eq!(report.model, "lanes=8 k3_form=expm1");
+}

@@ -27,6 +27,10 @@ pub struct FormatOptions {
     /// `-inf` (a masked id) may be stored as `-finfo(dtype).max`; it is
     /// judged as `-inf` ([`FormatOptions::masked_candidate`]).
     pub masked_finfo_min: bool,
+    /// `k3_form=expm1`: the kernel evaluates `kl_k3` as `expm1(-d) + d`
+    /// (TOLERANCE.md (T20)); it narrows the bound as `verify --k3-form
+    /// expm1` does, whichever of the two declares it.
+    pub k3_expm1: bool,
 }
 
 impl FormatOptions {
@@ -65,6 +69,7 @@ impl FormatOptions {
             topk_sorted,
             masked_finfo_min: keys::MASKED_LOG_PROBS.get(meta)?
                 == Some(keys::MaskedLogProbs::FinfoMin),
+            k3_expm1: keys::K3_FORM.get(meta)? == Some(crate::tolerance::K3Form::Expm1),
         })
     }
 

@@ -16,6 +16,7 @@ use logprobe_reference::spec::{
 };
 
 use crate::dump::DumpError;
+use crate::tolerance::K3Form;
 
 /// Why a metadata value does not parse.
 #[derive(Debug)]
@@ -112,6 +113,7 @@ choice_value!(FormatVersion: FormatVersion::V1 => "1", FormatVersion::V2 => "2")
 choice_value!(CotangentReduction: CotangentReduction::None => "none", CotangentReduction::Sum => "sum");
 choice_value!(TopkIdsSource: TopkIdsSource::Given => "given", TopkIdsSource::Kernel => "kernel");
 choice_value!(MaskedLogProbs: MaskedLogProbs::NegInf => "neg_inf", MaskedLogProbs::FinfoMin => "finfo_min");
+choice_value!(K3Form: K3Form::Expm1 => "expm1", K3Form::Any => "any");
 
 impl MetaValue for Reduction {
     const TYPE: &'static str = "one of `none` `sum` `mean`";
@@ -330,6 +332,8 @@ keys! {
     KL_RENORMALIZED: bool = meta_key::KL_RENORMALIZED, "not true or false";
     /// `masked_log_probs` (default `neg_inf`).
     MASKED_LOG_PROBS: MaskedLogProbs = meta_key::MASKED_LOG_PROBS, "expected `neg_inf` or `finfo_min`";
+    /// `k3_form` (default `any`).
+    K3_FORM: K3Form = meta_key::K3_FORM, "expected `expm1` or `any`";
 }
 
 #[cfg(test)]

@@ -329,6 +329,13 @@ pub const NAMES: &[Name] = &[
     t(tensor::TEACHER_PROBS, 2, true),
     t(Output::SoftCrossEntropy.name(), 2, true),
     cot(Output::SoftCrossEntropy, 2, true),
+    // Version 2, the k3 form declared in the dump (issue 42).
+    m(
+        keys::K3_FORM,
+        2,
+        true,
+        "how kl_k3 is evaluated: `expm1` (expm1(-d) + d) or `any` (default: the naive exp(-d) + d - 1 too)",
+    ),
 ];
 
 /// What is wrong with one name.

@@ -56,7 +56,12 @@ impl safetensors::View for &TensorBytes<'_> {
 /// ignored by verify).
 pub fn keyword_names(kind: Kind) -> impl Iterator<Item = &'static str> {
     crate::names::built(kind, NAMES).filter(|n| {
-        *n != keys::FORMAT_VERSION.name && *n != keys::OUTPUTS.name && !n.starts_with("fuzz_")
+        // `k3_form` is also an option of the same name and meaning (the
+        // Python `k3_form=`): one keyword.
+        *n != keys::FORMAT_VERSION.name
+            && *n != keys::OUTPUTS.name
+            && *n != keys::K3_FORM.name
+            && !n.starts_with("fuzz_")
     })
 }
 

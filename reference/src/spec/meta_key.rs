@@ -65,3 +65,7 @@ pub const KL_RENORMALIZED: &str = "kl_renormalized";
 /// `masked_log_probs` (default `neg_inf`): how a masked id's top-k
 /// log-prob is stored (`finfo_min`: clamped to `-finfo(dtype).max`).
 pub const MASKED_LOG_PROBS: &str = "masked_log_probs";
+/// `k3_form` (default `any`): how the kernel evaluates `kl_k3` (`expm1`:
+/// `expm1(-d) + d`; `any`: the naive `exp(-d) + d - 1` too), as
+/// `verify --k3-form` declares it.
+pub const K3_FORM: &str = "k3_form";

@@ -142,3 +142,17 @@ impl Default for VerifyConfig {
         }
     }
 }
+
+impl VerifyConfig {
+    /// This configuration for one dump: what the dump declares narrows it.
+    /// `k3_form=expm1` in the dump's metadata declares the `expm1` form as
+    /// `--k3-form expm1` does (either declaration suffices: each is a
+    /// claim about the kernel, and the narrower bound holds it to it).
+    pub fn for_dump(&self, dump: &crate::dump::Dump<'_>) -> VerifyConfig {
+        let mut c = self.clone();
+        if dump.format.k3_expm1 {
+            c.k3_form = tolerance::K3Form::Expm1;
+        }
+        c
+    }
+}

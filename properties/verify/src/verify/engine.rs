@@ -70,6 +70,9 @@ pub fn verify_dump(
     config: &VerifyConfig,
 ) -> Result<FileReport, DumpError> {
     let start = std::time::Instant::now();
+    // The dump's declarations narrow the configured model
+    // ([`VerifyConfig::for_dump`]).
+    let config = &config.for_dump(dump);
     let n = dump.n();
     let logits_dtype = dump.logits.dtype;
     let acc_dtype = config.accumulation.unwrap_or(logits_dtype.accumulation());
