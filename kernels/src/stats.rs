@@ -14,7 +14,8 @@
 use ndarray::{ArrayView1, ArrayView2, Axis};
 
 use logprobe_reference::spec::{
-    Dtype, EntropyLogits, Output, PolicyTerm, Problem, Shape, SpecError, TemperatureDtype,
+    Dtype, EntropyLogits, Output, PolicyTerm, Problem, Shape, SpecError, TeacherForm,
+    TemperatureDtype,
 };
 
 use crate::kernel::{Algorithm, Shift};
@@ -470,16 +471,28 @@ pub fn soft_cross_entropy<A: Acc>(
 ) -> A {
     // Which entries count is decided on the input `p_j` (the oracle's
     // definition), not on its rounding to `A`.
+    let form = problem.options.teacher_form;
     let term = |j: usize| {
-        if p[j] == 0.0 {
+        if form.is_zero(p[j]) {
             A::ZERO
         } else if problem.allowed(row, j) {
-            A::from_f64(p[j]) * lp(j)
+            teacher_p::<A>(form, p[j]) * lp(j)
         } else {
             A::from_f64(f64::NEG_INFINITY)
         }
     };
     -pairwise_sum(0..p.len(), &term)
+}
+
+/// The teacher's `p_j` in `A` from an entry holding `x`: `x` rounded
+/// (probabilities), or `exp` of `x` rounded (log-probabilities), the
+/// kernel's own `exp`.
+#[inline]
+pub fn teacher_p<A: Acc>(form: TeacherForm, x: f64) -> A {
+    match form {
+        TeacherForm::Probs => A::from_f64(x),
+        TeacherForm::LogProbs => A::from_f64(x).exp(),
+    }
 }
 
 /// The rank of the token `t` among row `row`'s log-probs (vLLM's

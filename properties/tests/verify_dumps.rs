@@ -814,3 +814,83 @@ fn kl_gradients_are_judged_through_grad_logits() {
         &["grad_reverse_kl[1]", "teacher_topk_log_probs[1, 1]"],
     );
 }
+
+/// The soft cross-entropy against a top-k teacher (issue 47's third form):
+/// with `topk_ids` and `teacher_topk_log_probs` and no dense teacher, the
+/// teacher is `exp(a_k)` at the ids and nothing elsewhere. Our kernel's
+/// value over that teacher passes; one that renormalises the student over
+/// the ids fails; a repeated id (whose mass would count twice) is bad
+/// input naming the row.
+#[test]
+fn soft_cross_entropy_against_a_top_k_teacher() {
+    const N: usize = 3;
+    const V: usize = 40;
+    let x = Array2::from_shape_fn((N, V), |(r, j)| ((r * 7 + j * 3) as f32 * 0.41).sin() * 3.0);
+    let ids = Array2::from_shape_fn((N, 4), |(r, k)| ((r + 5 * k) % V) as i64);
+    let a = Array2::from_shape_fn((N, 4), |(_, k)| {
+        f64::from(((k as f32) * -0.7 - 0.5).min(0.0))
+    });
+    // The kernel's value: `-sum_k e^{a_k} lp(id_k)` (f64 log_softmax, rounded to f32).
+    let h: Vec<f64> = (0..N)
+        .map(|r| {
+            let m = (0..V)
+                .map(|j| f64::from(x[[r, j]]))
+                .fold(f64::MIN, f64::max);
+            let lse = m
+                + (0..V)
+                    .map(|j| (f64::from(x[[r, j]]) - m).exp())
+                    .sum::<f64>()
+                    .ln();
+            let s: f64 = (0..4)
+                .map(|k| a[[r, k]].exp() * (f64::from(x[[r, ids[[r, k]] as usize]]) - lse))
+                .sum();
+            f64::from(-s as f32)
+        })
+        .collect();
+    let dump = |h: &[f64], ids: &Array2<i64>| {
+        let t = vec![
+            (
+                "logits",
+                DumpTensor::floats(
+                    Dtype::F32,
+                    &[N, V],
+                    &x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+                ),
+            ),
+            (
+                "topk_ids",
+                DumpTensor::i64s(&[N, 4], &ids.iter().copied().collect::<Vec<_>>()),
+            ),
+            (
+                "teacher_topk_log_probs",
+                DumpTensor::floats(Dtype::F32, &[N, 4], &a.iter().copied().collect::<Vec<_>>()),
+            ),
+            (
+                "soft_cross_entropy",
+                DumpTensor::floats(Dtype::F32, &[N], h),
+            ),
+        ];
+        serialize_dump(&t, &[("format_version", "2")]).unwrap()
+    };
+    let verdict = |bytes: &[u8]| {
+        let d = Dump::parse(bytes).unwrap();
+        let r = verify_dump(&d, Path::new("topk_soft"), &VerifyConfig::default()).unwrap();
+        r.outputs
+            .iter()
+            .find(|o| o.output == "soft_cross_entropy")
+            .unwrap()
+            .verdict
+    };
+    assert_eq!(verdict(&dump(&h, &ids)), ReportVerdict::Pass);
+    let off: Vec<f64> = h.iter().map(|v| v - 0.25).collect();
+    assert_eq!(verdict(&dump(&off, &ids)), ReportVerdict::Fail);
+    let mut dup = ids.clone();
+    dup[[1, 2]] = dup[[1, 0]];
+    let bytes = dump(&h, &dup);
+    let d = Dump::parse(&bytes).unwrap();
+    let e = verify_dump(&d, Path::new("dup"), &VerifyConfig::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("row 1") || e.to_string().contains("[1"),
+        "{e}"
+    );
+}

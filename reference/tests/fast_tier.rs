@@ -1012,7 +1012,8 @@ fn loss_side_vjp_is_on_the_f64_tier() {
 }
 
 /// (F10) The soft cross-entropy's cotangent on the f64 tier: with a
-/// teacher of mass 1 or 0.6 (zero where the student cannot reach), or the
+/// teacher of mass 1 or 0.6 (zero where the student cannot reach; one in
+/// three as log-probabilities), or the
 /// student's own softmax (the cancellation `(sum p) q_j - p_j ~ 0`), the
 /// public oracle's VJP returns the same correctly rounded values on both
 /// tiers, the f64 tier's enclosures meet MPFR's, and away from the
@@ -1061,7 +1062,26 @@ fn soft_cross_entropy_vjp_is_on_the_f64_tier() {
                 tp[[r, j]] = f64::from((w[j] / s * mass) as f32);
             }
         }
+        // One teacher in three as its f32 log-probabilities (T27l, T28l).
+        if i % 3 == 1 {
+            tp.mapv_inplace(|x| f64::from(x.ln() as f32));
+            p.options.teacher_form = logprobe_reference::spec::TeacherForm::LogProbs;
+        }
         p.teacher_probs = Some(tp.view());
+        // The forward on both tiers: the same correctly rounded values.
+        for target in [Dtype::F32, Dtype::F64] {
+            let fwd = |o: &Oracle| {
+                o.forward(&p, target)
+                    .map(|f| f.values[Output::SoftCrossEntropy].mapv(|e| e.rounded))
+            };
+            let (a, b) = (fwd(&fast), fwd(&mpfr));
+            match (a, b) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a.mapv(f64::to_bits), b.mapv(f64::to_bits), "{c:?} {target}")
+                }
+                (a, b) => assert_eq!(a.err(), b.err(), "{c:?}"),
+            }
+        }
         let g = Array1::from_elem(n, [1.0, -0.5, 3.0e2][i % 3]);
         let cot = Cotangents::default().with_column(Output::SoftCrossEntropy, Some(g.view()));
         for target in [Dtype::F32, Dtype::Bf16] {

@@ -30,13 +30,16 @@ pub struct RowCot<A> {
 }
 
 /// One row's soft cross-entropy cotangent `c` and the teacher's mass
-/// `sum_{j < V} p_j` ([`pairwise_sum`] of the `p_j` rounded to `A`).
+/// `sum_{j < V} p_j` ([`pairwise_sum`] of the `p_j` in `A`,
+/// [`crate::stats::teacher_p`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SoftSide<A> {
     /// `c`, the row's `grad_soft_cross_entropy`.
     pub c: A,
     /// `sum_j p_j`.
     pub mass: A,
+    /// How the teacher's entries hold `p_j`.
+    pub form: logprobe_reference::spec::TeacherForm,
 }
 
 /// One row's top-k KL cotangents and inputs.
@@ -196,9 +199,13 @@ impl<A: Acc> RowCot<A> {
             ) {
                 (c, Some(tp)) if c != 0.0 => {
                     let tp = tp.row(row);
+                    let form = problem.options.teacher_form;
                     Some(SoftSide {
                         c: A::from_f64(c),
-                        mass: pairwise_sum(0..p.v.min(tp.len()), &|j| A::from_f64(tp[j])),
+                        mass: pairwise_sum(0..p.v.min(tp.len()), &|j| {
+                            crate::stats::teacher_p(form, tp[j])
+                        }),
+                        form,
                     })
                 }
                 _ => None,

@@ -218,7 +218,9 @@ pub fn grad_row<A: Acc, Io: RowIo<A>>(
     // Source columns: c_j (1 - p_j) - o_j p_j - h q_j (e_j + R), cancellation-free.
     for &(j, zj, fj) in &spec {
         // A source's soft term joins its constant `u`.
-        let uj = dense.map_or(u, |(sf, t)| u - sf.c * A::from_f64(t[j]));
+        let uj = dense.map_or(u, |(sf, t)| {
+            u - sf.c * crate::stats::teacher_p(sf.form, t[j])
+        });
         let g = source_grad(
             (j, zj),
             &sources,
@@ -344,12 +346,12 @@ fn source_grad<A: Acc>(
     g
 }
 
-/// The soft cross-entropy's term of entry `j` as the write pass subtracts
-/// it: `c p_j` (`p_j` the teacher's, rounded to `A`), divided by `T` when
+/// The soft cross-entropy's term of entry `j` (holding `x`) as the write
+/// pass subtracts it: `c p_j` (`p_j` the teacher's in `A`), divided by `T` when
 /// the gradient is (`grad_scale`).
 #[inline(always)]
-fn soft_term<A: Acc>(sf: SoftSide<A>, pj: f64, grad_scale: Option<A>) -> A {
-    let d = sf.c * A::from_f64(pj);
+fn soft_term<A: Acc>(sf: SoftSide<A>, x: f64, grad_scale: Option<A>) -> A {
+    let d = sf.c * crate::stats::teacher_p(sf.form, x);
     grad_scale.map_or(d, |t| d / t)
 }
 

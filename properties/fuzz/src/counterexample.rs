@@ -209,7 +209,7 @@ fn backward_tensors(
         t.push((grad(Output::SoftCrossEntropy), f32s1(g)));
         let values: Vec<f64> = tp.iter().copied().collect();
         t.push((
-            tensor::TEACHER_PROBS,
+            p.options.teacher_form.tensor(),
             DumpTensor::floats(Dtype::F32, &[tp.nrows(), tp.ncols()], &values),
         ));
     }
@@ -318,7 +318,7 @@ fn forward_tensors(k: &dyn Kernel, p: &Problem<'_>, out: Dtype, t: &mut Tensors)
     ) {
         let values: Vec<f64> = tp.iter().copied().collect();
         t.push((
-            tensor::TEACHER_PROBS,
+            p.options.teacher_form.tensor(),
             DumpTensor::floats(Dtype::F32, &[tp.nrows(), tp.ncols()], &values),
         ));
     }

@@ -60,6 +60,8 @@ pub mod tensor {
     /// `teacher_probs [N, V_total]`: the teacher's probabilities of
     /// `soft_cross_entropy`.
     pub const TEACHER_PROBS: &str = "teacher_probs";
+    /// The soft cross-entropy's teacher as log-probabilities `[N, V_total]`.
+    pub const TEACHER_LOG_PROBS: &str = "teacher_log_probs";
 }
 
 /// The version-1 tensor names (the first rows of [`NAMES`]).
@@ -327,6 +329,7 @@ pub const NAMES: &[Name] = &[
     // Version 2, vLLM's token ranks and the soft-target cross-entropy (issue 47).
     t(Output::TokenRanks.name(), 2, true),
     t(tensor::TEACHER_PROBS, 2, true),
+    t(tensor::TEACHER_LOG_PROBS, 2, true),
     t(Output::SoftCrossEntropy.name(), 2, true),
     cot(Output::SoftCrossEntropy, 2, true),
     // Version 2, the k3 form declared in the dump (issue 42).

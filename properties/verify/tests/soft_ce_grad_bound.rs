@@ -5,7 +5,8 @@
 //! teacher mass on masked entries, a temperature that is not a power of
 //! two, with `grad_lse` and `grad_log_probs` beside it (a source column),
 //! on f32 and bf16 logits, in every
-//! staging: every element passes, the bound is not vacuous, and the
+//! staging, the teacher as probabilities and as f32 log-probabilities
+//! (T28l): every element passes, the bound is not vacuous, and the
 //! textbook gradient `c (q_j - p_j)` (the mass taken as 1) fails on the
 //! truncated teacher. A nonzero cotangent on a row of infinite `H` is a
 //! typed error.
@@ -13,7 +14,9 @@
 use half::bf16;
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::{Exact, Oracle};
-use logprobe_reference::spec::{Cotangents, Dtype, Logits, Output, Problem, SpecError};
+use logprobe_reference::spec::{
+    Cotangents, Dtype, Logits, Output, Problem, SpecError, TeacherForm,
+};
 use logprobe_verify::tolerance::{ErrorBound, Model, RowContext, RowTargets};
 use ndarray::{Array1, Array2};
 
@@ -130,14 +133,20 @@ fn correct_kernels_pass_and_the_unit_mass_gradient_fails() {
     let mut worst = 0.0f64;
     let mut caught = 0usize;
     for dtype in [Dtype::F32, Dtype::Bf16] {
-        for (kind, mass, masked, with_lse) in [
-            (0, 1.0, false, false),
-            (0, 0.6, true, true),
-            (1, 1.0, false, false),
-            (2, 0.6, false, true),
+        for (kind, mass, masked, with_lse, form) in [
+            (0, 1.0, false, false, TeacherForm::Probs),
+            (0, 0.6, true, true, TeacherForm::Probs),
+            (1, 1.0, false, false, TeacherForm::Probs),
+            (2, 0.6, false, true, TeacherForm::Probs),
+            (0, 0.6, true, true, TeacherForm::LogProbs),
+            (2, 1.0, false, false, TeacherForm::LogProbs),
         ] {
             let mask = masked.then_some(&c.mask);
-            let tp = teacher(&x64, mask, kind, mass);
+            let mut tp = teacher(&x64, mask, kind, mass);
+            if form == TeacherForm::LogProbs {
+                // The teacher's log-probs in f32 (`-inf` for no mass).
+                tp.mapv_inplace(|p| f64::from(p.ln() as f32));
+            }
             // ndarray's views are invariant in their lifetime: the logits'
             // view is made here, as long-lived as the teacher's.
             let l = match dtype {
@@ -149,6 +158,7 @@ fn correct_kernels_pass_and_the_unit_mass_gradient_fails() {
             p.options.temperature = 0.7;
             p.options.lse = with_lse;
             p.teacher_probs = Some(tp.view());
+            p.options.teacher_form = form;
             p.sampling_mask = mask.map(|m| m.view());
             p.tokens = Some(c.t.view());
             let mut cot = Cotangents::default().with_column(Output::SoftCrossEntropy, c.c.view());
@@ -173,8 +183,10 @@ fn correct_kernels_pass_and_the_unit_mass_gradient_fails() {
                     let model = Model::declared(&k.algorithm(&shape));
                     let grad = k.backward(&p, &cot, out).unwrap();
                     let w = judge(&p, &cot, &model, &grad, &dx, out);
-                    let what =
-                        format!("{} {dtype:?}->{out:?} teacher {kind} mass {mass}", k.name());
+                    let what = format!(
+                        "{} {dtype:?}->{out:?} teacher {kind} mass {mass} {form:?}",
+                        k.name()
+                    );
                     assert_eq!(w.fails, 0, "{what}: {w:?}");
                     if out == Dtype::F32 {
                         worst = worst.max(w.ratio);
@@ -198,7 +210,7 @@ fn correct_kernels_pass_and_the_unit_mass_gradient_fails() {
                 let k = CpuKernel::fused();
                 let model = Model::declared(&k.algorithm(&shape));
                 let extra = Array1::from_shape_fn(N, |r| {
-                    let m: f64 = tp.row(r).sum();
+                    let m: f64 = tp.row(r).iter().map(|&x| form.prob_f64(x)).sum();
                     cot.column(Output::Lse).map_or(0.0, |a| a[r]) + c.c[r] * (1.0 - m)
                 });
                 let mut q = p;

@@ -223,7 +223,9 @@ impl Problem<'_> {
                         && self.logits.get_f64(row, c) == f64::NEG_INFINITY)
             };
             let tp = p.row(row);
-            if let Some(col) = (0..shape.vocab_size.min(tp.len())).find(|&c| tp[c] > 0.0 && dead(c))
+            let form = self.options.teacher_form;
+            if let Some(col) =
+                (0..shape.vocab_size.min(tp.len())).find(|&c| !form.is_zero(tp[c]) && dead(c))
             {
                 return Err(SpecError::SoftCrossEntropyGradientInfinite {
                     row,

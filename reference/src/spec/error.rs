@@ -159,9 +159,11 @@ pub enum SpecError {
         found: String,
     },
     /// A `teacher_probs` entry (of the real vocabulary) that is negative or
-    /// not finite.
-    #[error("teacher_probs[{row}, {col}] is {value}: a probability is finite and >= 0")]
+    /// not finite, or a `teacher_log_probs` entry that is NaN or `> 0`.
+    #[error("{tensor}[{row}, {col}] is {value}: a probability is finite and >= 0, a log-probability <= 0 or -inf")]
     BadTeacherProb {
+        /// `teacher_probs` or `teacher_log_probs`.
+        tensor: &'static str,
         /// Row index.
         row: usize,
         /// Column index.

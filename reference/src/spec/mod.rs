@@ -24,7 +24,7 @@ pub use dtype::{pow2, Dtype, Element};
 pub use error::SpecError;
 pub use logits::{Logits, LogitsMut};
 pub use loss::{CrossEntropy, LossOptions, MeanAllIgnored, MeanDivisor, Reduction};
-pub use options::{EntropyLogits, Options, SoftcapDtype, TemperatureDtype};
+pub use options::{EntropyLogits, Options, SoftcapDtype, TeacherForm, TemperatureDtype};
 pub use output::{Columns, Family, LossTerm, Output, RowStat};
 pub use output_set::OutputSet;
 pub use per_output::PerOutput;

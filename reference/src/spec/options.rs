@@ -37,6 +37,56 @@ pub enum SoftcapDtype {
     Input,
 }
 
+/// How [`Problem::teacher_probs`](super::Problem::teacher_probs) holds
+/// the soft cross-entropy's teacher (docs/design.md, "The loss side").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum TeacherForm {
+    /// Probabilities `p_j` (finite, `>= 0`): the dump's `teacher_probs`.
+    #[default]
+    Probs,
+    /// Log-probabilities `a_j` (`<= 0`, `-inf` for no mass), `p_j =
+    /// exp(a_j)` exactly: the dump's `teacher_log_probs` (a kernel that
+    /// takes the teacher's log-probs computes `exp` itself).
+    LogProbs,
+}
+
+impl TeacherForm {
+    /// Whether an entry holding `x` carries no teacher mass (`p_j = 0`).
+    pub fn is_zero(self, x: f64) -> bool {
+        match self {
+            TeacherForm::Probs => x == 0.0,
+            TeacherForm::LogProbs => x == f64::NEG_INFINITY,
+        }
+    }
+
+    /// Whether `x` is a valid entry: finite and `>= 0` (probabilities),
+    /// `<= 0` or `-inf` (log-probabilities).
+    pub fn valid(self, x: f64) -> bool {
+        match self {
+            TeacherForm::Probs => x.is_finite() && x >= 0.0,
+            TeacherForm::LogProbs => x <= 0.0,
+        }
+    }
+
+    /// `p_j` of an entry holding `x`, rounded to f64 (`exp` within an ulp
+    /// for log-probabilities): for generators and test kernels, never
+    /// for the oracle, which takes `exp(a_j)` exactly.
+    pub fn prob_f64(self, x: f64) -> f64 {
+        match self {
+            TeacherForm::Probs => x,
+            TeacherForm::LogProbs => x.exp(),
+        }
+    }
+
+    /// The dump's name of the tensor: `teacher_probs` or `teacher_log_probs`.
+    pub const fn tensor(self) -> &'static str {
+        match self {
+            TeacherForm::Probs => "teacher_probs",
+            TeacherForm::LogProbs => "teacher_log_probs",
+        }
+    }
+}
+
 /// Which logits the entropy is taken over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum EntropyLogits {
@@ -98,6 +148,9 @@ pub struct Options {
     /// teacher's log-probs [`Problem::teacher_topk_log_probs`](super::Problem::teacher_topk_log_probs). Default
     /// `None`.
     pub topk_kl: Option<TopkKl>,
+    /// How `teacher_probs` holds the soft cross-entropy's teacher. Default
+    /// [`TeacherForm::Probs`].
+    pub teacher_form: TeacherForm,
 }
 
 impl std::fmt::Debug for Options {
@@ -130,6 +183,9 @@ impl std::fmt::Debug for Options {
         if let Some(k) = &self.topk_kl {
             d.field("topk_kl", k);
         }
+        if self.teacher_form != TeacherForm::Probs {
+            d.field("teacher_form", &self.teacher_form);
+        }
         d.finish()
     }
 }
@@ -150,6 +206,7 @@ impl Default for Options {
             loss: None,
             policy_clamps: PolicyClamps::default(),
             topk_kl: None,
+            teacher_form: TeacherForm::Probs,
         }
     }
 }

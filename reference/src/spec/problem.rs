@@ -39,9 +39,11 @@ pub struct ProblemOf<'a, L> {
     /// The teacher's log-probs `[N, K]` at `topk_ids` (exact inputs, nats,
     /// `<= 0`); read only when `options.topk_kl` is `Some`.
     pub teacher_topk_log_probs: Option<ArrayView2<'a, f64>>,
-    /// The teacher's probabilities `[N, V_total]` of the soft-target
-    /// cross-entropy `soft_cross_entropy` (exact inputs, finite, `>= 0`;
-    /// padded columns ignored). Its presence asks for that output.
+    /// The teacher `[N, V_total]` of the soft-target cross-entropy
+    /// `soft_cross_entropy`, exact inputs, padded columns ignored: its
+    /// probabilities (finite, `>= 0`), or its log-probabilities (`<= 0`,
+    /// `-inf` for no mass) under [`TeacherForm::LogProbs`](super::TeacherForm::LogProbs)
+    /// (`options.teacher_form`). Its presence asks for that output.
     pub teacher_probs: Option<ArrayView2<'a, f64>>,
     /// Per-row weights `[N]` of the cross-entropy `loss` (finite, `>= 0`,
     /// exact f64 inputs; `None` = every weight 1). Read only when
@@ -314,10 +316,16 @@ impl<'a> Problem<'a> {
                 .row(row)
                 .iter()
                 .take(v)
-                .position(|x| !(x.is_finite() && *x >= 0.0));
+                .position(|&x| !self.options.teacher_form.valid(x));
             if let Some(col) = bad {
                 let value = p[[row, col]];
-                return Err(SpecError::BadTeacherProb { row, col, value });
+                let tensor = self.options.teacher_form.tensor();
+                return Err(SpecError::BadTeacherProb {
+                    tensor,
+                    row,
+                    col,
+                    value,
+                });
             }
         }
         if let (Some(_), Some(w)) = (self.options.loss, self.loss_weights) {

@@ -74,6 +74,7 @@ def verify(
     grad_reverse_kl: Optional[TensorLike] = None,
     token_ranks: Optional[TensorLike] = None,
     teacher_probs: Optional[TensorLike] = None,
+    teacher_log_probs: Optional[TensorLike] = None,
     soft_cross_entropy: Optional[TensorLike] = None,
     grad_soft_cross_entropy: Optional[TensorLike] = None,
     # metadata

@@ -53,6 +53,7 @@ def assert_verified(
     grad_reverse_kl: Optional[TensorLike] = None,
     token_ranks: Optional[TensorLike] = None,
     teacher_probs: Optional[TensorLike] = None,
+    teacher_log_probs: Optional[TensorLike] = None,
     soft_cross_entropy: Optional[TensorLike] = None,
     grad_soft_cross_entropy: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,

@@ -42,7 +42,8 @@ impl PlantedBug for SoftCeNanOnZeroProb {
             let logit = |j: usize| problem.logits.get_f64(row, j);
             let unreachable =
                 |j: usize| !problem.allowed(row, j) || (!capped && logit(j) == f64::NEG_INFINITY);
-            if (0..shape.vocab_size).any(|j| p[[row, j]] == 0.0 && unreachable(j)) {
+            let form = problem.options.teacher_form;
+            if (0..shape.vocab_size).any(|j| form.is_zero(p[[row, j]]) && unreachable(j)) {
                 h[[row, 0]] = f64::NAN;
             }
         }
@@ -88,7 +89,8 @@ impl PlantedBug for SoftCeGradUnitMass {
         };
         let v = problem.validate_shapes()?.vocab_size;
         let lse = Array1::from_shape_fn(c.len(), |row| {
-            let mass: f64 = p.row(row).iter().take(v).sum();
+            let form = problem.options.teacher_form;
+            let mass: f64 = p.row(row).iter().take(v).map(|&x| form.prob_f64(x)).sum();
             let given = cotangents.column(Output::Lse).map_or(0.0, |a| a[row]);
             given + c[row] * (1.0 - mass)
         });

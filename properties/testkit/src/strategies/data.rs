@@ -417,7 +417,8 @@ impl CotangentRecipe {
                 !problem.allowed(row, j)
                     || (!capped && problem.logits.get_f64(row, j) == f64::NEG_INFINITY)
             };
-            if (0..v).any(|j| p[[row, j]] > 0.0 && dead(j)) {
+            let form = problem.options.teacher_form;
+            if (0..v).any(|j| !form.is_zero(p[[row, j]]) && dead(j)) {
                 0.0
             } else {
                 c

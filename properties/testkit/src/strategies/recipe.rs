@@ -338,6 +338,7 @@ impl ProblemRecipe {
             loss: None,
             policy_clamps: Default::default(),
             topk_kl: None,
+            teacher_form: Default::default(),
         };
         // The policy terms ride on every case with tokens (issue 18).
         let (policy, policy_clamps) = if self.tokens {
@@ -360,9 +361,11 @@ impl ProblemRecipe {
         };
         // The soft-target cross-entropy rides on one case in four, its
         // teacher from a stream of its own (`teacher.rs`).
-        let teacher_probs = draw_teacher_probs(self.seed, &x, v, |i, j| {
+        let drawn = draw_teacher_probs(self.seed, &x, v, |i, j| {
             mask.as_ref().is_none_or(|m| m[[i, j]])
         });
+        let teacher_form = drawn.as_ref().map_or(Default::default(), |d| d.1);
+        let teacher_probs = drawn.map(|d| d.0);
         ProblemData {
             logits: OwnedLogits::from_f64(dtype, &x),
             tokens: self.tokens.then_some(tokens),
@@ -375,6 +378,7 @@ impl ProblemRecipe {
             options: Options {
                 policy_clamps,
                 topk_kl,
+                teacher_form,
                 ..options
             },
         }

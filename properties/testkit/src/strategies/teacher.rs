@@ -13,7 +13,7 @@
 
 use ndarray::Array2;
 
-use logprobe_reference::spec::{first_duplicate, Dtype, TopkKl};
+use logprobe_reference::spec::{first_duplicate, Dtype, TeacherForm, TopkKl};
 
 use super::rng_for;
 
@@ -120,8 +120,9 @@ fn row_log_softmax_at(
 /// The stream of the soft teacher's draws (beside [`TEACHER_STREAM`]).
 const SOFT_TEACHER_STREAM: u64 = (1 << 40) + (1 << 39);
 
-/// The teacher probabilities `[N, V_total]` of `soft_cross_entropy`, for
-/// one case in four: per row `p = softmax(x / tau + noise)` over the real
+/// The teacher `[N, V_total]` of `soft_cross_entropy` and its form, for
+/// one case in four (one in three of those as log-probabilities, `ln p_j`
+/// rounded to f32, `-inf` where `p_j = 0`): per row `p = softmax(x / tau + noise)` over the real
 /// vocabulary (`tau` in `[0.5, 2]`, Gaussian noise of scale 0, 0.5 or 3),
 /// one row in four scaled to a mass in `[0.5, 1)` (a truncated teacher),
 /// each entry rounded to f32 (a teacher's stored dtype), `0` on padded
@@ -136,7 +137,7 @@ pub fn draw_teacher_probs(
     x: &Array2<f64>,
     v: usize,
     allowed: impl Fn(usize, usize) -> bool,
-) -> Option<Array2<f64>> {
+) -> Option<(Array2<f64>, TeacherForm)> {
     let mut rng = rng_for(seed, SOFT_TEACHER_STREAM);
     if !rng.chance(0.25) {
         return None;
@@ -183,5 +184,12 @@ pub fn draw_teacher_probs(
             }
         }
     }
-    Some(p)
+    // One teacher in three is given as its log-probabilities (a kernel
+    // that takes them computes `exp` itself): `ln p_j` rounded to f32,
+    // `-inf` where `p_j = 0`.
+    if rng.chance(1.0 / 3.0) {
+        p.mapv_inplace(|x| f64::from(x.ln() as f32));
+        return Some((p, TeacherForm::LogProbs));
+    }
+    Some((p, TeacherForm::Probs))
 }

@@ -102,6 +102,15 @@ pub enum DumpError {
         crate::header::Repeated::MetaKey(k) => format!("duplicate metadata key `{k}` (repeated in __metadata__)"),
     })]
     Duplicate(crate::header::Repeated),
+    /// Two tensors that are two forms of one input (`teacher_probs` and
+    /// `teacher_log_probs`).
+    #[error("tensors `{first}` and `{second}` are two forms of one input: give one")]
+    TwoForms {
+        /// The first.
+        first: &'static str,
+        /// The second.
+        second: &'static str,
+    },
     /// A flag tensor (`row_mask`) byte other than 0 or 1.
     #[error("{tensor}[{index}] is byte {value}, not 0 or 1")]
     BadFlag {

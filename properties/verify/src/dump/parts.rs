@@ -8,7 +8,7 @@ use ndarray::{Array1, Array2};
 use safetensors::{tensor::TensorView, Dtype as StDtype};
 
 use logprobe_reference::spec::{
-    Columns, Dtype, LossOptions, Output, PerOutput, PolicyTerm, Reduction, SpecError,
+    Columns, Dtype, LossOptions, Output, PerOutput, PolicyTerm, Reduction, SpecError, TeacherForm,
 };
 
 use super::options::parse_loss_options;
@@ -370,20 +370,28 @@ impl<'a> Tensors<'a, '_> {
         Ok(policy)
     }
 
+    /// Whether the dump has a top-k KL candidate or cotangent.
+    pub(super) fn wants_kl(&self, candidates: &PerOutput<FloatMatrix<'a>>) -> bool {
+        let kl = [Output::ForwardKl, Output::ReverseKl];
+        kl.iter().any(|&o| candidates.contains(o))
+            || kl
+                .iter()
+                .any(|o| o.cotangent_name().is_some_and(|c| self.get(c).is_some()))
+    }
+
     /// `teacher_topk_log_probs [N, K]` as exact f64 with its dtype: with a
-    /// top-k KL candidate or cotangent, and only then.
+    /// top-k KL candidate or cotangent, or as the soft cross-entropy's
+    /// teacher (`soft_topk`: its candidate or cotangent without a dense
+    /// teacher), and only then.
     ///
     /// # Errors
     /// [`DumpError::MissingTensor`] either way round; a bad dtype or shape.
     pub(super) fn teacher(
         &self,
         candidates: &PerOutput<FloatMatrix<'a>>,
+        soft_topk: bool,
     ) -> Result<Option<(Dtype, Array2<f64>)>, DumpError> {
-        let kl = [Output::ForwardKl, Output::ReverseKl];
-        let want_kl = kl.iter().any(|&o| candidates.contains(o))
-            || kl
-                .iter()
-                .any(|o| o.cotangent_name().is_some_and(|c| self.get(c).is_some()));
+        let want_kl = self.wants_kl(candidates) || soft_topk;
         let name = tensor::TEACHER_TOPK_LOG_PROBS;
         match self.get(name) {
             None if want_kl => Err(DumpError::MissingTensor {
@@ -393,7 +401,7 @@ impl<'a> Tensors<'a, '_> {
             None => Ok(None),
             Some(_) if !want_kl => Err(DumpError::MissingTensor {
                 tensor: Output::ForwardKl.name(),
-                why: " (or reverse_kl, or a grad_forward_kl / grad_reverse_kl: teacher_topk_log_probs is judged through them)",
+                why: " (or reverse_kl, soft_cross_entropy, or a cotangent of one: teacher_topk_log_probs is judged through them)",
             }),
             Some(_) => {
                 let (m, _) = self.float(name, Columns::TopK, false)?.expect("present");
@@ -402,33 +410,47 @@ impl<'a> Tensors<'a, '_> {
         }
     }
 
-    /// `teacher_probs [N, V_total]`, left in the file (only with a
-    /// `soft_cross_entropy` candidate or `grad_soft_cross_entropy`, which it
-    /// is judged through).
+    /// `teacher_probs` or `teacher_log_probs [N, V_total]` and which
+    /// ([`TeacherForm`]), left in the file (only with a
+    /// `soft_cross_entropy` candidate or `grad_soft_cross_entropy`, which
+    /// it is judged through).
     ///
     /// # Errors
-    /// [`DumpError`]: one without the other, a bad dtype or shape.
+    /// [`DumpError`]: one without the other, both forms, a bad dtype or shape.
     pub(super) fn teacher_probs(
         &self,
         candidates: &PerOutput<FloatMatrix<'a>>,
         cotangents: &PerOutput<Array2<f64>>,
-    ) -> Result<Option<FloatMatrix<'a>>, DumpError> {
+    ) -> Result<Option<(FloatMatrix<'a>, TeacherForm)>, DumpError> {
         let want = candidates.contains(Output::SoftCrossEntropy)
             || cotangents.contains(Output::SoftCrossEntropy);
-        let name = tensor::TEACHER_PROBS;
+        let (probs, logs) = (tensor::TEACHER_PROBS, tensor::TEACHER_LOG_PROBS);
+        let (name, form) = match (self.get(probs), self.get(logs)) {
+            (Some(_), Some(_)) => {
+                return Err(DumpError::TwoForms {
+                    first: probs,
+                    second: logs,
+                })
+            }
+            (None, Some(_)) => (logs, TeacherForm::LogProbs),
+            _ => (probs, TeacherForm::Probs),
+        };
         match self.get(name) {
+            // The top-k teacher (`teacher_topk_log_probs` at `topk_ids`)
+            // is the soft cross-entropy's when no dense one is given.
+            None if want && self.get(tensor::TEACHER_TOPK_LOG_PROBS).is_some() => Ok(None),
             None if want => Err(DumpError::MissingTensor {
                 tensor: name,
-                why: " (needed by soft_cross_entropy and its cotangent)",
+                why: " (or teacher_log_probs, or teacher_topk_log_probs at topk_ids: needed by soft_cross_entropy and its cotangent)",
             }),
             None => Ok(None),
             Some(_) if !want => Err(DumpError::MissingTensor {
                 tensor: Output::SoftCrossEntropy.name(),
-                why: " (teacher_probs is judged through it or grad_soft_cross_entropy)",
+                why: " (the teacher is judged through it or grad_soft_cross_entropy)",
             }),
             Some(_) => Ok(self
                 .float(name, Columns::Vocabulary, false)?
-                .map(|(m, _)| m)),
+                .map(|(m, _)| (m, form))),
         }
     }
 

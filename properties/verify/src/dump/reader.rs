@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use ndarray::{Array1, Array2};
 
-use logprobe_reference::spec::{MeanDivisor, Options, Output, PerOutput, Reduction, TopkKl};
+use logprobe_reference::spec::{
+    MeanDivisor, Options, Output, PerOutput, Reduction, SpecError, TeacherForm, TopkKl,
+};
 
 use super::options::{parse_options, parse_policy_clamps, parse_z_loss_coef};
 use super::parts::{check_needs, read_inputs, read_logits, Tensors};
@@ -26,9 +28,14 @@ pub struct Dump<'a> {
     /// `teacher_topk_log_probs [N, K]` as exact f64 (only with a
     /// `forward_kl` or `reverse_kl` candidate).
     pub teacher_topk_log_probs: Option<Array2<f64>>,
-    /// `teacher_probs [N, V_total]`, left in the file and decoded row by
-    /// row (only with a `soft_cross_entropy` candidate).
+    /// `teacher_probs` or `teacher_log_probs [N, V_total]`, left in the
+    /// file and decoded row by row (only with a `soft_cross_entropy`
+    /// candidate or cotangent; which one is `options.teacher_form`).
     pub teacher_probs: Option<FloatMatrix<'a>>,
+    /// The soft cross-entropy's teacher is `teacher_topk_log_probs` at
+    /// `topk_ids` (log-probabilities, no mass elsewhere): each row's view
+    /// holds it densely ([`Dump::row`]).
+    pub soft_topk_teacher: bool,
     /// The candidate outputs, `[N, width]` each (`log_probs [N]` and
     /// `entropy [N]` as width 1, `topk_log_probs [N, K]`, `grad_logits
     /// [N, V_total]`), left in the file and decoded row by row, each with
@@ -124,9 +131,15 @@ impl<'a> Dump<'a> {
         let (candidates, loss_options) = r.candidates(&meta)?;
         let loss_weights = r.loss_weights(&candidates)?;
         let policy = r.policy(&candidates)?;
-        let teacher = r.teacher(&candidates)?;
         let cotangents = r.cotangents(loss_options.reduction)?;
         let teacher_probs = r.teacher_probs(&candidates, &cotangents)?;
+        // The soft cross-entropy's teacher is the top-k one when no dense
+        // teacher is given (`Dump::soft_topk_teacher`).
+        let soft_topk_teacher = teacher_probs.is_none()
+            && (candidates.contains(Output::SoftCrossEntropy)
+                || cotangents.contains(Output::SoftCrossEntropy));
+        let want_kl = r.wants_kl(&candidates);
+        let teacher = r.teacher(&candidates, soft_topk_teacher)?;
 
         let names: Vec<String> = st.names().into_iter().map(String::from).collect();
         if require_candidate
@@ -189,12 +202,22 @@ impl<'a> Dump<'a> {
             _ => None,
         };
         options.policy_clamps = parse_policy_clamps(&meta)?;
-        options.topk_kl = teacher.as_ref().map(|(dtype, _)| TopkKl {
-            forward: candidates.contains(Output::ForwardKl),
-            reverse: candidates.contains(Output::ReverseKl),
-            renormalized,
-            teacher_dtype: *dtype,
-        });
+        if let Some((_, form)) = &teacher_probs {
+            options.teacher_form = *form;
+        }
+        if soft_topk_teacher {
+            options.teacher_form = TeacherForm::LogProbs;
+        }
+        let teacher_probs = teacher_probs.map(|(m, _)| m);
+        options.topk_kl = teacher
+            .as_ref()
+            .filter(|_| want_kl)
+            .map(|(dtype, _)| TopkKl {
+                forward: candidates.contains(Output::ForwardKl),
+                reverse: candidates.contains(Output::ReverseKl),
+                renormalized,
+                teacher_dtype: *dtype,
+            });
         // Every other key's value (`outputs`, `fuzz_*`, ...): checked
         // through the table, used or not.
         crate::names::check_values(&meta, crate::names::NAMES)?;
@@ -205,6 +228,7 @@ impl<'a> Dump<'a> {
             topk_ids: inputs.topk_ids,
             teacher_topk_log_probs: teacher.map(|t| t.1),
             teacher_probs,
+            soft_topk_teacher,
             candidates,
             loss_weights,
             policy,
@@ -233,10 +257,46 @@ impl<'a> Dump<'a> {
         self.options.vocab_size.unwrap_or(self.logits.cols)
     }
 
+    /// Row `row`'s soft cross-entropy teacher from the top-k one
+    /// ([`Dump::soft_topk_teacher`]): `[1, V_total]` log-probabilities,
+    /// `teacher_topk_log_probs[row, k]` at `topk_ids[row, k]`, `-inf`
+    /// elsewhere.
+    ///
+    /// # Errors
+    /// [`SpecError::TopkIdOutOfRange`], [`SpecError::TopkIdDuplicate`]
+    /// (a duplicate id would count its mass twice).
+    fn dense_topk_teacher(&self, row: usize) -> Result<Option<Array2<f64>>, DumpError> {
+        let (Some(ids), Some(a)) = (&self.topk_ids, &self.teacher_topk_log_probs) else {
+            return Ok(None);
+        };
+        let vt = self.v_total();
+        let mut dense = Array2::from_elem((1, vt), f64::NEG_INFINITY);
+        for (k, (&id, &ak)) in ids.row(row).iter().zip(a.row(row)).enumerate() {
+            let col = match usize::try_from(id) {
+                Ok(c) if c < self.vocab_size() => c,
+                _ => {
+                    return Err(DumpError::Spec(SpecError::TopkIdOutOfRange {
+                        row,
+                        k,
+                        id,
+                        vocab_size: self.vocab_size(),
+                    }))
+                }
+            };
+            if dense[[0, col]] != f64::NEG_INFINITY || ids.row(row).iter().take(k).any(|&i| i == id)
+            {
+                return Err(DumpError::Spec(SpecError::TopkIdDuplicate { row, k, id }));
+            }
+            dense[[0, col]] = ak;
+        }
+        Ok(Some(dense))
+    }
+
     /// Row `row`'s inputs, decoded (O(V) memory). Panics if `row >= N`.
     ///
     /// # Errors
-    /// [`DumpError::BadMaskValue`].
+    /// [`DumpError::BadMaskValue`]; with a top-k soft teacher, the spec's
+    /// [`SpecError::TopkIdOutOfRange`] and [`SpecError::TopkIdDuplicate`].
     pub fn row(&self, row: usize) -> Result<RowInputs, DumpError> {
         Ok(RowInputs {
             row,
@@ -255,10 +315,11 @@ impl<'a> Dump<'a> {
                 .teacher_topk_log_probs
                 .as_ref()
                 .map(|a| a.row(row).to_owned().insert_axis(ndarray::Axis(0))),
-            teacher_probs: self
-                .teacher_probs
-                .as_ref()
-                .map(|m| Array1::from(m.row_f64(row)).insert_axis(ndarray::Axis(0))),
+            teacher_probs: match &self.teacher_probs {
+                Some(m) => Some(Array1::from(m.row_f64(row)).insert_axis(ndarray::Axis(0))),
+                None if self.soft_topk_teacher => self.dense_topk_teacher(row)?,
+                None => None,
+            },
             options: self.options,
             loss_weights: self
                 .loss_weights

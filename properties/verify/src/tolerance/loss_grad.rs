@@ -41,18 +41,42 @@ pub struct LossGradCotangents<'c> {
     /// An upper bound of `sum_{j < V} p_j`, the teacher's mass (0 without
     /// `soft`).
     pub soft_mass: f64,
-    /// The teacher's probabilities `p [V]` of `soft_cross_entropy`, exact
-    /// (`None` without `soft`).
+    /// The teacher `[V]` of `soft_cross_entropy`, exact, as
+    /// `soft_log_probs` says (`None` without `soft`).
     pub teacher: Option<ArrayView1<'c, f64>>,
+    /// (T28l) The teacher is given as log-probabilities: a kernel computes
+    /// `p^_j = exp(fl(a_j))`, within `theta p_j + eta` of `p_j`.
+    pub soft_log_probs: bool,
+    /// (T28l) The largest `|a_j|` of an entry whose log-probability is not
+    /// an f32 value (its rounding `u |a_j|` into the accumulation dtype
+    /// moves `p_j` by `e^{u |a_j|} - 1`); 0 when there is none.
+    pub soft_a_inexact: f64,
+    /// (T28l) The entries with teacher mass (each may carry `eta`).
+    pub soft_count: usize,
 }
 
 impl LossGradCotangents<'_> {
-    /// `|c| p_j`'s inputs at entry `j`: the teacher's `p_j` when the soft
-    /// cross-entropy's cotangent is nonzero and `p_j != 0`.
-    pub(crate) fn teacher_at(&self, j: usize) -> Option<f64> {
-        let p = *self.teacher.as_ref()?.get(j)?;
-        (self.soft != 0.0 && p != 0.0).then_some(p)
+    /// `|c| p_j`'s inputs at entry `j`: an upper bound of the teacher's
+    /// `p_j` when the soft cross-entropy's cotangent is nonzero and `p_j
+    /// != 0`.
+    pub(crate) fn teacher_at(&self, j: usize) -> Option<Hi> {
+        let x = *self.teacher.as_ref()?.get(j)?;
+        match (self.soft != 0.0, self.soft_log_probs) {
+            (false, _) => None,
+            (true, false) => (x != 0.0).then_some(Hi(x)),
+            (true, true) => (x != f64::NEG_INFINITY).then(|| Hi(x).exp()),
+        }
     }
+}
+
+/// (T28l) The error of a kernel's teacher probabilities from
+/// log-probabilities: `|p^_j - p_j| <= theta p_j + eta`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TeacherExpErr {
+    /// `theta = (1 + eps_exp) e^{u max|a_j|} - 1` (the inexact `a_j` only).
+    pub theta: Hi,
+    /// `eta`: `exp`'s absolute error in the subnormal range plus a flushed result.
+    pub eta: Hi,
 }
 
 /// The row constants of (T19) for one model.
@@ -88,6 +112,7 @@ impl LossTerms {
         e_l: Hi,
         big_l: Hi,
         sum_depth: usize,
+        exp_err: TeacherExpErr,
     ) -> Result<LossTerms, NoBound> {
         let one = Hi::ONE;
         let ou = one + u;
@@ -120,7 +145,14 @@ impl LossTerms {
         let soft = Hi(l.soft) * Hi(l.soft_mass);
         let (soft_hi, delta_soft) = if l.soft != 0.0 {
             let gs = gamma(sum_depth + 2, u.0)?;
-            (soft * (one + gs), soft * gs)
+            // (T28l) The computed `p^_j` err by `theta p_j + eta` each.
+            let e = if l.soft_log_probs {
+                Hi(l.soft)
+                    * (exp_err.theta * Hi(l.soft_mass) + exp_err.eta * Hi(l.soft_count as f64))
+            } else {
+                Hi::ZERO
+            };
+            ((soft + e) * (one + gs), soft * gs + e * (one + gs))
         } else {
             (Hi::ZERO, Hi::ZERO)
         };

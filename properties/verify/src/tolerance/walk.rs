@@ -10,7 +10,7 @@ use ndarray::ArrayView1;
 
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{
-    Cotangents, Dtype, Output, PerOutput, PolicyTerm, Problem, Reduction,
+    Cotangents, Dtype, Output, PerOutput, PolicyTerm, Problem, Reduction, TeacherForm,
 };
 
 use super::bounds::KlGradCotangents;
@@ -39,9 +39,11 @@ pub struct RowTargets {
     /// accumulation dtype, [`logprobe_reference::spec::Options::effective_z_loss_coef`]);
     /// 0 without `z_loss`.
     pub z_loss_coef: f64,
-    /// The row's teacher probabilities `[V]` of `soft_cross_entropy`
-    /// (empty without `teacher_probs`).
+    /// The row's teacher `[V]` of `soft_cross_entropy` (empty without
+    /// `teacher_probs`), as `teacher_form` holds it.
     pub teacher_probs: Vec<f64>,
+    /// Probabilities or log-probabilities (`options.teacher_form`).
+    pub teacher_form: logprobe_reference::spec::TeacherForm,
     /// The row's cross-entropy `loss` (`None` when the problem has none).
     pub loss: Option<LossTarget>,
     /// The row's loss-side cotangents for the gradient bound (T19; `None`
@@ -142,12 +144,15 @@ impl LossGradRow {
             count: (0..v).filter(|&j| problem.allowed(row, j)).count(),
             mask: None,
             soft: problem.soft_cross_entropy_cotangent(cot, row).abs(),
-            // An upward sum of `p_j >= 0`: within `V` ulps (relative) above.
-            soft_mass: problem.teacher_probs.map_or(0.0, |p| {
-                let s: f64 = p.row(row).iter().take(v).sum();
-                up(s * (1.0 + (v as f64 + 1.0) * f64::EPSILON))
-            }),
+            soft_mass: 0.0,
             teacher: None,
+            soft_log_probs: problem.options.teacher_form == TeacherForm::LogProbs,
+            soft_a_inexact: 0.0,
+            soft_count: 0,
+        };
+        let terms = match problem.teacher_probs {
+            Some(p) => soft_teacher_terms(terms, p.row(row), v, problem.options.teacher_form),
+            None => terms,
         };
         Some(LossGradRow {
             terms,
@@ -156,6 +161,38 @@ impl LossGradRow {
                 .map(|m| m.row(row).iter().take(v).copied().collect()),
         })
     }
+}
+
+/// (T28) `terms` with the teacher row `p`'s (`[>= V]`) mass (an upward
+/// sum of the `p_j >= 0`, within `V` ulps relative above; `exp` of a
+/// log-probability taken upward, within 4 ulps), its count of entries with
+/// mass and, for log-probabilities, the largest `|a_j|` not an f32 value.
+fn soft_teacher_terms(
+    mut terms: LossGradCotangents<'static>,
+    p: ndarray::ArrayView1<'_, f64>,
+    v: usize,
+    form: TeacherForm,
+) -> LossGradCotangents<'static> {
+    let (mut s, mut n, mut a_max) = (0.0f64, 0usize, 0.0f64);
+    for &x in p.iter().take(v) {
+        if form.is_zero(x) {
+            continue;
+        }
+        n += 1;
+        s += match form {
+            TeacherForm::Probs => x,
+            TeacherForm::LogProbs => {
+                if f64::from(x as f32) != x {
+                    a_max = a_max.max(x.abs());
+                }
+                x.exp() * (1.0 + 4.0 * f64::EPSILON)
+            }
+        };
+    }
+    terms.soft_mass = up(s * (1.0 + (v as f64 + 1.0) * f64::EPSILON));
+    terms.soft_count = n;
+    terms.soft_a_inexact = a_max;
+    terms
 }
 
 /// `x` one f64 ulp up (an upward rounding of one operation's result).
@@ -241,6 +278,7 @@ impl RowTargets {
             teacher_probs: problem.teacher_probs.map_or(Vec::new(), |p| {
                 p.row(row).iter().take(vocab_size).copied().collect()
             }),
+            teacher_form: problem.options.teacher_form,
             loss: problem.cross_entropy().map(|ce| LossTarget {
                 label_smoothing: ce
                     .effective_label_smoothing(problem.logits.dtype().accumulation())

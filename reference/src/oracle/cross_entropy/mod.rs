@@ -26,8 +26,8 @@ use crate::spec::{CrossEntropy, Dtype, MeanAllIgnored, Problem, Reduction, SpecE
 mod soft;
 mod z_loss;
 
-pub(crate) use soft::infinite as soft_infinite;
 pub(super) use soft::soft_term;
+pub(crate) use soft::{infinite as soft_infinite, soft_vjp_entry, soft_vjp_mass};
 pub(super) use z_loss::{z_loss_fast, z_loss_mpfr, z_loss_vjp_term};
 
 /// The exact cross-entropy `loss` of a problem, in a target dtype.

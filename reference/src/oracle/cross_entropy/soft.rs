@@ -1,6 +1,8 @@
 //! The soft-target cross-entropy `soft_cross_entropy` (docs/design.md,
 //! "The loss side"): `H(p, q) = -sum_{j < V} p_j log q_j` against the
-//! teacher's probabilities `p` (exact inputs), `q = softmax(z')`. With
+//! teacher's probabilities `p` (exact inputs; given as log-probabilities
+//! `a_j`, `p_j = exp(a_j)` enclosed at the working precision),
+//! `q = softmax(z')`. With
 //! `a_j = (v_max - v_j) / ts >= 0` and `L = ln S`, `-log q_j = a_j + L`, so
 //!
 //! `H = (sum_j p_j) L + sum_j p_j a_j`,
@@ -11,8 +13,10 @@
 //! entries contribute nothing whatever their log-prob.
 
 use rug::float::Round;
-use rug::ops::AddAssignRound;
-use rug::Float;
+use rug::ops::{AddAssignRound, AssignRound};
+use rug::{Assign, Float};
+
+use crate::spec::TeacherForm;
 
 use super::super::row::{self, Entry, ACC_EXTRA};
 use crate::interval::MpfrInterval;
@@ -23,7 +27,25 @@ pub(crate) fn infinite(row: &row::Row<'_>) -> bool {
     row.teacher_probs
         .iter()
         .enumerate()
-        .any(|(j, &p)| p > 0.0 && !row.in_p(j))
+        .any(|(j, &p)| !row.teacher_form.is_zero(p) && !row.in_p(j))
+}
+
+/// `[lo, hi]` enclosing the teacher's `p_j` of an entry holding `x`:
+/// `x` itself (probabilities, exact at any precision `>= 53`), or
+/// `exp(x)` rounded down and up (log-probabilities).
+pub(crate) fn teacher_p(form: TeacherForm, x: f64, lo: &mut Float, hi: &mut Float) {
+    match form {
+        TeacherForm::Probs => {
+            lo.assign(x);
+            hi.assign(x);
+        }
+        TeacherForm::LogProbs => {
+            lo.assign(x);
+            lo.exp_round(Round::Down);
+            hi.assign(x);
+            hi.exp_round(Round::Up);
+        }
+    }
 }
 
 /// The MPFR enclosure at `prec` bits of the row's `H(p, q)` (module docs);
@@ -42,17 +64,21 @@ pub(crate) fn soft_term(row: &row::Row<'_>, prec: u32, s_p: Option<&MpfrInterval
     let acc = prec + ACC_EXTRA;
     let (mut pa, mut mass) = (MpfrInterval::new(acc), MpfrInterval::new(acc));
     let mut t = Float::new(acc);
-    for (j, &p) in row.teacher_probs.iter().enumerate() {
-        if p == 0.0 {
+    let (mut pl, mut ph) = (Float::new(acc), Float::new(acc));
+    let form = row.teacher_form;
+    for (j, &x) in row.teacher_probs.iter().enumerate() {
+        if form.is_zero(x) {
             continue;
         }
+        teacher_p(form, x, &mut pl, &mut ph);
         en.shift(&top, row.v[j]);
-        t.assign_round_mul(&en.a.lo, p, Round::Down);
+        // `a_j >= 0`, `p_j >= 0`: the lower ends multiply down, the upper up.
+        t.assign_round(&en.a.lo * &pl, Round::Down);
         pa.lo.add_assign_round(&t, Round::Down);
-        t.assign_round_mul(&en.a.hi, p, Round::Up);
+        t.assign_round(&en.a.hi * &ph, Round::Up);
         pa.hi.add_assign_round(&t, Round::Up);
-        mass.lo.add_assign_round(p, Round::Down);
-        mass.hi.add_assign_round(p, Round::Up);
+        mass.lo.add_assign_round(&pl, Round::Down);
+        mass.hi.add_assign_round(&ph, Round::Up);
     }
     let mut scratch = Float::new(prec);
     let mut ml = MpfrInterval::new(prec);
@@ -62,15 +88,53 @@ pub(crate) fn soft_term(row: &row::Row<'_>, prec: u32, s_p: Option<&MpfrInterval
     h
 }
 
-/// `self = a * p` rounded in `round` (`p` an f64).
-trait AssignRoundMul {
-    fn assign_round_mul(&mut self, a: &Float, p: f64, round: Round);
+/// (T28) `c sum_j p_j` enclosed at `acc` bits for the VJP, the teacher's
+/// `p_j` from its log-probabilities (`exp` rounded outward).
+pub(crate) fn soft_vjp_mass(row: &row::Row<'_>, c: f64, acc: u32) -> MpfrInterval {
+    let mut mass = MpfrInterval::new(acc);
+    let (mut pl, mut ph) = (Float::new(acc), Float::new(acc));
+    for &x in &row.teacher_probs {
+        if !row.teacher_form.is_zero(x) {
+            teacher_p(row.teacher_form, x, &mut pl, &mut ph);
+            mass.lo.add_assign_round(&pl, Round::Down);
+            mass.hi.add_assign_round(&ph, Round::Up);
+        }
+    }
+    let mut out = MpfrInterval::new(acc);
+    let mut t = Float::new(acc);
+    out.mul(&mass, &MpfrInterval::point(53, c), &mut t);
+    out
 }
 
-impl AssignRoundMul for Float {
-    fn assign_round_mul(&mut self, a: &Float, p: f64, round: Round) {
-        use rug::ops::AssignRound;
-        self.assign_round(a * p, round);
+/// (T28) `out = -c p_j / T` enclosed for the VJP's entry holding `x`
+/// (`(c, T)`): `-c x` exact in `cp` (at least 106 bits) then one rounding
+/// each way for a probability; from `exp(x)`'s outward enclosure for a
+/// log-probability.
+pub(crate) fn soft_vjp_entry(
+    form: TeacherForm,
+    x: f64,
+    (c, temperature): (f64, f64),
+    cp: &mut Float,
+    out: &mut MpfrInterval,
+) {
+    match form {
+        TeacherForm::Probs => {
+            cp.assign(x);
+            *cp *= -c;
+            out.lo.assign_round(&*cp / temperature, Round::Down);
+            out.hi.assign_round(&*cp / temperature, Round::Up);
+        }
+        TeacherForm::LogProbs => {
+            let prec = out.lo.prec();
+            let (mut pl, mut ph) = (Float::new(prec), Float::new(prec));
+            teacher_p(form, x, &mut pl, &mut ph);
+            // `-c p_j`: the ends swap when `-c < 0`.
+            let (lo, hi) = if c > 0.0 { (&ph, &pl) } else { (&pl, &ph) };
+            cp.assign_round(lo * -c, Round::Down);
+            out.lo.assign_round(&*cp / temperature, Round::Down);
+            cp.assign_round(hi * -c, Round::Up);
+            out.hi.assign_round(&*cp / temperature, Round::Up);
+        }
     }
 }
 

@@ -243,9 +243,10 @@ impl<'r, 'a> FastVjp<'r, 'a> {
         let soft = match cot.loss_side {
             Some(ls) if ls.soft != 0.0 && !pr.teacher_probs.is_empty() => {
                 let (mut lo, mut hi) = (0.0f64, 0.0f64);
-                for &p in &pr.teacher_probs {
-                    lo = add_dn(lo, p);
-                    hi = add_up(hi, p);
+                for &x in &pr.teacher_probs {
+                    let p = super::loss::teacher_p(pr.teacher_form, x);
+                    lo = add_dn(lo, p.lo);
+                    hi = add_up(hi, p.hi);
                 }
                 kappa = kappa.add(Interval::point(ls.soft).mul(Interval { lo, hi }));
                 Some(Interval::point(-ls.soft).div_pos(Interval::point(pr.temperature)))
@@ -592,9 +593,10 @@ impl<'r, 'a> FastVjp<'r, 'a> {
         if let Some(u) = self.uniform.filter(|_| self.row.row.allowed(j)) {
             base = Some(base.unwrap_or(Interval::ZERO).add(u));
         }
-        match self.soft {
-            Some(k) if self.row.row.teacher_probs[j] != 0.0 => {
-                let p = Interval::point(self.row.row.teacher_probs[j]);
+        let (form, x) = (self.row.row.teacher_form, self.row.row.teacher_probs.get(j));
+        match (self.soft, x) {
+            (Some(k), Some(&x)) if !form.is_zero(x) => {
+                let p = super::loss::teacher_p(form, x);
                 Some(base.unwrap_or(Interval::ZERO).add(k.mul_by_nonneg(p)))
             }
             _ => base,

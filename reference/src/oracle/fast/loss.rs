@@ -13,7 +13,25 @@ use super::pass::{a_tight, Dd};
 use super::row::widen_abs;
 use super::FastRow;
 use crate::interval::Interval;
-use crate::interval::{add_dn, add_up, div_dn, div_up, mul_dn, mul_up};
+use crate::interval::{add_dn, add_up, div_dn, div_up, mul_dn, mul_up, TINY};
+use crate::spec::TeacherForm;
+
+/// The teacher's `p_j` of an entry holding `x`, enclosed: `x` itself
+/// (probabilities), or `exp(x)` from core-math's correctly rounded `exp`,
+/// one ulp each way (log-probabilities; `[0, 2^-1074]` when it rounds to 0).
+pub(crate) fn teacher_p(form: TeacherForm, x: f64) -> Interval {
+    match form {
+        TeacherForm::Probs => Interval::point(x),
+        TeacherForm::LogProbs if x == 0.0 => Interval::point(1.0),
+        TeacherForm::LogProbs => match core_math::exp(x) {
+            0.0 => Interval { lo: 0.0, hi: TINY },
+            r => Interval {
+                lo: r.next_down().max(0.0),
+                hi: r.next_up(),
+            },
+        },
+    }
+}
 
 impl FastRow<'_> {
     /// The enclosure of this row's loss term `w l` (nats; `w` the row's
@@ -113,15 +131,17 @@ impl FastRow<'_> {
             Dd::default(),
             0u64,
         );
-        for (j, &p) in row.teacher_probs.iter().enumerate() {
-            if p == 0.0 {
+        let form = row.teacher_form;
+        for (j, &x) in row.teacher_probs.iter().enumerate() {
+            if form.is_zero(x) {
                 continue;
             }
+            let p = teacher_p(form, x);
             let a = a_tight(self.p.vmax, vals[j], self.div, self.mutant);
-            lo.add(mul_dn(p, a.lo));
-            hi.add(mul_up(p, a.hi));
-            mass_lo.add(p);
-            mass_hi.add(p);
+            lo.add(mul_dn(p.lo, a.lo));
+            hi.add(mul_up(p.hi, a.hi));
+            mass_lo.add(p.lo);
+            mass_hi.add(p.hi);
             n += 1;
         }
         let pa = Interval {

@@ -109,8 +109,10 @@ pub(crate) struct Row<'a> {
     /// The row's policy-term inputs (`ref`, `old`, clamps).
     pub policy: super::policy::PolicyRow,
     /// The teacher's probabilities `p_j [V]` of `soft_cross_entropy` (empty
-    /// without `teacher_probs`).
+    /// without `teacher_probs`), as `teacher_form` holds them.
     pub teacher_probs: Vec<f64>,
+    /// Probabilities, or log-probabilities (`p_j = exp(a_j)` exactly).
+    pub teacher_form: crate::spec::TeacherForm,
     /// The teacher's log-probs `a_k [K]` of the top-k KL (empty without
     /// `options.topk_kl`).
     pub teacher: Vec<f64>,
@@ -303,6 +305,7 @@ pub(crate) fn prepare<'a>(
         topk,
         weight: problem.loss_weight(row),
         policy: super::policy::PolicyRow::of(problem, row),
+        teacher_form: problem.options.teacher_form,
         teacher_probs: problem
             .teacher_probs
             .map_or_else(Vec::new, |p| p.row(row).iter().take(vsz).copied().collect()),

@@ -40,7 +40,7 @@ use super::row::{
 };
 use super::Exact;
 use crate::interval::MpfrInterval;
-use crate::spec::{Dtype, TopkKl};
+use crate::spec::{Dtype, TeacherForm, TopkKl};
 
 /// Precision at which sums of f64 cotangents are exact (f64 values span
 /// 2^-1074 .. 2^1024; the rest is carry room).
@@ -187,6 +187,8 @@ struct Consts {
     /// The soft cross-entropy's cotangent `c` (every entry gains `-c p_j /
     /// T`, `p` the teacher's), when nonzero.
     soft: Option<f64>,
+    /// How the row holds the teacher.
+    form: TeacherForm,
     /// `s = S - 1` (accumulator precision).
     s: MpfrInterval,
     /// `S T`.
@@ -227,13 +229,12 @@ pub(crate) fn vjp_row(
         return out;
     }
     let uniform = loss.is_some_and(|l| l.eps != 0.0);
-    // The soft cross-entropy's `c sum_j p_j`, exact (a sum of f64s).
-    let soft = (cot.soft != 0.0 && !row.teacher_probs.is_empty()).then(|| {
-        let mut sum = Float::new(EXACT_SUM_PREC);
-        row.teacher_probs.iter().for_each(|&p| sum += p);
-        sum * cot.soft
-    });
-    let dense = |j: usize| soft.is_some() && row.teacher_probs[j] != 0.0;
+    // The soft cross-entropy's `c sum_j p_j`: exact for probabilities (a
+    // sum of f64s), enclosed per precision for log-probabilities.
+    let form = row.teacher_form;
+    let soft_on = cot.soft != 0.0 && !row.teacher_probs.is_empty();
+    let soft = (soft_on && form == TeacherForm::Probs).then(|| soft_exact(row, cot.soft));
+    let dense = |j: usize| soft_on && !form.is_zero(row.teacher_probs[j]);
     let mut pending: Vec<usize> = match only {
         Some(only) => only,
         None => (0..v)
@@ -260,6 +261,10 @@ pub(crate) fn vjp_row(
         // `-(1 - eps) ell`) and `C - A_j`.
         let mut t = Float::new(acc);
         let mut tmp = MpfrInterval::new(acc);
+        let soft = soft_on.then(|| match &soft {
+            Some(cs) => point_interval(cs, acc),
+            None => cross_entropy::soft_vjp_mass(row, cot.soft, acc),
+        });
         let mut cc = c_less_p_weights(row, cot, &c, soft.as_ref(), &sums, acc, &mut t);
         let mut loss_target: Option<(usize, MpfrInterval)> = None;
         let mut u = None;
@@ -319,6 +324,7 @@ pub(crate) fn vjp_row(
         let consts = Consts {
             u,
             soft: soft.as_ref().map(|_| cot.soft),
+            form,
             s: sums.s_p,
             st,
             k1,
@@ -355,14 +361,29 @@ pub(crate) fn vjp_row(
     out
 }
 
+/// `c sum_j p_j` of a teacher given as probabilities, exact.
+fn soft_exact(row: &Row<'_>, c: f64) -> Float {
+    let mut sum = Float::new(EXACT_SUM_PREC);
+    row.teacher_probs.iter().for_each(|&p| sum += p);
+    sum * c
+}
+
+/// `x` enclosed at `acc` bits.
+fn point_interval(x: &Float, acc: u32) -> MpfrInterval {
+    let mut iv = MpfrInterval::new(acc);
+    iv.lo.assign_round(x, Round::Down);
+    iv.hi.assign_round(x, Round::Up);
+    iv
+}
+
 /// `C` before the loss's and later terms: the sources' exact sum `c` less
 /// `lse`'s `a`, `z_loss`'s `2 coef b lse` and the soft cross-entropy's
-/// `c sum p` (`soft`, exact), enclosed at `acc` bits.
+/// `c sum p` (`soft`, enclosed), enclosed at `acc` bits.
 fn c_less_p_weights(
     row: &Row<'_>,
     cot: &RowCot,
     c: &Float,
-    soft: Option<&Float>,
+    soft: Option<&MpfrInterval>,
     sums: &Sums,
     acc: u32,
     t: &mut Float,
@@ -381,12 +402,9 @@ fn c_less_p_weights(
         tmp.assign_outward(&cc);
         cc.sub(&tmp, &term);
     }
-    if let Some(cs) = soft {
-        let mut x = MpfrInterval::new(acc);
-        x.lo.assign_round(cs, Round::Down);
-        x.hi.assign_round(cs, Round::Up);
+    if let Some(x) = soft {
         tmp.assign_outward(&cc);
-        cc.sub(&tmp, &x);
+        cc.sub(&tmp, x);
     }
     cc
 }
@@ -582,12 +600,10 @@ fn entry(
         sc.dx.add(&sc.tp, u);
     }
     // The soft cross-entropy's `-c p_j / T` (the teacher's `p_j`).
-    if let Some(c) = k.soft.filter(|_| row.teacher_probs[j] != 0.0) {
+    if let Some(c) = k.soft.filter(|_| !k.form.is_zero(row.teacher_probs[j])) {
         any = true;
-        sc.cp.assign(row.teacher_probs[j]);
-        sc.cp *= -c;
-        sc.m.lo.assign_round(&sc.cp / row.temperature, Round::Down);
-        sc.m.hi.assign_round(&sc.cp / row.temperature, Round::Up);
+        let x = row.teacher_probs[j];
+        cross_entropy::soft_vjp_entry(k.form, x, (c, row.temperature), &mut sc.cp, &mut sc.m);
         sc.tp.assign_outward(&sc.dx);
         sc.dx.add(&sc.tp, &sc.m);
     }

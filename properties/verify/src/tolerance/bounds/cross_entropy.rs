@@ -154,16 +154,20 @@ impl RowBounds<'_> {
     /// rounded, summed in the model's
     /// [`Model::loss_order`](crate::tolerance::Model::loss_order) (depth
     /// `D_V`), then the final roundings (T8). `p [V]`: the row's teacher
-    /// probabilities. Teacher mass on a `-inf` log-prob makes `H = +inf`:
-    /// bound 0, only `+inf` is right.
-    pub fn soft_cross_entropy(&self, p: &[f64], out: Dtype) -> ErrorBound {
+    /// as `form` holds it (probabilities, or log-probabilities whose `exp`
+    /// the kernel takes: (T27l)). Teacher mass on a `-inf` log-prob makes
+    /// `H = +inf`: bound 0, only `+inf` is right.
+    pub fn soft_cross_entropy(&self, p: &[f64], form: TeacherForm, out: Dtype) -> ErrorBound {
         let set = match &self.p {
             Ok(s) => s,
             Err(e) => return ErrorBound::None { reason: e.clone() },
         };
         let (mut p0, mut p1) = (Hi::ZERO, Hi::ZERO);
-        for (j, &pj) in p.iter().enumerate() {
-            if pj == 0.0 {
+        // (T27l) The largest relative error `theta_j` of a computed `p^_j`,
+        // the entries' count and `sum |d_j|` (for the absolute part).
+        let (mut theta, mut n, mut q1) = (Hi::ZERO, 0usize, Hi::ZERO);
+        for (j, &x) in p.iter().enumerate() {
+            if form.is_zero(x) {
                 continue;
             }
             let Some(d) = self.stats.d.get(j) else {
@@ -176,8 +180,17 @@ impl RowBounds<'_> {
             if d.hi == f64::NEG_INFINITY {
                 return ErrorBound::Abs(0.0);
             }
-            p0 = p0 + Hi(pj);
-            p1 = p1 + Hi(pj) * mag(d);
+            let pj = match form {
+                TeacherForm::Probs => Hi(x),
+                TeacherForm::LogProbs => {
+                    theta = theta.max(self.c.teacher_theta(x));
+                    n += 1;
+                    q1 = q1 + mag(d);
+                    Hi(x).exp()
+                }
+            };
+            p0 = p0 + pj;
+            p1 = p1 + pj * mag(d);
         }
         let u = self.c.u;
         let g_sum = match gamma(self.c.loss_sum_depth, u.0) {
@@ -189,7 +202,19 @@ impl RowBounds<'_> {
         let pl_abs = p1 + p0 * Hi(set.ln_s.hi);
         let one_u = Hi::ONE + u;
         let big = pl_abs + e_pl;
-        let pre = e_pl + (Hi(2.0) * u + u * u) * big + g_sum * one_u * one_u * big;
+        let pre = match form {
+            TeacherForm::Probs => e_pl + (Hi(2.0) * u + u * u) * big + g_sum * one_u * one_u * big,
+            TeacherForm::LogProbs => {
+                // `|p^_j - p_j| <= theta p_j + eta_abs`, then the product's
+                // rounding; the sum over the terms' computed magnitudes.
+                let rel = (Hi::ONE + theta) * one_u - Lo(1.0);
+                let n = Hi(n as f64);
+                let abs_terms = q1 + n * Hi(set.ln_s.hi) + self.c.lambda_sum(set, q1, n);
+                let eta = (self.c.eta_sub + self.c.eta) * one_u * abs_terms;
+                let big_hat = (Hi::ONE + theta) * big + eta;
+                e_pl + rel * big + eta + g_sum * one_u * one_u * big_hat
+            }
+        };
         self.c.finish(pre, pl_abs, out, "soft_cross_entropy")
     }
 }

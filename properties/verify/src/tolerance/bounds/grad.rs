@@ -208,6 +208,7 @@ impl RowBounds<'_> {
             g_sum,
             ind,
             mut n_extra,
+            extra,
             loss,
             policy,
             kl,
@@ -267,7 +268,7 @@ impl RowBounds<'_> {
         let mags =
             ind + g_sum * (p_hi + p_dev) + h * (q_hi + q_dev) * (lpw_abs + h_hi + Hi(2.0) + dc);
         let inv_t = mg.inv_t;
-        let pre = (main + gm * mags) * inv_t + floor;
+        let pre = (main + gm * mags + extra) * inv_t + floor;
         let mut pre = finite(pre, "grad_logits")?;
         // |dx'_j| (the gradient with respect to x'), bounding |dx_j| too.
         let mut v_abs = (ind + g_sum * p_hi + h * q_hi * c_abs) * inv_t;
@@ -318,13 +319,19 @@ impl RowBounds<'_> {
         let mut ind = sh.ind;
         // Terms beyond the row's `n0`: the indicators at `j`, the h-terms.
         let mut n_extra = sh.n_extra;
+        // An error at `j` beyond the sources' roundings (T28l).
+        let mut extra = Hi::ZERO;
         // (T19): the loss side's two weights join G (and the target's the
         // indicator at t), two more terms (three at t).
         let loss = match &cot.loss {
             Some(l) => {
                 let (pre, big_l) = self.lse_pre()?;
                 let e_l = pre + half_ulp(c.acc, big_l + pre);
-                let lt = LossTerms::new(l, c.u, e_l, big_l, c.loss_sum_depth)?;
+                let exp_err = TeacherExpErr {
+                    theta: (Hi::ONE + c.eps_exp) * (c.u * Hi(l.soft_a_inexact)).exp() - Lo(1.0),
+                    eta: c.eta_sub + c.eta,
+                };
+                let lt = LossTerms::new(l, c.u, e_l, big_l, c.loss_sum_depth, exp_err)?;
                 g_sum = g_sum + lt.t_weight + lt.p_weight;
                 n_extra += 2;
                 if cot.token == Some(j) {
@@ -339,8 +346,12 @@ impl RowBounds<'_> {
                     n_extra += 1;
                 }
                 if let Some(pj) = l.teacher_at(j) {
-                    ind = ind + Hi(l.soft) * Hi(pj);
+                    ind = ind + Hi(l.soft) * pj;
                     n_extra += 4;
+                    // (T28l) `|c| |p^_j - p_j|`, beyond (T14)'s roundings.
+                    if l.soft_log_probs {
+                        extra = Hi(l.soft) * (exp_err.theta * pj + exp_err.eta);
+                    }
                 }
                 Some((*l, lt))
             }
@@ -382,6 +393,7 @@ impl RowBounds<'_> {
             g_sum,
             ind,
             n_extra,
+            extra,
             loss,
             policy,
             kl,
@@ -408,6 +420,8 @@ struct Sources<'c> {
     g_sum: Hi,
     ind: Hi,
     n_extra: usize,
+    /// An error at `j` beyond the roundings `n_extra` counts, before `/T`.
+    extra: Hi,
     loss: Option<(LossGradCotangents<'c>, LossTerms)>,
     policy: Option<PolicyGradTerms>,
     kl: Option<KlGradTerms>,

@@ -13,9 +13,11 @@
 //! normaliser's pass-1 sums (T4) every family reads.
 
 use logprobe_reference::oracle::{Interval, RowStats};
-use logprobe_reference::spec::{pow2, Dtype, Family, LossTerm, Output, RowStat, Shift};
+use logprobe_reference::spec::{
+    pow2, Dtype, Family, LossTerm, Output, RowStat, Shift, TeacherForm,
+};
 
-use super::loss_grad::{LossGradCotangents, LossTerms};
+use super::loss_grad::{LossGradCotangents, LossTerms, TeacherExpErr};
 use super::model::{EntropyForm, Model, RowContext};
 use super::statistical::{Statistical, StatisticalBounds};
 use super::upward::{ExpM1Base, Hi, Lo};
@@ -340,6 +342,19 @@ impl Consts {
     /// `lambda` is affine in `|d|` with nonnegative coefficients, so the
     /// sum is `lambda` of the summed magnitudes with its constant terms
     /// taken `n` times (upward rounding throughout: an upper bound).
+    /// (T27l) `theta_j`: the relative error of a kernel's `p^_j =
+    /// exp(fl(a_j))` from a teacher log-probability `a_j`, normal results:
+    /// `(1 + eps_exp) e^{delta_j} - 1`, `delta_j = u |a_j|` when `a_j` is
+    /// not a value of the accumulation dtype (0 when it is).
+    pub(super) fn teacher_theta(&self, a: f64) -> Hi {
+        let delta = if self.acc.round_f64(a) == a {
+            Hi::ZERO
+        } else {
+            self.u * Hi(a.abs())
+        };
+        (Hi::ONE + self.eps_exp) * delta.exp() - Lo(1.0)
+    }
+
     fn lambda_sum(&self, set: &SetBounds, sum_abs: Hi, n: Hi) -> Hi {
         let lp_abs = sum_abs + n * Hi(set.ln_s.hi);
         let pre = self.a_lp * sum_abs + n * (self.b_lp + set.lse_err);
@@ -437,7 +452,7 @@ impl RowBounds<'_> {
             Family::Loss(LossTerm::ZLoss) => self.z_loss(targets.z_loss_coef, out),
             Family::Loss(LossTerm::CrossEntropy) => self.loss(targets, out),
             Family::Loss(LossTerm::SoftCrossEntropy) => {
-                self.soft_cross_entropy(&targets.teacher_probs, out)
+                self.soft_cross_entropy(&targets.teacher_probs, targets.teacher_form, out)
             }
             Family::Policy(term) => policy::bound(self, term, targets, out),
             Family::TopkKl(dir) => {
