@@ -246,3 +246,67 @@ fn an_all_ignored_mean_is_the_declared_value() {
         assert!(!judge(&exact, &[bad], &b).1, "{mai:?}: {bad} passed");
     }
 }
+
+/// (S4) The reduced loss's statistical threshold: the reduction term
+/// `min(gamma_D, c sqrt(n) u)` makes it no larger than the sound bound and
+/// no smaller than the `c = 0` part, and under `sum` over many rows
+/// (65536: `c sqrt(n)` well below the depth `D`) it is well below the
+/// sound bound.
+#[test]
+fn reduced_loss_threshold_is_between_its_parts() {
+    use logprobe_reference::spec::{Dtype, Reduction};
+    use logprobe_verify::tolerance::loss_statistical_bounds;
+    let n = 65536;
+    let rows: Vec<Result<LossRowBound, _>> = (0..n)
+        .map(|r| {
+            Ok(LossRowBound {
+                err: 1e-7,
+                mag: 2.0 + (r % 7) as f64,
+                infinite: false,
+            })
+        })
+        .collect();
+    let counted = vec![true; n];
+    for (model, seq) in [(Model::lanes(8), false), (Model::sequential(), true)] {
+        let s = model.loss_order.summation(n);
+        let bound = |c: Option<f64>| {
+            let b = match c {
+                None => loss_bounds(
+                    &rows,
+                    &counted,
+                    None,
+                    Reduction::Sum,
+                    s,
+                    1.0,
+                    Dtype::F32,
+                    Dtype::F32,
+                ),
+                Some(c) => loss_statistical_bounds(
+                    &rows,
+                    &counted,
+                    None,
+                    Reduction::Sum,
+                    s,
+                    1.0,
+                    (Dtype::F32, Dtype::F32),
+                    c,
+                ),
+            };
+            match b[..] {
+                [ErrorBound::Abs(x)] => x,
+                _ => panic!("{b:?}"),
+            }
+        };
+        let (sound, stat, floor) = (bound(None), bound(Some(8.0)), bound(Some(0.0)));
+        assert!(floor <= stat && stat <= sound, "{floor} {stat} {sound}");
+        assert!(stat < sound / 2.0, "{model:?}: {stat} vs {sound}");
+        // c sqrt(n) u sum|l| (4 c for one accumulator) on top of the rows' errors.
+        let sum: f64 = (0..n).map(|r| 2.0 + (r % 7) as f64).sum();
+        let c = if seq { 32.0 } else { 8.0 };
+        let want = c * (n as f64).sqrt() * 2f64.powi(-24) * sum;
+        assert!(
+            (stat - floor) <= 1.01 * want + 1e-9,
+            "{stat} - {floor} vs {want}"
+        );
+    }
+}

@@ -52,8 +52,8 @@ mod walk;
 mod tests;
 
 pub use bounds::{
-    loss_bounds, DetachedBounds, GradCotangents, GradRow, GradScreen, KlTarget, LossRowBound,
-    LossSums, PolicyGradCotangents, RowBounds,
+    loss_bounds, loss_statistical_bounds, DetachedBounds, GradCotangents, GradRow, GradScreen,
+    KlTarget, LossRowBound, LossSums, PolicyGradCotangents, RowBounds,
 };
 pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};

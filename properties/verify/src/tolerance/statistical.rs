@@ -16,7 +16,9 @@
 //! the sound bound, so the threshold is never below the deterministic part
 //! and never above the sound bound.
 //!
-//! Gradients have no statistical tier (this round).
+//! Gradients have no statistical tier (this round). The cross-entropy
+//! `loss` has one (S4): (T17) over these bounds per row, and for a reduced
+//! loss its reduction's `gamma_D` replaced the same way.
 
 use logprobe_reference::oracle::RowStats;
 use logprobe_reference::spec::{Dtype, Output};
@@ -103,16 +105,30 @@ impl<'a> StatisticalBounds<'a> {
 
     /// The threshold of the cell `(output, col)` (as [`RowBounds::bound`]),
     /// `None` for an output without a statistical tier (not
-    /// [`Output::is_forward`]: gradients; and the cross-entropy `loss`,
-    /// whose bound (T17) has no probabilistic counterpart derived yet).
+    /// [`Output::is_forward`]: gradients). The cross-entropy `loss` per
+    /// row is (T17) over these bounds (S4); a reduced loss's threshold is
+    /// [`super::loss_statistical_bounds`].
     pub fn threshold(
         &self,
         (output, col): (Output, usize),
         targets: &RowTargets,
         out: Dtype,
     ) -> Option<ErrorBound> {
-        (output.is_forward() && output != Output::Loss)
+        output
+            .is_forward()
             .then(|| self.0.bound(output, col, targets, out))
+    }
+
+    /// (S4) The row's statistical (T17) bound of its cross-entropy term,
+    /// for a reduced loss's threshold ([`super::loss_statistical_bounds`]).
+    ///
+    /// # Errors
+    /// [`super::NoBound`] as [`RowBounds::loss_row_of`].
+    pub fn loss_row_of(
+        &self,
+        l: &super::LossTarget,
+    ) -> Result<super::LossRowBound, super::NoBound> {
+        self.0.loss_row_of(l)
     }
 
     /// Threshold on `|log_prob^ - log_prob|` for a candidate in `out`.

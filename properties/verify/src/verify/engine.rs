@@ -470,7 +470,7 @@ fn verify_row(
     );
     let Ok(()) = walked;
     drop(screen);
-    let loss_row = row_loss_term(dump, &p, &targets, &forwards, &rb);
+    let loss_row = row_loss_term(dump, &p, &targets, &forwards, (&rb, st.as_ref()));
     let fallback = oracle.finish();
     // The row's statistics buffers go back to this worker's pool.
     drop((rb, st));
@@ -554,7 +554,10 @@ fn row_loss_term(
     p: &Problem<'_>,
     targets: &tolerance::RowTargets,
     forwards: &[OracleForward],
-    rb: &[tolerance::RowBounds<'_>; 4],
+    (rb, st): (
+        &[tolerance::RowBounds<'_>; 4],
+        Option<&tolerance::StatisticalBounds<'_>>,
+    ),
 ) -> Option<LossRow> {
     dump.candidates
         .get(Output::Loss)
@@ -577,6 +580,7 @@ fn row_loss_term(
                 counted: l.counted,
                 weight: l.weight,
                 bounds: rb.each_ref().map(|b| b.loss_row_of(l)),
+                stat: st.map(|s| s.loss_row_of(l)),
             }
         })
 }

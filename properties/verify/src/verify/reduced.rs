@@ -26,6 +26,9 @@ pub(super) struct LossRow {
     pub(super) weight: f64,
     /// The row's T17 bound under `[chosen, tree, lanes=8, sequential]`.
     pub(super) bounds: [Result<tolerance::LossRowBound, tolerance::NoBound>; 4],
+    /// (S4) Its statistical bound under the chosen model (`None` without
+    /// the statistical tier).
+    pub(super) stat: Option<Result<tolerance::LossRowBound, tolerance::NoBound>>,
 }
 
 /// The loss options of a dump whose `loss` is reduced (`sum` / `mean`).
@@ -92,6 +95,26 @@ pub(super) fn judge_reduced_loss(
         .pop()
         .expect("one bound for a reduced loss")
     });
+    // (S4) The statistical threshold under the chosen model.
+    let threshold = match (
+        config.statistical_c,
+        rows.iter()
+            .map(|l| l.stat.clone())
+            .collect::<Option<Vec<_>>>(),
+    ) {
+        (Some(c), Some(per_row)) => tolerance::loss_statistical_bounds(
+            &per_row,
+            &counted,
+            weights.as_deref(),
+            lo.reduction,
+            models.all[0].loss_order.summation(rows.len()),
+            sum.divisor.lo,
+            (acc_dtype, dtype),
+            c,
+        )
+        .pop(),
+        _ => None,
+    };
     let mut acc = OutputAcc::new();
     if let tolerance::ErrorBound::None { reason } = &bounds[0] {
         acc.no_bound_reason = Some(reason.to_string());
@@ -117,7 +140,10 @@ pub(super) fn judge_reduced_loss(
         };
         (judged, [Some(error); 3])
     } else {
-        let (judged, _, reference) = judge4(0, None, candidate, &exact, dtype, &bounds);
+        let (judged, pass, reference) = judge4(0, None, candidate, &exact, dtype, &bounds);
+        if let Some(t) = &threshold {
+            acc.observe_statistical(judged.error, pass, t);
+        }
         (judged, reference)
     };
     acc.push(judged, reference, keep);

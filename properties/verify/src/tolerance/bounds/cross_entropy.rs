@@ -371,6 +371,68 @@ pub fn loss_bounds(
     acc: Dtype,
     out: Dtype,
 ) -> Vec<ErrorBound> {
+    let u = acc.unit_roundoff();
+    let g_rows = |_: usize| gamma(rows_summation.depth(), u);
+    reduce_bounds(
+        rows,
+        counted,
+        weights,
+        reduction,
+        divisor_lo,
+        (acc, out),
+        &g_rows,
+    )
+}
+
+/// The statistical threshold (TOLERANCE.md (S4)) of a reduced loss: as
+/// [`loss_bounds`] over the rows' statistical (T17) bounds, with the
+/// reduction's `gamma_D` over the `n` counted rows replaced by `min(gamma_D,
+/// c sqrt(n) u)` (`4 c` for a sequential order, as (S2)).
+#[allow(clippy::too_many_arguments)] // (T17)'s inputs, each documented above
+pub fn loss_statistical_bounds(
+    rows: &[Result<LossRowBound, NoBound>],
+    counted: &[bool],
+    weights: Option<&[f64]>,
+    reduction: logprobe_reference::spec::Reduction,
+    rows_summation: logprobe_reference::spec::Summation,
+    divisor_lo: f64,
+    (acc, out): (Dtype, Dtype),
+    c: f64,
+) -> Vec<ErrorBound> {
+    let u = acc.unit_roundoff();
+    let g_rows = |n: usize| {
+        let g = gamma(rows_summation.depth(), u)?;
+        let c = if rows_summation.merges == 0 && n > 1 {
+            c * crate::tolerance::statistical::SEQUENTIAL_FACTOR
+        } else {
+            c
+        };
+        Ok(Hi(g
+            .0
+            .min((Hi(c) * Hi((n as f64).sqrt().next_up()) * Hi(u)).0)))
+    };
+    reduce_bounds(
+        rows,
+        counted,
+        weights,
+        reduction,
+        divisor_lo,
+        (acc, out),
+        &g_rows,
+    )
+}
+
+/// [`loss_bounds`] with the reduction's accumulation term `g_rows(n)` for
+/// `n` counted rows.
+fn reduce_bounds(
+    rows: &[Result<LossRowBound, NoBound>],
+    counted: &[bool],
+    weights: Option<&[f64]>,
+    reduction: logprobe_reference::spec::Reduction,
+    divisor_lo: f64,
+    (acc, out): (Dtype, Dtype),
+    g_rows: &dyn Fn(usize) -> Result<Hi, NoBound>,
+) -> Vec<ErrorBound> {
     use logprobe_reference::spec::Reduction;
     let u = acc.unit_roundoff();
     let none = |reason: NoBound| ErrorBound::None { reason };
@@ -439,7 +501,7 @@ pub fn loss_bounds(
             if n_counted == 0 {
                 return vec![ErrorBound::Abs(0.0)];
             }
-            let g_rows = match gamma(rows_summation.depth(), u) {
+            let g_rows = match g_rows(n_counted) {
                 Ok(g) => g,
                 Err(reason) => return vec![none(reason)],
             };

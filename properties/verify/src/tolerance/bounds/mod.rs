@@ -39,7 +39,7 @@ mod topk;
 mod topk_kl;
 pub use build::DetachedBounds;
 use cross_entropy::softcap_consts;
-pub use cross_entropy::{loss_bounds, LossRowBound, LossSums};
+pub use cross_entropy::{loss_bounds, loss_statistical_bounds, LossRowBound, LossSums};
 use grad::GradShared;
 pub(super) use grad::GradSharedRow;
 pub use grad::{GradCotangents, GradRow};
