@@ -1114,3 +1114,100 @@ fn soft_cross_entropy_vjp_is_on_the_f64_tier() {
     assert!(total > 2000, "{total}");
     assert!(decided as f64 >= 0.5 * total as f64, "{decided} of {total}");
 }
+
+/// (F10) The policy terms' cotangents on the f64 tier: `kl_k1`, `kl_k2`,
+/// `kl_k3`, `kl_abs` and `ratio` (each with probability 1/2), their inputs
+/// from 1e-6 to 30 nats off the log-prob, with and without clamps (some
+/// binding): the public oracle's VJP gives the same correctly rounded
+/// values on both tiers, the f64 tier's enclosures meet MPFR's, and it
+/// decides most elements.
+#[test]
+fn policy_vjp_is_on_the_f64_tier() {
+    use logprobe_reference::spec::{PolicyClamps, PolicyTerm};
+    let fast = Oracle {
+        tier: Tier::FastVjp,
+        ..Oracle::default()
+    };
+    let mpfr = Oracle {
+        tier: Tier::Mpfr,
+        ..Oracle::default()
+    };
+    let (mut decided, mut total, mut base) = (0u64, 0u64, (0u64, 0u64));
+    for (i, c) in cases(0xFA57_0018, 200, &[3, 8, 40, 300])
+        .into_iter()
+        .enumerate()
+    {
+        let data = c.data();
+        let mut p = data.problem(&c);
+        if p.tokens.is_none() || !p.has_target(0) {
+            continue;
+        }
+        let exact = mpfr.forward(&p, Dtype::F64);
+        let Ok(f) = exact else { continue };
+        let lp = f.values[Output::LogProbs][[0, 0]].rounded;
+        if !lp.is_finite() {
+            continue;
+        }
+        let off = [1e-6, 0.3, -2.0, 30.0, -0.05][i % 5];
+        let refs = Array1::from_elem(1, lp - off);
+        let olds = Array1::from_elem(1, lp + off / 2.0);
+        p.policy.ref_log_probs = Some(refs.view());
+        p.policy.old_log_probs = Some(olds.view());
+        p.options.policy_clamps = if i % 3 == 0 {
+            PolicyClamps {
+                kl_input: Some(20.0),
+                kl_output: Some(10.0),
+                ratio_log: Some(0.2),
+            }
+        } else {
+            PolicyClamps::default()
+        };
+        let gs: Vec<Array1<f64>> = (0..5)
+            .map(|k| Array1::from_elem(1, [0.7, -1.3, 2.5, 0.0, 1.0][(i + k) % 5]))
+            .collect();
+        let mut cot = data.cotangents(&c);
+        for (k, t) in PolicyTerm::ALL.into_iter().enumerate() {
+            if (i >> k) & 1 == 1 || k == i % 5 {
+                cot = cot.with_column(t.output(), Some(gs[k].view()));
+            }
+        }
+        for target in [Dtype::F32, Dtype::Bf16] {
+            let (x, y) = match (
+                fast.vjp_counted(&p, &cot, target),
+                mpfr.vjp(&p, &cot, target),
+            ) {
+                (Ok(x), Ok(y)) => (x, y),
+                (Err(x), Err(y)) => {
+                    assert_eq!(x, y);
+                    continue;
+                }
+                (x, y) => panic!("{c:?}: {:?} vs {:?}", x.err(), y.err()),
+            };
+            let (g, fb) = x;
+            for (x, y) in g.iter().zip(y.iter()) {
+                same_value(x, y, &format!("{target} policy off {off} {c:?}"));
+                assert!(
+                    x.enclosure.lo <= y.enclosure.hi && y.enclosure.lo <= x.enclosure.hi,
+                    "{target} {c:?}: {x:?} vs {y:?}"
+                );
+            }
+            decided += fb.outputs - fb.outputs_mpfr;
+            total += fb.outputs;
+            let (_, fb0) = fast.vjp_counted(&p, &data.cotangents(&c), target).unwrap();
+            base.0 += fb0.outputs - fb0.outputs_mpfr;
+            base.1 += fb0.outputs;
+        }
+    }
+    eprintln!(
+        "policy terms: {decided} of {total} decided on the f64 tier; without them {} of {}",
+        base.0, base.1
+    );
+    assert!(total > 2000, "{total}");
+    // About as many as with the log-prob / entropy / top-k cotangents alone
+    // (these small rows leave many elements to MPFR either way).
+    assert!(
+        decided as f64 >= 0.9 * base.0 as f64,
+        "{decided} vs {}",
+        base.0
+    );
+}

@@ -21,9 +21,7 @@ use ndarray::Array2;
 
 use logprobe_reference::oracle::fast::{FastOptions, FastRow, LossSide, RowCotangents};
 use logprobe_reference::oracle::{Exact, Fallback, Oracle, OracleForward, RowStats, Tier};
-use logprobe_reference::spec::{
-    Cotangents, Dtype, EntropyLogits, Output, PolicyTerm, Problem, SpecError,
-};
+use logprobe_reference::spec::{Cotangents, Dtype, EntropyLogits, Output, Problem, SpecError};
 
 /// The oracle values of one row of a one-row problem, from one pass.
 pub(crate) struct RowOracle<'p, 'a> {
@@ -144,19 +142,16 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         target: Dtype,
     ) -> Result<Array2<Exact>, SpecError> {
         // The f64 tier has the loss side's `grad_lse`, `grad_z_loss` and
-        // `grad_loss` ((F10), [`LossSide`]); a row with a policy term
-        // (`grad_kl_*`, `grad_ratio`) takes [`Oracle::vjp`] (which
-        // itself keeps the f64 tier for a row whose loss-side cotangents
-        // are all 0). The top-k KL's (`grad_forward_kl`, `grad_reverse_kl`)
+        // `grad_loss` ((F10), [`LossSide`]) and the policy terms' weight at
+        // the target ([`FastRow::policy_weight`]). The top-k KL's (`grad_forward_kl`, `grad_reverse_kl`)
         // it has, as slopes on the top-k log-probs
         // ([`FastRow::kl_slopes`]), unless they are not finite there.
         // Validated first: the cotangents are read below.
         let shape = self.problem.validate_shapes()?;
         self.problem.validate_cotangents(&shape, cotangents)?;
         let loss_side = self.loss_side(cotangents, shape.dtype.accumulation())?;
-        let policy = PolicyTerm::ALL
-            .iter()
-            .any(|&t| cotangents.policy(t).is_some());
+        // (F10) The policy terms' weight at the target, on the tier too.
+        let policy = self.problem.policy_cotangents(cotangents, 0);
         let kl = match self.problem.kl_cotangents(cotangents, 0) {
             (0.0, 0.0) => None,
             (gf, gr) => self.problem.options.topk_kl.map(|kl| (gf, gr, kl)),
@@ -166,7 +161,7 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             _ => Some((Vec::new(), false)),
         };
         let fast = match (&self.fast, &kl_w) {
-            (Some(fast), Some(_)) if !policy && loss_side.is_some() => fast,
+            (Some(fast), Some(_)) if loss_side.is_some() => fast,
             _ => {
                 let (g, fb) = self.oracle.vjp_counted(self.problem, cotangents, target)?;
                 self.fallback.outputs += fb.outputs;
@@ -189,6 +184,10 @@ impl<'p, 'a> RowOracle<'p, 'a> {
             kl_w: kl_w.as_ref().map_or(&[], |w| &w.0),
             kl_sum_zero: kl_w.as_ref().is_some_and(|w| w.1),
             loss_side: loss_side.as_ref().and_then(Option::as_ref),
+            policy: &policy,
+            policy_w: (!policy.is_empty())
+                .then(|| fast.policy_weight(&policy))
+                .flatten(),
         };
         let v = fast.vocab_size();
         let (mut out, mut pending) = (Vec::with_capacity(shape.v_total), Vec::new());

@@ -39,7 +39,10 @@
 //! when that enclosure rounds to one value of the target it is the result,
 //! otherwise MPFR decides, as for every other output.
 //! Rows with the same `z'` on both sides (equal values, temperatures and
-//! supports: bitwise-equal logits) give the point 0 without a sum.
+//! supports: bitwise-equal logits) give the point 0 without a sum. Under
+//! an exact softcap the statistics are (F9)'s, widened by the softcap's
+//! bound, so the tier holds there too (test
+//! `softcapped_rows_take_the_f64_tier`).
 
 use rayon::prelude::*;
 use rug::float::Round;
@@ -113,8 +116,10 @@ impl Oracle {
         {
             return Ok(Exact::point(0.0));
         }
-        // The f64 tier reads exact inputs: not under an exact softcap.
-        if self.tier.fast().is_some() && ra.cap().is_none() && rb.cap().is_none() {
+        // The f64 tier reads the rows' statistics, whose enclosures hold
+        // the exact softcapped values too (F9: widened by the softcap's
+        // bound), so softcapped rows take it as well.
+        if self.tier.fast().is_some() {
             let (sa, sb) = (self.row_stats(a, row_a)?, self.row_stats(b, row_b)?);
             let e = kl_fast(&ra, &rb, &sa, &sb);
             let (lo, hi) = (target.round_f64(e.lo), target.round_f64(e.hi));
@@ -466,6 +471,54 @@ mod tests {
             let (f, m) = (fast.enclosure, mpfr.enclosure);
             assert!(f.lo <= m.hi && m.lo <= f.hi, "{f:?} vs {m:?}");
             assert!(f.lo > 0.0 && (f.hi - f.lo) < 1e-9 * f.hi, "{f:?}");
+        }
+    }
+
+    /// (F9) Softcapped rows (either side, both `softcap_dtype`s' exact
+    /// form) take the f64 tier: the same rounded value as MPFR, an
+    /// enclosure meeting MPFR's and wider than it (the tier's, not MPFR's).
+    #[test]
+    fn softcapped_rows_take_the_f64_tier() {
+        use crate::oracle::Tier;
+        let v = 3000;
+        let xa: Vec<f32> = (0..v)
+            .map(|j| ((j * 53 % 211) as f32) / 7.0 - 10.0)
+            .collect();
+        let mut xb = xa.clone();
+        xb[11] += 3.0;
+        // A `-inf` logit is `-c` under a softcap (finite: KL stays finite);
+        // uncapped it would make KL infinite, so that side gets `-40`.
+        let mut xc = xb.clone();
+        xb[12] = f32::NEG_INFINITY;
+        xc[12] = -40.0;
+        let arr = |x: Vec<f32>| ndarray::Array2::from_shape_vec((1, v), x).unwrap();
+        let (xa, xb, xc) = (arr(xa), arr(xb), arr(xc));
+        for (cap_a, cap_b) in [
+            (Some(30.0), Some(30.0)),
+            (Some(30.0), None),
+            (None, Some(20.0)),
+        ] {
+            let mut a = Problem::new(Logits::F32(xa.view()));
+            a.options.softcap = cap_a;
+            let x_b = if cap_b.is_some() { &xb } else { &xc };
+            let mut b = Problem::new(Logits::F32(x_b.view()));
+            b.options.softcap = cap_b;
+            b.options.temperature = 0.7;
+            let fast = Oracle::default().kl_row(&a, 0, &b, 0, Dtype::F32).unwrap();
+            let mpfr = Oracle {
+                tier: Tier::Mpfr,
+                ..Oracle::default()
+            }
+            .kl_row(&a, 0, &b, 0, Dtype::F32)
+            .unwrap();
+            let (f, m) = (fast.enclosure, mpfr.enclosure);
+            assert!(fast.decided && mpfr.decided, "{cap_a:?} {cap_b:?}");
+            assert_eq!(fast.rounded, mpfr.rounded, "{cap_a:?} {cap_b:?}");
+            assert!(f.lo <= m.hi && m.lo <= f.hi, "{f:?} vs {m:?}");
+            assert!(
+                f.hi - f.lo > m.hi - m.lo,
+                "not the f64 tier: {f:?} vs {m:?}"
+            );
         }
     }
 }

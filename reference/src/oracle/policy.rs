@@ -464,6 +464,107 @@ pub(crate) fn phi_fast(x: f64) -> Interval {
     }
 }
 
+/// (F10) `k'(d)` on the f64 tier, as [`slope_mpfr`] from an f64
+/// enclosure `lp` of the row's log-prob: `exp` and `expm1` from CORE-MATH
+/// (correctly rounded) moved one ulp outward, `phi` by [`phi_fast`], the
+/// clamps' sides as the MPFR path takes them. `None` when the term's input
+/// is absent.
+pub(crate) fn slope_fast(term: PolicyTerm, pr: &PolicyRow, lp: Interval) -> Option<Interval> {
+    let x = pr.input(term)?;
+    let d = Interval {
+        lo: add_dn(lp.lo, -x),
+        hi: add_up(lp.hi, -x),
+    };
+    let side = |d: Interval, c: Option<f64>| match c {
+        None => Side::Inside,
+        Some(c) if d.lo >= -c && d.hi <= c => Side::Inside,
+        Some(c) if d.hi < -c || d.lo > c => Side::Outside,
+        Some(_) => Side::Both,
+    };
+    let gate = |s: Interval, side: Side| match side {
+        Side::Inside => s,
+        Side::Outside => Interval::ZERO,
+        Side::Both => Interval {
+            lo: s.lo.min(0.0),
+            hi: s.hi.max(0.0),
+        },
+    };
+    Some(match term {
+        PolicyTerm::K1 => Interval::point(1.0),
+        PolicyTerm::K2 => d,
+        PolicyTerm::Abs => {
+            if d.lo == 0.0 && d.hi == 0.0 {
+                Interval::ZERO
+            } else if d.lo > 0.0 {
+                Interval::point(1.0)
+            } else if d.hi < 0.0 {
+                Interval::point(-1.0)
+            } else {
+                Interval { lo: -1.0, hi: 1.0 }
+            }
+        }
+        PolicyTerm::K3 => {
+            let inside_in = side(d, pr.clamps.kl_input);
+            let dc = clamp_fast(d, pr.clamps.kl_input);
+            // -expm1(-d_c), increasing in d_c.
+            let s = Interval {
+                lo: -core_math::expm1(-dc.lo).next_up(),
+                hi: -core_math::expm1(-dc.hi).next_down(),
+            };
+            let inside_out = match pr.clamps.kl_output {
+                None => Side::Inside,
+                Some(c) => {
+                    let (a, b) = (phi_fast(dc.lo), phi_fast(dc.hi));
+                    let k = if dc.lo >= 0.0 {
+                        Interval { lo: a.lo, hi: b.hi }
+                    } else if dc.hi <= 0.0 {
+                        Interval { lo: b.lo, hi: a.hi }
+                    } else {
+                        Interval {
+                            lo: 0.0,
+                            hi: a.hi.max(b.hi),
+                        }
+                    };
+                    if k.hi <= c {
+                        Side::Inside
+                    } else if k.lo > c {
+                        Side::Outside
+                    } else {
+                        Side::Both
+                    }
+                }
+            };
+            gate(s, inside_in.and(inside_out))
+        }
+        PolicyTerm::Ratio => {
+            let sd = side(d, pr.clamps.ratio_log);
+            let dc = clamp_fast(d, pr.clamps.ratio_log);
+            let r = Interval {
+                lo: core_math::exp(dc.lo).next_down().max(0.0),
+                hi: core_math::exp(dc.hi).next_up(),
+            };
+            gate(r, sd)
+        }
+    })
+}
+
+/// (F10) The policy terms' log-prob cotangent `sum c k'(d)` of one row on
+/// the f64 tier, from an f64 enclosure `lp` of its log-prob ([`slope_fast`]
+/// per term, products and sum outward).
+pub(crate) fn vjp_cotangent_fast(
+    pr: &PolicyRow,
+    terms: &[(PolicyTerm, f64)],
+    lp: Interval,
+) -> Interval {
+    let mut w = Interval::ZERO;
+    for &(term, c) in terms {
+        if let Some(k) = slope_fast(term, pr, lp) {
+            w = w.add(Interval::point(c).mul(k));
+        }
+    }
+    w
+}
+
 /// The policy terms' log-prob cotangent `sum c k'(d)` of one row (module
 /// `vjp`) for the nonzero cotangents `terms` `(term, c)`, enclosed at `acc`
 /// bits from the row's log-prob at the sums' precision (the row has a

@@ -45,6 +45,27 @@ pub struct RowCotangents<'c> {
     /// The loss side's cotangents (`lse`, `z_loss`, the cross-entropy
     /// without label smoothing), when any is given (F10).
     pub loss_side: Option<&'c LossSide>,
+    /// The policy terms' nonzero cotangents `(term, c)` of the row
+    /// ([`crate::spec::Problem::policy_cotangents`]; empty without).
+    pub policy: &'c [(crate::spec::PolicyTerm, f64)],
+    /// (F10) Their log-prob cotangent `sum c k'(d)`, enclosed on this tier
+    /// ([`FastRow::policy_weight`]): one more source at the target.
+    pub policy_w: Option<Interval>,
+}
+
+impl FastRow<'_> {
+    /// (F10) The policy terms' log-prob cotangent `sum c k'(d)` for the
+    /// nonzero cotangents `terms`, enclosed from this tier's log-prob of the
+    /// target (CORE-MATH `exp` / `expm1` one ulp outward, the clamps' sides
+    /// as the MPFR path takes them); `None` without a target.
+    pub fn policy_weight(&self, terms: &[(crate::spec::PolicyTerm, f64)]) -> Option<Interval> {
+        let lp = self.log_prob()?;
+        Some(crate::oracle::policy::vjp_cotangent_fast(
+            &self.row.policy,
+            terms,
+            lp,
+        ))
+    }
 }
 
 /// One row's loss-side cotangents for [`FastRow::vjp`] (docs/fast-oracle.md,
@@ -220,6 +241,10 @@ impl<'r, 'a> FastVjp<'r, 'a> {
             if let (TopId::Live(j), false) = (id, wk.lo == 0.0 && wk.hi == 0.0) {
                 coeffs.push((*j, wk, true));
             }
+        }
+        // (F10) The policy terms' log-prob cotangent: a source at the target.
+        if let (Some(t), Some(w)) = (pr.target, cot.policy_w) {
+            coeffs.push((t, w, false));
         }
         // (F10) The loss side: `-ell` at the target (in `C`), and `kappa`,
         // which `C` loses.

@@ -133,8 +133,11 @@
 //!   `C` loses `kappa`, so (F7)'s interval evaluation and (F7')'s point
 //!   bound hold unchanged with `C` an enclosure. Label smoothing `eps > 0`
 //!   adds `-ell eps / |A|` on every allowed entry, which cancels against
-//!   `eps ell p_j` on near-uniform rows: those rows stay on MPFR, as do
-//!   the policy terms. The soft cross-entropy's cotangent `c` is one more
+//!   `eps ell p_j` on near-uniform rows: those elements go to MPFR. The
+//!   policy terms' log-prob cotangent `sum c k'(d)` is one more source at
+//!   the target ([`FastRow::policy_weight`]: `d` from the tier's log-prob,
+//!   CORE-MATH `exp` / `expm1` one ulp outward, a clamp's edge inside the
+//!   enclosure giving the hull with 0, as on MPFR). The soft cross-entropy's cotangent `c` is one more
 //!   source at every entry: `C` loses `c sum_j p_j` (the teacher's, summed
 //!   outward), and entry `j` gains `-c p_j / T`; where the teacher is close
 //!   to the student the two cancel and the element goes to MPFR.

@@ -166,6 +166,9 @@ impl Oracle {
             None => Some((Vec::new(), false)),
         };
         let (kl_w, kl_sum_zero) = kl_w.unwrap_or_default();
+        let policy_w = (!cot.policy.is_empty())
+            .then(|| fast.policy_weight(&cot.policy))
+            .flatten();
         let rc = fast::RowCotangents {
             g: cot.g,
             h: cot.h,
@@ -174,6 +177,8 @@ impl Oracle {
             kl_w: &kl_w,
             kl_sum_zero,
             loss_side: loss_side.as_ref().and_then(Option::as_ref),
+            policy: &cot.policy,
+            policy_w,
         };
         let mut pending = Vec::new();
         if fast.vjp_applicable() && (cot.kl.is_none() || !kl_w.is_empty()) {
@@ -236,7 +241,7 @@ impl Oracle {
                 })
             }),
             soft: ls.map_or(0.0, |l| l.soft),
-            ..Default::default()
+            policy: cotangents.policy.to_vec(),
         };
         super::vjp_row(
             fast.prepared(),

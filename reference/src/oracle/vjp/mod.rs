@@ -88,10 +88,12 @@ impl RowCot {
     /// cross-entropy, `None` when the row needs the MPFR path (a policy
     /// term).
     pub(crate) fn fast_loss_side(&self) -> Option<Option<LossSide>> {
-        if !self.policy.is_empty() {
-            return None;
-        }
-        if !self.has_loss_side_besides_kl() {
+        // The policy terms ride beside it (their weight at the target).
+        let others = self.lse != 0.0
+            || (self.z_loss != 0.0 && self.z_loss_coef != 0.0)
+            || self.loss.is_some()
+            || self.soft != 0.0;
+        if !others {
             return Some(None);
         }
         let divisor = match self.loss.as_ref().and_then(|l| l.den.as_ref()) {
