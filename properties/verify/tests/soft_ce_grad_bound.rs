@@ -14,10 +14,12 @@
 use half::bf16;
 use logprobe_kernels::{CpuKernel, Kernel};
 use logprobe_reference::oracle::{Exact, Oracle};
+
+mod common;
 use logprobe_reference::spec::{
     Cotangents, Dtype, Logits, Output, Problem, SpecError, TeacherForm,
 };
-use logprobe_verify::tolerance::{ErrorBound, Model, RowContext, RowTargets};
+use logprobe_verify::tolerance::Model;
 use ndarray::{Array1, Array2};
 
 const N: usize = 6;
@@ -83,12 +85,7 @@ fn teacher(x: &Array2<f64>, mask: Option<&Array2<bool>>, kind: usize, mass: f64)
     p
 }
 
-#[derive(Default, Debug)]
-struct Worst {
-    ratio: f64,
-    fails: usize,
-}
-
+/// Judges a gradient as verify does ([`common::judge`]); no marked columns.
 fn judge(
     p: &Problem<'_>,
     cot: &Cotangents<'_>,
@@ -96,34 +93,8 @@ fn judge(
     grad: &Array2<f64>,
     dx: &Array2<Exact>,
     out: Dtype,
-) -> Worst {
-    let o = Oracle::default();
-    let mut w = Worst::default();
-    for r in 0..N {
-        let stats = o.row_stats(p, r).unwrap();
-        let ctx = RowContext::from_problem(p, r).unwrap();
-        let rb = model.row_bounds(&stats, &ctx);
-        // What verify builds for the row.
-        let targets = RowTargets::new(p, r, cot);
-        let gc = targets.grad_cotangents();
-        for j in 0..V {
-            let ErrorBound::Abs(bound) = rb.grad(j, &gc, out) else {
-                panic!("no bound at [{r}, {j}]")
-            };
-            let err = dx[[r, j]].error(grad[[r, j]]);
-            if err > bound {
-                w.fails += 1;
-            }
-            w.ratio = w.ratio.max(if bound > 0.0 {
-                err / bound
-            } else if err > 0.0 {
-                f64::INFINITY
-            } else {
-                0.0
-            });
-        }
-    }
-    w
+) -> common::Worst {
+    common::judge(p, cot, model, grad, dx, out, |_, _| false)
 }
 
 #[test]

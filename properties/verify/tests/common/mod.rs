@@ -1,5 +1,5 @@
 //! Shared by the gradient-bound tests (`kl_grad_bound.rs`,
-//! `policy_grad_bound.rs`): a gradient judged against the oracle's VJP
+//! `policy_grad_bound.rs`, `soft_ce_grad_bound.rs`): a gradient judged against the oracle's VJP
 //! under a model's per-element bound, the bound built from each row's
 //! [`RowTargets`] as verify builds it.
 
