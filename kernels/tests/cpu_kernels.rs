@@ -168,6 +168,7 @@ fn declared_algorithm_counts_the_block_tree() {
         v_total: v,
         k: 0,
         dtype,
+        accumulation: dtype.accumulation(),
         temperature: 1.0,
     };
     // (V, leaf, merges, rescaling_exps)

@@ -492,6 +492,7 @@ fn host_and_cpu_kernels_declare_the_same_math_and_different_reductions() {
             v_total: v,
             k: 2,
             dtype: Dtype::Bf16,
+            accumulation: Dtype::F32,
             temperature: 1.0,
         };
         let host = CudaFused::host().algorithm(&shape);

@@ -39,7 +39,7 @@ fn f64_log_softmax(name: &str) -> Vec<Vec<f64>> {
     let d = file.parse().unwrap();
     (0..d.n())
         .map(|r| {
-            let x = d.logits.row_f64(r);
+            let x = d.logits.stored().expect("stored logits").row_f64(r);
             let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let l = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
             x.iter().map(|v| v - l).collect()

@@ -58,7 +58,8 @@ impl Fnv {
 fn load(bytes: &[u8]) -> (Array2<f64>, Dump<'_>) {
     let dump = Dump::parse_inputs(bytes).expect("valid fixture");
     let (n, vt) = (dump.n(), dump.v_total());
-    let flat: Vec<f64> = (0..n).flat_map(|r| dump.logits.row_f64(r)).collect();
+    let stored = dump.logits.stored().expect("stored logits");
+    let flat: Vec<f64> = (0..n).flat_map(|r| stored.row_f64(r)).collect();
     (Array2::from_shape_vec((n, vt), flat).unwrap(), dump)
 }
 

@@ -166,6 +166,7 @@ mod tests {
             v_total,
             k,
             dtype: Dtype::Bf16,
+            accumulation: Dtype::F32,
             temperature: 1.0,
         }
     }

@@ -1,6 +1,7 @@
 """logprobe.verify on torch tensors (skipped without torch): bf16 read
 bit-exactly (torch, ml_dtypes and uint16 paths agree), autograd gradients,
-a bf16-summed normaliser caught, [B, T, V], tensors that require grad."""
+a bf16-summed normaliser caught, [B, T, V], tensors that require grad,
+a fused linear + loss kernel judged from hidden states and the LM head."""
 
 from __future__ import annotations
 
@@ -54,6 +55,27 @@ def test_bf16_summed_normaliser_fails():
     assert r.verdict == "fail" and r["log_probs"].max_ratio > 1
     with pytest.raises(AssertionError, match="worst log_probs"):
         logprobe.testing.assert_verified(logits, tokens, log_probs=lp)
+
+
+def test_fused_linear_kernel_from_hidden_and_lm_head():
+    g = torch.Generator().manual_seed(45)
+    N, H, V = 6, 128, 2048
+    hidden = torch.randn(N, H, generator=g).to(torch.bfloat16)
+    weight = (torch.randn(V, H, generator=g) / H**0.5 * 3).to(torch.bfloat16)
+    tokens = torch.randint(0, V, (N,), generator=g)
+
+    def liger(w):
+        # Liger's chunks: bf16 matmul (fp32 accumulation), fp32 log-softmax.
+        chunks = [torch.log_softmax((hidden[i : i + 2] @ w.t()).float(), -1) for i in range(0, N, 2)]
+        return torch.cat(chunks).gather(-1, tokens[:, None]).squeeze(-1)
+
+    r = logprobe.testing.assert_verified(hidden=hidden, lm_head_weight=weight, tokens=tokens, log_probs=liger(weight))
+    assert "lm_head_weight" in r.logits_dtype and r["log_probs"].count == N
+    # The second vocabulary shard reading W one row late.
+    half = V // 2
+    late = torch.cat([weight[:half], weight[half + 1 :], weight[-1:]])
+    bad = logprobe.verify(hidden=hidden, lm_head_weight=weight, tokens=tokens, log_probs=liger(late))
+    assert bad.verdict == "fail"
 
 
 def test_autograd_gradients_and_requires_grad_inputs():

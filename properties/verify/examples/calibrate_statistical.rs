@@ -237,6 +237,7 @@ fn run_row(v: usize, dist: &'static str, dtype: Dtype, seed: u64) -> Row {
         temperature: 1.0,
         z_max_abs: m.abs(),
         softcap: None,
+        linear: None,
     };
     // f32 emulation: shared shift and exps.
     let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();

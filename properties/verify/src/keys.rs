@@ -15,7 +15,7 @@ use logprobe_reference::spec::{
     TemperatureDtype,
 };
 
-use crate::dump::DumpError;
+use crate::dump::{DumpError, LmHeadLogitsDtype};
 use crate::tolerance::K3Form;
 
 /// Why a metadata value does not parse.
@@ -114,6 +114,7 @@ choice_value!(CotangentReduction: CotangentReduction::None => "none", CotangentR
 choice_value!(TopkIdsSource: TopkIdsSource::Given => "given", TopkIdsSource::Kernel => "kernel");
 choice_value!(MaskedLogProbs: MaskedLogProbs::NegInf => "neg_inf", MaskedLogProbs::FinfoMin => "finfo_min");
 choice_value!(K3Form: K3Form::Expm1 => "expm1", K3Form::Any => "any");
+choice_value!(LmHeadLogitsDtype: LmHeadLogitsDtype::Input => "input", LmHeadLogitsDtype::Accumulation => "accumulation");
 
 impl MetaValue for Reduction {
     const TYPE: &'static str = "one of `none` `sum` `mean`";
@@ -334,6 +335,8 @@ keys! {
     MASKED_LOG_PROBS: MaskedLogProbs = meta_key::MASKED_LOG_PROBS, "expected `neg_inf` or `finfo_min`";
     /// `k3_form` (default `any`).
     K3_FORM: K3Form = meta_key::K3_FORM, "expected `expm1` or `any`";
+    /// `lm_head_logits_dtype` (default `input`; only with `hidden`).
+    LM_HEAD_LOGITS_DTYPE: LmHeadLogitsDtype = meta_key::LM_HEAD_LOGITS_DTYPE, "expected `input` or `accumulation`";
 }
 
 #[cfg(test)]

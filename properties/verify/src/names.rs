@@ -62,6 +62,19 @@ pub mod tensor {
     pub const TEACHER_PROBS: &str = "teacher_probs";
     /// The soft cross-entropy's teacher as log-probabilities `[N, V_total]`.
     pub const TEACHER_LOG_PROBS: &str = "teacher_log_probs";
+    /// `hidden [N, H]` (or `[B, T, H]`): a fused linear + loss kernel's
+    /// input, given instead of `logits`.
+    pub const HIDDEN: &str = "hidden";
+    /// `lm_head_weight [V_total, H]`: the LM head (Megatron's layout).
+    pub const LM_HEAD_WEIGHT: &str = "lm_head_weight";
+    /// `lm_head_bias [V_total]`: the LM head's bias.
+    pub const LM_HEAD_BIAS: &str = "lm_head_bias";
+    /// `grad_hidden [N, H]` (reserved: not built).
+    pub const GRAD_HIDDEN: &str = "grad_hidden";
+    /// `grad_lm_head_weight [V_total, H]` (reserved: not built).
+    pub const GRAD_LM_HEAD_WEIGHT: &str = "grad_lm_head_weight";
+    /// `grad_lm_head_bias [V_total]` (reserved: not built).
+    pub const GRAD_LM_HEAD_BIAS: &str = "grad_lm_head_bias";
 }
 
 /// The version-1 tensor names (the first rows of [`NAMES`]).
@@ -339,6 +352,20 @@ pub const NAMES: &[Name] = &[
         true,
         "how kl_k3 is evaluated: `expm1` (expm1(-d) + d) or `any` (default: the naive exp(-d) + d - 1 too)",
     ),
+    // Version 2, fused linear + loss kernels (issue 45): the logits from
+    // the LM head; its gradients are reserved.
+    t(tensor::HIDDEN, 2, true),
+    t(tensor::LM_HEAD_WEIGHT, 2, true),
+    t(tensor::LM_HEAD_BIAS, 2, true),
+    m(
+        keys::LM_HEAD_LOGITS_DTYPE,
+        2,
+        true,
+        "`input` (default): the kernel rounds hidden @ lm_head_weight.T to the matmul's dtype; `accumulation`: it keeps them in f32",
+    ),
+    t(tensor::GRAD_HIDDEN, 2, false),
+    t(tensor::GRAD_LM_HEAD_WEIGHT, 2, false),
+    t(tensor::GRAD_LM_HEAD_BIAS, 2, false),
 ];
 
 /// What is wrong with one name.

@@ -34,10 +34,24 @@ impl RowShape {
     /// vocabulary: `[H, 0]` would declare any number of rows in no bytes),
     /// or when `B * T` or `N * V` overflows.
     pub fn of_logits(shape: &[usize]) -> Result<(Self, usize), DumpError> {
+        Self::of_rows("logits", "V", shape)
+    }
+
+    /// The row shape and last dimension (`letter`: `V` for `logits`, `H`
+    /// for `hidden`) of a tensor `[N, X]` or `[B, T, X]`, as
+    /// [`RowShape::of_logits`] checks `logits` (`X >= 1`).
+    ///
+    /// # Errors
+    /// As [`RowShape::of_logits`], naming `tensor`.
+    pub fn of_rows(
+        tensor: &'static str,
+        letter: &str,
+        shape: &[usize],
+    ) -> Result<(Self, usize), DumpError> {
         let bad = |why: &str| DumpError::BadShape {
-            tensor: "logits",
+            tensor,
             found: shape.to_vec(),
-            expected: format!("[N, V] or [B, T, V] {why}"),
+            expected: format!("[N, {letter}] or [B, T, {letter}] {why}"),
         };
         let (batch, n, v) = match *shape {
             [n, v] => (None, n, v),
@@ -50,10 +64,12 @@ impl RowShape {
             _ => return Err(bad("(2-D or 3-D)")),
         };
         if v == 0 {
-            return Err(bad("with V >= 1 (V = 0: no vocabulary to verify)"));
+            return Err(bad(&format!(
+                "with {letter} >= 1 ({letter} = 0 holds any number of rows in no bytes)"
+            )));
         }
         if n.checked_mul(v).is_none() {
-            return Err(bad("(N * V overflows usize)"));
+            return Err(bad(&format!("(N * {letter} overflows usize)")));
         }
         Ok((RowShape { batch, n }, v))
     }

@@ -275,7 +275,8 @@ mod tests {
             ("log_probs", t(&lp)),
         ];
         let dump = Dump::from_header(header_of(&tensors, &[]).unwrap(), true).unwrap();
-        assert_eq!(dump.logits.data.as_ptr(), logits.data.as_ptr());
-        assert_eq!(dump.logits.data.len(), logits.data.len());
+        let stored = dump.logits.stored().unwrap();
+        assert_eq!(stored.data.as_ptr(), logits.data.as_ptr());
+        assert_eq!(stored.data.len(), logits.data.len());
     }
 }

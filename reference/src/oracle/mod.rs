@@ -78,6 +78,7 @@
 mod cross_entropy;
 pub mod fast;
 mod kl;
+pub mod linear;
 mod log_softmax;
 mod policy;
 mod round;

@@ -69,3 +69,7 @@ pub const MASKED_LOG_PROBS: &str = "masked_log_probs";
 /// `expm1(-d) + d`; `any`: the naive `exp(-d) + d - 1` too), as
 /// `verify --k3-form` declares it.
 pub const K3_FORM: &str = "k3_form";
+/// `lm_head_logits_dtype` (default `input`): where a fused linear + loss
+/// kernel keeps its logits (`input`: rounded to the matmul's dtype;
+/// `accumulation`: kept in f32).
+pub const LM_HEAD_LOGITS_DTYPE: &str = "lm_head_logits_dtype";

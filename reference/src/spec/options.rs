@@ -151,6 +151,14 @@ pub struct Options {
     /// How `teacher_probs` holds the soft cross-entropy's teacher. Default
     /// [`TeacherForm::Probs`].
     pub teacher_form: TeacherForm,
+    /// The accumulation dtype the computation's constants (temperature,
+    /// softcap, z-loss coefficient, label smoothing, clamps) are rounded
+    /// to; `None` (default) = the logits dtype's
+    /// ([`Dtype::accumulation`]). Set where the logits are wider than the
+    /// computation that made them: a fused linear + loss kernel's logits
+    /// are exact dot products of `hidden` and `lm_head_weight`, held as
+    /// f64, while it computes in f32 (TOLERANCE.md (T29)).
+    pub accumulation: Option<Dtype>,
 }
 
 impl std::fmt::Debug for Options {
@@ -186,6 +194,9 @@ impl std::fmt::Debug for Options {
         if self.teacher_form != TeacherForm::Probs {
             d.field("teacher_form", &self.teacher_form);
         }
+        if let Some(a) = self.accumulation {
+            d.field("accumulation", &a);
+        }
         d.finish()
     }
 }
@@ -207,6 +218,7 @@ impl Default for Options {
             policy_clamps: PolicyClamps::default(),
             topk_kl: None,
             teacher_form: TeacherForm::Probs,
+            accumulation: None,
         }
     }
 }

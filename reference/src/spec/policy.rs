@@ -153,7 +153,7 @@ impl PolicyRow {
             clamps: problem
                 .options
                 .policy_clamps
-                .effective(problem.logits.dtype().accumulation())
+                .effective(problem.accumulation())
                 .unwrap_or_default(),
         }
     }

@@ -129,6 +129,8 @@ pub struct Shape {
     pub k: usize,
     /// Dtype of the logits.
     pub dtype: Dtype,
+    /// The accumulation dtype ([`Problem::accumulation`]).
+    pub accumulation: Dtype,
     /// Temperature rounded to the accumulation dtype.
     pub temperature: f64,
 }
@@ -189,21 +191,19 @@ impl<'a> Problem<'a> {
     pub fn validate_shapes(&self) -> Result<Shape, SpecError> {
         let (n, v_total) = self.logits.dim();
         let dtype = self.logits.dtype();
-        let temperature = self.options.effective_temperature(dtype.accumulation())?;
-        self.options.effective_z_loss_coef(dtype.accumulation())?;
-        if self
-            .options
-            .effective_softcap(dtype.accumulation())?
-            .is_some()
+        let acc = self.accumulation();
+        let temperature = self.options.effective_temperature(acc)?;
+        self.options.effective_z_loss_coef(acc)?;
+        if self.options.effective_softcap(acc)?.is_some()
             && self.options.softcap_dtype == SoftcapDtype::Accumulation
             && self.options.temperature_dtype == TemperatureDtype::Input
         {
             return Err(SpecError::SoftcapDtypeMismatch);
         }
-        self.options.policy_clamps.effective(dtype.accumulation())?;
+        self.options.policy_clamps.effective(acc)?;
         policy::validate_shapes(&self.policy, n, self.tokens.is_some())?;
         if let Some(ce) = self.cross_entropy() {
-            ce.effective_label_smoothing(dtype.accumulation())?;
+            ce.effective_label_smoothing(acc)?;
             if self.tokens.is_none() {
                 return Err(SpecError::MissingTensor {
                     output: "loss",
@@ -273,8 +273,18 @@ impl<'a> Problem<'a> {
             v_total,
             k,
             dtype,
+            accumulation: acc,
             temperature,
         })
+    }
+
+    /// The accumulation dtype: `options.accumulation`, else the logits
+    /// dtype's ([`Dtype::accumulation`]: f32 for f32/bf16/f16, f64 for
+    /// f64).
+    pub fn accumulation(&self) -> Dtype {
+        self.options
+            .accumulation
+            .unwrap_or(self.logits.dtype().accumulation())
     }
 
     /// The weights of the rows a `mean` loss divides by, `[N]` order: `w_r`

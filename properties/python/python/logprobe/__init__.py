@@ -68,7 +68,7 @@ _DEFAULT: Any = object()
 
 
 def verify(
-    logits: Any,
+    logits: Any = None,
     tokens: Any = None,
     *,
     model: str = "lanes=8",

@@ -24,7 +24,7 @@ DEFAULT_STATISTICAL_C: float
 __version__: str
 
 def verify(
-    logits: TensorLike,
+    logits: Optional[TensorLike] = None,
     tokens: Optional[TensorLike] = None,
     *,
     model: str = "lanes=8",
@@ -77,6 +77,9 @@ def verify(
     teacher_log_probs: Optional[TensorLike] = None,
     soft_cross_entropy: Optional[TensorLike] = None,
     grad_soft_cross_entropy: Optional[TensorLike] = None,
+    hidden: Optional[TensorLike] = None,
+    lm_head_weight: Optional[TensorLike] = None,
+    lm_head_bias: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -98,11 +101,18 @@ def verify(
     ratio_log_clamp: Optional[MetaValue] = None,
     kl_renormalized: Optional[MetaValue] = None,
     masked_log_probs: Optional[MetaValue] = None,
+    lm_head_logits_dtype: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.
 
     - `logits`: `[N, V]` or `[B, T, V]`, f64 / f32 / bf16 / f16.
+    - or, for a fused linear + loss kernel (Liger, Cut Cross-Entropy), no
+      `logits` but `hidden` `[N, H]`, `lm_head_weight` `[V, H]` and
+      `lm_head_bias` `[V]`: the logits are their exact dot products, and
+      `lm_head_logits_dtype` says whether the kernel rounds them to the
+      matmul's dtype (`"input"`, default) or keeps them in f32
+      (`"accumulation"`); docs/dump-from-pytorch.md, "Fused linear + loss".
     - `model`: summation model of the bound: `lanes=8`, `lanes=K`, `tree`, `sequential`.
     - `rows`: `None` (all), `"a..b"`, `"a.."`, `"sample:K"` or a `range`.
     - `strict`: a `suspect` verdict is not `ok`.

@@ -99,7 +99,7 @@ def _forget(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def assert_verified(logits: Any, tokens: Any = None, **kwargs: Any) -> Report:
+def assert_verified(logits: Any = None, tokens: Any = None, **kwargs: Any) -> Report:
     """``logprobe.verify(logits, tokens, **kwargs)``, raising ``AssertionError``
     (summary + table + worst rows, and with a findings store the
     ``logprobe verify`` line of the saved dump) unless the report is ``ok``.

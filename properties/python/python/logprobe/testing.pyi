@@ -4,7 +4,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 from . import OUTPUTS, Duration, FuzzFinding, FuzzReport, Kernel, MetaValue, Report, TensorLike
 
 def assert_verified(
-    logits: TensorLike,
+    logits: Optional[TensorLike] = None,
     tokens: Optional[TensorLike] = None,
     *,
     model: str = "lanes=8",
@@ -56,6 +56,9 @@ def assert_verified(
     teacher_log_probs: Optional[TensorLike] = None,
     soft_cross_entropy: Optional[TensorLike] = None,
     grad_soft_cross_entropy: Optional[TensorLike] = None,
+    hidden: Optional[TensorLike] = None,
+    lm_head_weight: Optional[TensorLike] = None,
+    lm_head_bias: Optional[TensorLike] = None,
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
     entropy_logits: Optional[MetaValue] = None,
@@ -76,6 +79,7 @@ def assert_verified(
     ratio_log_clamp: Optional[MetaValue] = None,
     kl_renormalized: Optional[MetaValue] = None,
     masked_log_probs: Optional[MetaValue] = None,
+    lm_head_logits_dtype: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

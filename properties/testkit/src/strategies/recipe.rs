@@ -339,6 +339,7 @@ impl ProblemRecipe {
             policy_clamps: Default::default(),
             topk_kl: None,
             teacher_form: Default::default(),
+            accumulation: None,
         };
         // The policy terms ride on every case with tokens (issue 18).
         let (policy, policy_clamps) = if self.tokens {

@@ -111,6 +111,33 @@ pub enum DumpError {
         /// The second.
         second: &'static str,
     },
+    /// A NaN or infinite entry of a fused linear kernel's input
+    /// (`hidden`, `lm_head_weight`, `lm_head_bias`).
+    #[error("{tensor}{index:?} is {value}: the LM head's inputs must be finite")]
+    NonFiniteInput {
+        /// The tensor.
+        tensor: &'static str,
+        /// The entry's index (`[row, col]`, or `[col]` for the bias).
+        index: Vec<usize>,
+        /// The value.
+        value: f64,
+    },
+    /// A logit `hidden[row] . lm_head_weight[col] (+ lm_head_bias[col])`
+    /// that overflows f64 (only possible for f64 inputs).
+    #[error("the logit of hidden[{row}] and lm_head_weight[{col}] overflows f64")]
+    LinearOverflow {
+        /// The row of `hidden`.
+        row: usize,
+        /// The row of `lm_head_weight`.
+        col: usize,
+    },
+    /// An output or option that cannot be judged from `hidden` and
+    /// `lm_head_weight` (it depends on the kernel's logits to the bit).
+    #[error("{what} cannot be checked from hidden and lm_head_weight (it depends on the kernel's logits to the bit, which a fused linear kernel does not give): dump logits instead")]
+    LinearUnsupported {
+        /// The output or option.
+        what: &'static str,
+    },
     /// A flag tensor (`row_mask`) byte other than 0 or 1.
     #[error("{tensor}[{index}] is byte {value}, not 0 or 1")]
     BadFlag {

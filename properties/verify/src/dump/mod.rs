@@ -27,6 +27,7 @@
 
 mod error;
 mod file;
+mod linear;
 mod options;
 mod parts;
 mod reader;
@@ -37,6 +38,7 @@ mod writer;
 
 pub use error::*;
 pub use file::*;
+pub use linear::*;
 pub use reader::*;
 pub use row::*;
 pub(crate) use source::{malformed, Header, Source};

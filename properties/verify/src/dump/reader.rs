@@ -9,16 +9,18 @@ use logprobe_reference::spec::{
     MeanDivisor, Options, Output, PerOutput, Reduction, SpecError, TeacherForm, TopkKl,
 };
 
+use super::linear::read_dump_logits;
 use super::options::{parse_options, parse_policy_clamps, parse_z_loss_coef};
-use super::parts::{check_needs, read_inputs, read_logits, Tensors};
+use super::parts::{check_needs, read_inputs, Tensors};
 use super::*;
 use crate::keys;
 use crate::names::tensor;
 
 /// A parsed, shape-checked dump. `N` rows, `V_total` columns of logits.
 pub struct Dump<'a> {
-    /// `logits [N, V_total]`.
-    pub logits: FloatMatrix<'a>,
+    /// `logits [N, V_total]`: stored, or made from `hidden` and
+    /// `lm_head_weight` ([`DumpLogits`]).
+    pub logits: DumpLogits<'a>,
     /// `tokens [N]` as i64.
     pub tokens: Option<Array1<i64>>,
     /// `sampling_mask [N, V_total]`.
@@ -118,7 +120,7 @@ impl<'a> Dump<'a> {
         require_candidate: bool,
     ) -> Result<Self, DumpError> {
         let Header { st, meta, format } = header;
-        let (logits, rs) = read_logits(&st)?;
+        let (logits, rs) = read_dump_logits(&st, &meta)?;
         let (n, v) = (rs.n, logits.cols);
         let inputs = read_inputs(&st, &rs, v)?;
         let r = Tensors {
@@ -170,12 +172,17 @@ impl<'a> Dump<'a> {
         let want_entropy = candidates.contains(Output::Entropy)
             || cotangents.contains(Output::Entropy)
             || !require_candidate;
-        let mut options = parse_options(&meta, want_entropy, v, logits.dtype)?;
+        // The constants are rounded as the computation rounds them.
+        let compute = logits.compute_dtype();
+        let mut options = parse_options(&meta, want_entropy, v, compute)?;
+        if logits.linear().is_some() {
+            options.accumulation = Some(compute.accumulation());
+        }
         // An output is computed for its candidate or its cotangent.
         options.lse = candidates.contains(Output::Lse) || cotangents.contains(Output::Lse);
         options.token_ranks = candidates.contains(Output::TokenRanks);
         if candidates.contains(Output::ZLoss) || cotangents.contains(Output::ZLoss) {
-            options.z_loss_coef = Some(parse_z_loss_coef(&meta, logits.dtype)?);
+            options.z_loss_coef = Some(parse_z_loss_coef(&meta, compute)?);
         }
         // Read (and rejected when malformed) even when no output uses
         // them, as every other key is.
@@ -221,6 +228,9 @@ impl<'a> Dump<'a> {
         // Every other key's value (`outputs`, `fuzz_*`, ...): checked
         // through the table, used or not.
         crate::names::check_values(&meta, crate::names::NAMES)?;
+        if logits.linear().is_some() {
+            super::linear::check_linear_options(&options, &candidates, format.topk_kernel)?;
+        }
         Ok(Dump {
             logits,
             tokens: inputs.tokens,
@@ -292,15 +302,18 @@ impl<'a> Dump<'a> {
         Ok(Some(dense))
     }
 
-    /// Row `row`'s inputs, decoded (O(V) memory). Panics if `row >= N`.
+    /// Row `row`'s inputs, decoded (O(V) memory; O(V H) work for logits
+    /// made from `hidden`). Panics if `row >= N`.
     ///
     /// # Errors
-    /// [`DumpError::BadMaskValue`]; with a top-k soft teacher, the spec's
+    /// [`DumpError::BadMaskValue`]; [`DumpLogits::row_logits`]'s; with a top-k soft teacher, the spec's
     /// [`SpecError::TopkIdOutOfRange`] and [`SpecError::TopkIdDuplicate`].
     pub fn row(&self, row: usize) -> Result<RowInputs, DumpError> {
+        let (logits, linear) = self.logits.row_logits(row, self.vocab_size())?;
         Ok(RowInputs {
             row,
-            logits: self.logits.row_logits(row),
+            logits,
+            linear,
             tokens: self.tokens.as_ref().map(|a| Array1::from(vec![a[row]])),
             sampling_mask: self
                 .sampling_mask

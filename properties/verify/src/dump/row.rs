@@ -15,6 +15,9 @@ pub struct RowInputs {
     pub row: usize,
     /// Logits `[1, V_total]`.
     pub logits: RowLogits,
+    /// The matmul's statistics when the logits come from `hidden` and
+    /// `lm_head_weight` (TOLERANCE.md (T29)).
+    pub linear: Option<logprobe_reference::oracle::linear::LinearRowStats>,
     /// Token `[1]`.
     pub tokens: Option<Array1<i64>>,
     /// Mask `[1, V_total]`.

@@ -168,6 +168,37 @@ pub(crate) fn decode_floats(dtype: Dtype, b: &[u8]) -> Vec<f64> {
     }
 }
 
+/// Decodes `b` (little-endian `dtype` values) into `out` (exact f64),
+/// as [`decode_floats`] without allocating. Panics if the lengths differ.
+pub(crate) fn decode_floats_into(dtype: Dtype, b: &[u8], out: &mut [f64]) {
+    let w = dtype.size_bytes();
+    assert_eq!(b.len(), out.len() * w, "decode_floats_into: lengths differ");
+    match dtype {
+        Dtype::F64 => {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(8)) {
+                *o = f64::from_le_bytes(c.try_into().unwrap());
+            }
+        }
+        Dtype::F32 => {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f64::from(f32::from_le_bytes(c.try_into().unwrap()));
+            }
+        }
+        Dtype::Bf16 => {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                // bf16 is f32's top half: exact.
+                let bits = u32::from(u16::from_le_bytes(c.try_into().unwrap())) << 16;
+                *o = f64::from(f32::from_bits(bits));
+            }
+        }
+        Dtype::F16 => {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                *o = f16::from_le_bytes(c.try_into().unwrap()).to_f64();
+            }
+        }
+    }
+}
+
 pub(crate) fn decode_ids(
     tensor: &'static str,
     d: StDtype,

@@ -32,7 +32,7 @@
 //! ```no_run
 //! use logprobe_verify::tolerance::{judge, Model, RowContext};
 //! # fn demo(stats: &logprobe_reference::oracle::RowStats, exact: &logprobe_reference::oracle::Exact) {
-//! let ctx = RowContext { temperature: 1.0, z_max_abs: 0.0, softcap: None };
+//! let ctx = RowContext { temperature: 1.0, z_max_abs: 0.0, softcap: None, linear: None };
 //! let bound = Model::lanes(8).row_bounds(stats, &ctx).log_prob(logprobe_reference::spec::Dtype::F32);
 //! let j = judge(exact, -3.25, logprobe_reference::spec::Dtype::F32, &bound);
 //! println!("{} error/bound = {:?}", j.verdict(), j.ratio);
@@ -59,8 +59,8 @@ pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, N
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use loss_grad::LossGradCotangents;
 pub use model::{
-    foreign_presets, foreign_presets_with, tightest, EntropyForm, K3Form, Model, Order, RowContext,
-    SoftcapContext,
+    foreign_presets, foreign_presets_with, tightest, EntropyForm, K3Form, LinearContext, Model,
+    Order, RowContext, SoftcapContext,
 };
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,

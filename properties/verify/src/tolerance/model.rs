@@ -305,6 +305,21 @@ pub struct RowContext {
     pub z_max_abs: f64,
     /// The softcap, when the problem has one (T18).
     pub softcap: Option<SoftcapContext>,
+    /// The matmul stage of a fused linear + loss kernel, when the logits
+    /// are `hidden . lm_head_weight^T` (T29).
+    pub linear: Option<LinearContext>,
+}
+
+/// A fused linear + loss kernel's matmul stage as the bounds see it (T29).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinearContext {
+    /// The row's statistics of the exact logits (`H`, `max_j A_j`,
+    /// `max_j |x_j|`, the oracle's enclosure error).
+    pub stats: logprobe_reference::oracle::linear::LinearRowStats,
+    /// `Some(d)`: the kernel rounds its logits to `d` (PyTorch's bf16
+    /// matmul returns bf16) before the loss; `None`: it keeps them in the
+    /// accumulation dtype (Cut Cross-Entropy).
+    pub logits_dtype: Option<Dtype>,
 }
 
 /// The softcap `x' = c tanh(x / c)` as the bounds see it (T18).
@@ -389,6 +404,19 @@ impl RowContext {
             temperature: t,
             z_max_abs: z,
             softcap,
+            linear: None,
         })
+    }
+
+    /// This context for logits made by a fused linear kernel's matmul
+    /// (T29): `linear` set, and `Z` widened by the sound `delta_x / T` of
+    /// a kernel accumulating in `acc` (its `x^` may exceed the exact
+    /// logits' magnitude by that much).
+    pub fn with_linear(mut self, linear: LinearContext, acc: Dtype) -> RowContext {
+        let model = Model::sequential().with_accumulation(acc);
+        let dx = super::bounds::linear::linear_x(&model, &linear, None).0;
+        self.z_max_abs += dx / self.temperature * (1.0 + 4.0 * f64::EPSILON);
+        self.linear = Some(linear);
+        self
     }
 }

@@ -129,6 +129,7 @@ fn ctx1() -> RowContext {
         temperature: 1.0,
         z_max_abs: 0.0,
         softcap: None,
+        linear: None,
     }
 }
 
@@ -403,6 +404,7 @@ fn subtract_then_scale_bound_is_offset_invariant_and_raw_grows() {
                     temperature: t,
                     z_max_abs: z,
                     softcap: None,
+                    linear: None,
                 },
             );
             (
@@ -434,6 +436,7 @@ fn subtract_then_scale_bound_is_offset_invariant_and_raw_grows() {
                 temperature: t,
                 z_max_abs: 1e30,
                 softcap: None,
+                linear: None,
             },
         )
         .entropy(Dtype::F32);
@@ -526,6 +529,7 @@ fn f32_two_pass_kernels_are_within_their_summation_models() {
                 temperature: t as f64,
                 z_max_abs: 0.0,
                 softcap: None,
+                linear: None,
             };
             let rb = model_for(how).row_bounds(&st, &ctx);
             let fused = model_for(how)
@@ -643,6 +647,7 @@ fn f32_autograd_gradients_are_within_the_element_bound() {
             temperature: t as f64,
             z_max_abs: 0.0,
             softcap: None,
+            linear: None,
         };
         let rb = Model::lanes(8).row_bounds(&st, &ctx);
         let cot = GradCotangents {
@@ -1352,6 +1357,7 @@ fn four_lane_walks_equal_the_scalar_walks() {
                     temperature: t,
                     z_max_abs: z,
                     softcap: None,
+                    linear: None,
                 };
                 let models = verify_models();
                 let stat = Statistical::new(models[0]);
@@ -1439,6 +1445,7 @@ fn moment_sums_give_the_entry_by_entry_bounds() {
                     temperature: t,
                     z_max_abs: z,
                     softcap: None,
+                    linear: None,
                 };
                 let models = verify_models();
                 let build = || RowBounds::new_shared(&models, None, &st, &ctx, None).0;

@@ -91,6 +91,7 @@ fn correct_forms_pass_the_default_presets_at_any_offset() {
             temperature: t as f64,
             z_max_abs: z_max_abs * (1.0 + 1e-6),
             softcap: None,
+            linear: None,
         };
         let argmax = (0..v).fold(0, |b, j| if x[j] > x[b] { j } else { b });
         for (fi, form) in [
@@ -159,6 +160,7 @@ fn subtract_then_scale_alone_does_not_bound_raw_or_scale_first() {
             temperature: t as f64,
             z_max_abs: 400.0 / t as f64,
             softcap: None,
+            linear: None,
         };
         let sts = Model::lanes(8).with_shift(Shift::SubtractThenScale);
         for (i, form) in [Form::ScaleFirst, Form::Raw].into_iter().enumerate() {
@@ -202,6 +204,7 @@ fn unshifted_entropy_is_suspect_at_large_offsets() {
                 temperature: 1.0,
                 z_max_abs,
                 softcap: None,
+                linear: None,
             };
             let out = kernel_form(&x, 1.0, Form::ScaleFirst, Sum32::Lanes8);
             let st = stats_f64(&x, 1.0, None, Some(0));

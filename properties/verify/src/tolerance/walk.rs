@@ -95,7 +95,7 @@ impl LossGradRow {
         }
         let (_, v_total) = problem.logits.dim();
         let v = problem.options.vocab_size.unwrap_or(v_total);
-        let acc = problem.logits.dtype().accumulation();
+        let acc = problem.accumulation();
         let coef = problem
             .options
             .effective_z_loss_coef(acc)
@@ -271,7 +271,7 @@ impl RowTargets {
             live_topk,
             z_loss_coef: problem
                 .options
-                .effective_z_loss_coef(problem.logits.dtype().accumulation())
+                .effective_z_loss_coef(problem.accumulation())
                 .ok()
                 .flatten()
                 .unwrap_or(0.0),
@@ -281,7 +281,7 @@ impl RowTargets {
             teacher_form: problem.options.teacher_form,
             loss: problem.cross_entropy().map(|ce| LossTarget {
                 label_smoothing: ce
-                    .effective_label_smoothing(problem.logits.dtype().accumulation())
+                    .effective_label_smoothing(problem.accumulation())
                     .unwrap_or(0.0),
                 weight: problem.loss_weight(row),
                 counted: has_target,

@@ -15,7 +15,6 @@ use logprobe_reference::spec::{Columns, Dtype, LossOptions, Output, PerOutput, S
 use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
 use crate::row_oracle::RowOracle;
 use crate::tolerance;
-use logprobe_kernels::{CpuKernel, ForwardOutput, Kernel};
 use logprobe_reference::oracle::OracleForward;
 use logprobe_reference::spec::Problem;
 use ndarray::Array2;
@@ -23,6 +22,9 @@ use ndarray::Array2;
 use super::acc::{opt_max, output_report, OutputAcc};
 use super::grad_screen::RowScreen;
 use super::reduced::{judge_reduced_loss, reduced_loss, LossRow};
+use super::row_setup::{
+    entry_keys, forward_dtypes, fused_forwards, fused_value, row_context, row_inputs,
+};
 use super::*;
 
 /// Whether verify screens gradient elements ([`super::grad_screen`]):
@@ -74,15 +76,14 @@ pub fn verify_dump(
     // ([`VerifyConfig::for_dump`]).
     let config = &config.for_dump(dump);
     let n = dump.n();
-    let logits_dtype = dump.logits.dtype;
-    let acc_dtype = config.accumulation.unwrap_or(logits_dtype.accumulation());
+    let acc_dtype = config.accumulation.unwrap_or(dump.logits.accumulation());
     // Shapes, vocab_size and temperature: O(1), before any row.
     if n > 0 {
         dump.row(0)?.problem().validate_shapes()?;
     } else {
         // No row to decode: check the temperature on its own.
         dump.options
-            .effective_temperature(logits_dtype.accumulation())?;
+            .effective_temperature(dump.logits.accumulation())?;
     }
     let rows = config.rows.rows(n);
     if rows.is_empty() && config.rows != RowSelection::All {
@@ -95,8 +96,12 @@ pub fn verify_dump(
 
     // Validate every selected row first (cheap, O(V) each), so bad input is
     // reported deterministically (first bad row) before any oracle work.
+    // Logits made from `hidden` cost O(V H) a row: those rows are
+    // validated where they are verified (the first bad row in order is
+    // reported all the same).
     let first_bad = rows
         .par_iter()
+        .filter(|_| dump.logits.linear().is_none())
         .filter_map(|&r| {
             dump.row(r)
                 .and_then(|inputs| inputs.validate())
@@ -178,7 +183,7 @@ pub fn verify_dump(
         rows_checked: rows.len(),
         columns: dump.v_total(),
         vocab_size: dump.vocab_size(),
-        logits_dtype: logits_dtype.to_string(),
+        logits_dtype: dump.logits.describe(),
         model: model_name(config),
         accumulation: acc_dtype.to_string(),
         statistical_c: config.statistical_c,
@@ -277,19 +282,6 @@ fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> St
     }
 }
 
-/// The candidate dtypes that need a forward call, deduplicated.
-fn forward_dtypes(dump: &Dump<'_>) -> Vec<Dtype> {
-    let mut v: Vec<Dtype> = dump
-        .candidates
-        .iter()
-        .filter(|(o, _)| o.is_forward())
-        .map(|(_, c)| c.dtype)
-        .collect();
-    v.sort();
-    v.dedup();
-    v
-}
-
 /// Judges one element under the four models `[chosen, tree, lanes=8,
 /// sequential]` ([`tolerance::judge`]): the chosen model's judgement and the
 /// reference models' `error / bound` (`None` = no bound), and whether it
@@ -337,13 +329,13 @@ fn verify_row(
     config: &VerifyConfig,
     keep: usize,
 ) -> Result<RowResult, DumpError> {
-    let inputs: RowInputs = dump.row(r)?;
+    let inputs: RowInputs = row_inputs(dump, r)?;
     let p = inputs.problem();
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
     let with_grad = dump.candidates.get(Output::GradLogits).is_some();
     let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
-    let ctx = tolerance::RowContext::from_problem(&p, 0).map_err(spec)?;
+    let ctx = row_context(dump, &inputs, acc_dtype).map_err(spec)?;
     let models = Models::new(config, acc_dtype);
     let statistical = config
         .statistical_c
@@ -360,13 +352,11 @@ fn verify_row(
     if let Some(l) = targets.loss.as_mut() {
         l.with_sums(&stats);
     }
-
     let forwards = forward_dtypes(dump)
         .into_iter()
         .map(|dtype| oracle.forward(dtype))
         .collect::<Result<Vec<_>, _>>()
         .map_err(spec)?;
-    // Our correct f32 kernel on the same row, per forward dtype.
     let ours = fused_forwards(dump, &p);
     let grad = dump
         .candidates
@@ -402,7 +392,7 @@ fn verify_row(
     };
     // (The screen holds what the sweep needs of `exact` and the candidates.)
     let screened = screen.as_mut().map(RowScreen::sweep);
-    let mut naive = tolerance::NaiveRow::new(&p, 0);
+    let mut naive = (dump.logits.linear().is_none()).then(|| tolerance::NaiveRow::new(&p, 0));
     let mut out: RowAcc = PerOutput::new();
     if let Some(s) = screened.filter(|s| s.count > 0) {
         out.get_or_insert_with(Output::GradLogits, OutputAcc::new)
@@ -460,7 +450,10 @@ fn verify_row(
             if let Some(v) = fused_value(&ours, e.output, e.col, e.dtype) {
                 acc.fused_err = opt_max(acc.fused_err, Some(e.exact.error(v)));
             }
-            if let Some(n) = naive.value(e.output, e.col, &targets, e.dtype) {
+            if let Some(n) = naive
+                .as_mut()
+                .and_then(|nv| nv.value(e.output, e.col, &targets, e.dtype))
+            {
                 acc.flash
                     .get_or_insert_with(tolerance::FlashRule::new)
                     .observe(e.exact, candidate, n, e.dtype);
@@ -477,37 +470,6 @@ fn verify_row(
     crate::scratch::give(std::mem::take(&mut stats.d));
     crate::scratch::give(std::mem::take(&mut stats.e));
     Ok((out, fallback, loss_row))
-}
-
-/// Our correct f32 kernel's forward of row 0 of `p`, per forward dtype of
-/// the dump's candidates (a dtype it does not support is left out).
-fn fused_forwards(dump: &Dump<'_>, p: &Problem<'_>) -> Vec<(Dtype, ForwardOutput)> {
-    forward_dtypes(dump)
-        .into_iter()
-        .filter_map(|dtype| {
-            CpuKernel::fused()
-                .forward(p, dtype)
-                .ok()
-                .map(|f| (dtype, f))
-        })
-        .collect()
-}
-
-/// Our kernel's value of element `col` of a forward `output` in `dtype`
-/// ([`fused_forwards`]); `None` for another output or dtype.
-fn fused_value(
-    ours: &[(Dtype, ForwardOutput)],
-    output: Output,
-    col: usize,
-    dtype: Dtype,
-) -> Option<f64> {
-    if !output.is_forward() {
-        return None;
-    }
-    ours.iter()
-        .find(|(d, _)| *d == dtype)
-        .and_then(|(_, f)| f.values.get(output))
-        .map(|a| a[[0, col]])
 }
 
 /// The exact values of the row's outputs judged in the row's walk: the
@@ -587,37 +549,6 @@ fn row_loss_term(
 
 /// One row's judgements, oracle counts, and its part of a reduced loss.
 type RowResult = (RowAcc, Fallback, Option<LossRow>);
-
-/// The grouping keys of row 0 of `p` for the bounds' per-entry sums
-/// ([`tolerance::RowBounds::new_shared`]), `[V]`: a 16-bit logit's raw
-/// bits and its sampling-mask bit; `None` for f32 and f64 logits (their
-/// values are mostly distinct).
-fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) -> Option<Vec<u32>> {
-    use logprobe_reference::spec::Logits;
-    let bits: Vec<u32> = match p.logits {
-        Logits::Bf16(a) => a
-            .row(0)
-            .iter()
-            .take(v)
-            .map(|x| u32::from(x.to_bits()))
-            .collect(),
-        Logits::F16(a) => a
-            .row(0)
-            .iter()
-            .take(v)
-            .map(|x| u32::from(x.to_bits()))
-            .collect(),
-        _ => return None,
-    };
-    Some(match p.sampling_mask {
-        Some(m) => bits
-            .into_iter()
-            .zip(m.row(0))
-            .map(|(b, &ok)| b | (u32::from(ok) << 16))
-            .collect(),
-        None => bits,
-    })
-}
 
 /// The model's name in reports: the summation order (`lanes=8`), then
 /// ` form=NAME` and ` k3_form=NAME` for what `--form` / `--k3-form` declare

@@ -30,6 +30,7 @@ mod expect;
 mod grad_screen;
 mod reduced;
 mod report;
+mod row_setup;
 mod table;
 
 // Shared with `compare`'s report (one convention for non-finite JSON and table figures).

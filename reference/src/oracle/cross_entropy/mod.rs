@@ -73,7 +73,7 @@ impl Oracle {
         // The kernels' order: shapes, the loss options, tokens, then rows.
         problem.validate_cross_entropy(ce)?;
         let shape = problem.validate()?;
-        let eps = ce.effective_label_smoothing(shape.dtype.accumulation())?;
+        let eps = ce.effective_label_smoothing(shape.accumulation)?;
         let rows = first_error(
             (0..shape.n)
                 .into_par_iter()
@@ -376,10 +376,7 @@ impl AssignRoundSub for Float {
 pub(super) fn label_smoothing(problem: &Problem<'_>) -> f64 {
     problem
         .cross_entropy()
-        .and_then(|ce| {
-            ce.effective_label_smoothing(problem.logits.dtype().accumulation())
-                .ok()
-        })
+        .and_then(|ce| ce.effective_label_smoothing(problem.accumulation()).ok())
         .unwrap_or(0.0)
 }
 

@@ -12,7 +12,7 @@ use crate::spec::{Dtype, Problem};
 fn z_loss_coef(problem: &Problem<'_>) -> f64 {
     problem
         .options
-        .effective_z_loss_coef(problem.logits.dtype().accumulation())
+        .effective_z_loss_coef(problem.accumulation())
         .ok()
         .flatten()
         .unwrap_or(0.0)

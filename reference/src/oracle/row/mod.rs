@@ -222,10 +222,7 @@ pub(crate) fn prepare<'a>(
         .sampling_mask
         .map(|m| m.index_axis_move(Axis(0), row));
     // The softcap first (docs/design.md: before the temperature); validated already.
-    let softcap = match problem
-        .options
-        .effective_softcap(shape.dtype.accumulation())?
-    {
+    let softcap = match problem.options.effective_softcap(shape.accumulation)? {
         None => RowSoftcap::None,
         Some(c) => match problem.options.softcap_dtype {
             SoftcapDtype::Accumulation => RowSoftcap::Exact(c),

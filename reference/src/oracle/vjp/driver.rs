@@ -46,7 +46,7 @@ impl Oracle {
         let shape = problem.validate()?;
         let (n, vt, v) = (shape.n, shape.v_total, shape.vocab_size);
         let precs = self.precisions(target);
-        let acc = shape.dtype.accumulation();
+        let acc = shape.accumulation;
         let z_loss_coef = problem.options.effective_z_loss_coef(acc)?.unwrap_or(0.0);
         let eps = match problem.cross_entropy() {
             Some(ce) => ce.effective_label_smoothing(acc)?,

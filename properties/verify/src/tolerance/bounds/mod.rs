@@ -28,6 +28,7 @@ mod build;
 mod cross_entropy;
 mod grad;
 pub(crate) mod lanes;
+pub(crate) mod linear;
 mod log_softmax;
 mod moments;
 #[cfg(test)]
@@ -265,6 +266,8 @@ impl Consts {
         // (T18) The kernel's own softcap perturbs every z_j by at most
         // cap_z: the shift's two operands by 2 cap_z, before its roundings.
         let (cap_z, cap_df) = softcap_consts(model, ctx, u_f);
+        // (T29) A fused linear kernel's matmul perturbs every z_j too.
+        let cap_z = cap_z + linear::linear_z(model, ctx, stat_c);
         let b = if cap_z.0 > 0.0 {
             b + (Hi::ONE + a) * Hi(2.0) * cap_z
         } else {

@@ -1,0 +1,60 @@
+//! (T29) The matmul stage of a fused linear + loss kernel (issue 45): the
+//! kernel's logits `x^_j = fl(h . W_j + b_j)` (then, optionally, rounded
+//! to the matmul's dtype) differ from the exact `x_j` by at most one
+//! bound `delta_x` for the whole row, an input perturbation that enters
+//! the row's constants as (T18)'s softcap error does (`cap_z`).
+
+use super::super::model::{LinearContext, Model, RowContext};
+use super::super::upward::{Hi, Lo};
+use super::acc_gamma;
+
+/// (T29) `delta_x`: a bound on `|x^_j - x^o_j|` for every `j` of the real
+/// vocabulary, where `x^o` are the oracle's logits (within
+/// `oracle_err` of the exact ones):
+///
+/// `M + u_l (X + B + M) + u_l (X + M + u_l (X + B + M)) + oracle_err`,
+/// `M = gamma_{H+1}(2u) A`,
+///
+/// with `A = max_j (sum_k |h_k W_jk| + |b_j|)`, `X = max_j |x_j|`, `u` the
+/// model's accumulation unit roundoff taken twice (tensor cores may
+/// truncate: one ulp per addition, Fasi et al. 2021), the bias one more
+/// term of the sum, `B = max_j |b_j|`, and `u_l` the unit roundoff of the
+/// dtype the kernel rounds its logits to (0 when it keeps them in the
+/// accumulation dtype): once after the matmul and once after adding the
+/// bias in that dtype (Liger's `logits + bias` in bf16), which also
+/// bounds a bias added before the one rounding.
+/// Under the statistical threshold (`stat_c`), `gamma` is (S1)'s
+/// `min(gamma_n, c sqrt(n) u)`. Infinite when no bound exists (`n u >= 1`).
+pub(crate) fn linear_x(model: &Model, lin: &LinearContext, stat_c: Option<f64>) -> Hi {
+    let s = &lin.stats;
+    let u2 = 2.0 * model.accumulation.unit_roundoff();
+    let g = match acc_gamma(s.hidden_size + 1, u2, stat_c) {
+        Ok(g) => g,
+        Err(_) => return Hi(f64::INFINITY),
+    };
+    let mm = g * Hi(s.abs_sum_max);
+    let round = match lin.logits_dtype {
+        Some(d) if d.precision() < model.accumulation.precision() => {
+            let ul = Hi(d.unit_roundoff());
+            let (x, b) = (Hi(s.logit_abs_max), Hi(s.bias_abs_max));
+            let first = ul * (x + b + mm);
+            if s.bias_abs_max > 0.0 {
+                first + ul * (x + mm + first)
+            } else {
+                first
+            }
+        }
+        _ => Hi::ZERO,
+    };
+    mm + round + Hi(s.oracle_err)
+}
+
+/// (T29) `delta_x / T`: the perturbation of every `z_j` (the softcap, when
+/// the kernel applies one, is 1-Lipschitz and keeps it; the temperature
+/// divides it).
+pub(crate) fn linear_z(model: &Model, ctx: &RowContext, stat_c: Option<f64>) -> Hi {
+    match &ctx.linear {
+        Some(lin) => linear_x(model, lin, stat_c) / Lo(ctx.temperature),
+        None => Hi::ZERO,
+    }
+}

@@ -1,0 +1,425 @@
+//! Fused linear + loss dumps (issue 45, TOLERANCE.md (T29)): a dump that
+//! gives `hidden`, `lm_head_weight` and `lm_head_bias` instead of logits is
+//! judged against the exact dot products, within the matmul's bound.
+//!
+//! An emulated fused kernel (f32 dot products accumulated in blocks of 16,
+//! as tensor cores do, the logits rounded to bf16 or kept in f32, the bias
+//! added after the rounding as Liger does; then our CPU kernel's forward
+//! on those logits) passes on bf16 and f32 inputs, with and without a
+//! bias, a temperature and a softcap; the bound is not vacuous; and the
+//! planted matmul bugs fail: the dot product accumulated in bf16, the
+//! second vocabulary shard reading W one row late, the bias dropped.
+
+use half::bf16;
+use logprobe_kernels::{CpuKernel, Kernel};
+use logprobe_reference::spec::{Dtype, Logits, Options, Output, Problem};
+use logprobe_verify::dump::DumpTensor;
+use logprobe_verify::tensors::{verify_tensors, TensorBytes};
+use logprobe_verify::verify::{FileReport, ReportVerdict, VerifyConfig};
+use ndarray::Array2;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Bug {
+    None,
+    Bf16Accumulation,
+    WrongShard,
+    BiasDropped,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    n: usize,
+    h: usize,
+    v: usize,
+    input: Dtype,
+    bias: bool,
+    /// The bias's entries are uniform in `[-bias_scale, bias_scale]`.
+    bias_scale: f64,
+    /// `lm_head_logits_dtype=input` (else `accumulation`).
+    keep_input: bool,
+    temperature: f64,
+    softcap: Option<f64>,
+    seed: u64,
+}
+
+fn splitmix(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+}
+
+/// A value of `dtype` near `x` (exact in f64).
+fn round_to(dtype: Dtype, x: f64) -> f64 {
+    match dtype {
+        Dtype::Bf16 => bf16::from_f32(x as f32).to_f64(),
+        _ => f64::from(x as f32),
+    }
+}
+
+fn bf16_round(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// Whether the kernel's logits are rounded to bf16: kept in the matmul's
+/// dtype (`lm_head_logits_dtype=input`), and that is bf16.
+fn rounds_to_bf16(c: &Case) -> bool {
+    c.keep_input && c.input == Dtype::Bf16
+}
+
+/// The kernel's logits `[N, V]` as f32 values (bf16-exact when kept in bf16).
+fn kernel_logits(c: &Case, hid: &[f64], w: &[f64], b: &[f64], bug: Bug) -> Vec<f32> {
+    let keep_bf16 = rounds_to_bf16(c);
+    let mut out = Vec::with_capacity(c.n * c.v);
+    for r in 0..c.n {
+        for (j, &bj) in b.iter().enumerate().take(c.v) {
+            let wj = if bug == Bug::WrongShard && j >= c.v / 2 {
+                (j + 1).min(c.v - 1)
+            } else {
+                j
+            };
+            let (mut total, mut block) = (0f32, 0f32);
+            for k in 0..c.h {
+                let p = hid[r * c.h + k] as f32 * w[wj * c.h + k] as f32;
+                block = if bug == Bug::Bf16Accumulation {
+                    bf16_round(block + p)
+                } else {
+                    block + p
+                };
+                if k % 16 == 15 || k + 1 == c.h {
+                    total = if bug == Bug::Bf16Accumulation {
+                        bf16_round(total + block)
+                    } else {
+                        total + block
+                    };
+                    block = 0.0;
+                }
+            }
+            let mut x = if keep_bf16 { bf16_round(total) } else { total };
+            if c.bias && bug != Bug::BiasDropped {
+                x += bj as f32;
+                if keep_bf16 {
+                    x = bf16_round(x);
+                }
+            }
+            out.push(x);
+        }
+    }
+    out
+}
+
+fn run(c: &Case, bug: Bug) -> FileReport {
+    let mut s = c.seed;
+    let hid: Vec<f64> = (0..c.n * c.h)
+        .map(|_| round_to(c.input, 2.0 * splitmix(&mut s)))
+        .collect();
+    let scale = 6.0 / (c.h as f64).sqrt();
+    let w: Vec<f64> = (0..c.v * c.h)
+        .map(|_| round_to(c.input, scale * splitmix(&mut s)))
+        .collect();
+    let b: Vec<f64> = (0..c.v)
+        .map(|_| round_to(c.input, c.bias_scale * splitmix(&mut s)))
+        .collect();
+    let tokens: Vec<i64> = (0..c.n)
+        .map(|r| ((r * 7919 + c.seed as usize) % c.v) as i64)
+        .collect();
+    let x = kernel_logits(c, &hid, &w, &b, bug);
+    let mut options = Options {
+        temperature: c.temperature,
+        softcap: c.softcap,
+        lse: true,
+        ..Options::default()
+    };
+    options.entropy = Some(Default::default());
+    let xb: Array2<bf16> =
+        Array2::from_shape_fn((c.n, c.v), |(r, j)| bf16::from_f32(x[r * c.v + j]));
+    let xf: Array2<f32> = Array2::from_shape_fn((c.n, c.v), |(r, j)| x[r * c.v + j]);
+    let toks = ndarray::Array1::from(tokens.clone());
+    let logits = if rounds_to_bf16(c) {
+        Logits::Bf16(xb.view())
+    } else {
+        Logits::F32(xf.view())
+    };
+    let mut p = Problem::new(logits);
+    p.tokens = Some(toks.view());
+    p.options = options;
+    let fwd = CpuKernel::fused()
+        .forward(&p, Dtype::F32)
+        .expect("the CPU kernel");
+    let col = |o: Output| fwd.values.get(o).expect("requested").column(0).to_vec();
+
+    let tensors = [
+        ("hidden", DumpTensor::floats(c.input, &[c.n, c.h], &hid)),
+        (
+            "lm_head_weight",
+            DumpTensor::floats(c.input, &[c.v, c.h], &w),
+        ),
+        ("lm_head_bias", DumpTensor::floats(c.input, &[c.v], &b)),
+        ("tokens", DumpTensor::i64s(&[c.n], &tokens)),
+        (
+            "log_probs",
+            DumpTensor::floats(Dtype::F32, &[c.n], &col(Output::LogProbs)),
+        ),
+        (
+            "entropy",
+            DumpTensor::floats(Dtype::F32, &[c.n], &col(Output::Entropy)),
+        ),
+        (
+            "lse",
+            DumpTensor::floats(Dtype::F32, &[c.n], &col(Output::Lse)),
+        ),
+    ];
+    let views: Vec<(&str, TensorBytes<'_>)> = tensors
+        .iter()
+        .filter(|(n, _)| c.bias || *n != "lm_head_bias")
+        .map(|(n, t)| {
+            (
+                *n,
+                TensorBytes {
+                    dtype: t.dtype,
+                    shape: &t.shape,
+                    data: &t.data,
+                },
+            )
+        })
+        .collect();
+    let t = c.temperature.to_string();
+    let cap = c.softcap.map(|x| x.to_string());
+    let mut meta = vec![("temperature", t.as_str())];
+    if let Some(cap) = &cap {
+        meta.push(("softcap", cap.as_str()));
+    }
+    if !c.keep_input {
+        meta.push(("lm_head_logits_dtype", "accumulation"));
+    }
+    verify_tensors(&views, &meta, "fused_linear", &VerifyConfig::default()).expect("a valid dump")
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let mut seed = 45;
+    for (h, vocab) in [(1, 40), (7, 300), (64, 1000), (300, 257)] {
+        for input in [Dtype::Bf16, Dtype::F32] {
+            for (bias, keep_input, temperature, softcap) in [
+                (true, true, 1.0, None),
+                (false, false, 0.7, None),
+                (true, false, 1.0, Some(3.0)),
+                (false, true, 1.3, Some(5.0)),
+            ] {
+                seed += 1;
+                v.push(Case {
+                    n: 5,
+                    h,
+                    v: vocab,
+                    input,
+                    bias,
+                    bias_scale: 0.5,
+                    keep_input,
+                    temperature,
+                    softcap,
+                    seed,
+                });
+            }
+        }
+    }
+    v
+}
+
+fn worst_ratio(r: &FileReport) -> f64 {
+    r.outputs
+        .iter()
+        .map(|o| o.max_ratio.unwrap_or(f64::INFINITY))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn an_emulated_fused_kernel_passes_within_a_bound_that_is_not_vacuous() {
+    let mut worst = 0.0f64;
+    for c in cases() {
+        let r = run(&c, Bug::None);
+        assert_eq!(r.verdict, ReportVerdict::Pass, "{c:?}: {:#?}", r.outputs);
+        worst = worst.max(worst_ratio(&r));
+    }
+    eprintln!("fused linear: worst err/bound {worst:.3}");
+    assert!(
+        worst > 1e-3,
+        "worst err/bound {worst}: the bound is vacuous"
+    );
+    assert!(worst < 1.0);
+}
+
+#[test]
+fn planted_matmul_bugs_fail() {
+    for bug in [Bug::Bf16Accumulation, Bug::WrongShard, Bug::BiasDropped] {
+        let c = Case {
+            n: 6,
+            h: 256,
+            v: 1000,
+            input: Dtype::Bf16,
+            bias: true,
+            bias_scale: 2.0,
+            keep_input: bug != Bug::Bf16Accumulation,
+            temperature: 1.0,
+            softcap: None,
+            seed: 4501,
+        };
+        let r = run(&c, bug);
+        assert_eq!(r.verdict, ReportVerdict::Fail, "{bug:?}: {:#?}", r.outputs);
+    }
+}
+
+/// `verify_tensors` on `tensors` (`(name, dtype, shape, values)`) and
+/// `meta`: the error's message, or `None` when it verified.
+fn error_of(
+    tensors: &[(&str, Dtype, Vec<usize>, Vec<f64>)],
+    meta: &[(&str, &str)],
+) -> Option<String> {
+    let owned: Vec<(&str, DumpTensor)> = tensors
+        .iter()
+        .map(|(n, d, shape, v)| {
+            let t = if *n == "tokens" {
+                DumpTensor::i64s(shape, &v.iter().map(|&x| x as i64).collect::<Vec<_>>())
+            } else {
+                DumpTensor::floats(*d, shape, v)
+            };
+            (*n, t)
+        })
+        .collect();
+    let views: Vec<(&str, TensorBytes<'_>)> = owned
+        .iter()
+        .map(|(n, t)| {
+            (
+                *n,
+                TensorBytes {
+                    dtype: t.dtype,
+                    shape: &t.shape,
+                    data: &t.data,
+                },
+            )
+        })
+        .collect();
+    verify_tensors(&views, meta, "bad", &VerifyConfig::default())
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[test]
+fn bad_fused_linear_input_is_a_typed_error_naming_tensor_and_position() {
+    let f = Dtype::F32;
+    let hidden = |v: Vec<f64>| ("hidden", f, vec![2, 3], v);
+    let weight = |v: Vec<f64>| ("lm_head_weight", f, vec![4, 3], v);
+    let ok_h = vec![0.5; 6];
+    let ok_w = vec![0.25; 12];
+    let tokens = ("tokens", f, vec![2], vec![1.0, 2.0]);
+    let lp = ("log_probs", f, vec![2], vec![-1.386_294_4; 2]);
+    let base = |h: Vec<f64>, w: Vec<f64>| vec![hidden(h), weight(w), tokens.clone(), lp.clone()];
+    assert_eq!(error_of(&base(ok_h.clone(), ok_w.clone()), &[]), None);
+
+    let mut h = ok_h.clone();
+    h[4] = f64::NAN;
+    let e = error_of(&base(h, ok_w.clone()), &[]).unwrap();
+    assert!(e.contains("hidden[1, 1]") && e.contains("NaN"), "{e}");
+    let mut w = ok_w.clone();
+    w[7] = f64::INFINITY;
+    let e = error_of(&base(ok_h.clone(), w), &[]).unwrap();
+    assert!(
+        e.contains("lm_head_weight[2, 1]") && e.contains("inf"),
+        "{e}"
+    );
+
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("lm_head_bias", f, vec![3], vec![0.0; 3]));
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("lm_head_bias") && e.contains("[4]"), "{e}");
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push((
+        "lm_head_bias",
+        f,
+        vec![4],
+        vec![0.0, f64::NEG_INFINITY, 0.0, 0.0],
+    ));
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("lm_head_bias[1]"), "{e}");
+
+    let t = vec![
+        hidden(ok_h.clone()),
+        ("lm_head_weight", f, vec![4, 2], vec![0.0; 8]),
+        tokens.clone(),
+        lp.clone(),
+    ];
+    let e = error_of(&t, &[]).unwrap();
+    assert!(
+        e.contains("lm_head_weight") && e.contains("[V_total, 3]"),
+        "{e}"
+    );
+    let t = vec![hidden(ok_h.clone()), tokens.clone(), lp.clone()];
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("lm_head_weight") && e.contains("missing"), "{e}");
+    let t = vec![
+        weight(ok_w.clone()),
+        ("logits", f, vec![2, 4], vec![0.0; 8]),
+        tokens.clone(),
+        lp.clone(),
+    ];
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("`hidden`") && e.contains("missing"), "{e}");
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("logits", f, vec![2, 4], vec![0.0; 8]));
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("`logits` and `hidden`"), "{e}");
+    let t = vec![
+        ("logits", f, vec![2, 4], vec![0.0; 8]),
+        tokens.clone(),
+        lp.clone(),
+    ];
+    let e = error_of(&t, &[("lm_head_logits_dtype", "accumulation")]).unwrap();
+    assert!(
+        e.contains("lm_head_logits_dtype") && e.contains("only with hidden"),
+        "{e}"
+    );
+    let e = error_of(
+        &base(ok_h.clone(), ok_w.clone()),
+        &[("lm_head_logits_dtype", "bf16")],
+    )
+    .unwrap();
+    assert!(e.contains("expected `input` or `accumulation`"), "{e}");
+
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("token_ranks", f, vec![2], vec![0.0; 2]));
+    let e = error_of(&t, &[]).unwrap();
+    assert!(
+        e.contains("token_ranks cannot be checked from hidden"),
+        "{e}"
+    );
+    let e = error_of(
+        &base(ok_h.clone(), ok_w.clone()),
+        &[("temperature", "2"), ("temperature_dtype", "input")],
+    )
+    .unwrap();
+    assert!(e.contains("temperature_dtype=input"), "{e}");
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("grad_hidden", f, vec![2, 3], vec![0.0; 6]));
+    let e = error_of(&t, &[]).unwrap();
+    assert!(
+        e.contains("grad_hidden") && e.contains("not supported yet"),
+        "{e}"
+    );
+
+    let big = vec![
+        ("hidden", Dtype::F64, vec![1, 2], vec![1e300, 1e300]),
+        (
+            "lm_head_weight",
+            Dtype::F64,
+            vec![2, 2],
+            vec![0.0, 0.0, 1e300, 1e300],
+        ),
+        ("tokens", f, vec![1], vec![0.0]),
+        ("log_probs", f, vec![1], vec![0.0]),
+    ];
+    let e = error_of(&big, &[]).unwrap();
+    assert!(
+        e.contains("hidden[0] and lm_head_weight[1] overflows"),
+        "{e}"
+    );
+}
