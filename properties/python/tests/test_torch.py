@@ -76,6 +76,21 @@ def test_fused_linear_kernel_from_hidden_and_lm_head():
     late = torch.cat([weight[:half], weight[half + 1 :], weight[-1:]])
     bad = logprobe.verify(hidden=hidden, lm_head_weight=weight, tokens=tokens, log_probs=liger(late))
     assert bad.verdict == "fail"
+    # Autograd's gradients of the LM head (bf16 matmuls, fp32 loss).
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss = torch.nn.functional.cross_entropy((h @ w.t()).float(), tokens)
+    loss.backward()
+    g = logprobe.testing.assert_verified(hidden=hidden, lm_head_weight=weight, tokens=tokens, loss=loss.detach(),
+                                         grad_loss=torch.ones(()), reduction="mean", grad_hidden=h.grad,
+                                         grad_lm_head_weight=w.grad)
+    assert g["grad_lm_head_weight"].count == V * H
+    # The weight gradient of the first half of the rows only (a dropped chunk).
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    part = torch.nn.functional.cross_entropy((h2[: N // 2] @ w2.t()).float(), tokens[: N // 2], reduction="sum") / N
+    part.backward()
+    bad = logprobe.verify(hidden=hidden, lm_head_weight=weight, tokens=tokens, grad_loss=torch.ones(()),
+                          reduction="mean", grad_lm_head_weight=w2.grad)
+    assert bad["grad_lm_head_weight"].verdict == "fail"
 
 
 def test_autograd_gradients_and_requires_grad_inputs():

@@ -69,11 +69,11 @@ pub mod tensor {
     pub const LM_HEAD_WEIGHT: &str = "lm_head_weight";
     /// `lm_head_bias [V_total]`: the LM head's bias.
     pub const LM_HEAD_BIAS: &str = "lm_head_bias";
-    /// `grad_hidden [N, H]` (reserved: not built).
+    /// `grad_hidden [N, H]`: candidate gradient of the hidden states.
     pub const GRAD_HIDDEN: &str = "grad_hidden";
-    /// `grad_lm_head_weight [V_total, H]` (reserved: not built).
+    /// `grad_lm_head_weight [V_total, H]`: candidate gradient of the LM head.
     pub const GRAD_LM_HEAD_WEIGHT: &str = "grad_lm_head_weight";
-    /// `grad_lm_head_bias [V_total]` (reserved: not built).
+    /// `grad_lm_head_bias [V_total]`: candidate gradient of its bias.
     pub const GRAD_LM_HEAD_BIAS: &str = "grad_lm_head_bias";
 }
 
@@ -353,7 +353,7 @@ pub const NAMES: &[Name] = &[
         "how kl_k3 is evaluated: `expm1` (expm1(-d) + d) or `any` (default: the naive exp(-d) + d - 1 too)",
     ),
     // Version 2, fused linear + loss kernels (issue 45): the logits from
-    // the LM head; its gradients are reserved.
+    // the LM head, and its gradients.
     t(tensor::HIDDEN, 2, true),
     t(tensor::LM_HEAD_WEIGHT, 2, true),
     t(tensor::LM_HEAD_BIAS, 2, true),
@@ -363,9 +363,9 @@ pub const NAMES: &[Name] = &[
         true,
         "`input` (default): the kernel rounds hidden @ lm_head_weight.T to the matmul's dtype; `accumulation`: it keeps them in f32",
     ),
-    t(tensor::GRAD_HIDDEN, 2, false),
-    t(tensor::GRAD_LM_HEAD_WEIGHT, 2, false),
-    t(tensor::GRAD_LM_HEAD_BIAS, 2, false),
+    t(tensor::GRAD_HIDDEN, 2, true),
+    t(tensor::GRAD_LM_HEAD_WEIGHT, 2, true),
+    t(tensor::GRAD_LM_HEAD_BIAS, 2, true),
 ];
 
 /// What is wrong with one name.

@@ -9,6 +9,11 @@
 //! bias, a temperature and a softcap; the bound is not vacuous; and the
 //! planted matmul bugs fail: the dot product accumulated in bf16, the
 //! second vocabulary shard reading W one row late, the bias dropped.
+//! The LM head's gradients (T30) of the same emulation pass (up to 0.998
+//! of the bound on bf16 outputs, where the final rounding is the whole
+//! budget; 0.13 on f32 ones), and the planted gradient bugs fail: the
+//! weight gradient accumulated in bf16 across row chunks, the last
+//! partial chunk dropped from it, the bias gradient left at 0.
 
 use half::bf16;
 use logprobe_kernels::{CpuKernel, Kernel};
@@ -109,7 +114,9 @@ fn kernel_logits(c: &Case, hid: &[f64], w: &[f64], b: &[f64], bug: Bug) -> Vec<f
     out
 }
 
-fn run(c: &Case, bug: Bug) -> FileReport {
+/// The case's `hidden [N, H]`, `lm_head_weight [V, H]` and `lm_head_bias
+/// [V]` (values of the input dtype), and the generator's state after them.
+fn inputs(c: &Case) -> (Vec<f64>, Vec<f64>, Vec<f64>, u64) {
     let mut s = c.seed;
     let hid: Vec<f64> = (0..c.n * c.h)
         .map(|_| round_to(c.input, 2.0 * splitmix(&mut s)))
@@ -121,6 +128,48 @@ fn run(c: &Case, bug: Bug) -> FileReport {
     let b: Vec<f64> = (0..c.v)
         .map(|_| round_to(c.input, c.bias_scale * splitmix(&mut s)))
         .collect();
+    (hid, w, b, s)
+}
+
+/// The kernel's logits as a problem's bf16 or f32 logits `[N, V]`.
+fn logits_arrays(c: &Case, x: &[f32]) -> (Array2<bf16>, Array2<f32>) {
+    (
+        Array2::from_shape_fn((c.n, c.v), |(r, j)| bf16::from_f32(x[r * c.v + j])),
+        Array2::from_shape_fn((c.n, c.v), |(r, j)| x[r * c.v + j]),
+    )
+}
+
+/// A tensor's bytes as `verify_tensors` reads them.
+fn view(t: &DumpTensor) -> TensorBytes<'_> {
+    TensorBytes {
+        dtype: t.dtype,
+        shape: &t.shape,
+        data: &t.data,
+    }
+}
+
+/// Verifies `tensors` in memory with the case's metadata (temperature,
+/// softcap, `lm_head_logits_dtype`), `lm_head_bias` left out without a bias.
+fn verify_case(c: &Case, tensors: &[(&str, DumpTensor)]) -> FileReport {
+    let views: Vec<(&str, TensorBytes<'_>)> = tensors
+        .iter()
+        .filter(|(n, _)| c.bias || *n != "lm_head_bias")
+        .map(|(n, t)| (*n, view(t)))
+        .collect();
+    let t = c.temperature.to_string();
+    let cap = c.softcap.map(|x| x.to_string());
+    let mut meta = vec![("temperature", t.as_str())];
+    if let Some(cap) = &cap {
+        meta.push(("softcap", cap.as_str()));
+    }
+    if !c.keep_input {
+        meta.push(("lm_head_logits_dtype", "accumulation"));
+    }
+    verify_tensors(&views, &meta, "fused_linear", &VerifyConfig::default()).expect("a valid dump")
+}
+
+fn run(c: &Case, bug: Bug) -> FileReport {
+    let (hid, w, b, _) = inputs(c);
     let tokens: Vec<i64> = (0..c.n)
         .map(|r| ((r * 7919 + c.seed as usize) % c.v) as i64)
         .collect();
@@ -132,9 +181,7 @@ fn run(c: &Case, bug: Bug) -> FileReport {
         ..Options::default()
     };
     options.entropy = Some(Default::default());
-    let xb: Array2<bf16> =
-        Array2::from_shape_fn((c.n, c.v), |(r, j)| bf16::from_f32(x[r * c.v + j]));
-    let xf: Array2<f32> = Array2::from_shape_fn((c.n, c.v), |(r, j)| x[r * c.v + j]);
+    let (xb, xf) = logits_arrays(c, &x);
     let toks = ndarray::Array1::from(tokens.clone());
     let logits = if rounds_to_bf16(c) {
         Logits::Bf16(xb.view())
@@ -170,30 +217,7 @@ fn run(c: &Case, bug: Bug) -> FileReport {
             DumpTensor::floats(Dtype::F32, &[c.n], &col(Output::Lse)),
         ),
     ];
-    let views: Vec<(&str, TensorBytes<'_>)> = tensors
-        .iter()
-        .filter(|(n, _)| c.bias || *n != "lm_head_bias")
-        .map(|(n, t)| {
-            (
-                *n,
-                TensorBytes {
-                    dtype: t.dtype,
-                    shape: &t.shape,
-                    data: &t.data,
-                },
-            )
-        })
-        .collect();
-    let t = c.temperature.to_string();
-    let cap = c.softcap.map(|x| x.to_string());
-    let mut meta = vec![("temperature", t.as_str())];
-    if let Some(cap) = &cap {
-        meta.push(("softcap", cap.as_str()));
-    }
-    if !c.keep_input {
-        meta.push(("lm_head_logits_dtype", "accumulation"));
-    }
-    verify_tensors(&views, &meta, "fused_linear", &VerifyConfig::default()).expect("a valid dump")
+    verify_case(c, &tensors)
 }
 
 fn cases() -> Vec<Case> {
@@ -286,19 +310,7 @@ fn error_of(
             (*n, t)
         })
         .collect();
-    let views: Vec<(&str, TensorBytes<'_>)> = owned
-        .iter()
-        .map(|(n, t)| {
-            (
-                *n,
-                TensorBytes {
-                    dtype: t.dtype,
-                    shape: &t.shape,
-                    data: &t.data,
-                },
-            )
-        })
-        .collect();
+    let views: Vec<(&str, TensorBytes<'_>)> = owned.iter().map(|(n, t)| (*n, view(t))).collect();
     verify_tensors(&views, meta, "bad", &VerifyConfig::default())
         .err()
         .map(|e| e.to_string())
@@ -401,10 +413,28 @@ fn bad_fused_linear_input_is_a_typed_error_naming_tensor_and_position() {
     let mut t = base(ok_h.clone(), ok_w.clone());
     t.push(("grad_hidden", f, vec![2, 3], vec![0.0; 6]));
     let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("`a cotangent` is missing"), "{e}");
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("grad_log_probs", f, vec![2], vec![1.0; 2]));
+    t.push(("grad_lm_head_weight", f, vec![4, 2], vec![0.0; 8]));
+    let e = error_of(&t, &[]).unwrap();
     assert!(
-        e.contains("grad_hidden") && e.contains("not supported yet"),
+        e.contains("grad_lm_head_weight") && e.contains("[4, 3]"),
         "{e}"
     );
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("grad_log_probs", f, vec![2], vec![1.0; 2]));
+    t.push(("grad_lm_head_bias", f, vec![4], vec![0.0; 4]));
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("lm_head_bias` is missing"), "{e}");
+    let t = vec![
+        ("logits", f, vec![2, 4], vec![0.0; 8]),
+        tokens.clone(),
+        ("grad_log_probs", f, vec![2], vec![1.0; 2]),
+        ("grad_hidden", f, vec![2, 3], vec![0.0; 6]),
+    ];
+    let e = error_of(&t, &[]).unwrap();
+    assert!(e.contains("`hidden` is missing"), "{e}");
 
     let big = vec![
         ("hidden", Dtype::F64, vec![1, 2], vec![1e300, 1e300]),
@@ -422,4 +452,178 @@ fn bad_fused_linear_input_is_a_typed_error_naming_tensor_and_position() {
         e.contains("hidden[0] and lm_head_weight[1] overflows"),
         "{e}"
     );
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GradBug {
+    None,
+    /// `grad_lm_head_weight` / `grad_lm_head_bias` accumulated in bf16, row
+    /// by row.
+    Bf16Accumulation,
+    /// Rows in chunks of 4; the last, partial chunk never reaches the
+    /// weight and bias gradients.
+    DroppedRemainder,
+    /// The bias in the forward, its gradient left at 0.
+    BiasGradMissing,
+}
+
+/// A dump of an emulated fused kernel's LM head gradients: our CPU
+/// kernel's backward (cotangent `grad_log_probs`) on the kernel's logits,
+/// in the dtype the logits are kept in, then f32 sums (`grad_hidden` in
+/// blocks of 16 over the vocabulary, the weight and bias gradients over
+/// row chunks of 4), rounded to the inputs' dtype.
+fn run_grads(c: &Case, bug: GradBug) -> FileReport {
+    let (hid, w, b, mut s) = inputs(c);
+    let tokens: Vec<i64> = (0..c.n).map(|r| ((r * 131 + 7) % c.v) as i64).collect();
+    let cot: Vec<f64> = (0..c.n).map(|_| splitmix(&mut s)).collect();
+    let x = kernel_logits(c, &hid, &w, &b, Bug::None);
+    let (xb, xf) = logits_arrays(c, &x);
+    let toks = ndarray::Array1::from(tokens.clone());
+    let bf = rounds_to_bf16(c);
+    let mut p = Problem::new(if bf {
+        Logits::Bf16(xb.view())
+    } else {
+        Logits::F32(xf.view())
+    });
+    p.tokens = Some(toks.view());
+    p.options = Options {
+        temperature: c.temperature,
+        softcap: c.softcap,
+        entropy: None,
+        ..Options::default()
+    };
+    let mut per = logprobe_reference::spec::PerOutput::new();
+    per.insert(
+        Output::LogProbs,
+        Array2::from_shape_vec((c.n, 1), cot.clone()).unwrap(),
+    );
+    let cots = logprobe_reference::spec::Cotangents::from_outputs(&per);
+    let gd = if bf { Dtype::Bf16 } else { Dtype::F32 };
+    let g = CpuKernel::fused()
+        .backward(&p, &cots, gd)
+        .expect("the CPU kernel");
+    let r32 = |x: f32| {
+        if c.input == Dtype::Bf16 {
+            bf16_round(x)
+        } else {
+            x
+        }
+    };
+    let mut gh = vec![0f64; c.n * c.h];
+    for r in 0..c.n {
+        for k in 0..c.h {
+            let (mut total, mut block) = (0f32, 0f32);
+            for j in 0..c.v {
+                block += g[[r, j]] as f32 * w[j * c.h + k] as f32;
+                if j % 16 == 15 || j + 1 == c.v {
+                    total += block;
+                    block = 0.0;
+                }
+            }
+            gh[r * c.h + k] = f64::from(r32(total));
+        }
+    }
+    let kept = |r: usize| !(bug == GradBug::DroppedRemainder && r >= c.n / 4 * 4);
+    let acc = |a: f32, v: f32| {
+        if bug == GradBug::Bf16Accumulation {
+            bf16_round(a + v)
+        } else {
+            a + v
+        }
+    };
+    let mut gw = vec![0f64; c.v * c.h];
+    let mut gb = vec![0f64; c.v];
+    for j in 0..c.v {
+        for k in 0..c.h {
+            let mut a = 0f32;
+            for r0 in (0..c.n).step_by(4) {
+                let chunk: f32 = (r0..(r0 + 4).min(c.n))
+                    .filter(|&r| kept(r))
+                    .map(|r| g[[r, j]] as f32 * hid[r * c.h + k] as f32)
+                    .sum();
+                a = acc(a, chunk);
+            }
+            gw[j * c.h + k] = f64::from(r32(a));
+        }
+        let mut a = 0f32;
+        for r0 in (0..c.n).step_by(4) {
+            let chunk: f32 = (r0..(r0 + 4).min(c.n))
+                .filter(|&r| kept(r))
+                .map(|r| g[[r, j]] as f32)
+                .sum();
+            a = acc(a, chunk);
+        }
+        gb[j] = if bug == GradBug::BiasGradMissing {
+            0.0
+        } else {
+            f64::from(r32(a))
+        };
+    }
+    let tensors = [
+        ("hidden", DumpTensor::floats(c.input, &[c.n, c.h], &hid)),
+        (
+            "lm_head_weight",
+            DumpTensor::floats(c.input, &[c.v, c.h], &w),
+        ),
+        ("lm_head_bias", DumpTensor::floats(c.input, &[c.v], &b)),
+        ("tokens", DumpTensor::i64s(&[c.n], &tokens)),
+        (
+            "grad_log_probs",
+            DumpTensor::floats(Dtype::F64, &[c.n], &cot),
+        ),
+        ("grad_hidden", DumpTensor::floats(c.input, &[c.n, c.h], &gh)),
+        (
+            "grad_lm_head_weight",
+            DumpTensor::floats(c.input, &[c.v, c.h], &gw),
+        ),
+        (
+            "grad_lm_head_bias",
+            DumpTensor::floats(c.input, &[c.v], &gb),
+        ),
+    ];
+    verify_case(c, &tensors)
+}
+
+#[test]
+fn emulated_lm_head_gradients_pass_and_planted_gradient_bugs_fail() {
+    let mut worst = 0.0f64;
+    for c in cases().into_iter().filter(|c| c.h <= 64) {
+        let c = Case {
+            n: 7,
+            bias: true,
+            ..c
+        };
+        let r = run_grads(&c, GradBug::None);
+        assert_eq!(r.verdict, ReportVerdict::Pass, "{c:?}: {:#?}", r.outputs);
+        for name in ["grad_hidden", "grad_lm_head_weight", "grad_lm_head_bias"] {
+            let o = r.outputs.iter().find(|o| o.output == name).expect(name);
+            assert!(o.count > 0, "{name}");
+        }
+        worst = worst.max(worst_ratio(&r));
+    }
+    eprintln!("LM head gradients: worst err/bound {worst:.3}");
+    assert!(
+        worst > 1e-2,
+        "worst err/bound {worst}: the bound is vacuous"
+    );
+    for bug in [
+        GradBug::Bf16Accumulation,
+        GradBug::DroppedRemainder,
+        GradBug::BiasGradMissing,
+    ] {
+        let c = Case {
+            n: 23,
+            h: 32,
+            v: 300,
+            input: Dtype::Bf16,
+            bias: true,
+            bias_scale: 0.5,
+            keep_input: bug != GradBug::Bf16Accumulation,
+            temperature: 1.0,
+            softcap: None,
+            seed: 4502,
+        };
+        let r = run_grads(&c, bug);
+        assert_eq!(r.verdict, ReportVerdict::Fail, "{bug:?}: {:#?}", r.outputs);
+    }
 }

@@ -80,6 +80,9 @@ def verify(
     hidden: Optional[TensorLike] = None,
     lm_head_weight: Optional[TensorLike] = None,
     lm_head_bias: Optional[TensorLike] = None,
+    grad_hidden: Optional[TensorLike] = None,
+    grad_lm_head_weight: Optional[TensorLike] = None,
+    grad_lm_head_bias: Optional[TensorLike] = None,
     # metadata
     temperature: Optional[MetaValue] = None,
     vocab_size: Optional[MetaValue] = None,
@@ -113,6 +116,8 @@ def verify(
       `lm_head_logits_dtype` says whether the kernel rounds them to the
       matmul's dtype (`"input"`, default) or keeps them in f32
       (`"accumulation"`); docs/dump-from-pytorch.md, "Fused linear + loss".
+      `grad_hidden`, `grad_lm_head_weight`, `grad_lm_head_bias` (with a
+      cotangent such as `grad_loss`) are the LM head's gradients.
     - `model`: summation model of the bound: `lanes=8`, `lanes=K`, `tree`, `sequential`.
     - `rows`: `None` (all), `"a..b"`, `"a.."`, `"sample:K"` or a `range`.
     - `strict`: a `suspect` verdict is not `ok`.

@@ -353,3 +353,106 @@ pub(super) fn check_linear_options(
         None => Ok(()),
     }
 }
+
+/// The LM head's gradient candidates of a fused linear dump (TOLERANCE.md
+/// (T30)), left in the file: `grad_hidden [N, H]`,
+/// `grad_lm_head_weight [V_total, H]`, `grad_lm_head_bias [V_total]`.
+#[derive(Clone, Debug, Default)]
+pub struct LinearGrads<'a> {
+    /// `grad_hidden`.
+    pub hidden: Option<FloatMatrix<'a>>,
+    /// `grad_lm_head_weight`.
+    pub weight: Option<FloatMatrix<'a>>,
+    /// `grad_lm_head_bias` (`[1, V_total]`).
+    pub bias: Option<FloatMatrix<'a>>,
+}
+
+impl LinearGrads<'_> {
+    /// Whether the dump holds any of them.
+    pub fn any(&self) -> bool {
+        self.hidden.is_some() || self.weight.is_some() || self.bias.is_some()
+    }
+}
+
+/// Reads the LM head's gradient candidates.
+///
+/// # Errors
+/// [`DumpError::MissingTensor`]: one without `hidden` (or
+/// `grad_lm_head_bias` without `lm_head_bias`); [`DumpError::BadDtype`],
+/// [`DumpError::BadShape`].
+pub(super) fn read_linear_grads<'a>(
+    st: &Source<'a>,
+    logits: &DumpLogits<'a>,
+    rs: &RowShape,
+) -> Result<LinearGrads<'a>, DumpError> {
+    let names = [
+        tensor::GRAD_HIDDEN,
+        tensor::GRAD_LM_HEAD_WEIGHT,
+        tensor::GRAD_LM_HEAD_BIAS,
+    ];
+    let Some(lin) = logits.linear() else {
+        return match names.into_iter().find(|n| st.tensor(n).is_some()) {
+            Some(_) => Err(DumpError::MissingTensor {
+                tensor: tensor::HIDDEN,
+                why: " (grad_hidden, grad_lm_head_weight and grad_lm_head_bias are the LM head's gradients)",
+            }),
+            None => Ok(LinearGrads::default()),
+        };
+    };
+    let (v, h) = (lin.weight.rows, lin.weight.cols);
+    let read = |name: &'static str,
+                rows: usize,
+                cols: usize,
+                check: &dyn Fn(&[usize]) -> Result<(), DumpError>| {
+        st.tensor(name)
+            .map(|t| -> Result<FloatMatrix<'a>, DumpError> {
+                let dtype = float_dtype(name, &t)?;
+                check(t.shape())?;
+                Ok(FloatMatrix {
+                    dtype,
+                    rows,
+                    cols,
+                    data: t.data(),
+                    ints: None,
+                })
+            })
+            .transpose()
+    };
+    let exact = |name: &'static str, want: Vec<usize>| {
+        move |found: &[usize]| {
+            if found == want.as_slice() {
+                Ok(())
+            } else {
+                Err(DumpError::BadShape {
+                    tensor: name,
+                    found: found.to_vec(),
+                    expected: format!("{want:?} (from lm_head_weight)"),
+                })
+            }
+        }
+    };
+    let grads = LinearGrads {
+        hidden: read(tensor::GRAD_HIDDEN, rs.n, h, &|s| {
+            rs.expect(tensor::GRAD_HIDDEN, s, &[('H', h)])
+        })?,
+        weight: read(
+            tensor::GRAD_LM_HEAD_WEIGHT,
+            v,
+            h,
+            &exact(tensor::GRAD_LM_HEAD_WEIGHT, vec![v, h]),
+        )?,
+        bias: read(
+            tensor::GRAD_LM_HEAD_BIAS,
+            1,
+            v,
+            &exact(tensor::GRAD_LM_HEAD_BIAS, vec![v]),
+        )?,
+    };
+    if grads.bias.is_some() && lin.bias.is_none() {
+        return Err(DumpError::MissingTensor {
+            tensor: tensor::LM_HEAD_BIAS,
+            why: " (needed by grad_lm_head_bias)",
+        });
+    }
+    Ok(grads)
+}

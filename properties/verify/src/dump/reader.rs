@@ -9,7 +9,7 @@ use logprobe_reference::spec::{
     MeanDivisor, Options, Output, PerOutput, Reduction, SpecError, TeacherForm, TopkKl,
 };
 
-use super::linear::read_dump_logits;
+use super::linear::{read_dump_logits, read_linear_grads};
 use super::options::{parse_options, parse_policy_clamps, parse_z_loss_coef};
 use super::parts::{check_needs, read_inputs, Tensors};
 use super::*;
@@ -68,6 +68,9 @@ pub struct Dump<'a> {
     pub row_mask: Option<Vec<bool>>,
     /// Version-2 format options (`cotangent_reduction`, `topk_ids_source`, ...).
     pub format: crate::format::FormatOptions,
+    /// The LM head's gradient candidates of a fused linear dump (empty
+    /// otherwise).
+    pub linear_grads: LinearGrads<'a>,
     /// The divisor `W` of a `mean` loss over every row of the dump, summed
     /// once (exact), when `grad_loss` is given under `reduction = mean`:
     /// each one-row view's gradient divides by it.
@@ -134,6 +137,13 @@ impl<'a> Dump<'a> {
         let loss_weights = r.loss_weights(&candidates)?;
         let policy = r.policy(&candidates)?;
         let cotangents = r.cotangents(loss_options.reduction)?;
+        let linear_grads = read_linear_grads(&st, &logits, &rs)?;
+        if linear_grads.any() && cotangents.is_empty() {
+            return Err(DumpError::MissingTensor {
+                tensor: "a cotangent",
+                why: " (grad_loss, grad_log_probs, ...: the LM head's gradients differentiate the outputs they weight)",
+            });
+        }
         let teacher_probs = r.teacher_probs(&candidates, &cotangents)?;
         // The soft cross-entropy's teacher is the top-k one when no dense
         // teacher is given (`Dump::soft_topk_teacher`).
@@ -147,6 +157,7 @@ impl<'a> Dump<'a> {
         if require_candidate
             && !(format.topk_kernel && inputs.topk_ids.is_some())
             && candidates.is_empty()
+            && !linear_grads.any()
         {
             return Err(DumpError::NoCandidate { tensors: names });
         }
@@ -248,6 +259,7 @@ impl<'a> Dump<'a> {
             row_shape: rs,
             row_mask,
             format,
+            linear_grads,
             loss_divisor,
         })
     }

@@ -21,9 +21,11 @@ use ndarray::Array2;
 
 use super::acc::{opt_max, output_report, OutputAcc};
 use super::grad_screen::RowScreen;
+use super::linear_grads::{judge_linear_grads, LinearGradInputs, LinearGradRow};
 use super::reduced::{judge_reduced_loss, reduced_loss, LossRow};
 use super::row_setup::{
-    entry_keys, forward_dtypes, fused_forwards, fused_value, row_context, row_inputs,
+    entry_keys, forward_dtypes, fused_forwards, fused_value, linear_grad_row, row_context,
+    row_inputs,
 };
 use super::*;
 
@@ -135,10 +137,12 @@ pub fn verify_dump(
     let mut totals: RowAcc = PerOutput::new();
     let mut fallback = Fallback::default();
     let mut loss_rows = Vec::new();
+    let mut lin_rows = Vec::new();
     for res in results {
-        let (acc, fb, loss_row) = res?;
+        let (acc, fb, loss_row, lin) = res?;
         fallback += fb;
         loss_rows.extend(loss_row);
+        lin_rows.extend(lin);
         for (o, mut part) in acc {
             match totals.get_mut(o) {
                 Some(t) => t.merge(part, keep),
@@ -160,7 +164,14 @@ pub fn verify_dump(
         }
     }
 
-    let outputs = file_outputs(dump, totals, reduced, &rows);
+    let mut outputs = file_outputs(dump, totals, reduced, &rows);
+    outputs.extend(judge_linear_grads(&LinearGradInputs {
+        dump,
+        rows: &lin_rows,
+        all_rows: rows.len() == n,
+        acc: acc_dtype,
+        keep,
+    }));
     let topk_ids = dump
         .format
         .topk_kernel
@@ -333,7 +344,7 @@ fn verify_row(
     let p = inputs.problem();
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
-    let with_grad = dump.candidates.get(Output::GradLogits).is_some();
+    let with_grad = dump.candidates.get(Output::GradLogits).is_some() || dump.linear_grads.any();
     let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = row_context(dump, &inputs, acc_dtype).map_err(spec)?;
     let models = Models::new(config, acc_dtype);
@@ -372,24 +383,14 @@ fn verify_row(
 
     let grad_cot = targets.grad_cotangents();
     let grad_row = tolerance::RowBounds::grad_row(&rb, &grad_cot);
-    let mut screen = match (
-        exact.get(Output::GradLogits),
-        candidates.get(Output::GradLogits),
-    ) {
-        (Some(ex), Some((dtype, cand))) if grad_screen_on() && Output::GradLogits.judged(&p, 0) => {
-            RowScreen::new(
-                &rb,
-                &grad_row,
-                &grad_cot,
-                ex.view(),
-                cand.view(),
-                *dtype,
-                targets.vocab_size,
-                keep,
-            )
-        }
-        _ => None,
-    };
+    let mut screen = row_screen(
+        (&rb, &grad_row, &grad_cot),
+        &exact,
+        &candidates,
+        Output::GradLogits.judged(&p, 0),
+        targets.vocab_size,
+        keep,
+    );
     // (The screen holds what the sweep needs of `exact` and the candidates.)
     let screened = screen.as_mut().map(RowScreen::sweep);
     let mut naive = (dump.logits.linear().is_none()).then(|| tolerance::NaiveRow::new(&p, 0));
@@ -462,6 +463,16 @@ fn verify_row(
         },
     );
     let Ok(()) = walked;
+    let lin = linear_grad_row(
+        dump,
+        &mut oracle,
+        &cot,
+        &rb,
+        &grad_row,
+        &grad_cot,
+        r,
+        acc_dtype,
+    );
     drop(screen);
     let loss_row = row_loss_term(dump, &p, &targets, &forwards, (&rb, st.as_ref()));
     let fallback = oracle.finish();
@@ -469,7 +480,40 @@ fn verify_row(
     drop((rb, st));
     crate::scratch::give(std::mem::take(&mut stats.d));
     crate::scratch::give(std::mem::take(&mut stats.e));
-    Ok((out, fallback, loss_row))
+    Ok((out, fallback, loss_row, lin.map_err(spec)?))
+}
+
+/// The row's gradient screen ([`RowScreen::new`]) when grad logits are a
+/// judged candidate and the screen is on (`judged`: the row has a
+/// gradient to judge).
+fn row_screen(
+    (rb, grad_row, grad_cot): (
+        &[tolerance::RowBounds<'_>; 4],
+        &tolerance::GradRow<4>,
+        &tolerance::GradCotangents<'_>,
+    ),
+    exact: &PerOutput<ArrayView1<'_, Exact>>,
+    candidates: &PerOutput<(Dtype, ArrayView1<'_, f64>)>,
+    judged: bool,
+    vocab_size: usize,
+    keep: usize,
+) -> Option<RowScreen<4>> {
+    match (
+        exact.get(Output::GradLogits),
+        candidates.get(Output::GradLogits),
+    ) {
+        (Some(ex), Some((dtype, cand))) if grad_screen_on() && judged => RowScreen::new(
+            rb,
+            grad_row,
+            grad_cot,
+            ex.view(),
+            cand.view(),
+            *dtype,
+            vocab_size,
+            keep,
+        ),
+        _ => None,
+    }
 }
 
 /// The exact values of the row's outputs judged in the row's walk: the
@@ -547,8 +591,9 @@ fn row_loss_term(
         })
 }
 
-/// One row's judgements, oracle counts, and its part of a reduced loss.
-type RowResult = (RowAcc, Fallback, Option<LossRow>);
+/// One row's judgements, oracle counts, its part of a reduced loss, and
+/// its gradient for the LM head's gradients.
+type RowResult = (RowAcc, Fallback, Option<LossRow>, Option<LinearGradRow>);
 
 /// The model's name in reports: the summation order (`lanes=8`), then
 /// ` form=NAME` and ` k3_form=NAME` for what `--form` / `--k3-form` declare

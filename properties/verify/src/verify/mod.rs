@@ -28,6 +28,7 @@ mod config;
 mod engine;
 mod expect;
 mod grad_screen;
+mod linear_grads;
 mod reduced;
 mod report;
 mod row_setup;

@@ -128,3 +128,51 @@ pub(super) fn entry_keys(p: &logprobe_reference::spec::Problem<'_>, v: usize) ->
         None => bits,
     })
 }
+
+/// Row `r`'s gradient with respect to its logits for the LM head's
+/// gradients ([`super::linear_grads`]), when the dump has any: the
+/// oracle's enclosures and each column's grad-logits bound per model, in
+/// the dtype the kernel keeps that gradient in (the logits': the matmul's
+/// under `lm_head_logits_dtype=input`, else `acc`). Padding columns are
+/// exactly 0 with bound 0.
+///
+/// # Errors
+/// The oracle's [`SpecError`]s.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear_grad_row<const M: usize>(
+    dump: &Dump<'_>,
+    oracle: &mut crate::row_oracle::RowOracle,
+    cot: &logprobe_reference::spec::Cotangents<'_>,
+    rb: &[tolerance::RowBounds<'_>; M],
+    grad_row: &tolerance::GradRow<M>,
+    grad_cot: &tolerance::GradCotangents<'_>,
+    r: usize,
+    acc: Dtype,
+) -> Result<Option<super::linear_grads::LinearGradRow>, SpecError> {
+    let (Some(l), true) = (dump.logits.linear(), dump.linear_grads.any()) else {
+        return Ok(None);
+    };
+    let gd = match l.logits_dtype {
+        crate::dump::LmHeadLogitsDtype::Input => l.dtype,
+        crate::dump::LmHeadLogitsDtype::Accumulation => acc,
+    };
+    let g = oracle.vjp(cot, gd)?;
+    let v = dump.vocab_size();
+    let row = g.row(0).to_vec();
+    Ok(Some(super::linear_grads::LinearGradRow::new(
+        r,
+        &row,
+        |j| {
+            if j < v {
+                let b = tolerance::RowBounds::grad_many_with(rb, grad_row, j, grad_cot, gd);
+                std::array::from_fn(|m| {
+                    b.get(m)
+                        .cloned()
+                        .unwrap_or(tolerance::ErrorBound::Abs(f64::INFINITY))
+                })
+            } else {
+                std::array::from_fn(|_| tolerance::ErrorBound::Abs(0.0))
+            }
+        },
+    )))
+}

@@ -83,9 +83,10 @@ pub fn render_table(report: &FileReport) -> String {
         report.accumulation,
         report.seconds,
     );
+    let w = label_width(report);
     let _ = writeln!(
         s,
-        "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
+        "  {:<w$} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
         "output",
         "dtype",
         "elements",
@@ -106,7 +107,7 @@ pub fn render_table(report: &FileReport) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:<15} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
+            "  {:<w$} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
             label,
             o.dtype,
             o.count,
@@ -250,4 +251,16 @@ fn write_footer(s: &mut String, report: &FileReport) {
             report.ignored_tensors.join(", ")
         );
     }
+}
+
+/// The label column's width: 15, or the longest label
+/// (`grad_lm_head_weight`, `loss (mean)`).
+fn label_width(report: &FileReport) -> usize {
+    report
+        .outputs
+        .iter()
+        .map(|o| o.output.len() + o.reduction.as_ref().map_or(0, |r| r.len() + 3))
+        .max()
+        .unwrap_or(0)
+        .max(15)
 }
