@@ -17,6 +17,7 @@ pub mod exp;
 mod grad_block;
 pub mod gradient;
 pub mod kernel;
+pub mod linear;
 pub mod policy;
 mod row;
 mod stats;

@@ -58,3 +58,18 @@ pub(crate) fn linear_z(model: &Model, ctx: &RowContext, stat_c: Option<f64>) -> 
         None => Hi::ZERO,
     }
 }
+
+/// `max_y |d/dy (1 - tanh^2 y)| = max 2 tanh(y) sech^2(y) = 4 / (3 sqrt 3)
+/// = 0.76980...` (at `tanh y = 1 / sqrt 3`), rounded up.
+const DSECH2_MAX: f64 = 0.7699;
+
+/// (T29) The error the matmul adds to a softcap's gradient factor `f =
+/// 1 - tanh^2(x / c)`: the kernel evaluates it at its own `x^`, within
+/// `delta_x` of `x`, so `|f(x^) - f(x)| <= DSECH2_MAX delta_x / c`
+/// (`T18`'s `df` gains it). 0 without a softcap or a matmul.
+pub(crate) fn linear_df(model: &Model, ctx: &RowContext, stat_c: Option<f64>) -> Hi {
+    match (&ctx.linear, &ctx.softcap) {
+        (Some(lin), Some(cap)) => Hi(DSECH2_MAX) * linear_x(model, lin, stat_c) / Lo(cap.c),
+        _ => Hi::ZERO,
+    }
+}

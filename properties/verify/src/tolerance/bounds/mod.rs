@@ -266,8 +266,10 @@ impl Consts {
         // (T18) The kernel's own softcap perturbs every z_j by at most
         // cap_z: the shift's two operands by 2 cap_z, before its roundings.
         let (cap_z, cap_df) = softcap_consts(model, ctx, u_f);
-        // (T29) A fused linear kernel's matmul perturbs every z_j too.
+        // (T29) A fused linear kernel's matmul perturbs every z_j too, and
+        // the softcap's gradient factor it computes from its own x^.
         let cap_z = cap_z + linear::linear_z(model, ctx, stat_c);
+        let cap_df = cap_df.map(|df| df + linear::linear_df(model, ctx, stat_c));
         let b = if cap_z.0 > 0.0 {
             b + (Hi::ONE + a) * Hi(2.0) * cap_z
         } else {
