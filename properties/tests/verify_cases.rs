@@ -35,7 +35,7 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 66, "{paths:?}");
+    assert_eq!(paths.len(), 68, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
     let rows = expect.compare(&outcomes);
     for r in &rows {
@@ -256,7 +256,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 64);
+    assert_eq!(small.len(), 66);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -277,7 +277,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 64);
+    assert_eq!(files.len(), 66);
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

@@ -21,6 +21,11 @@ log-probs, the entropy and the mean cross-entropy loss.
   (the weight doubled, exactly, so the logits reach the cap), the chunked
   path skips it. Fail.
 - `fused_linear_softcap_gemma`: the same with the softcap applied. Pass.
+- `fused_linear_liger_with_logits`: the Liger computation with its bf16
+  logits given beside `hidden` (a candidate judged entry by entry). Pass.
+- `fused_linear_logits_bf16_accumulated`: logits whose dot products were
+  accumulated in bf16 (partial sums of 16 products rounded to bf16), given
+  beside `hidden` with the outputs computed from them. Fail.
 
 Run: PYTHONPATH=<torch> python scripts/torch_dumps/fused_linear.py [OUT_DIR]
 (torch, safetensors).
@@ -61,13 +66,15 @@ def outputs(x):
     return {"log_probs": log_probs, "entropy": entropy, "loss": loss.reshape(())}
 
 
-def save(name, x, extra_meta=None, w=None):
+def save(name, x, extra_meta=None, w=None, logits=None):
     meta = {"format_version": "2", "reduction": "mean"}
     meta.update(extra_meta or {})
     w = weight if w is None else w
     t = {"hidden": hidden.contiguous(), "lm_head_weight": w.contiguous(),
          "lm_head_bias": bias.contiguous(), "tokens": tokens}
     t.update(outputs(x))
+    if logits is not None:
+        t["logits"] = logits.contiguous()
     save_file(t, f"{out_dir}/{name}.safetensors", metadata=meta)
 
 
@@ -90,3 +97,10 @@ save("fused_linear_softcap_missing", liger_logits(hidden, w2x, bias),
      {"softcap": "30.0"}, w=w2x)
 save("fused_linear_softcap_gemma", liger_logits(hidden, w2x, bias, softcap=30.0),
      {"softcap": "30.0"}, w=w2x)
+lig = torch.cat([(hidden[i:i + 4] @ weight.t() + bias) for i in range(0, N, 4)])  # bf16
+save("fused_linear_liger_with_logits", lig.float(), logits=lig)
+acc = torch.zeros(N, V, dtype=torch.bfloat16)
+for k in range(0, H, 16):
+    acc = (acc.float() + hidden[:, k:k + 16].float() @ weight[:, k:k + 16].float().t()).to(torch.bfloat16)
+bad = (acc + bias).to(torch.bfloat16)
+save("fused_linear_logits_bf16_accumulated", bad.float(), logits=bad)

@@ -6,8 +6,9 @@
 //! as tensor cores do, the logits rounded to bf16 or kept in f32, the bias
 //! added after the rounding as Liger does; then our CPU kernel's forward
 //! on those logits) passes on bf16 and f32 inputs, with and without a
-//! bias, a temperature and a softcap; the bound is not vacuous; and the
-//! planted matmul bugs fail: the dot product accumulated in bf16, the
+//! bias, a temperature and a softcap, its own logits given beside them
+//! judged entry by entry; the bound is not vacuous; and the planted matmul
+//! bugs fail (the logits too): the dot product accumulated in bf16, the
 //! second vocabulary shard reading W one row late, the bias dropped.
 //! The LM head's gradients (T30) of the same emulation pass (up to 0.998
 //! of the bound on bf16 outputs, where the final rounding is the whole
@@ -216,6 +217,19 @@ fn run(c: &Case, bug: Bug) -> FileReport {
             "lse",
             DumpTensor::floats(Dtype::F32, &[c.n], &col(Output::Lse)),
         ),
+        // The kernel's logits beside them, in the dtype it keeps them in.
+        (
+            "logits",
+            DumpTensor::floats(
+                if rounds_to_bf16(c) {
+                    Dtype::Bf16
+                } else {
+                    Dtype::F32
+                },
+                &[c.n, c.v],
+                &x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+            ),
+        ),
     ];
     verify_case(c, &tensors)
 }
@@ -263,6 +277,12 @@ fn an_emulated_fused_kernel_passes_within_a_bound_that_is_not_vacuous() {
     for c in cases() {
         let r = run(&c, Bug::None);
         assert_eq!(r.verdict, ReportVerdict::Pass, "{c:?}: {:#?}", r.outputs);
+        let lo = r
+            .outputs
+            .iter()
+            .find(|o| o.output == "logits")
+            .expect("logits");
+        assert_eq!(lo.count, c.n * c.v);
         worst = worst.max(worst_ratio(&r));
     }
     eprintln!("fused linear: worst err/bound {worst:.3}");
@@ -290,6 +310,13 @@ fn planted_matmul_bugs_fail() {
         };
         let r = run(&c, bug);
         assert_eq!(r.verdict, ReportVerdict::Fail, "{bug:?}: {:#?}", r.outputs);
+        // The kernel's own logits, given beside hidden, fail on their own.
+        let lo = r
+            .outputs
+            .iter()
+            .find(|o| o.output == "logits")
+            .expect("logits");
+        assert_eq!(lo.verdict, ReportVerdict::Fail, "{bug:?}: {lo:#?}");
     }
 }
 
@@ -376,10 +403,15 @@ fn bad_fused_linear_input_is_a_typed_error_naming_tensor_and_position() {
     ];
     let e = error_of(&t, &[]).unwrap();
     assert!(e.contains("`hidden`") && e.contains("missing"), "{e}");
+    // The kernel's logits beside hidden: a candidate of hidden's rows and
+    // the weight's columns (exact here: 3 products of 0.125).
     let mut t = base(ok_h.clone(), ok_w.clone());
-    t.push(("logits", f, vec![2, 4], vec![0.0; 8]));
+    t.push(("logits", f, vec![2, 4], vec![0.375; 8]));
+    assert_eq!(error_of(&t, &[]), None);
+    let mut t = base(ok_h.clone(), ok_w.clone());
+    t.push(("logits", f, vec![2, 5], vec![0.375; 10]));
     let e = error_of(&t, &[]).unwrap();
-    assert!(e.contains("`logits` and `hidden`"), "{e}");
+    assert!(e.contains("logits") && e.contains("[N, V] = [2, 4]"), "{e}");
     let t = vec![
         ("logits", f, vec![2, 4], vec![0.0; 8]),
         tokens.clone(),

@@ -163,8 +163,10 @@ pub fn dot_enclosed(h: &[f64], w: &[f64], bias: f64, exact: bool) -> Option<DotE
 
 /// A row of logits from a linear layer: `x_j = h . W_j + b_j` for `j <
 /// v_total`, each enclosed by [`dot_enclosed`], with the row's (T29)
-/// statistics over the first `vocab_size` columns. `weight_row(j, buf)`
-/// writes row `j` of `lm_head_weight` (`H` values, exact f64) into `buf`.
+/// statistics over the first `vocab_size` columns, and with `entries`
+/// every column's [`DotEnclosure`] (for judging given logits against the
+/// matmul entry by entry). `weight_row(j, buf)` writes row `j` of
+/// `lm_head_weight` (`H` values, exact f64) into `buf`.
 ///
 /// # Errors
 /// `Err(j)`: the first column whose logit is not finite (an f64 product
@@ -175,10 +177,11 @@ pub fn linear_logits(
     vocab_size: usize,
     mut weight_row: impl FnMut(usize, &mut [f64]),
     bias: Option<&[f64]>,
-    exact: bool,
-) -> Result<(Vec<f64>, LinearRowStats), usize> {
+    (exact, entries): (bool, bool),
+) -> Result<LinearRow, usize> {
     let mut buf = vec![0.0; hidden.len()];
     let mut logits = Vec::with_capacity(v_total);
+    let mut kept = Vec::with_capacity(if entries { v_total } else { 0 });
     let mut stats = LinearRowStats {
         hidden_size: hidden.len(),
         ..LinearRowStats::default()
@@ -194,8 +197,26 @@ pub fn linear_logits(
             stats.bias_abs_max = stats.bias_abs_max.max(b.abs());
         }
         logits.push(d.value);
+        if entries {
+            kept.push(d);
+        }
     }
-    Ok((logits, stats))
+    Ok(LinearRow {
+        logits,
+        stats,
+        entries: entries.then_some(kept),
+    })
+}
+
+/// A row of logits from [`linear_logits`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearRow {
+    /// The enclosures' values `[V_total]`.
+    pub logits: Vec<f64>,
+    /// The row's (T29) statistics.
+    pub stats: LinearRowStats,
+    /// Every column's enclosure, when asked for.
+    pub entries: Option<Vec<DotEnclosure>>,
 }
 
 #[cfg(test)]
@@ -262,7 +283,7 @@ mod tests {
                 b[1] = 1.0;
             },
             None,
-            false,
+            (false, false),
         );
         assert_eq!(r.unwrap_err(), 2);
     }

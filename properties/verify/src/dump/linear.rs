@@ -7,7 +7,7 @@
 //! ([`logprobe_reference::oracle::linear`]); the bounds add the kernel's
 //! matmul error (TOLERANCE.md (T29)).
 
-use logprobe_reference::oracle::linear::{linear_logits, products_exact, LinearRowStats};
+use logprobe_reference::oracle::linear::{linear_logits, products_exact, LinearRow};
 use logprobe_reference::spec::Dtype;
 
 use super::parts::float_dtype;
@@ -44,6 +44,10 @@ pub struct LinearLogits<'a> {
     pub dtype: Dtype,
     /// Where the kernel keeps its logits ([`LmHeadLogitsDtype`]).
     pub logits_dtype: LmHeadLogitsDtype,
+    /// The kernel's own `logits [N, V_total]`, when the dump gives them
+    /// beside `hidden`: a candidate judged against the matmul's bound
+    /// entry by entry (TOLERANCE.md (T29)).
+    pub candidate: Option<FloatMatrix<'a>>,
 }
 
 /// Where a dump's logits come from.
@@ -119,8 +123,10 @@ impl<'a> DumpLogits<'a> {
         }
     }
 
-    /// Row `r` as `[1, V_total]` logits, with the matmul's statistics for
-    /// linear logits (over the first `vocab_size` columns). Panics if `r >= N`.
+    /// Row `r` as `[1, V_total]` logits, with the matmul's row for linear
+    /// logits (its statistics over the first `vocab_size` columns, and
+    /// every column's enclosure when the dump gives the kernel's logits
+    /// too, [`LinearLogits::candidate`]). Panics if `r >= N`.
     ///
     /// # Errors
     /// [`DumpError::NonFiniteInput`] for a NaN or infinite `hidden`
@@ -129,14 +135,15 @@ impl<'a> DumpLogits<'a> {
         &self,
         r: usize,
         vocab_size: usize,
-    ) -> Result<(RowLogits, Option<LinearRowStats>), DumpError> {
+    ) -> Result<(RowLogits, Option<LinearRow>), DumpError> {
         match &self.source {
             LogitsSource::Stored(m) => Ok((m.row_logits(r), None)),
             LogitsSource::Linear(l) => {
-                let (x, stats) = l.row(r, vocab_size)?;
+                let mut row = l.row(r, vocab_size)?;
+                let x = std::mem::take(&mut row.logits);
                 let n = x.len();
                 let a = ndarray::Array2::from_shape_vec((1, n), x).expect("one row");
-                Ok((RowLogits::F64(a), Some(stats)))
+                Ok((RowLogits::F64(a), Some(row)))
             }
         }
     }
@@ -148,11 +155,7 @@ impl LinearLogits<'_> {
     ///
     /// # Errors
     /// As [`DumpLogits::row_logits`].
-    pub fn row(
-        &self,
-        r: usize,
-        vocab_size: usize,
-    ) -> Result<(Vec<f64>, LinearRowStats), DumpError> {
+    pub fn row(&self, r: usize, vocab_size: usize) -> Result<LinearRow, DumpError> {
         let h = self.hidden.row_f64(r);
         if let Some((k, &value)) = h.iter().enumerate().find(|(_, x)| !x.is_finite()) {
             return Err(DumpError::NonFiniteInput {
@@ -169,17 +172,24 @@ impl LinearLogits<'_> {
             let bytes = &w.data[j * hs * width..(j + 1) * hs * width];
             decode_floats_into(w.dtype, bytes, buf);
         };
-        linear_logits(&h, w.rows, vocab_size, decode, self.bias.as_deref(), exact)
-            .map_err(|col| DumpError::LinearOverflow { row: r, col })
+        let entries = self.candidate.is_some();
+        linear_logits(
+            &h,
+            w.rows,
+            vocab_size,
+            decode,
+            self.bias.as_deref(),
+            (exact, entries),
+        )
+        .map_err(|col| DumpError::LinearOverflow { row: r, col })
     }
 }
 
 /// Reads the logits: `logits`, or `hidden` and `lm_head_weight` (and
-/// `lm_head_bias`) when the dump has no `logits`.
+/// `lm_head_bias`), with `logits` then the kernel's candidate.
 ///
 /// # Errors
-/// [`DumpError::MissingTensor`] (neither form), [`DumpError::TwoForms`]
-/// (both: judging given logits against the matmul is not built),
+/// [`DumpError::MissingTensor`] (neither form),
 /// [`DumpError::BadDtype`], [`DumpError::BadShape`],
 /// [`DumpError::NonFiniteInput`] for a NaN or infinite weight or bias.
 pub(super) fn read_dump_logits<'a>(
@@ -188,13 +198,7 @@ pub(super) fn read_dump_logits<'a>(
 ) -> Result<(DumpLogits<'a>, RowShape), DumpError> {
     let logits_dtype = keys::LM_HEAD_LOGITS_DTYPE.get(meta)?;
     let hidden = st.tensor(tensor::HIDDEN);
-    if st.tensor(tensor::LOGITS).is_some() || hidden.is_none() {
-        if hidden.is_some() {
-            return Err(DumpError::TwoForms {
-                first: tensor::LOGITS,
-                second: tensor::HIDDEN,
-            });
-        }
+    if hidden.is_none() {
         for name in [tensor::LM_HEAD_WEIGHT, tensor::LM_HEAD_BIAS] {
             if st.tensor(name).is_some() {
                 return Err(DumpError::MissingTensor {
@@ -282,6 +286,21 @@ pub(super) fn read_dump_logits<'a>(
         data: ht.data(),
         ints: None,
     };
+    // The kernel's own logits beside them: a candidate.
+    let candidate = match st.tensor(tensor::LOGITS) {
+        None => None,
+        Some(t) => {
+            let dtype = float_dtype(tensor::LOGITS, &t)?;
+            rs.expect(tensor::LOGITS, t.shape(), &[('V', v)])?;
+            Some(FloatMatrix {
+                dtype,
+                rows: rs.n,
+                cols: v,
+                data: t.data(),
+                ints: None,
+            })
+        }
+    };
     Ok((
         DumpLogits {
             dtype: Dtype::F64,
@@ -293,6 +312,7 @@ pub(super) fn read_dump_logits<'a>(
                 bias,
                 dtype,
                 logits_dtype: logits_dtype.unwrap_or_default(),
+                candidate,
             }),
         },
         rs,

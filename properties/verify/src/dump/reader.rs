@@ -322,10 +322,15 @@ impl<'a> Dump<'a> {
     /// [`SpecError::TopkIdOutOfRange`] and [`SpecError::TopkIdDuplicate`].
     pub fn row(&self, row: usize) -> Result<RowInputs, DumpError> {
         let (logits, linear) = self.logits.row_logits(row, self.vocab_size())?;
+        let (linear, linear_entries) = match linear {
+            Some(l) => (Some(l.stats), l.entries),
+            None => (None, None),
+        };
         Ok(RowInputs {
             row,
             logits,
             linear,
+            linear_entries,
             tokens: self.tokens.as_ref().map(|a| Array1::from(vec![a[row]])),
             sampling_mask: self
                 .sampling_mask

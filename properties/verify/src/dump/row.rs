@@ -18,6 +18,9 @@ pub struct RowInputs {
     /// The matmul's statistics when the logits come from `hidden` and
     /// `lm_head_weight` (TOLERANCE.md (T29)).
     pub linear: Option<logprobe_reference::oracle::linear::LinearRowStats>,
+    /// Every column's enclosure of the matmul, when the dump gives the
+    /// kernel's logits beside `hidden` (judged entry by entry).
+    pub linear_entries: Option<Vec<logprobe_reference::oracle::linear::DotEnclosure>>,
     /// Token `[1]`.
     pub tokens: Option<Array1<i64>>,
     /// Mask `[1, V_total]`.

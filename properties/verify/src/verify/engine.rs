@@ -12,7 +12,7 @@ use ndarray::ArrayView1;
 use logprobe_reference::oracle::{Exact, Fallback, Interval};
 use logprobe_reference::spec::{Columns, Dtype, LossOptions, Output, PerOutput, SpecError};
 
-use crate::dump::{at_row, Dump, DumpError, DumpFile, RowInputs};
+use crate::dump::{at_row, Dump, DumpError, DumpFile};
 use crate::row_oracle::RowOracle;
 use crate::tolerance;
 use logprobe_reference::oracle::OracleForward;
@@ -22,6 +22,7 @@ use ndarray::Array2;
 use super::acc::{opt_max, output_report, OutputAcc};
 use super::grad_screen::RowScreen;
 use super::linear_grads::{judge_linear_grads, LinearGradInputs, LinearGradRow};
+use super::linear_logits::{logits_report, merge_logits};
 use super::reduced::{judge_reduced_loss, reduced_loss, LossRow};
 use super::row_setup::{
     entry_keys, forward_dtypes, fused_forwards, fused_value, linear_grad_row, row_context,
@@ -138,11 +139,13 @@ pub fn verify_dump(
     let mut fallback = Fallback::default();
     let mut loss_rows = Vec::new();
     let mut lin_rows = Vec::new();
+    let mut lin_logits: Option<OutputAcc> = None;
     for res in results {
-        let (acc, fb, loss_row, lin) = res?;
+        let (acc, fb, loss_row, (lin, logits)) = res?;
         fallback += fb;
         loss_rows.extend(loss_row);
         lin_rows.extend(lin);
+        lin_logits = merge_logits(lin_logits, logits, keep);
         for (o, mut part) in acc {
             match totals.get_mut(o) {
                 Some(t) => t.merge(part, keep),
@@ -165,6 +168,7 @@ pub fn verify_dump(
     }
 
     let mut outputs = file_outputs(dump, totals, reduced, &rows);
+    outputs.extend(logits_report(dump, lin_logits, keep));
     outputs.extend(judge_linear_grads(&LinearGradInputs {
         dump,
         rows: &lin_rows,
@@ -340,7 +344,7 @@ fn verify_row(
     config: &VerifyConfig,
     keep: usize,
 ) -> Result<RowResult, DumpError> {
-    let inputs: RowInputs = row_inputs(dump, r)?;
+    let (inputs, lin_logits) = row_inputs(dump, r, acc_dtype, keep)?;
     let p = inputs.problem();
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
@@ -480,7 +484,7 @@ fn verify_row(
     drop((rb, st));
     crate::scratch::give(std::mem::take(&mut stats.d));
     crate::scratch::give(std::mem::take(&mut stats.e));
-    Ok((out, fallback, loss_row, lin.map_err(spec)?))
+    Ok((out, fallback, loss_row, (lin.map_err(spec)?, lin_logits)))
 }
 
 /// The row's gradient screen ([`RowScreen::new`]) when grad logits are a
@@ -593,7 +597,12 @@ fn row_loss_term(
 
 /// One row's judgements, oracle counts, its part of a reduced loss, and
 /// its gradient for the LM head's gradients.
-type RowResult = (RowAcc, Fallback, Option<LossRow>, Option<LinearGradRow>);
+type RowResult = (
+    RowAcc,
+    Fallback,
+    Option<LossRow>,
+    (Option<LinearGradRow>, Option<OutputAcc>),
+);
 
 /// The model's name in reports: the summation order (`lanes=8`), then
 /// ` form=NAME` and ` k3_form=NAME` for what `--form` / `--k3-form` declare

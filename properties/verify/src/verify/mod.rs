@@ -29,6 +29,7 @@ mod engine;
 mod expect;
 mod grad_screen;
 mod linear_grads;
+mod linear_logits;
 mod reduced;
 mod report;
 mod row_setup;

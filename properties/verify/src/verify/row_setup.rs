@@ -9,18 +9,28 @@ use logprobe_reference::spec::{Dtype, Output, Problem, SpecError};
 use crate::dump::{Dump, DumpError, RowInputs};
 use crate::tolerance;
 
-/// Row `r`'s inputs. Logits made from `hidden` are validated here: their
-/// rows skip [`super::verify_dump`]'s validation pass (decoding one costs
-/// `O(V H)`), and the first bad row in order is reported all the same.
+/// Row `r`'s inputs, and the kernel's own logits judged against the
+/// matmul when the dump gives them beside `hidden`
+/// ([`super::linear_logits`]; `acc` the kernel's accumulation dtype,
+/// `keep` worst elements kept). Logits made from `hidden` are validated
+/// here: their rows skip [`super::verify_dump`]'s validation pass
+/// (decoding one costs `O(V H)`), and the first bad row in order is
+/// reported all the same.
 ///
 /// # Errors
 /// [`Dump::row`]'s, and [`RowInputs::validate`]'s for such rows.
-pub(super) fn row_inputs(dump: &Dump<'_>, r: usize) -> Result<RowInputs, DumpError> {
+pub(super) fn row_inputs(
+    dump: &Dump<'_>,
+    r: usize,
+    acc: Dtype,
+    keep: usize,
+) -> Result<(RowInputs, Option<super::acc::OutputAcc>), DumpError> {
     let inputs = dump.row(r)?;
     if dump.logits.linear().is_some() {
         inputs.validate()?;
     }
-    Ok(inputs)
+    let logits = super::linear_logits::judge_logits_row(dump, &inputs, acc, keep);
+    Ok((inputs, logits))
 }
 
 /// The candidate dtypes that need a forward call, deduplicated.
@@ -152,12 +162,32 @@ pub(super) fn linear_grad_row<const M: usize>(
     let (Some(l), true) = (dump.logits.linear(), dump.linear_grads.any()) else {
         return Ok(None);
     };
+    linear_grad_row_of(
+        l,
+        oracle,
+        cot,
+        (rb, grad_row, grad_cot),
+        (r, acc, dump.vocab_size()),
+    )
+}
+
+/// [`linear_grad_row`] for a dump whose logits are `l`'s.
+fn linear_grad_row_of<const M: usize>(
+    l: &crate::dump::LinearLogits<'_>,
+    oracle: &mut crate::row_oracle::RowOracle,
+    cot: &logprobe_reference::spec::Cotangents<'_>,
+    (rb, grad_row, grad_cot): (
+        &[tolerance::RowBounds<'_>; M],
+        &tolerance::GradRow<M>,
+        &tolerance::GradCotangents<'_>,
+    ),
+    (r, acc, v): (usize, Dtype, usize),
+) -> Result<Option<super::linear_grads::LinearGradRow>, SpecError> {
     let gd = match l.logits_dtype {
         crate::dump::LmHeadLogitsDtype::Input => l.dtype,
         crate::dump::LmHeadLogitsDtype::Accumulation => acc,
     };
     let g = oracle.vjp(cot, gd)?;
-    let v = dump.vocab_size();
     let row = g.row(0).to_vec();
     Ok(Some(super::linear_grads::LinearGradRow::new(
         r,

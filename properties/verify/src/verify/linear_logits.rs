@@ -1,0 +1,122 @@
+//! The kernel's own logits beside `hidden` and `lm_head_weight` (issue
+//! 45): a candidate judged entry by entry against the matmul's bound,
+//! TOLERANCE.md (T29) with each entry's own magnitudes.
+
+use logprobe_reference::oracle::{Exact, Interval};
+use logprobe_reference::spec::Dtype;
+
+use crate::dump::{Dump, LmHeadLogitsDtype, RowInputs};
+use crate::tolerance::{ErrorBound, NoBound};
+
+use super::acc::{output_report, OutputAcc};
+use super::engine::judge4;
+use super::OutputReport;
+
+/// `gamma_n` at unit roundoff `u`, rounded up (`inf` when `n u >= 1/2`).
+fn gamma(n: usize, u: f64) -> f64 {
+    let nu = n as f64 * u;
+    if nu >= 0.5 {
+        f64::INFINITY
+    } else {
+        nu / (1.0 - nu) * (1.0 + 8.0 * f64::EPSILON)
+    }
+}
+
+/// Row `r`'s candidate logits judged (every column), when the dump gives
+/// them beside `hidden`: `x^_j` within `M_j + u_l (X_j + B_j + M_j) + u_l
+/// (X_j + M_j + u_l (X_j + B_j + M_j))` of `x_j` (`M_j = gamma_{H+1}(2u)
+/// A_j`, `X_j`, `B_j` this entry's `|x_j|`, `|b_j|`; the roundings as the
+/// declared `lm_head_logits_dtype` has them), plus half an ulp of the
+/// candidate's dtype when it is narrower than that. Every model gets the
+/// same bound (the matmul's order is unknown to all of them).
+pub(super) fn judge_logits_row(
+    dump: &Dump<'_>,
+    inputs: &RowInputs,
+    acc: Dtype,
+    keep: usize,
+) -> Option<OutputAcc> {
+    let l = dump.logits.linear()?;
+    let cand = l.candidate.as_ref()?;
+    let entries = inputs.linear_entries.as_ref()?;
+    let h = l.weight.cols;
+    let g = gamma(h + 1, 2.0 * acc.unit_roundoff());
+    let kept = match l.logits_dtype {
+        LmHeadLogitsDtype::Input => l.dtype,
+        LmHeadLogitsDtype::Accumulation => acc,
+    };
+    let ul = if kept.precision() < acc.precision() {
+        kept.unit_roundoff()
+    } else {
+        0.0
+    };
+    let up = 1.0 + 16.0 * f64::EPSILON;
+    let row = cand.row_f64(inputs.row);
+    let mut out = OutputAcc::new();
+    for (j, (d, &c)) in entries.iter().zip(&row).enumerate() {
+        let b = l.bias.as_ref().map_or(0.0, |b| b[j].abs());
+        let x = d.value.abs() + d.err;
+        let m = g * d.abs_sum * up;
+        let first = ul * (x + b + m) * up;
+        let second = if l.bias.is_some() {
+            ul * (x + m + first) * up
+        } else {
+            0.0
+        };
+        let mut bound = (m + first + second) * up;
+        if cand.dtype.precision() < kept.precision() {
+            bound += 0.5 * cand.dtype.ulp(x + bound);
+        }
+        let bound = if bound.is_finite() {
+            ErrorBound::Abs(bound * up)
+        } else {
+            ErrorBound::None {
+                reason: NoBound::NonFinite {
+                    what: "the logits' matmul bound",
+                },
+            }
+        };
+        let enc = Interval {
+            lo: d.value - d.err,
+            hi: d.value + d.err,
+        };
+        let t = cand.dtype;
+        let exact = Exact::new(
+            enc,
+            t.round_f64(d.value),
+            t.round_f64(enc.lo) == t.round_f64(enc.hi),
+        );
+        let bounds = [bound.clone(), bound.clone(), bound.clone(), bound];
+        let (judged, _, refs) = judge4(inputs.row, Some(j), c, &exact, t, &bounds);
+        out.push(judged, refs, keep);
+    }
+    Some(out)
+}
+
+/// `a` and `b` merged (`keep` worst elements kept), either when the other
+/// is absent.
+pub(super) fn merge_logits(
+    a: Option<OutputAcc>,
+    b: Option<OutputAcc>,
+    keep: usize,
+) -> Option<OutputAcc> {
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            a.merge(b, keep);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    }
+}
+
+/// The report of the kernel's own logits (`logits` beside `hidden`) from
+/// the rows' accumulator, when the dump has them.
+pub(super) fn logits_report(
+    dump: &Dump<'_>,
+    acc: Option<OutputAcc>,
+    keep: usize,
+) -> Option<OutputReport> {
+    let c = dump.logits.linear()?.candidate.as_ref()?;
+    let mut acc = acc?;
+    acc.trim(keep);
+    Some(output_report(crate::names::tensor::LOGITS, c.dtype, acc))
+}
