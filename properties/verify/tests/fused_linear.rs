@@ -285,12 +285,12 @@ fn an_emulated_fused_kernel_passes_within_a_bound_that_is_not_vacuous() {
         assert_eq!(lo.count, c.n * c.v);
         worst = worst.max(worst_ratio(&r));
     }
-    eprintln!("fused linear: worst err/bound {worst:.3}");
+    eprintln!("fused linear: worst err/bound {worst:.4}");
     assert!(
         worst > 1e-3,
         "worst err/bound {worst}: the bound is vacuous"
     );
-    assert!(worst < 1.0);
+    assert!(worst <= 1.0);
 }
 
 #[test]
@@ -445,7 +445,10 @@ fn bad_fused_linear_input_is_a_typed_error_naming_tensor_and_position() {
     let mut t = base(ok_h.clone(), ok_w.clone());
     t.push(("grad_hidden", f, vec![2, 3], vec![0.0; 6]));
     let e = error_of(&t, &[]).unwrap();
-    assert!(e.contains("`a cotangent` is missing"), "{e}");
+    assert!(
+        e.contains("`grad_loss` is missing (or another cotangent"),
+        "{e}"
+    );
     let mut t = base(ok_h.clone(), ok_w.clone());
     t.push(("grad_log_probs", f, vec![2], vec![1.0; 2]));
     t.push(("grad_lm_head_weight", f, vec![4, 2], vec![0.0; 8]));
@@ -481,9 +484,17 @@ fn bad_fused_linear_input_is_a_typed_error_naming_tensor_and_position() {
     ];
     let e = error_of(&big, &[]).unwrap();
     assert!(
-        e.contains("hidden[0] and lm_head_weight[1] overflows"),
+        e.contains("hidden[0] and lm_head_weight[1] overflows f64"),
         "{e}"
     );
+    let big32 = vec![
+        ("hidden", Dtype::F32, vec![1, 1], vec![1e30]),
+        ("lm_head_weight", Dtype::F32, vec![2, 1], vec![0.5, 1e30]),
+        ("tokens", f, vec![1], vec![0.0]),
+        ("log_probs", f, vec![1], vec![0.0]),
+    ];
+    let e = error_of(&big32, &[]).unwrap();
+    assert!(e.contains("lm_head_weight[1] overflows f32"), "{e}");
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

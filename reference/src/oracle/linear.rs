@@ -6,7 +6,8 @@
 //! logits.
 //!
 //! The sum is Dot2 (Ogita, Rump and Oishi, "Accurate sum and dot product",
-//! SIAM J. Sci. Comput. 26(6), 2005) over [`LANES`] interleaved lanes: the
+//! SIAM J. Sci. Comput. 26(6), 2005) over [`LANES`] interleaved lanes
+//! (compiled for AVX2 and AVX-512 too, chosen at run time, same bits): the
 //! products are exact in f64 whenever the two operands' precisions add up
 //! to at most 53 bits (bf16, f16 and f32 operands, whatever their
 //! exponents: the products stay inside f64's normal range), and split by an
@@ -16,9 +17,11 @@
 
 use crate::spec::Dtype;
 
-/// Interleaved accumulators per dot product (independent chains the
-/// compiler can keep in vector registers).
-pub const LANES: usize = 8;
+/// Interleaved accumulators per dot product: independent chains the
+/// compiler keeps in vector registers. 16 hides TwoSum's latency on one
+/// core (Zen 5, AVX-512, one thread: 0.17 ns a product at 16 lanes, 0.70
+/// at 8, 0.19 at 32; the scalar path 0.62).
+pub const LANES: usize = 16;
 
 /// One logit of a linear layer, enclosed.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,29 +94,103 @@ fn gamma64(n: usize) -> f64 {
 /// ```
 pub fn dot_enclosed(h: &[f64], w: &[f64], bias: f64, exact: bool) -> Option<DotEnclosure> {
     assert_eq!(h.len(), w.len(), "dot_enclosed: lengths differ");
-    let mut s = [0.0f64; LANES];
-    let mut c = [0.0f64; LANES];
-    let mut m = [0.0f64; LANES];
-    let mut a = [0.0f64; LANES];
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::available() {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was detected on this CPU.
+            return unsafe { x86::dot_avx512(h, w, bias, exact) };
+        }
+        // SAFETY: `available` checked AVX2 on this CPU.
+        return unsafe { x86::dot_avx2(h, w, bias, exact) };
+    }
+    dot_body(h, w, bias, exact)
+}
+
+/// [`dot_body`] compiled for AVX2 and for AVX-512F (the lanes become
+/// vector registers; the same IEEE operations per lane, an FMA being as
+/// correctly rounded as the libm call it replaces, so the same bits as the
+/// scalar path: test `the_lanes_give_the_scalar_bits`).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{dot_body, DotEnclosure};
+
+    /// # Safety
+    /// Call only where AVX2 is available ([`crate::simd::available`]).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_avx2(
+        h: &[f64],
+        w: &[f64],
+        b: f64,
+        exact: bool,
+    ) -> Option<DotEnclosure> {
+        dot_body(h, w, b, exact)
+    }
+
+    /// # Safety
+    /// Call only where AVX-512F is available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot_avx512(
+        h: &[f64],
+        w: &[f64],
+        b: f64,
+        exact: bool,
+    ) -> Option<DotEnclosure> {
+        dot_body(h, w, b, exact)
+    }
+}
+
+/// The lanes' state: running sums, their error sums and the magnitudes.
+#[derive(Clone, Copy)]
+struct Lanes {
+    s: [f64; LANES],
+    c: [f64; LANES],
+    m: [f64; LANES],
+    a: [f64; LANES],
+}
+
+impl Lanes {
+    /// Adds `p + q` (`p` a product, `q` its rounding error) to lane `l`.
+    #[inline(always)]
+    fn add(&mut self, l: usize, p: f64, q: f64) {
+        let (t, e) = two_sum(self.s[l], p);
+        self.s[l] = t;
+        let eq = e + q;
+        self.c[l] += eq;
+        self.m[l] += eq.abs();
+        self.a[l] += p.abs() + q.abs();
+    }
+}
+
+/// Whether a product lost bits to underflow (TwoProd only).
+#[inline(always)]
+fn tiny(p: f64) -> bool {
+    p.abs() < f64::MIN_POSITIVE * 2f64.powi(53)
+}
+
+#[inline(always)]
+fn dot_body(h: &[f64], w: &[f64], bias: f64, exact: bool) -> Option<DotEnclosure> {
+    let mut st = Lanes {
+        s: [0.0; LANES],
+        c: [0.0; LANES],
+        m: [0.0; LANES],
+        a: [0.0; LANES],
+    };
     // Products that may have lost bits to underflow (TwoProd only).
-    let mut tiny = 0usize;
+    let mut n_tiny = 0usize;
     let chunks = h.len() / LANES;
-    for i in 0..chunks {
-        let (hc, wc) = (
-            &h[i * LANES..(i + 1) * LANES],
-            &w[i * LANES..(i + 1) * LANES],
-        );
-        for l in 0..LANES {
-            let p = hc[l] * wc[l];
-            let q = if exact { 0.0 } else { hc[l].mul_add(wc[l], -p) };
-            let (t, e) = two_sum(s[l], p);
-            s[l] = t;
-            let eq = e + q;
-            c[l] += eq;
-            m[l] += eq.abs();
-            a[l] += p.abs() + q.abs();
-            if !exact && p.abs() < f64::MIN_POSITIVE * 2f64.powi(53) {
-                tiny += 1;
+    let (hc, wc) = (&h[..chunks * LANES], &w[..chunks * LANES]);
+    if exact {
+        for (hb, wb) in hc.chunks_exact(LANES).zip(wc.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                st.add(l, hb[l] * wb[l], 0.0);
+            }
+        }
+    } else {
+        for (hb, wb) in hc.chunks_exact(LANES).zip(wc.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                let p = hb[l] * wb[l];
+                st.add(l, p, hb[l].mul_add(wb[l], -p));
+                n_tiny += usize::from(tiny(p));
             }
         }
     }
@@ -126,32 +203,26 @@ pub fn dot_enclosed(h: &[f64], w: &[f64], bias: f64, exact: bool) -> Option<DotE
     for (x, y) in tail {
         let p = x * y;
         let q = if exact { 0.0 } else { x.mul_add(y, -p) };
-        let (t, e) = two_sum(s[0], p);
-        s[0] = t;
-        let eq = e + q;
-        c[0] += eq;
-        m[0] += eq.abs();
-        a[0] += p.abs() + q.abs();
-        if !exact && p.abs() < f64::MIN_POSITIVE * 2f64.powi(53) {
-            tiny += 1;
-        }
+        st.add(0, p, q);
+        n_tiny += usize::from(!exact && tiny(p));
     }
     // Merge the lanes: the sums by TwoSum, their errors into `c`.
-    let (mut st, mut ct, mut mt, mut at) = (s[0], c[0], m[0], a[0]);
+    let Lanes { s, c, m, a } = st;
+    let (mut s0, mut ct, mut mt, mut at) = (s[0], c[0], m[0], a[0]);
     for l in 1..LANES {
-        let (t, e) = two_sum(st, s[l]);
-        st = t;
+        let (t, e) = two_sum(s0, s[l]);
+        s0 = t;
         ct += c[l] + e;
         mt += m[l] + e.abs() + c[l].abs();
         at += a[l];
     }
-    let value = st + ct;
+    let value = s0 + ct;
     // Terms of the error sum: every product and merge, and a rounding of
     // `e + q` each (`gamma_{n+1}` covers both).
     let n = h.len() + 1 + 3 * LANES;
     let g = gamma64(n + 1);
     let mt_up = mt * (1.0 + g);
-    let err = ((f64::EPSILON / 2.0) * value.abs() + g * mt_up + tiny as f64 * f64::from_bits(1))
+    let err = ((f64::EPSILON / 2.0) * value.abs() + g * mt_up + n_tiny as f64 * f64::from_bits(1))
         * (1.0 + 4.0 * f64::EPSILON);
     let abs_sum = at * (1.0 + g);
     (value.is_finite() && err.is_finite() && abs_sum.is_finite()).then_some(DotEnclosure {
@@ -263,6 +334,19 @@ mod tests {
                 let abs: f64 = h.iter().zip(&w).map(|(x, y)| (x * y).abs()).sum::<f64>() + b.abs();
                 assert!(d.abs_sum >= abs, "abs_sum");
             }
+        }
+    }
+
+    #[test]
+    fn the_lanes_give_the_scalar_bits() {
+        let h: Vec<f64> = (0..1003).map(|i| ((i * 37) as f64 * 0.1).sin()).collect();
+        let w: Vec<f64> = (0..1003)
+            .map(|i| f64::from(((i * 11) as f32 * 0.3).cos()))
+            .collect();
+        for exact in [true, false] {
+            let fast = dot_enclosed(&h, &w, 0.25, exact);
+            let slow = crate::simd::scalar(|| dot_enclosed(&h, &w, 0.25, exact));
+            assert_eq!(fast, slow);
         }
     }
 

@@ -123,13 +123,16 @@ pub enum DumpError {
         value: f64,
     },
     /// A logit `hidden[row] . lm_head_weight[col] (+ lm_head_bias[col])`
-    /// that overflows f64 (only possible for f64 inputs).
-    #[error("the logit of hidden[{row}] and lm_head_weight[{col}] overflows f64")]
+    /// beyond the largest finite value of `dtype`: f64 (the oracle's), or
+    /// the accumulation dtype the kernel computes it in.
+    #[error("the logit of hidden[{row}] and lm_head_weight[{col}] overflows {dtype}: the kernel cannot compute it")]
     LinearOverflow {
         /// The row of `hidden`.
         row: usize,
         /// The row of `lm_head_weight`.
         col: usize,
+        /// The dtype it overflows.
+        dtype: Dtype,
     },
     /// An output or option that cannot be judged from `hidden` and
     /// `lm_head_weight` (it depends on the kernel's logits to the bit).

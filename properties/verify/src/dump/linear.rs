@@ -173,15 +173,24 @@ impl LinearLogits<'_> {
             decode_floats_into(w.dtype, bytes, buf);
         };
         let entries = self.candidate.is_some();
-        linear_logits(
-            &h,
-            w.rows,
-            vocab_size,
-            decode,
-            self.bias.as_deref(),
-            (exact, entries),
-        )
-        .map_err(|col| DumpError::LinearOverflow { row: r, col })
+        let bias = self.bias.as_deref();
+        let row = linear_logits(&h, w.rows, vocab_size, decode, bias, (exact, entries)).map_err(
+            |col| DumpError::LinearOverflow {
+                row: r,
+                col,
+                dtype: Dtype::F64,
+            },
+        )?;
+        // A logit the kernel's accumulation dtype cannot hold.
+        let acc = self.dtype.accumulation();
+        match row.logits.iter().position(|x| x.abs() > acc.max_finite()) {
+            Some(col) => Err(DumpError::LinearOverflow {
+                row: r,
+                col,
+                dtype: acc,
+            }),
+            None => Ok(row),
+        }
     }
 }
 

@@ -140,8 +140,8 @@ impl<'a> Dump<'a> {
         let linear_grads = read_linear_grads(&st, &logits, &rs)?;
         if linear_grads.any() && cotangents.is_empty() {
             return Err(DumpError::MissingTensor {
-                tensor: "a cotangent",
-                why: " (grad_loss, grad_log_probs, ...: the LM head's gradients differentiate the outputs they weight)",
+                tensor: "grad_loss",
+                why: " (or another cotangent, grad_log_probs, grad_entropy, ...: the LM head's gradients differentiate the outputs the cotangents weight)",
             });
         }
         let teacher_probs = r.teacher_probs(&candidates, &cotangents)?;

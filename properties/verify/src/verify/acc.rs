@@ -30,6 +30,10 @@ pub(super) struct OutputAcc {
     pub(super) stat_ratio: Option<f64>,
     /// Largest error of our fused f32 kernel ([`CpuKernel::fused`]) on the same rows.
     pub(super) fused_err: Option<f64>,
+    /// The key ([`worse`]) of the last of the `keep` worst elements after
+    /// the latest trim: an element strictly below it can never be among
+    /// them (the key only rises), so [`OutputAcc::push`] does not keep it.
+    worst_floor: Option<(f64, f64)>,
 }
 
 impl OutputAcc {
@@ -48,6 +52,7 @@ impl OutputAcc {
             suspect: 0,
             stat_ratio: None,
             fused_err: None,
+            worst_floor: None,
         }
     }
 
@@ -81,7 +86,10 @@ impl OutputAcc {
                 None => acc.1 = true,
             }
         }
-        if keep > 0 {
+        let below = self
+            .worst_floor
+            .is_some_and(|f| worse(&j).partial_cmp(&f) == Some(std::cmp::Ordering::Less));
+        if keep > 0 && !below {
             self.worst.push(j);
             if self.worst.len() > 4 * keep {
                 self.trim(keep);
@@ -112,6 +120,8 @@ impl OutputAcc {
                 .unwrap_or(std::cmp::Ordering::Equal)
         });
         self.worst.truncate(keep);
+        self.worst_floor =
+            (keep > 0 && self.worst.len() == keep).then(|| worse(&self.worst[keep - 1]));
     }
 
     pub(super) fn merge(&mut self, other: OutputAcc, keep: usize) {

@@ -132,7 +132,10 @@ impl Sums {
         let mag = self.s.abs() + rad;
         let bounds = self.e.map(|e| {
             let e = e * up;
-            let pre = (e + g * (self.a * up + self.r * up + e)) * up;
+            // Products that underflow the accumulation dtype: half its
+            // smallest subnormal each.
+            let eta = k as f64 * 0.5 * acc.ulp(0.0);
+            let pre = (e + g * (self.a * up + self.r * up + e) + eta) * up;
             // The rounding to a dtype narrower than the accumulation's.
             let fin = if out.precision() < acc.precision() {
                 0.5 * out.ulp(mag + pre)

@@ -23,10 +23,11 @@ fn gamma(n: usize, u: f64) -> f64 {
 }
 
 /// Row `r`'s candidate logits judged (every column), when the dump gives
-/// them beside `hidden`: `x^_j` within `M_j + u_l (X_j + B_j + M_j) + u_l
-/// (X_j + M_j + u_l (X_j + B_j + M_j))` of `x_j` (`M_j = gamma_{H+1}(2u)
-/// A_j`, `X_j`, `B_j` this entry's `|x_j|`, `|b_j|`; the roundings as the
-/// declared `lm_head_logits_dtype` has them), plus half an ulp of the
+/// them beside `hidden`: `x^_j` within `M_j + r(X_j + B_j + M_j) + r(X_j +
+/// M_j + r(X_j + B_j + M_j))` of `x_j` (`M_j = gamma_{H+1}(2u) A_j + (H +
+/// 2) eta`, `r(y)` half an ulp of the kept dtype at `y`, `X_j`, `B_j` this
+/// entry's `|x_j|`, `|b_j|`; the roundings as the declared
+/// `lm_head_logits_dtype` has them: TOLERANCE.md (T29)), plus half an ulp of the
 /// candidate's dtype when it is narrower than that. Every model gets the
 /// same bound (the matmul's order is unknown to all of them).
 pub(super) fn judge_logits_row(
@@ -44,21 +45,20 @@ pub(super) fn judge_logits_row(
         LmHeadLogitsDtype::Input => l.dtype,
         LmHeadLogitsDtype::Accumulation => acc,
     };
-    let ul = if kept.precision() < acc.precision() {
-        kept.unit_roundoff()
-    } else {
-        0.0
-    };
+    // Half an ulp of the kept dtype at `y` (0 when it is the accumulation's).
+    let rounds = kept.precision() < acc.precision();
+    let r = |y: f64| if rounds { 0.5 * kept.ulp(y) } else { 0.0 };
+    let eta = (h + 2) as f64 * 0.5 * acc.ulp(0.0);
     let up = 1.0 + 16.0 * f64::EPSILON;
     let row = cand.row_f64(inputs.row);
     let mut out = OutputAcc::new();
     for (j, (d, &c)) in entries.iter().zip(&row).enumerate() {
         let b = l.bias.as_ref().map_or(0.0, |b| b[j].abs());
         let x = d.value.abs() + d.err;
-        let m = g * d.abs_sum * up;
-        let first = ul * (x + b + m) * up;
+        let m = (g * d.abs_sum + eta) * up;
+        let first = r((x + b + m) * up);
         let second = if l.bias.is_some() {
-            ul * (x + m + first) * up
+            r((x + m + first) * up)
         } else {
             0.0
         };

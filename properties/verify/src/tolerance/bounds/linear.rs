@@ -12,14 +12,16 @@ use super::acc_gamma;
 /// vocabulary, where `x^o` are the oracle's logits (within
 /// `oracle_err` of the exact ones):
 ///
-/// `M + u_l (X + B + M) + u_l (X + M + u_l (X + B + M)) + oracle_err`,
-/// `M = gamma_{H+1}(2u) A`,
+/// `M + r(X + B + M) + r(X + M + r(X + B + M)) + oracle_err`,
+/// `M = gamma_{H+1}(2u) A + (H + 2) eta`, `r(y) = ulp_l(y) / 2`,
 ///
 /// with `A = max_j (sum_k |h_k W_jk| + |b_j|)`, `X = max_j |x_j|`, `u` the
 /// model's accumulation unit roundoff taken twice (tensor cores may
 /// truncate: one ulp per addition, Fasi et al. 2021), the bias one more
-/// term of the sum, `B = max_j |b_j|`, and `u_l` the unit roundoff of the
-/// dtype the kernel rounds its logits to (0 when it keeps them in the
+/// term of the sum, `eta` half the accumulation dtype's smallest
+/// subnormal (a product that underflows), `B = max_j |b_j|`, and `r` half
+/// an ulp of the dtype the kernel rounds its logits to at that magnitude
+/// (the subnormal spacing included; 0 when it keeps them in the
 /// accumulation dtype): once after the matmul and once after adding the
 /// bias in that dtype (Liger's `logits + bias` in bf16), which also
 /// bounds a bias added before the one rounding.
@@ -32,14 +34,15 @@ pub(crate) fn linear_x(model: &Model, lin: &LinearContext, stat_c: Option<f64>) 
         Ok(g) => g,
         Err(_) => return Hi(f64::INFINITY),
     };
-    let mm = g * Hi(s.abs_sum_max);
+    let eta = Hi((s.hidden_size + 2) as f64) * Hi(0.5 * model.accumulation.ulp(0.0));
+    let mm = g * Hi(s.abs_sum_max) + eta;
     let round = match lin.logits_dtype {
         Some(d) if d.precision() < model.accumulation.precision() => {
-            let ul = Hi(d.unit_roundoff());
+            let r = |y: Hi| Hi(0.5 * d.ulp(y.0));
             let (x, b) = (Hi(s.logit_abs_max), Hi(s.bias_abs_max));
-            let first = ul * (x + b + mm);
+            let first = r(x + b + mm);
             if s.bias_abs_max > 0.0 {
-                first + ul * (x + mm + first)
+                first + r(x + mm + first)
             } else {
                 first
             }
