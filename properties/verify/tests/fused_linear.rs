@@ -140,6 +140,24 @@ fn logits_arrays(c: &Case, x: &[f32]) -> (Array2<bf16>, Array2<f32>) {
     )
 }
 
+/// The case's inputs as dump tensors: `hidden`, `lm_head_weight`,
+/// `lm_head_bias`, `tokens`.
+fn inputs_tensors(
+    c: &Case,
+    (hid, w, b): (&[f64], &[f64], &[f64]),
+    tokens: &[i64],
+) -> Vec<(&'static str, DumpTensor)> {
+    vec![
+        ("hidden", DumpTensor::floats(c.input, &[c.n, c.h], hid)),
+        (
+            "lm_head_weight",
+            DumpTensor::floats(c.input, &[c.v, c.h], w),
+        ),
+        ("lm_head_bias", DumpTensor::floats(c.input, &[c.v], b)),
+        ("tokens", DumpTensor::i64s(&[c.n], tokens)),
+    ]
+}
+
 /// A tensor's bytes as `verify_tensors` reads them.
 fn view(t: &DumpTensor) -> TensorBytes<'_> {
     TensorBytes {
@@ -197,14 +215,8 @@ fn run(c: &Case, bug: Bug) -> FileReport {
         .expect("the CPU kernel");
     let col = |o: Output| fwd.values.get(o).expect("requested").column(0).to_vec();
 
-    let tensors = [
-        ("hidden", DumpTensor::floats(c.input, &[c.n, c.h], &hid)),
-        (
-            "lm_head_weight",
-            DumpTensor::floats(c.input, &[c.v, c.h], &w),
-        ),
-        ("lm_head_bias", DumpTensor::floats(c.input, &[c.v], &b)),
-        ("tokens", DumpTensor::i64s(&[c.n], &tokens)),
+    let mut tensors = inputs_tensors(c, (&hid, &w, &b), &tokens);
+    tensors.extend([
         (
             "log_probs",
             DumpTensor::floats(Dtype::F32, &[c.n], &col(Output::LogProbs)),
@@ -230,7 +242,7 @@ fn run(c: &Case, bug: Bug) -> FileReport {
                 &x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
             ),
         ),
-    ];
+    ]);
     verify_case(c, &tensors)
 }
 
@@ -602,14 +614,8 @@ fn run_grads(c: &Case, bug: GradBug) -> FileReport {
             f64::from(r32(a))
         };
     }
-    let tensors = [
-        ("hidden", DumpTensor::floats(c.input, &[c.n, c.h], &hid)),
-        (
-            "lm_head_weight",
-            DumpTensor::floats(c.input, &[c.v, c.h], &w),
-        ),
-        ("lm_head_bias", DumpTensor::floats(c.input, &[c.v], &b)),
-        ("tokens", DumpTensor::i64s(&[c.n], &tokens)),
+    let mut tensors = inputs_tensors(c, (&hid, &w, &b), &tokens);
+    tensors.extend([
         (
             "grad_log_probs",
             DumpTensor::floats(Dtype::F64, &[c.n], &cot),
@@ -623,7 +629,7 @@ fn run_grads(c: &Case, bug: GradBug) -> FileReport {
             "grad_lm_head_bias",
             DumpTensor::floats(c.input, &[c.v], &gb),
         ),
-    ];
+    ]);
     verify_case(c, &tensors)
 }
 

@@ -76,7 +76,7 @@ fn up_f32(x: f64) -> f32 {
 }
 
 /// `gamma_n` at unit roundoff `u`, rounded up (`inf` when `n u >= 1/2`).
-fn gamma(n: usize, u: f64) -> f64 {
+pub(super) fn gamma(n: usize, u: f64) -> f64 {
     let nu = n as f64 * u;
     if nu >= 0.5 {
         f64::INFINITY

@@ -10,17 +10,8 @@ use crate::tolerance::{ErrorBound, NoBound};
 
 use super::acc::{output_report, OutputAcc};
 use super::engine::judge4;
+use super::linear_grads::gamma;
 use super::OutputReport;
-
-/// `gamma_n` at unit roundoff `u`, rounded up (`inf` when `n u >= 1/2`).
-fn gamma(n: usize, u: f64) -> f64 {
-    let nu = n as f64 * u;
-    if nu >= 0.5 {
-        f64::INFINITY
-    } else {
-        nu / (1.0 - nu) * (1.0 + 8.0 * f64::EPSILON)
-    }
-}
 
 /// Row `r`'s candidate logits judged (every column), when the dump gives
 /// them beside `hidden`: `x^_j` within `M_j + r(X_j + B_j + M_j) + r(X_j +
