@@ -2,6 +2,7 @@
 //! the worst of them, the reference models' ratios, and an output's
 //! report built from them.
 
+use logprobe_reference::oracle::{Exact, Interval};
 use logprobe_reference::spec::Dtype;
 
 use crate::tolerance;
@@ -95,6 +96,55 @@ impl OutputAcc {
                 self.trim(keep);
             }
         }
+    }
+
+    /// Whether an element (the oracle's `exact`, a `candidate` of `dtype`,
+    /// its bounds under `[chosen, tree, lanes=8, sequential]`) can change
+    /// nothing here but the count: an upper bound of its error (the far
+    /// end of the enclosure, rounded up), and the ulps and ratios from it,
+    /// stay within every maximum so far, it passes every bound, and its
+    /// worst-list key is below the floor ([`OutputAcc::push`] would not
+    /// keep it). The caller then adds 1 to `count` instead of judging it
+    /// in full: the report is the same bits.
+    pub(super) fn absorbs(
+        &self,
+        exact: &Exact,
+        candidate: f64,
+        dtype: Dtype,
+        bounds: &[tolerance::ErrorBound; 4],
+    ) -> bool {
+        let Interval { lo, hi } = exact.enclosure;
+        let Some(floor) = self.worst_floor else {
+            return false;
+        };
+        if !(candidate.is_finite() && lo.is_finite() && hi.is_finite()) {
+            return false;
+        }
+        let up = 1.0 + 8.0 * f64::EPSILON;
+        let err = (candidate - lo).abs().max((candidate - hi).abs()) * up;
+        let mag = if lo <= 0.0 && 0.0 <= hi {
+            0.0
+        } else {
+            lo.abs().min(hi.abs())
+        };
+        if !(err <= self.max_abs && err / dtype.ulp(mag) <= self.max_ulps) {
+            return false;
+        }
+        let mut ratios = [0.0; 4];
+        for (r, b) in ratios.iter_mut().zip(bounds) {
+            match b {
+                tolerance::ErrorBound::Abs(b) if *b > 0.0 => *r = err / b * up,
+                _ => return false,
+            }
+        }
+        let refs_within = ratios[1..]
+            .iter()
+            .zip(&self.reference)
+            .all(|(&r, (m, _))| m.is_some_and(|m| r <= m));
+        ratios[0] <= 1.0
+            && self.max_ratio.is_some_and(|m| ratios[0] <= m)
+            && refs_within
+            && (ratios[0], err).partial_cmp(&floor) == Some(std::cmp::Ordering::Less)
     }
 
     /// Adds a row's gradient elements screened by [`super::grad_screen`]

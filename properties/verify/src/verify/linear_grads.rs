@@ -172,6 +172,10 @@ fn judge_row(
 ) {
     for (k, (s, &c)) in sums.iter().zip(cand).enumerate() {
         let (exact, bounds) = s.judge_inputs(terms, acc_dtype, out);
+        if acc.absorbs(&exact, c, out, &bounds) {
+            acc.count += 1;
+            continue;
+        }
         if let (ErrorBound::None { reason }, None) = (&bounds[0], &acc.no_bound_reason) {
             acc.no_bound_reason = Some(reason.to_string());
         }

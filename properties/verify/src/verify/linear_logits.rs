@@ -77,6 +77,10 @@ pub(super) fn judge_logits_row(
             t.round_f64(enc.lo) == t.round_f64(enc.hi),
         );
         let bounds = [bound.clone(), bound.clone(), bound.clone(), bound];
+        if out.absorbs(&exact, c, t, &bounds) {
+            out.count += 1;
+            continue;
+        }
         let (judged, _, refs) = judge4(inputs.row, Some(j), c, &exact, t, &bounds);
         out.push(judged, refs, keep);
     }
