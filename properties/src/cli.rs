@@ -100,15 +100,19 @@ Columns of the report:
   err/bound   largest error / bound under --model (<= 1 passes)
   tightest    the tightest of tree, lanes=8, sequential whose bound every element meets
               (how far the candidate is from what a better summation achieves)
-  flash       the flash-attention rule: max error / max(naive same-dtype error, half ulp);
-              reported alongside, not required (<= 2 holds)
+  err/stat    largest error / statistical threshold (SUSPECT above 1)
+  err/care    the relative rule: max error / max(careful code's max error, half ulp),
+              careful code in the accumulation dtype, form and summation declared
+              (SUSPECT above R = {}; log-softmax outputs, lse, z_loss, policy terms)
+  A SUSPECT output's line names the rule that fired: statistical tier or relative rule.
   unchecked   the output had no element to check (N = 0, every row ignored, K = 0)
 
 A huge `max ulps` can sit next to \"pass\": gradients are judged absolutely
 (the bound scales with the row's largest terms), so an element whose exact value
 is near 0 has a tiny ulp and a correct candidate many ulps away.",
         tensors.join(", "),
-        keys.join(", ")
+        keys.join(", "),
+        logprobe_verify::tolerance::RELATIVE_R
     )
 }
 

@@ -564,7 +564,7 @@ fn nothing_checked_is_said_per_output() {
     // Nothing checked is not a pass: exit 1, verdict `unchecked`.
     assert_eq!(code, 1);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(j["schema_version"], 1);
+    assert_eq!(j["schema_version"], 2);
     assert_eq!(
         j["files"][0]["outputs"][0]["nothing_checked"],
         "no rows (N = 0)"
@@ -689,7 +689,8 @@ fn help_describes_the_binary_and_verify() {
         "row_mask",
         "temperature_dtype",
         "tightest",
-        "flash",
+        "err/care",
+        "relative rule",
         "judged absolutely",
     ] {
         assert!(
@@ -893,4 +894,165 @@ fn soft_cross_entropy_against_a_top_k_teacher() {
         e.to_string().contains("row 1") || e.to_string().contains("[1"),
         "{e}"
     );
+}
+
+// ---- The relative rule (issue 42) ------------------------------------------
+
+/// Exact f64 log-probs at `tokens` of f32 logits `x [rows, v]`.
+fn exact_lp_f32(x: &[f64], rows: usize, v: usize, tokens: &[i64]) -> Vec<f64> {
+    let xf: Vec<f32> = x.iter().map(|&a| a as f32).collect();
+    let xa = Array2::from_shape_vec((rows, v), xf).unwrap();
+    let t = Array1::from(tokens.to_vec());
+    let mut p = Problem::new(Logits::F32(xa.view()));
+    p.tokens = Some(t.view());
+    let f = Oracle::default().forward(&p, Dtype::F64).unwrap();
+    f.values[Output::LogProbs]
+        .iter()
+        .map(|e| e.rounded)
+        .collect()
+}
+
+/// f32 code that careful code would not write is SUSPECT by the relative
+/// rule (TOLERANCE.md (R2)), and the report says so: an entropy without
+/// the shift (`lse - sum p x`) on logits near 100, and `kl_k3` as
+/// `exp(-d) + d - 1` at `d` near 1e-10 (a negative KL); the same rows
+/// in careful code's forms pass.
+#[test]
+fn the_relative_rule_marks_what_careful_code_would_not_do() {
+    use logprobe_reference::splitmix::SplitMix64;
+    let (rows, v) = (4, 4096);
+    let mut rng = SplitMix64::new(42);
+    // LLM-like rows at +100: a body of spread ~2.5 and four dominant tokens.
+    let x: Vec<f64> = (0..rows * v)
+        .map(|i| {
+            let body = 2.5 * (0..4).map(|_| rng.uniform() - 0.5).sum::<f64>() * 1.7;
+            let top = if i % 1021 == 7 { 12.0 } else { 0.0 };
+            f64::from((100.0 + body + top) as f32)
+        })
+        .collect();
+    // Unshifted entropy in f32: lse (correctly rounded, as torch's
+    // logsumexp nearly is) minus sum p x, the sum pairwise in f32.
+    fn pairwise(t: &[f32]) -> f32 {
+        if t.len() <= 8 {
+            return t.iter().sum();
+        }
+        let (a, b) = t.split_at(t.len() / 2);
+        pairwise(a) + pairwise(b)
+    }
+    let mut unshifted = Vec::new();
+    let mut shifted = Vec::new();
+    for r in 0..rows {
+        let row = &x[r * v..(r + 1) * v];
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|&a| (a - m).exp()).sum();
+        let lse = m + s.ln();
+        let p: Vec<f32> = row.iter().map(|&a| (a - lse).exp() as f32).collect();
+        let px: Vec<f32> = p.iter().zip(row).map(|(&p, &a)| p * a as f32).collect();
+        unshifted.push(f64::from(lse as f32 - pairwise(&px)));
+        let plp: Vec<f32> = p
+            .iter()
+            .zip(row)
+            .map(|(&p, &a)| -p * (a - lse) as f32)
+            .collect();
+        shifted.push(f64::from(pairwise(&plp)));
+    }
+    let dump = |entropy: &[f64]| {
+        bytes(
+            &[
+                ("logits", DumpTensor::floats(Dtype::F32, &[rows, v], &x)),
+                ("entropy", DumpTensor::floats(Dtype::F32, &[rows], entropy)),
+            ],
+            &[],
+        )
+    };
+    let out = |b: &[u8]| {
+        let r = report(b, RowSelection::All).unwrap();
+        r.outputs
+            .into_iter()
+            .find(|o| o.output == "entropy")
+            .unwrap()
+    };
+    let bad = out(&dump(&unshifted));
+    let rel = bad.relative_rule.as_ref().unwrap();
+    assert_eq!(bad.verdict, ReportVerdict::Suspect, "{rel:?}");
+    assert!(
+        bad.suspect_rules.contains(&"relative") && rel.fires,
+        "{rel:?}"
+    );
+    assert!(rel.ratio > 2.0 * rel.r, "{rel:?}");
+    let good = out(&dump(&shifted));
+    assert_eq!(
+        good.verdict,
+        ReportVerdict::Pass,
+        "{:?}",
+        good.relative_rule
+    );
+    assert!(good.suspect_rules.is_empty());
+
+    // kl_k3 at an exact d ~ 1e-10: a kernel whose f32 log-prob is one ulp
+    // off (as correct f32 code's may be) computes d = -2^-24, where
+    // `(exp(-d) - 1) + d` gives 2^-24 = 6e-8 against an exact 5e-21.
+    // The tokens' log-probs near -0.7 (one ulp: 2^-24).
+    let (rows, v) = (N, V);
+    let mut x = vec![0.0; rows * v];
+    for (r, &t) in TOKENS.iter().enumerate() {
+        x[r * v + t as usize] = 3.1 + 0.05 * r as f64;
+    }
+    let lp = exact_lp_f32(&x, rows, v, &TOKENS);
+    let ref32: Vec<f32> = lp.iter().map(|&a| (a - 1e-10) as f32).collect();
+    let lp32: Vec<f32> = ref32
+        .iter()
+        .map(|&a| f32::from_bits(a.to_bits() + 1))
+        .collect();
+    let k3 = |expm1: bool| -> Vec<f64> {
+        lp32.iter()
+            .zip(&ref32)
+            .map(|(&l, &q)| {
+                let d = l - q;
+                f64::from(if expm1 {
+                    (-d).exp_m1() + d
+                } else {
+                    ((-d).exp() - 1.0) + d
+                })
+            })
+            .collect()
+    };
+    let dump = |k: &[f64]| {
+        let r: Vec<f64> = ref32.iter().map(|&a| f64::from(a)).collect();
+        bytes(
+            &[
+                ("logits", DumpTensor::floats(Dtype::F32, &[rows, v], &x)),
+                ("tokens", DumpTensor::i64s(&[rows], &TOKENS)),
+                ("ref_log_probs", DumpTensor::floats(Dtype::F32, &[rows], &r)),
+                ("kl_k3", DumpTensor::floats(Dtype::F32, &[rows], k)),
+            ],
+            &[("format_version", "2")],
+        )
+    };
+    let out = |b: &[u8]| {
+        let r = report(b, RowSelection::All).unwrap();
+        r.outputs.into_iter().find(|o| o.output == "kl_k3").unwrap()
+    };
+    let naive = out(&dump(&k3(false)));
+    assert_eq!(
+        naive.verdict,
+        ReportVerdict::Suspect,
+        "{:?}",
+        naive.relative_rule
+    );
+    assert!(naive.suspect_rules.contains(&"relative"));
+    let careful = out(&dump(&k3(true)));
+    assert_eq!(
+        careful.verdict,
+        ReportVerdict::Pass,
+        "{:?}",
+        careful.relative_rule
+    );
+    // The table names the rule that fired.
+    let p = write("k3_exp_minus_one", &dump(&k3(false)));
+    let (code, text, _) = run(&["verify", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("kl_k3: SUSPECT (relative rule)"), "{text}");
+    let (code, _, _) = run(&["verify", "--strict", p.to_str().unwrap()]);
+    assert_eq!(code, 1);
 }

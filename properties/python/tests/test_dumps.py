@@ -63,3 +63,19 @@ def test_the_cli_binary_agrees():
         mem = in_memory(path)
         want = logprobe._report._floats(cli[path.stem])
         assert figures(mem) == figures(want), path.stem
+
+
+def test_suspect_outputs_name_their_rules():
+    """Report schema 2: each output names the rules that find it SUSPECT,
+    and the relative rule's figure where it covers the output."""
+    r = logprobe.verify_file(TORCH_DUMPS / "bf16_log_softmax_zero.safetensors")
+    lp = r.outputs["log_probs"]
+    assert lp.verdict == "suspect" and lp.suspect_rules == ["statistical", "relative"]
+    assert lp.relative_fires and lp.relative_ratio > 4
+    assert 0 < lp.relative_careful_max_abs_error < lp.max_abs_error
+    ok = logprobe.verify_file(TORCH_DUMPS / "qwen_vocab_bf16_fp32_math.safetensors")
+    for o in ok.outputs.values():
+        assert o.suspect_rules == [] and not o.relative_fires and o.relative_ratio < 4
+    loss = logprobe.verify_file(TORCH_DUMPS / "loss_mean_bf16_terms.safetensors")
+    o = loss.outputs["loss"]
+    assert o.suspect_rules == ["statistical"] and o.relative_ratio is None

@@ -46,8 +46,11 @@ pub fn to_document<T: Serialize + ?Sized>(doc: &T) -> Result<String, JsonError> 
     Ok(serde_json::to_string_pretty(doc)? + "\n")
 }
 
-/// `schema_version` of the `verify --json` document.
-pub const VERIFY_SCHEMA_VERSION: u32 = 1;
+/// `schema_version` of the `verify --json` document: 2 since the relative
+/// rule replaced the flash rule and our fused kernel's comparison (per
+/// output `relative_rule` and `suspect_rules`; `flash_rule`, `vs_fused` and
+/// `fused_max_abs_error` are gone; docs/verify.md, "JSON").
+pub const VERIFY_SCHEMA_VERSION: u32 = 2;
 
 /// The JSON document of `verify --json`.
 #[derive(Serialize)]

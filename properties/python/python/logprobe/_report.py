@@ -87,7 +87,12 @@ class Output:
     ``tightest_model`` the tightest of ``tree``, ``lanes=8``, ``sequential``
     every element satisfies (``None``: none); ``reference_ratios`` the
     largest error / bound under each of them; ``worst`` the worst elements,
-    worst first.
+    worst first. ``suspect_rules`` names the rules that find the output
+    SUSPECT (``"statistical"``, ``"relative"``); ``relative_ratio`` is the
+    relative rule's max error / max(careful code's max error, half an ulp),
+    which fires above R (``relative_fires``; ``None`` for outputs the rule
+    does not cover). Report schema 2 (docs/verify.md): ``vs_fused``,
+    ``fused_max_abs_error`` and ``flash_rule_ratio`` are gone.
     """
 
     name: str
@@ -103,15 +108,16 @@ class Output:
     nothing_checked: Optional[str]
     suspect_elements: int = 0
     statistical_max_ratio: Optional[float] = None
-    vs_fused: Optional[float] = None
-    fused_max_abs_error: Optional[float] = None
-    flash_rule_ratio: Optional[float] = None
+    relative_ratio: Optional[float] = None
+    relative_careful_max_abs_error: Optional[float] = None
+    relative_fires: bool = False
+    suspect_rules: List[str] = field(default_factory=list)
     no_bound_reason: Optional[str] = None
 
     @classmethod
     def _from(cls, d: Dict[str, Any]) -> "Output":
         unchecked = d.get("nothing_checked")
-        flash = d.get("flash_rule")
+        rel = d.get("relative_rule")
         return cls(
             name=d["output"],
             dtype=d["dtype"],
@@ -126,9 +132,10 @@ class Output:
             nothing_checked=unchecked,
             suspect_elements=d.get("suspect_elements", 0),
             statistical_max_ratio=d.get("statistical_max_ratio"),
-            vs_fused=d.get("vs_fused"),
-            fused_max_abs_error=d.get("fused_max_abs_error"),
-            flash_rule_ratio=flash.get("ratio") if flash else None,
+            relative_ratio=rel["ratio"] if rel else None,
+            relative_careful_max_abs_error=rel["careful_max_abs_error"] if rel else None,
+            relative_fires=bool(rel and rel["fires"]),
+            suspect_rules=list(d.get("suspect_rules", [])),
             no_bound_reason=d.get("no_bound_reason"),
         )
 

@@ -2,7 +2,7 @@
 //! log-probs (nats, per row) and grad logits (per element), from a kernel's
 //! declared numerical algorithm and the oracle's exact row statistics; the
 //! judging of candidates against them; the presets `verify` uses for
-//! foreign kernels; and the flash-attention rule, reported alongside.
+//! foreign kernels; and the relative rule against careful code.
 //!
 //! The derivation, step by step with its sources (Higham, *Accuracy and
 //! Stability of Numerical Algorithms*, 2nd ed., SIAM 2002, ch. 2-4), is
@@ -40,10 +40,10 @@
 //! ```
 
 mod bounds;
-mod flash;
 mod judge;
 mod loss_grad;
 mod model;
+mod relative;
 mod statistical;
 mod upward;
 mod walk;
@@ -55,12 +55,14 @@ pub use bounds::{
     loss_bounds, loss_statistical_bounds, DetachedBounds, GradCotangents, GradRow, GradScreen,
     KlTarget, LossRowBound, LossSums, PolicyGradCotangents, RowBounds,
 };
-pub use flash::{naive_entropy, naive_entropy_of, naive_log_softmax, FlashRule, NaiveRow};
 pub use judge::{judge, ratio_pass, tightest_model, Judgement, ValueVerdict};
 pub use loss_grad::LossGradCotangents;
 pub use model::{
     foreign_presets, foreign_presets_with, tightest, EntropyForm, K3Form, LinearContext, Model,
     Order, RowContext, SoftcapContext,
+};
+pub use relative::{
+    naive_entropy, naive_entropy_of, naive_log_softmax, CarefulRow, RelativeRule, RELATIVE_R,
 };
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,

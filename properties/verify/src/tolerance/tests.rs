@@ -790,7 +790,7 @@ fn tightest_model_names_the_tightest_satisfied_preset() {
 }
 
 #[test]
-fn naive_same_dtype_computation_and_flash_ratio() {
+fn naive_same_dtype_computation_and_relative_ratio() {
     let x: Vec<f64> = (0..1000)
         .map(|j| ((j * 7919) % 1000) as f64 * 0.01)
         .collect();
@@ -803,12 +803,29 @@ fn naive_same_dtype_computation_and_flash_ratio() {
     let ex = exact_of(exact_log_prob(&st), Dtype::Bf16);
     let naive_err = far_error(lp[3], exact_log_prob(&st));
     assert!(naive_err > 0.05, "{naive_err}");
-    let mut rule = FlashRule::new();
-    rule.observe(&ex, ex.rounded, lp[3], Dtype::Bf16);
-    assert!(rule.holds() && rule.ratio() < 0.1);
-    let mut rule = FlashRule::new();
-    rule.observe(&ex, ex.rounded + 3.0 * naive_err, lp[3], Dtype::Bf16);
-    assert!(!rule.holds());
+    let mut rule = RelativeRule::new();
+    rule.observe(&ex, ex.rounded, &[lp[3]], Dtype::Bf16);
+    assert!(!rule.fires() && rule.ratio() < 0.1);
+    let mut rule = RelativeRule::new();
+    rule.observe(
+        &ex,
+        ex.rounded + (RELATIVE_R + 1.0) * naive_err,
+        &[lp[3]],
+        Dtype::Bf16,
+    );
+    assert!(rule.fires());
+    // The largest of careful code's values sets the reference; a NaN
+    // candidate fires.
+    let mut rule = RelativeRule::new();
+    rule.observe(
+        &ex,
+        ex.rounded + 2.0 * naive_err,
+        &[ex.rounded, lp[3]],
+        Dtype::Bf16,
+    );
+    assert!(!rule.fires());
+    rule.observe(&ex, f64::NAN, &[lp[3]], Dtype::Bf16);
+    assert!(rule.fires() && rule.ratio().is_infinite());
     // -inf entries add nothing to the naive entropy.
     let mut y = x.clone();
     y[0] = f64::NEG_INFINITY;
@@ -876,20 +893,160 @@ fn naive_row_equals_the_vector_naive_computation_bit_for_bit() {
                 topk_ids: vec![0, 11, 7, 5],
                 ..Default::default()
             };
-            let mut nr = NaiveRow::new(&p, 0);
             for dtype in [Dtype::Bf16, Dtype::F16, Dtype::F32, Dtype::F64] {
+                let mut nr =
+                    CarefulRow::new(&p, 0, dtype, Shift::ScaleThenSubtract, Order::Sequential);
                 let lp = naive_log_softmax(&allowed, t, dtype);
                 let h = naive_entropy(&ent_logits, t, dtype);
                 let same =
                     |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-                let got = nr.value(Output::LogProbs, 0, &targets, dtype).unwrap();
+                let got = nr.values(Output::LogProbs, 0, &targets, dtype).unwrap()[0];
                 assert!(same(got, lp[7]), "case {case} {dtype}: {got} vs {}", lp[7]);
                 for (k, &id) in targets.topk_ids.iter().enumerate() {
-                    let got = nr.value(Output::TopkLogProbs, k, &targets, dtype).unwrap();
+                    let got = nr.values(Output::TopkLogProbs, k, &targets, dtype).unwrap()[0];
                     assert!(same(got, lp[id]), "case {case} {dtype} id {id}");
                 }
-                let got = nr.value(Output::Entropy, 0, &targets, dtype).unwrap();
+                let got = nr.values(Output::Entropy, 0, &targets, dtype).unwrap()[0];
                 assert!(same(got, h), "case {case} {dtype}: entropy {got} vs {h}");
+            }
+        }
+    }
+}
+
+/// Careful code by its definition, over vectors: `(log-probs shifted,
+/// log-probs raw, entropy, lse)` of `x` in `dtype`, scale first or subtract
+/// first, every sum in blocks of `leaf` terms in order, the block sums
+/// merged pairwise (split at the largest power of two below their count).
+fn careful_vectors(
+    x: &[f64],
+    t: f64,
+    dtype: Dtype,
+    sub_first: bool,
+    leaf: usize,
+) -> (Vec<f64>, Vec<f64>, f64, f64) {
+    let r = |v: f64| dtype.round_f64(v);
+    fn merge(s: &[f64], r: &dyn Fn(f64) -> f64) -> f64 {
+        if s.len() == 1 {
+            return s[0];
+        }
+        let mut p = 1;
+        while p * 2 < s.len() {
+            p *= 2;
+        }
+        r(merge(&s[..p], r) + merge(&s[p..], r))
+    }
+    let sum = |terms: &[f64]| -> f64 {
+        let blocks: Vec<f64> = terms
+            .chunks(leaf)
+            .map(|b| b.iter().fold(0.0, |a, &v| r(a + v)))
+            .collect();
+        merge(&blocks, &r)
+    };
+    let t = r(t);
+    let z: Vec<f64> = x
+        .iter()
+        .map(|&v| {
+            if sub_first || t == 1.0 {
+                r(v)
+            } else {
+                r(v / t)
+            }
+        })
+        .collect();
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let d: Vec<f64> = z
+        .iter()
+        .map(|&zj| {
+            if sub_first && t != 1.0 {
+                r(r(zj - m) / t)
+            } else {
+                r(zj - m)
+            }
+        })
+        .collect();
+    let e: Vec<f64> = d.iter().map(|&dj| r(dj.exp())).collect();
+    let l = r(sum(&e).ln());
+    let lp: Vec<f64> = d.iter().map(|&dj| r(dj - l)).collect();
+    let raw: Vec<f64> = if sub_first {
+        lp.clone()
+    } else {
+        z.iter().map(|&zj| r(zj - r(m + l))).collect()
+    };
+    let terms: Vec<f64> = lp
+        .iter()
+        .map(|&l| {
+            let p = r(l.exp());
+            if p != 0.0 {
+                -r(p * l)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let lse = r(if sub_first && t != 1.0 { r(m / t) } else { m } + l);
+    (lp, raw, sum(&terms), lse)
+}
+
+#[test]
+fn careful_row_follows_the_declared_form_and_order() {
+    use logprobe_reference::spec::{Logits, Problem};
+    use ndarray::Array2;
+    let mut rng = SplitMix64::new(31);
+    for case in 0..12u64 {
+        let v = [1000, 4099, 257][case as usize % 3];
+        let t = [1.0, 0.7, 1.3][(case / 3) as usize % 3];
+        let offset = [0.0, 30.0, -300.0, 1000.0][(case / 4) as usize % 4];
+        let x: Vec<f64> = (0..v)
+            .map(|_| ((rng.uniform() - 0.5) * 16.0 + offset) as f32 as f64)
+            .collect();
+        let xf: Vec<f32> = x.iter().map(|&a| a as f32).collect();
+        let af = Array2::from_shape_vec((1, v), xf).unwrap();
+        let toks = ndarray::array![3i64];
+        let mut p = Problem::new(Logits::F32(af.view()));
+        p.tokens = Some(toks.view());
+        p.options.temperature = t;
+        let targets = RowTargets {
+            vocab_size: v,
+            token: Some(3),
+            ..Default::default()
+        };
+        for (form, order) in [
+            (Shift::Any, Order::Lanes(8)),
+            (Shift::Raw, Order::Tree),
+            (Shift::SubtractThenScale, Order::Lanes(3)),
+            (Shift::ScaleThenSubtract, Order::Sequential),
+        ] {
+            for acc in [Dtype::F32, Dtype::Bf16] {
+                let leaf = order.summation(v).leaf;
+                let sub_first = form == Shift::SubtractThenScale;
+                let (lp, raw, h, lse) = careful_vectors(&x, t, acc, sub_first, leaf);
+                let mut c = CarefulRow::new(&p, 0, acc, form, order);
+                let got = c.values(Output::LogProbs, 0, &targets, Dtype::F64).unwrap();
+                let want = match form {
+                    Shift::Any => [lp[3], raw[3]],
+                    Shift::Raw => [raw[3], raw[3]],
+                    _ => [lp[3], lp[3]],
+                };
+                assert_eq!(
+                    got.map(f64::to_bits),
+                    want.map(f64::to_bits),
+                    "case {case} {form:?} {order} {acc}"
+                );
+                let got = c.values(Output::Entropy, 0, &targets, Dtype::F64).unwrap()[0];
+                assert_eq!(
+                    got.to_bits(),
+                    h.to_bits(),
+                    "case {case} {form:?} {order} {acc}: {got} vs {h}"
+                );
+                let got = c.values(Output::Lse, 0, &targets, Dtype::F64).unwrap()[0];
+                assert_eq!(
+                    got.to_bits(),
+                    lse.to_bits(),
+                    "case {case} {form:?} {order} {acc}"
+                );
+                // Rounded to the output's dtype at the end.
+                let got = c.values(Output::Entropy, 0, &targets, Dtype::Bf16).unwrap()[0];
+                assert_eq!(got, Dtype::Bf16.round_f64(h));
             }
         }
     }

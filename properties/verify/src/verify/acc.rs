@@ -22,15 +22,14 @@ pub(super) struct OutputAcc {
     pub(super) any_fail: bool,
     /// Per reference model: largest ratio, and whether any element had no bound.
     pub(super) reference: [(Option<f64>, bool); 3],
-    pub(super) flash: Option<tolerance::FlashRule>,
+    /// The relative rule (log-softmax outputs of materialised logits).
+    pub(super) relative: Option<tolerance::RelativeRule>,
     /// Why the chosen model gave no bound (first occurrence).
     pub(super) no_bound_reason: Option<String>,
     pub(super) worst: Vec<Judged>,
     /// Statistical tier: suspect elements, largest error / threshold.
     pub(super) suspect: usize,
     pub(super) stat_ratio: Option<f64>,
-    /// Largest error of our fused f32 kernel ([`CpuKernel::fused`]) on the same rows.
-    pub(super) fused_err: Option<f64>,
     /// The key ([`worse`]) of the last of the `keep` worst elements after
     /// the latest trim: an element strictly below it can never be among
     /// them (the key only rises), so [`OutputAcc::push`] does not keep it.
@@ -47,12 +46,11 @@ impl OutputAcc {
             any_no_bound: false,
             any_fail: false,
             reference: [(None, false); 3],
-            flash: None,
+            relative: None,
             no_bound_reason: None,
             worst: Vec::new(),
             suspect: 0,
             stat_ratio: None,
-            fused_err: None,
             worst_floor: None,
         }
     }
@@ -194,19 +192,14 @@ impl OutputAcc {
             };
             a.1 |= b.1;
         }
-        self.flash = match (self.flash, other.flash) {
-            (Some(a), Some(b)) => Some(tolerance::FlashRule {
-                candidate_error: max_nan(a.candidate_error, b.candidate_error),
-                naive_error: max_nan(a.naive_error, b.naive_error),
-                floor: a.floor.max(b.floor),
-            }),
+        self.relative = match (self.relative, other.relative) {
+            (Some(a), Some(b)) => Some(a.merge(b)),
             (a, b) => a.or(b),
         };
         self.worst.extend(other.worst);
         self.trim(keep);
         self.suspect += other.suspect;
         self.stat_ratio = opt_max(self.stat_ratio, other.stat_ratio);
-        self.fused_err = opt_max(self.fused_err, other.fused_err);
     }
 
     /// Records the statistical threshold of an element judged within its
@@ -237,11 +230,26 @@ impl OutputAcc {
             ReportVerdict::Fail
         } else if self.any_no_bound {
             ReportVerdict::NoBound
-        } else if self.suspect > 0 {
+        } else if !self.suspect_rules().is_empty() {
             ReportVerdict::Suspect
         } else {
             ReportVerdict::Pass
         }
+    }
+}
+
+impl OutputAcc {
+    /// The rules that find the output SUSPECT: `statistical` (some element
+    /// beyond its threshold), `relative` (the relative rule fires).
+    pub(super) fn suspect_rules(&self) -> Vec<&'static str> {
+        let mut rules = Vec::new();
+        if self.suspect > 0 {
+            rules.push("statistical");
+        }
+        if self.relative.is_some_and(|r| r.fires()) {
+            rules.push("relative");
+        }
+        rules
     }
 }
 
@@ -278,6 +286,7 @@ pub(super) fn max_nan(a: f64, b: f64) -> f64 {
 
 pub(super) fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) -> OutputReport {
     let verdict = acc.verdict();
+    let suspect_rules = acc.suspect_rules();
     let reference_ratios: Vec<ModelRatio> = tolerance::Order::REFERENCE
         .iter()
         .zip(acc.reference)
@@ -305,23 +314,17 @@ pub(super) fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) ->
         max_ratio: acc.max_ratio,
         tightest_model,
         reference_ratios,
-        flash_rule: acc.flash.map(|f| FlashRule {
+        relative_rule: acc.relative.map(|f| RelativeRuleReport {
             ratio: f.ratio(),
-            holds: f.holds(),
+            r: tolerance::RELATIVE_R,
+            careful_max_abs_error: f.careful_error,
+            half_ulp_floor: f.floor,
+            fires: f.fires(),
         }),
         no_bound_reason: acc.no_bound_reason,
         suspect_elements: acc.suspect,
         statistical_max_ratio: acc.stat_ratio,
-        fused_max_abs_error: acc.fused_err,
-        vs_fused: acc.fused_err.map(|f| {
-            if f > 0.0 {
-                acc.max_abs / f
-            } else if acc.max_abs == 0.0 {
-                1.0
-            } else {
-                f64::INFINITY
-            }
-        }),
+        suspect_rules,
         worst: acc.worst,
         nothing_checked: None,
         reduction: None,

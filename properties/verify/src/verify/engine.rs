@@ -19,15 +19,12 @@ use logprobe_reference::oracle::OracleForward;
 use logprobe_reference::spec::Problem;
 use ndarray::Array2;
 
-use super::acc::{opt_max, output_report, OutputAcc};
+use super::acc::{output_report, OutputAcc};
 use super::grad_screen::RowScreen;
 use super::linear_grads::{judge_linear_grads, LinearGradInputs, LinearGradRow};
 use super::linear_logits::{logits_report, merge_logits};
 use super::reduced::{judge_reduced_loss, reduced_loss, LossRow};
-use super::row_setup::{
-    entry_keys, forward_dtypes, fused_forwards, fused_value, linear_grad_row, row_context,
-    row_inputs,
-};
+use super::row_setup::{entry_keys, forward_dtypes, linear_grad_row, row_context, row_inputs};
 use super::*;
 
 /// Whether verify screens gradient elements ([`super::grad_screen`]):
@@ -372,7 +369,6 @@ fn verify_row(
         .map(|dtype| oracle.forward(dtype))
         .collect::<Result<Vec<_>, _>>()
         .map_err(spec)?;
-    let ours = fused_forwards(dump, &p);
     let grad = dump
         .candidates
         .get(Output::GradLogits)
@@ -397,7 +393,8 @@ fn verify_row(
     );
     // (The screen holds what the sweep needs of `exact` and the candidates.)
     let screened = screen.as_mut().map(RowScreen::sweep);
-    let mut naive = (dump.logits.linear().is_none()).then(|| tolerance::NaiveRow::new(&p, 0));
+    let mut careful = (dump.logits.linear().is_none())
+        .then(|| tolerance::CarefulRow::new(&p, 0, acc_dtype, config.form, config.model));
     let mut out: RowAcc = PerOutput::new();
     if let Some(s) = screened.filter(|s| s.count > 0) {
         out.get_or_insert_with(Output::GradLogits, OutputAcc::new)
@@ -435,8 +432,8 @@ fn verify_row(
             let (judged, pass, reference) = judge4(r, col, candidate, e.exact, e.dtype, &bounds);
             let error = judged.error;
             acc.push(judged, reference, keep);
-            // The statistical threshold (forward outputs only) and our
-            // kernel's error on the same element.
+            // The statistical threshold (forward outputs only) and the
+            // relative rule's careful code on the same element.
             if let Some(t) = st
                 .as_ref()
                 .and_then(|s| s.threshold((e.output, e.col), &targets, e.dtype))
@@ -452,16 +449,13 @@ fn verify_row(
                 };
                 acc.observe_statistical(error, pass, &t);
             }
-            if let Some(v) = fused_value(&ours, e.output, e.col, e.dtype) {
-                acc.fused_err = opt_max(acc.fused_err, Some(e.exact.error(v)));
-            }
-            if let Some(n) = naive
+            if let Some(c) = careful
                 .as_mut()
-                .and_then(|nv| nv.value(e.output, e.col, &targets, e.dtype))
+                .and_then(|c| c.values(e.output, e.col, &targets, e.dtype))
             {
-                acc.flash
-                    .get_or_insert_with(tolerance::FlashRule::new)
-                    .observe(e.exact, candidate, n, e.dtype);
+                acc.relative
+                    .get_or_insert_with(tolerance::RelativeRule::new)
+                    .observe(e.exact, candidate, &c, e.dtype);
             }
             Ok(())
         },

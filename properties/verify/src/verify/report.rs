@@ -93,16 +93,25 @@ pub struct Judged {
     pub ratio: f64,
 }
 
-/// The flash-attention rule's figure for one output (docs/design.md,
-/// "Verdicts": reported alongside, not required;
-/// [`tolerance::FlashRule`](crate::tolerance::FlashRule)).
+/// The relative rule's figure for one output (TOLERANCE.md, "The relative
+/// rule"; [`tolerance::RelativeRule`](crate::tolerance::RelativeRule)).
 #[derive(Clone, Debug, Serialize)]
-pub struct FlashRule {
-    /// `max error / max(max naive same-dtype error, max half ulp)`.
+pub struct RelativeRuleReport {
+    /// `max error / max(careful code's max error, max half ulp)`.
     #[serde(serialize_with = "json_f64")]
     pub ratio: f64,
-    /// Whether the rule holds (`ratio <= 2`).
-    pub holds: bool,
+    /// The rule's `R`: it fires when `ratio > r`.
+    #[serde(serialize_with = "json_f64")]
+    pub r: f64,
+    /// Careful code's largest error on the same elements (nats, or the
+    /// output's unit).
+    #[serde(serialize_with = "json_f64")]
+    pub careful_max_abs_error: f64,
+    /// The largest half ulp of the output's dtype at the exact values.
+    #[serde(serialize_with = "json_f64")]
+    pub half_ulp_floor: f64,
+    /// Whether the rule fires (the output is then SUSPECT).
+    pub fires: bool,
 }
 
 /// The largest `error / bound` of an output under one reference model.
@@ -141,8 +150,8 @@ pub struct OutputReport {
     /// Largest `error / bound` under each reference model, in
     /// [`tolerance::Order::REFERENCE`](crate::tolerance::Order::REFERENCE) order.
     pub reference_ratios: Vec<ModelRatio>,
-    /// The flash-attention rule, when the tolerance module provides it.
-    pub flash_rule: Option<FlashRule>,
+    /// The relative rule, for the outputs it covers (`null` otherwise).
+    pub relative_rule: Option<RelativeRuleReport>,
     /// Why the chosen model certifies nothing (first element without a bound).
     pub no_bound_reason: Option<String>,
     /// Elements within the sound bound but beyond the statistical threshold.
@@ -151,14 +160,9 @@ pub struct OutputReport {
     /// gradients, or `--statistical-c` off).
     #[serde(serialize_with = "json_opt_f64")]
     pub statistical_max_ratio: Option<f64>,
-    /// Largest error our own correct f32 kernel (`CpuKernel::fused()`) makes
-    /// on the same rows, rounded to the same dtype (`null` for gradients).
-    #[serde(serialize_with = "json_opt_f64")]
-    pub fused_max_abs_error: Option<f64>,
-    /// `max_abs_error / fused_max_abs_error`: how many times less accurate
-    /// than a correct f32 kernel on these rows.
-    #[serde(serialize_with = "json_opt_f64")]
-    pub vs_fused: Option<f64>,
+    /// The rules that find the output SUSPECT, in this order:
+    /// `statistical`, `relative` (empty when none does).
+    pub suspect_rules: Vec<&'static str>,
     /// The worst elements, worst first (by ratio, then by error).
     pub worst: Vec<Judged>,
     /// Why no element was checked (no row, every row ignored, `K = 0`);

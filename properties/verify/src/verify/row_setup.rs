@@ -3,8 +3,7 @@
 //! TOLERANCE.md (T29)), the forward dtypes, our own kernel's values on the
 //! same row, and the bounds' grouping keys.
 
-use logprobe_kernels::{CpuKernel, ForwardOutput, Kernel};
-use logprobe_reference::spec::{Dtype, Output, Problem, SpecError};
+use logprobe_reference::spec::{Dtype, SpecError};
 
 use crate::dump::{Dump, DumpError, RowInputs};
 use crate::tolerance;
@@ -71,41 +70,6 @@ pub(super) fn row_context(
         }
         _ => ctx,
     })
-}
-
-/// Our correct f32 kernel's forward of row 0 of `p`, per forward dtype of
-/// the dump's candidates (a dtype it does not support is left out; none
-/// on logits from `hidden`, which it would read as f64 inputs).
-pub(super) fn fused_forwards(dump: &Dump<'_>, p: &Problem<'_>) -> Vec<(Dtype, ForwardOutput)> {
-    if dump.logits.linear().is_some() {
-        return Vec::new();
-    }
-    forward_dtypes(dump)
-        .into_iter()
-        .filter_map(|dtype| {
-            CpuKernel::fused()
-                .forward(p, dtype)
-                .ok()
-                .map(|f| (dtype, f))
-        })
-        .collect()
-}
-
-/// Our kernel's value of element `col` of a forward `output` in `dtype`
-/// ([`fused_forwards`]); `None` for another output or dtype.
-pub(super) fn fused_value(
-    ours: &[(Dtype, ForwardOutput)],
-    output: Output,
-    col: usize,
-    dtype: Dtype,
-) -> Option<f64> {
-    if !output.is_forward() {
-        return None;
-    }
-    ours.iter()
-        .find(|(d, _)| *d == dtype)
-        .and_then(|(_, f)| f.values.get(output))
-        .map(|a| a[[0, col]])
 }
 
 /// The grouping keys of row 0 of `p` for the bounds' per-entry sums

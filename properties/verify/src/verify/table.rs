@@ -3,7 +3,7 @@
 use super::*;
 
 /// Formats a float for the table: 3 significant digits, `-` for none.
-/// A ratio (`err/bound`, `err/stat`, the flash rule's, `vs f32`) for the
+/// A ratio (`err/bound`, `err/stat`, the relative rule's) for the
 /// text table: an infinite ratio is the word `infinite`, a NaN one
 /// `undefined`; finite ones as [`fmt_g`] with `suffix`.
 pub(crate) fn fmt_ratio(x: f64, suffix: &str) -> String {
@@ -46,7 +46,8 @@ fn fmt_v(x: f64) -> String {
 
 /// The human-readable table of one file's report: a header line with the
 /// verdict, one line per output (verdict, max error absolute and in ulps,
-/// error / bound, tightest model, flash-attention rule), and the worst
+/// error / bound, tightest model, the SUSPECT tiers' ratios), the line of
+/// each rule that finds an output SUSPECT, and the worst
 /// elements of each output with candidate and exact values.
 pub fn render_table(report: &FileReport) -> String {
     use std::fmt::Write;
@@ -86,7 +87,7 @@ pub fn render_table(report: &FileReport) -> String {
     let w = label_width(report);
     let _ = writeln!(
         s,
-        "  {:<w$} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
+        "  {:<w$} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9}",
         "output",
         "dtype",
         "elements",
@@ -95,9 +96,8 @@ pub fn render_table(report: &FileReport) -> String {
         "max ulps",
         "err/bound",
         "tightest",
-        "flash",
         "err/stat",
-        "vs f32"
+        "err/care"
     );
     for o in &report.outputs {
         // `loss (mean)`: one element for the whole dump.
@@ -107,7 +107,7 @@ pub fn render_table(report: &FileReport) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:<w$} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6} {:>9} {:>10}",
+            "  {:<w$} {:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9}",
             label,
             o.dtype,
             o.count,
@@ -120,41 +120,38 @@ pub fn render_table(report: &FileReport) -> String {
             fmt_g(o.max_ulps),
             o.max_ratio.map_or("-".into(), |r| fmt_ratio(r, "")),
             o.tightest_model.as_deref().unwrap_or("none"),
-            o.flash_rule
-                .as_ref()
-                .map_or("-".into(), |f| fmt_ratio(f.ratio, "")),
             o.statistical_max_ratio
                 .map_or("-".into(), |r| fmt_ratio(r, "")),
-            o.vs_fused.map_or("-".into(), |r| fmt_ratio(r, "x")),
+            o.relative_rule
+                .as_ref()
+                .map_or("-".into(), |f| fmt_ratio(f.ratio, "")),
         );
     }
-    // "37x less accurate than a correct f32 kernel on these rows": only
-    // next to an output that is not a pass, where it explains the verdict.
+    // The line of each rule that finds an output SUSPECT (a failing
+    // output's verdict needs neither).
     for o in &report.outputs {
-        if let (Some(r), Some(f), false) = (
-            o.vs_fused,
-            o.fused_max_abs_error,
-            o.verdict == ReportVerdict::Pass,
-        ) {
-            if r > 2.0 {
-                let times = if r.is_finite() {
-                    format!("{}x", fmt_g(r))
-                } else {
-                    "infinitely".into()
-                };
-                let _ = writeln!(
-                    s,
-                    "  {}: {times} less accurate than a correct f32 kernel on these rows (its max |err| {})",
-                    o.output,
-                    fmt_g(f)
-                );
-            }
+        if matches!(o.verdict, ReportVerdict::Fail | ReportVerdict::NoBound) {
+            continue;
         }
         if o.suspect_elements > 0 {
             let _ = writeln!(
                 s,
-                "  {}: SUSPECT: {} of {} elements within the sound bound but beyond the statistical threshold (c = {})",
+                "  {}: SUSPECT (statistical tier): {} of {} elements within the sound bound but beyond the statistical threshold (c = {})",
                 o.output, o.suspect_elements, o.count, report.statistical_c.map_or("-".into(), fmt_g)
+            );
+        }
+        if let Some(f) = o.relative_rule.as_ref().filter(|f| f.fires) {
+            let _ = writeln!(
+                s,
+                "  {}: SUSPECT (relative rule): max |err| {} is {} times careful code's {} ({} {} accumulation; half-ulp floor {}), above R = {}",
+                o.output,
+                fmt_g(o.max_abs_error),
+                fmt_ratio(f.ratio, ""),
+                fmt_g(f.careful_max_abs_error),
+                report.model,
+                report.accumulation,
+                fmt_g(f.half_ulp_floor),
+                f.r
             );
         }
     }

@@ -1,0 +1,394 @@
+//! The relative rule, "as accurate as careful code" (TOLERANCE.md,
+//! "The relative rule"): an output whose largest error exceeds
+//! [`RELATIVE_R`] times the largest error careful code makes on the same
+//! rows, or half an ulp of the output where that is larger, is SUSPECT
+//! (a failure under `--strict`). It makes exact the flash-attention
+//! suites' rule (a kernel's error at most twice a same-precision
+//! reference's, Dao et al.), with a reference whose error is known exactly.
+//!
+//! Careful code ([`CarefulRow`]) is the textbook row computation in the
+//! declared accumulation dtype, every operation rounded to it, summed in
+//! the declared summation order ([`Order`]: blocks of its leaf in index
+//! order, merged pairwise), in each form the declaration allows (`any`:
+//! scale first and, for log-probs, the raw `z_t - logsumexp(z)` too; the
+//! reference error of an element is the largest over them), its result
+//! rounded to the output's dtype. It covers the log-softmax outputs
+//! (`log_probs`, `topk_log_probs`, `entropy`), `lse = r(max z + l)`,
+//! `z_loss = r(r(coef lse) lse)` and the policy terms (`kl_k1`, `kl_k2`,
+//! `kl_k3` in the `expm1` form, `kl_abs`, `ratio`, from careful code's
+//! log-prob).
+
+use logprobe_reference::oracle::Exact;
+use logprobe_reference::spec::{
+    Dtype, EntropyLogits, Family, LossTerm, Output, PolicyRow, Problem, RowStat, Shift,
+    SoftcapDtype, TemperatureDtype,
+};
+
+use super::model::Order;
+use super::walk::RowTargets;
+
+mod careful;
+mod exp_f32;
+use careful::{policy_term, Naive, Plan};
+
+/// `R` of the relative rule: an output is SUSPECT when its largest error
+/// exceeds `R` times careful code's (or half an ulp); chosen from the
+/// calibration in TOLERANCE.md ("The relative rule").
+pub const RELATIVE_R: f64 = 4.0;
+
+/// The naive log_softmax of one row in `dtype`, `[V]` (nats).
+///
+/// `row` holds the logits (`-inf` for disallowed entries); `temperature`
+/// is rounded to `dtype` first. Steps, each rounded to `dtype`:
+/// `z_j = x_j / T`, `d_j = z_j - max z`, `e_j = exp(d_j)`, `S` summed in
+/// index order, `l = ln S`, `lp_j = d_j - l`. NaN/inf propagate as they
+/// would in the naive code (an empty or all `-inf` row gives NaN).
+pub fn naive_log_softmax(row: &[f64], temperature: f64, dtype: Dtype) -> Vec<f64> {
+    let r = |x: f64| dtype.round_f64(x);
+    let t = r(temperature);
+    let z: Vec<f64> = row
+        .iter()
+        .map(|&x| if t == 1.0 { r(x) } else { r(x / t) })
+        .collect();
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let d: Vec<f64> = z.iter().map(|&zj| r(zj - m)).collect();
+    let s = d.iter().fold(0.0, |s, &dj| r(s + r(dj.exp())));
+    let l = r(s.ln());
+    d.iter().map(|&dj| r(dj - l)).collect()
+}
+
+/// The naive entropy of one row in `dtype` (nats): `-sum_j p_j lp_j` with
+/// `lp` from [`naive_log_softmax`], `p_j = exp(lp_j)`, every product and
+/// partial sum rounded to `dtype`, summed in index order; entries with
+/// `p_j = 0` add nothing (the defined semantics of `-inf` logits).
+pub fn naive_entropy(row: &[f64], temperature: f64, dtype: Dtype) -> f64 {
+    naive_entropy_of(&naive_log_softmax(row, temperature, dtype), dtype)
+}
+
+/// [`naive_entropy`] from the naive log-softmax `lp` `[V]` of the same
+/// logits ([`naive_log_softmax`]), so a caller that has it does not redo it.
+pub fn naive_entropy_of(lp: &[f64], dtype: Dtype) -> f64 {
+    let r = |x: f64| dtype.round_f64(x);
+    let mut acc = 0.0;
+    for &l in lp {
+        let p = r(l.exp());
+        if p != 0.0 {
+            acc = r(acc - r(p * l));
+        }
+    }
+    acc
+}
+
+/// Careful code's values of one row (the module docs' computation), computed
+/// when first asked: the relative rule's reference.
+#[derive(Debug)]
+pub struct CarefulRow {
+    /// Logits over the real vocabulary, `-inf` where the mask disallows
+    /// (a per-thread reused buffer, [`crate::scratch`]).
+    masked: Vec<f64>,
+    /// The entropy's logits over the real vocabulary (masked or not);
+    /// empty when they are `masked` (masked entropy, or no sampling mask).
+    entropy_logits: Vec<f64>,
+    /// The temperature as the options give it.
+    temperature: f64,
+    /// The logits' dtype.
+    logits_dtype: Dtype,
+    plan: Plan,
+    /// Log-probs in the raw form too (`any`), or in it alone (`raw`).
+    raw: Option<bool>,
+    /// The row's policy inputs, clamps rounded to the accumulation dtype
+    /// (`None` without policy inputs).
+    policy: Option<PolicyRow>,
+    /// `z_loss_coef` rounded to the accumulation dtype.
+    z_loss_coef: Option<f64>,
+    log_softmax: Option<Naive>,
+    entropy: Option<f64>,
+}
+
+impl Drop for CarefulRow {
+    fn drop(&mut self) {
+        crate::scratch::give(std::mem::take(&mut self.masked));
+        crate::scratch::give(std::mem::take(&mut self.entropy_logits));
+    }
+}
+
+/// The first `v` entries of `row` as f64 into `out`.
+fn fill_row<T: logprobe_reference::spec::Element>(
+    row: ndarray::ArrayView1<'_, T>,
+    v: usize,
+    out: &mut Vec<f64>,
+) {
+    out.clear();
+    out.extend(row.iter().take(v).map(|x| x.to_f64()));
+}
+
+impl CarefulRow {
+    /// Row `row` of a validated `problem`, computed in `accumulation` in
+    /// the declared `form` and summation `order`.
+    pub fn new(
+        problem: &Problem<'_>,
+        row: usize,
+        accumulation: Dtype,
+        form: Shift,
+        order: Order,
+    ) -> CarefulRow {
+        use logprobe_reference::spec::Logits;
+        let (_, v_total) = problem.logits.dim();
+        let v = problem.options.vocab_size.unwrap_or(v_total).min(v_total);
+        let mask = problem
+            .sampling_mask
+            .map(|m| m.index_axis_move(ndarray::Axis(0), row));
+        // The softcap, then a temperature materialised in the logits'
+        // dtype, as the oracle takes them (`oracle::row::prepare`): careful
+        // code computes an accumulation-dtype softcap in `accumulation`.
+        let dtype = problem.logits.dtype();
+        let c = problem
+            .options
+            .effective_softcap(accumulation)
+            .ok()
+            .flatten();
+        let softcap_acc = c.filter(|_| problem.options.softcap_dtype == SoftcapDtype::Accumulation);
+        let softcap_input = c.filter(|_| problem.options.softcap_dtype == SoftcapDtype::Input);
+        let t_input = problem.options.temperature_dtype == TemperatureDtype::Input;
+        let transform = |x: f64| {
+            let r = |v: f64| accumulation.round_f64(v);
+            let x = match (softcap_acc, softcap_input) {
+                (Some(c), _) => r(c * r(r(x / c).tanh())),
+                (_, Some(c)) => dtype.softcapped_input(x, c),
+                _ => x,
+            };
+            if t_input {
+                dtype.scaled_input(x, problem.options.temperature)
+            } else {
+                x
+            }
+        };
+        let transformed = c.is_some() || t_input;
+        let fill = |mask: Option<ndarray::ArrayView1<'_, bool>>| {
+            let mut out = crate::scratch::take();
+            match problem.logits {
+                Logits::F64(a) => fill_row(a.row(row), v, &mut out),
+                Logits::F32(a) => fill_row(a.row(row), v, &mut out),
+                Logits::Bf16(a) => fill_row(a.row(row), v, &mut out),
+                Logits::F16(a) => fill_row(a.row(row), v, &mut out),
+            }
+            if transformed {
+                out.iter_mut().for_each(|x| *x = transform(*x));
+            }
+            if let Some(m) = mask {
+                for (x, &ok) in out.iter_mut().zip(m.iter()) {
+                    if !ok {
+                        *x = f64::NEG_INFINITY;
+                    }
+                }
+            }
+            out
+        };
+        let masked = fill(mask);
+        let entropy_logits = match problem.options.entropy {
+            _ if problem.sampling_mask.is_none() => Vec::new(),
+            Some(EntropyLogits::Masked) => Vec::new(),
+            _ => fill(None),
+        };
+        CarefulRow {
+            masked,
+            entropy_logits,
+            temperature: if t_input {
+                1.0
+            } else {
+                problem.options.temperature
+            },
+            // An accumulation-dtype softcap leaves values of `accumulation`,
+            // not of the logits' dtype (the 16-bit caches' keys).
+            logits_dtype: if softcap_acc.is_some() {
+                accumulation
+            } else {
+                dtype
+            },
+            plan: Plan {
+                dtype: accumulation,
+                sub_first: form == Shift::SubtractThenScale,
+                leaf: order.summation(v).leaf,
+            },
+            raw: match form {
+                Shift::Any => Some(false),
+                Shift::Raw => Some(true),
+                _ => None,
+            },
+            policy: (!problem.policy.is_empty()).then(|| PolicyRow {
+                clamps: problem
+                    .options
+                    .policy_clamps
+                    .effective(accumulation)
+                    .unwrap_or_default(),
+                ..PolicyRow::of(problem, row)
+            }),
+            z_loss_coef: problem
+                .options
+                .effective_z_loss_coef(accumulation)
+                .ok()
+                .flatten(),
+            log_softmax: None,
+            entropy: None,
+        }
+    }
+
+    /// Careful code's values of column `col` of `output`, rounded to
+    /// `dtype`: the log-softmax at the target or top-k id in each form the
+    /// declaration allows (two values under `any`: shifted and raw), the
+    /// policy terms from each of them, the entropy, `lse`, `z_loss`; `None`
+    /// for the outputs the rule does not cover or a missing target or
+    /// policy input.
+    pub fn values(
+        &mut self,
+        output: Output,
+        col: usize,
+        targets: &RowTargets,
+        dtype: Dtype,
+    ) -> Option<[f64; 2]> {
+        let (id, term) = match output.family() {
+            Family::LogSoftmax(RowStat::LogProb) => (targets.token?, None),
+            Family::TopK => (*targets.topk_ids.get(col)?, None),
+            Family::Policy(term) => (targets.token?, Some(term)),
+            Family::LogSoftmax(RowStat::Entropy) => {
+                let h = dtype.round_f64(self.entropy());
+                return Some([h, h]);
+            }
+            Family::Loss(LossTerm::Lse) => {
+                let v = dtype.round_f64(self.naive().lse());
+                return Some([v, v]);
+            }
+            Family::Loss(LossTerm::ZLoss) => {
+                let lse = self.naive().lse();
+                let r = |x: f64| self.plan.dtype.round_f64(x);
+                let v = dtype.round_f64(r(r(self.z_loss_coef? * lse) * lse));
+                return Some([v, v]);
+            }
+            Family::Gradient
+            | Family::Loss(LossTerm::CrossEntropy | LossTerm::SoftCrossEntropy)
+            | Family::TopkKl(_)
+            | Family::LogSoftmax(RowStat::Rank) => return None,
+        };
+        let x = *self.masked.get(id)?;
+        let nv = self.naive();
+        let (shifted, raw) = (nv.lp(x), nv.lp_raw(x));
+        let lps = match self.raw {
+            None => [shifted, shifted],
+            Some(false) => [shifted, raw],
+            Some(true) => [raw, raw],
+        };
+        let r = |v: f64| dtype.round_f64(v);
+        let Some(term) = term else {
+            return Some(lps.map(r));
+        };
+        let row = self.policy.as_ref()?;
+        let [a, b] = lps.map(|lp| policy_term(term, lp, row, self.plan.dtype));
+        Some([r(a?), r(b?)])
+    }
+
+    fn naive(&mut self) -> Naive {
+        match self.log_softmax {
+            Some(nv) => nv,
+            None => {
+                let nv = Naive::new(&self.masked, self.temperature, self.plan, self.logits_dtype);
+                self.log_softmax = Some(nv);
+                nv
+            }
+        }
+    }
+
+    fn entropy(&mut self) -> f64 {
+        if let Some(h) = self.entropy {
+            return h;
+        }
+        let h = if self.entropy_logits.is_empty() {
+            // The same logits as the log-softmax: reuse its row values.
+            let nv = self.naive();
+            nv.entropy(&self.masked)
+        } else {
+            Naive::new(
+                &self.entropy_logits,
+                self.temperature,
+                self.plan,
+                self.logits_dtype,
+            )
+            .entropy(&self.entropy_logits)
+        };
+        self.entropy = Some(h);
+        h
+    }
+}
+
+/// Accumulates the relative rule over a tensor of one output.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RelativeRule {
+    /// Max candidate error seen (far end of the enclosure).
+    pub candidate_error: f64,
+    /// Max error of careful code seen (the largest over its forms).
+    pub careful_error: f64,
+    /// Max half ulp of the output's dtype at the exact values seen.
+    pub floor: f64,
+}
+
+impl RelativeRule {
+    /// An empty accumulator.
+    pub fn new() -> RelativeRule {
+        RelativeRule::default()
+    }
+
+    /// Records one element: its exact value, the candidate and careful
+    /// code's values ([`CarefulRow::values`]), all in `dtype`.
+    pub fn observe(&mut self, exact: &Exact, candidate: f64, careful: &[f64], dtype: Dtype) {
+        let err = |v: f64| {
+            if v.is_infinite() && v == exact.rounded {
+                0.0
+            } else {
+                exact.error(v)
+            }
+        };
+        let mid = 0.5 * (exact.enclosure.lo + exact.enclosure.hi);
+        self.candidate_error = max_nan(self.candidate_error, err(candidate));
+        for &c in careful {
+            self.careful_error = max_nan(self.careful_error, err(c));
+        }
+        self.floor = self.floor.max(0.5 * dtype.ulp(mid));
+    }
+
+    /// Both tensors' elements together.
+    pub fn merge(self, other: RelativeRule) -> RelativeRule {
+        RelativeRule {
+            candidate_error: max_nan(self.candidate_error, other.candidate_error),
+            careful_error: max_nan(self.careful_error, other.careful_error),
+            floor: self.floor.max(other.floor),
+        }
+    }
+
+    /// `max candidate error / max(max careful error, max half ulp)`; 0 for
+    /// an empty tensor or no error, `inf` for a NaN error.
+    pub fn ratio(&self) -> f64 {
+        let reference = self.careful_error.max(self.floor);
+        if self.candidate_error.is_nan() {
+            f64::INFINITY
+        } else if self.candidate_error == 0.0 {
+            0.0
+        } else if reference > 0.0 {
+            self.candidate_error / reference
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Whether the rule fires: the ratio exceeds [`RELATIVE_R`].
+    pub fn fires(&self) -> bool {
+        self.ratio() > RELATIVE_R
+    }
+}
+
+/// The larger, NaN if either is.
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}

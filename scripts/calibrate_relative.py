@@ -1,0 +1,175 @@
+"""Calibrates the relative rule's R (TOLERANCE.md, "The relative rule").
+
+Writes dumps of correct implementations and of the defects the rule must
+catch into OUTDIR, verifies each with `logprobe verify --json` (the
+declared options as given), and prints each dump's largest relative-rule
+ratio (`err/care`) per output, then the largest over each class.
+
+Correct implementations come in two sets drawn from different seeds and
+written apart:
+  tune      the forms TOLERANCE.md models, PyTorch CPU: log_softmax of
+            x.float() / T (scale first), the raw x_t - logsumexp(x), the
+            subtract-first (x - max) / T, entropy -(p * lp).sum();
+            logits at offsets 0 to 1e3, V 256 to 152064, bf16 / fp16 / fp32
+  heldout   code written apart from them and not looked at while choosing
+            R: torch.distributions.Categorical's entropy, torch.special.entr,
+            numpy float32 (pairwise sums, the entropy as ln S - B / S),
+            Liger's multiply by fl(1/T), outputs rounded to the logits'
+            dtype, and a sequential float32 sum (np.cumsum) verified with
+            --model sequential as it declares
+Defects (each must exceed R):
+  unshifted entropy   logsumexp(x) - sum(softmax(x) x) at offsets 30 and 100
+  sequential, undeclared   the np.cumsum code verified under the default model
+
+Run: [SEED=k] python scripts/calibrate_relative.py [OUTDIR] [LOGPROBE]
+(torch, numpy, safetensors; LOGPROBE defaults to target/release/logprobe).
+"""
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/relative_calibration"
+exe = sys.argv[2] if len(sys.argv) > 2 else "target/release/logprobe"
+# Another SEED draws another independent set (the grids' seeds shift by it).
+SEED = int(os.environ.get("SEED", "0"))
+os.makedirs(out, exist_ok=True)
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def logits(g, n, v, offset, dtype, shape):
+    if shape == "flat":
+        x = 0.02 * torch.randn(n, v, generator=g)
+    else:
+        # LLM-like: a Gaussian body and a few dominant tokens.
+        x = 2.5 * torch.randn(n, v, generator=g)
+        top = torch.randint(0, v, (n, 4), generator=g)
+        x.scatter_(1, top, 12 + 2 * torch.rand(n, 4, generator=g))
+    x = x + offset
+    if dtype == "fp16":
+        x = x.clamp(-65000, 65000)
+    return x.to(DT[dtype])
+
+
+def save(name, tensors, meta):
+    path = f"{out}/{name}.safetensors"
+    save_file({k: t.contiguous() for k, t in tensors.items()}, path, metadata=meta)
+    return path
+
+
+def gather(a, tokens):
+    return a.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def tune_forms(g, x, t, tokens):
+    xf = x.float()
+    z = xf / t
+    lp = torch.log_softmax(z, -1)
+    yield "scale_first", gather(lp, tokens), -(lp.exp() * lp).sum(-1)
+    yield "raw", gather(z, tokens) - torch.logsumexp(z, -1), None
+    d = (xf - xf.max(-1, keepdim=True).values) / t
+    lps = torch.log_softmax(d, -1)
+    yield "subtract_first", gather(lps, tokens), -(lps.exp() * lps).sum(-1)
+
+
+def heldout_forms(g, x, t, tokens):
+    xf = x.float()
+    z = xf * (1.0 / t)  # Liger: multiply by fl(1/T)
+    lp = torch.log_softmax(z, -1)
+    cat = torch.distributions.Categorical(logits=z)
+    yield "liger_categorical", gather(lp, tokens), cat.entropy()
+    p = torch.softmax(z, -1)
+    yield "entr", gather(lp, tokens), torch.special.entr(p).sum(-1)
+    a = (xf / t).numpy().astype(np.float32)
+    m = a.max(-1, keepdims=True)
+    dd = a - m
+    e = np.exp(dd)
+    s = e.sum(-1, dtype=np.float32)
+    ls = np.log(s)
+    lpn = dd[np.arange(len(a)), tokens.numpy()] - ls
+    ent = ls + (e * -dd).sum(-1, dtype=np.float32) / s
+    yield "numpy", torch.from_numpy(lpn.astype(np.float32)), torch.from_numpy(ent.astype(np.float32))
+    if x.dtype != torch.float32:
+        yield "rounded_out", gather(lp, tokens).to(x.dtype), cat.entropy().to(x.dtype)
+
+
+def sequential(x, t, tokens):
+    a = (x.float() / t).numpy().astype(np.float32)
+    m = a.max(-1, keepdims=True)
+    dd = a - m
+    s = np.cumsum(np.exp(dd), -1, dtype=np.float32)[:, -1]
+    ls = np.log(s)
+    lpr = dd - ls[:, None]
+    lp = lpr[np.arange(len(a)), tokens.numpy()]
+    ent = -np.cumsum(np.exp(lpr) * lpr, -1, dtype=np.float32)[:, -1]
+    return torch.from_numpy(lp.astype(np.float32)), torch.from_numpy(ent.astype(np.float32))
+
+
+def unshifted_entropy(x, t):
+    z = x.float() / t
+    return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+
+
+def grid(seed):
+    g = torch.Generator().manual_seed(seed)
+    for v, dtype, offset, t, shape in itertools.product(
+        [256, 4096, 32000, 152064], ["bf16", "fp16", "fp32"], [0, 30, 300, 1000], [1.0, 0.7], ["flat", "llm"]
+    ):
+        if v == 152064 and (shape == "flat" or t != 1.0):
+            continue  # keep the run short at the largest V
+        n = 4 if v >= 32000 else 16
+        x = logits(g, n, v, offset, dtype, shape)
+        tokens = torch.randint(0, v, (n,), generator=g)
+        yield f"v{v}_{dtype}_o{offset}_t{t}_{shape}", x, t, tokens
+
+
+jobs = []  # (class, path, extra args)
+for name, x, t, tokens in grid(20261207 + SEED):
+    meta = {"temperature": repr(t)}
+    for form, lp, ent in tune_forms(None, x, t, tokens):
+        ts = {"logits": x, "tokens": tokens, "log_probs": lp}
+        if ent is not None:
+            ts["entropy"] = ent
+        jobs.append(("tune:" + form, save(f"tune_{form}_{name}", ts, meta), []))
+for name, x, t, tokens in grid(7_021_126 + SEED):
+    meta = {"temperature": repr(t)}
+    for form, lp, ent in heldout_forms(None, x, t, tokens):
+        ts = {"logits": x, "tokens": tokens, "log_probs": lp, "entropy": ent}
+        jobs.append(("heldout:" + form, save(f"heldout_{form}_{name}", ts, meta), []))
+    lp, ent = sequential(x, t, tokens)
+    path = save(f"seq_{name}", {"logits": x, "tokens": tokens, "log_probs": lp, "entropy": ent}, meta)
+    jobs.append(("heldout:sequential_declared", path, ["--model", "sequential"]))
+    jobs.append(("defect:sequential_undeclared", path, []))
+    if x.dtype == torch.float32 and "o30_" in name or "o300_" in name and x.dtype == torch.float32:
+        path = save(f"unshifted_{name}", {"logits": x, "entropy": unshifted_entropy(x, t)}, meta)
+        jobs.append(("defect:unshifted_entropy", path, []))
+g = torch.Generator().manual_seed(99 + SEED)
+for v, off in [(32000, 30), (152064, 30), (32000, 100), (152064, 100)]:
+    x = 30 + 2 * torch.randn(4, v, generator=g) if off == 30 else logits(g, 4, v, off, "fp32", "llm")
+    path = save(f"unshifted_entropy_{v}_{off}", {"logits": x, "entropy": unshifted_entropy(x, 1.0)}, {})
+    jobs.append(("defect:unshifted_entropy", path, []))
+
+worst = {}
+for cls, path, extra in jobs:
+    r = subprocess.run([exe, "verify", "--json", "--no-progress", *extra, path], capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    for f in doc["files"]:
+        for o in f["outputs"]:
+            rr = o.get("relative_rule")
+            if rr is None:
+                continue
+            ratio = float(rr["ratio"]) if not isinstance(rr["ratio"], str) else float("inf")
+            key = (cls, o["output"])
+            print(f"{cls:32} {o['output']:10} {f['name']:60} {o['verdict']:8} err/care {ratio:.3g}")
+            if key not in worst or ratio > worst[key][0]:
+                worst[key] = (ratio, f["name"], o["verdict"])
+            if cls.startswith("defect"):
+                worst[key] = min(worst[key], (ratio, f["name"], o["verdict"]))
+print("\nper class: largest err/care of correct code, smallest of each defect")
+for (cls, output), (ratio, name, verdict) in sorted(worst.items()):
+    print(f"{cls:32} {output:10} {ratio:9.3g}  {verdict:8} {name}")
