@@ -17,9 +17,14 @@ written apart:
             Liger's multiply by fl(1/T), outputs rounded to the logits'
             dtype, and a sequential float32 sum (np.cumsum) verified with
             --model sequential as it declares
+  tune/heldout (loss side)   torch.logsumexp and coef * lse**2; the policy
+            terms from log_softmax's log-prob against references 1e-6 to 1
+            away (kl_k3 as expm1(-d) + d)
 Defects (each must exceed R):
   unshifted entropy   logsumexp(x) - sum(softmax(x) x) at offsets 30 and 100
   sequential, undeclared   the np.cumsum code verified under the default model
+  k3_low_var_kl       verl's exp(kl) - kl - 1 (reported: it is a defect by
+                      (R3) only where it cancels)
 
 Run: [SEED=k] python scripts/calibrate_relative.py [OUTDIR] [LOGPROBE]
 (torch, numpy, safetensors; LOGPROBE defaults to target/release/logprobe).
@@ -153,6 +158,39 @@ for v, off in [(32000, 30), (152064, 30), (32000, 100), (152064, 100)]:
     x = 30 + 2 * torch.randn(4, v, generator=g) if off == 30 else logits(g, 4, v, off, "fp32", "llm")
     path = save(f"unshifted_entropy_{v}_{off}", {"logits": x, "entropy": unshifted_entropy(x, 1.0)}, {})
     jobs.append(("defect:unshifted_entropy", path, []))
+
+# The loss side and the policy terms (correct code; verl's low_var_kl, the
+# exp(kl) - kl - 1 form, reported as a class of its own).
+def loss_side(seed):
+    g = torch.Generator().manual_seed(seed)
+    for v, dtype, offset, t in itertools.product([4096, 32000], ["bf16", "fp16", "fp32"], [0, 30, 300], [1.0, 0.7]):
+        n = 8
+        x = logits(g, n, v, offset, dtype, "llm")
+        tokens = torch.randint(0, v, (n,), generator=g)
+        yield f"v{v}_{dtype}_o{offset}_t{t}", x, t, tokens, g
+
+
+for name, x, t, tokens, g in loss_side(31_337 + SEED):
+    meta = {"temperature": repr(t), "z_loss_coef": "0.0001", "format_version": "2"}
+    z = x.float() / t
+    lse = torch.logsumexp(z, -1)
+    ts = {"logits": x, "lse": lse, "z_loss": 1e-4 * lse**2}
+    jobs.append(("tune:lse_z_loss", save(f"lse_{name}", ts, meta), []))
+    lp = gather(torch.log_softmax(z, -1), tokens)
+    n = len(tokens)
+    mag = 10.0 ** (-6 + 6 * torch.rand(n, generator=g))
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    ref = (lp + sign * mag).float()
+    old = (lp + 0.05 * torch.randn(n, generator=g)).float()
+    d = lp - ref
+    meta = {"temperature": repr(t), "format_version": "2"}
+    ts = {"logits": x, "tokens": tokens, "ref_log_probs": ref, "old_log_probs": old,
+          "kl_k1": d, "kl_k2": 0.5 * d.square(), "kl_abs": d.abs(),
+          "kl_k3": torch.expm1(-d) + d, "ratio": torch.exp(lp - old)}
+    jobs.append(("heldout:policy_terms", save(f"policy_{name}", ts, meta), []))
+    kl = ref - lp
+    ts = {"logits": x, "tokens": tokens, "ref_log_probs": ref, "kl_k3": torch.exp(kl) - kl - 1}
+    jobs.append(("defect:k3_low_var_kl", save(f"lowvar_{name}", ts, meta), []))
 
 worst = {}
 for cls, path, extra in jobs:
