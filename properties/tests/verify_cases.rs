@@ -371,10 +371,18 @@ fn declared_forms_narrow_the_bound() {
 /// report names the form.
 #[test]
 fn a_dump_declares_its_k3_form() {
-    let src = std::fs::read(torch_dir().join("policy_grad_k3_ratio_bf16.safetensors")).unwrap();
+    let report = verify_patched("policy_grad_k3_ratio_bf16", "k3_form", "expm1");
+    assert_eq!(output(&report, "kl_k3").verdict, ReportVerdict::Suspect);
+    assert_eq!(report.model, "lanes=8 k3_form=expm1");
+}
+
+/// A shipped dump with one metadata key set in its header, verified
+/// under the default configuration.
+fn verify_patched(name: &str, key: &str, value: &str) -> FileReport {
+    let src = std::fs::read(torch_dir().join(format!("{name}.safetensors"))).unwrap();
     let n = u64::from_le_bytes(src[..8].try_into().unwrap()) as usize;
     let mut header: serde_json::Value = serde_json::from_slice(&src[8..8 + n]).unwrap();
-    header["__metadata__"]["k3_form"] = serde_json::Value::from("expm1");
+    header["__metadata__"][key] = serde_json::Value::from(value);
     let mut text = serde_json::to_vec(&header).unwrap();
     // The data stays 8-byte aligned: the header padded with spaces.
     while !(8 + text.len()).is_multiple_of(8) {
@@ -384,12 +392,31 @@ fn a_dump_declares_its_k3_form() {
     bytes.extend_from_slice(&text);
     bytes.extend_from_slice(&src[8 + n..]);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("k3_expm1.safetensors");
+    let path = dir.path().join(format!("{name}.safetensors"));
     std::fs::write(&path, bytes).unwrap();
-    let report = match verify_files(&[path], &VerifyConfig::default()).remove(0) {
+    match verify_files(&[path], &VerifyConfig::default()).remove(0) {
         FileOutcome::Report(r) => r,
         FileOutcome::BadInput { error, .. } => panic!("{error}"),
-    };
-    assert_eq!(output(&report, "kl_k3").verdict, ReportVerdict::Suspect);
-    assert_eq!(report.model, "lanes=8 k3_form=expm1");
+    }
+}
+
+/// The relative rule on a fused linear + loss dump (TOLERANCE.md (R2)):
+/// Liger's bf16 chunks with the temperature forgotten (outputs at T = 1,
+/// the dump declaring 0.98) are within the sound bound and SUSPECT by the
+/// relative rule alone; at the declared temperature they pass.
+#[test]
+fn a_forgotten_temperature_is_suspect_on_a_fused_linear_dump() {
+    let report = verify_patched("fused_linear_liger_bf16", "temperature", "0.98");
+    for name in ["log_probs", "entropy"] {
+        let o = output(&report, name);
+        assert_eq!(o.verdict, ReportVerdict::Suspect, "{name}");
+        assert!(o.max_ratio.unwrap() < 1.0, "{name}");
+        assert_eq!(o.suspect_rules, ["relative"], "{name}");
+    }
+    let report = verify_patched("fused_linear_liger_bf16", "temperature", "1");
+    for name in ["log_probs", "entropy"] {
+        let o = output(&report, name);
+        assert_eq!(o.verdict, ReportVerdict::Pass, "{name}");
+        assert!(o.relative_rule.as_ref().unwrap().ratio < 2.0, "{name}");
+    }
 }

@@ -124,13 +124,16 @@ fn fill_row<T: logprobe_reference::spec::Element>(
 
 impl CarefulRow {
     /// Row `row` of a validated `problem`, computed in `accumulation` in
-    /// the declared `form` and summation `order`.
+    /// the declared `form` and summation `order`; `logits_in`: the logits
+    /// are first rounded to this dtype (a fused linear kernel's logits
+    /// kept in a 16-bit matmul dtype, from the exact matmul's, TOLERANCE.md
+    /// (R2)).
     pub fn new(
         problem: &Problem<'_>,
         row: usize,
         accumulation: Dtype,
-        form: Shift,
-        order: Order,
+        (form, order): (Shift, Order),
+        logits_in: Option<Dtype>,
     ) -> CarefulRow {
         use logprobe_reference::spec::Logits;
         let (_, v_total) = problem.logits.dim();
@@ -141,7 +144,7 @@ impl CarefulRow {
         // The softcap, then a temperature materialised in the logits'
         // dtype, as the oracle takes them (`oracle::row::prepare`): careful
         // code computes an accumulation-dtype softcap in `accumulation`.
-        let dtype = problem.logits.dtype();
+        let dtype = logits_in.unwrap_or(problem.logits.dtype());
         let c = problem
             .options
             .effective_softcap(accumulation)
@@ -152,6 +155,7 @@ impl CarefulRow {
         let t_input = problem.options.temperature_dtype == TemperatureDtype::Input;
         let transform = |x: f64| {
             let r = |v: f64| accumulation.round_f64(v);
+            let x = logits_in.map_or(x, |d| d.round_f64(x));
             let x = match (softcap_acc, softcap_input) {
                 (Some(c), _) => r(c * r(r(x / c).tanh())),
                 (_, Some(c)) => dtype.softcapped_input(x, c),
@@ -163,7 +167,7 @@ impl CarefulRow {
                 x
             }
         };
-        let transformed = c.is_some() || t_input;
+        let transformed = c.is_some() || t_input || logits_in.is_some();
         let fill = |mask: Option<ndarray::ArrayView1<'_, bool>>| {
             let mut out = crate::scratch::take();
             match problem.logits {

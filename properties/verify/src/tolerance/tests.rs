@@ -894,8 +894,13 @@ fn naive_row_equals_the_vector_naive_computation_bit_for_bit() {
                 ..Default::default()
             };
             for dtype in [Dtype::Bf16, Dtype::F16, Dtype::F32, Dtype::F64] {
-                let mut nr =
-                    CarefulRow::new(&p, 0, dtype, Shift::ScaleThenSubtract, Order::Sequential);
+                let mut nr = CarefulRow::new(
+                    &p,
+                    0,
+                    dtype,
+                    (Shift::ScaleThenSubtract, Order::Sequential),
+                    None,
+                );
                 let lp = naive_log_softmax(&allowed, t, dtype);
                 let h = naive_entropy(&ent_logits, t, dtype);
                 let same =
@@ -1020,7 +1025,7 @@ fn careful_row_follows_the_declared_form_and_order() {
                 let leaf = order.summation(v).leaf;
                 let sub_first = form == Shift::SubtractThenScale;
                 let (lp, raw, h, lse) = careful_vectors(&x, t, acc, sub_first, leaf);
-                let mut c = CarefulRow::new(&p, 0, acc, form, order);
+                let mut c = CarefulRow::new(&p, 0, acc, (form, order), None);
                 let got = c.values(Output::LogProbs, 0, &targets, Dtype::F64).unwrap();
                 let want = match form {
                     Shift::Any => [lp[3], raw[3]],

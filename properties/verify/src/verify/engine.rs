@@ -393,8 +393,7 @@ fn verify_row(
     );
     // (The screen holds what the sweep needs of `exact` and the candidates.)
     let screened = screen.as_mut().map(RowScreen::sweep);
-    let mut careful = (dump.logits.linear().is_none())
-        .then(|| tolerance::CarefulRow::new(&p, 0, acc_dtype, config.form, config.model));
+    let mut careful = careful_row(dump, &p, acc_dtype, config);
     let mut out: RowAcc = PerOutput::new();
     if let Some(s) = screened.filter(|s| s.count > 0) {
         out.get_or_insert_with(Output::GradLogits, OutputAcc::new)
@@ -479,6 +478,30 @@ fn verify_row(
     crate::scratch::give(std::mem::take(&mut stats.d));
     crate::scratch::give(std::mem::take(&mut stats.e));
     Ok((out, fallback, loss_row, (lin.map_err(spec)?, lin_logits)))
+}
+
+/// The relative rule's careful code for row 0 of `p` (TOLERANCE.md
+/// (R2)): on stored logits, and on a fused linear kernel's logits kept
+/// in a 16-bit matmul dtype (the exact matmul rounded to it; f32 logits
+/// would need the GEMM's own error, so those rows have no relative rule).
+fn careful_row(
+    dump: &Dump<'_>,
+    p: &Problem<'_>,
+    acc_dtype: Dtype,
+    config: &VerifyConfig,
+) -> Option<tolerance::CarefulRow> {
+    let logits_in = match dump.logits.linear() {
+        None => None,
+        Some(l)
+            if l.logits_dtype == crate::dump::LmHeadLogitsDtype::Input
+                && matches!(l.dtype, Dtype::Bf16 | Dtype::F16) =>
+        {
+            Some(l.dtype)
+        }
+        Some(_) => return None,
+    };
+    let plan = (config.form, config.model);
+    Some(tolerance::CarefulRow::new(p, 0, acc_dtype, plan, logits_in))
 }
 
 /// The row's gradient screen ([`RowScreen::new`]) when grad logits are a

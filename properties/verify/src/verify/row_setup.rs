@@ -1,7 +1,6 @@
 //! What [`super::engine`]'s row check sets up before judging: the row's
 //! inputs and bounds' context (with a fused linear kernel's matmul stage,
-//! TOLERANCE.md (T29)), the forward dtypes, our own kernel's values on the
-//! same row, and the bounds' grouping keys.
+//! TOLERANCE.md (T29)), the forward dtypes and the bounds' grouping keys.
 
 use logprobe_reference::spec::{Dtype, SpecError};
 
