@@ -20,6 +20,8 @@ written apart:
   tune/heldout (loss side)   torch.logsumexp and coef * lse**2; the policy
             terms from log_softmax's log-prob against references 1e-6 to 1
             away (kl_k3 as expm1(-d) + d)
+  long      8192-row dumps (V = 4096) of the tune forms and entr, the
+            issue's batch size (LONG=0 skips them)
 Defects (each must exceed R):
   unshifted entropy   logsumexp(x) - sum(softmax(x) x) at offsets 30 and 100
   sequential, undeclared   the np.cumsum code verified under the default model
@@ -191,6 +193,26 @@ for name, x, t, tokens, g in loss_side(31_337 + SEED):
     kl = ref - lp
     ts = {"logits": x, "tokens": tokens, "ref_log_probs": ref, "kl_k3": torch.exp(kl) - kl - 1}
     jobs.append(("defect:k3_low_var_kl", save(f"lowvar_{name}", ts, meta), []))
+
+# Dumps of 8192 rows (the batch), V = 4096: the rule is a ratio of
+# two maxima over the dump, so its false-alarm rate per dump is measured at
+# that size too (LONG=0 skips them).
+if os.environ.get("LONG", "1") != "0":
+    g = torch.Generator().manual_seed(8192 + SEED)
+    for dtype, offset in itertools.product(["bf16", "fp32"], [0, 30]):
+        x = logits(g, 8192, 4096, offset, dtype, "llm")
+        tokens = torch.randint(0, 4096, (8192,), generator=g)
+        name = f"long_{dtype}_o{offset}"
+        for form, lp, ent in tune_forms(None, x, 1.0, tokens):
+            ts = {"logits": x, "tokens": tokens, "log_probs": lp}
+            if ent is not None:
+                ts["entropy"] = ent
+            jobs.append(("long:" + form, save(f"{name}_{form}", ts, {}), []))
+        z = x.float()
+        p = torch.softmax(z, -1)
+        ts = {"logits": x, "tokens": tokens, "log_probs": gather(torch.log_softmax(z, -1), tokens),
+              "entropy": torch.special.entr(p).sum(-1)}
+        jobs.append(("long:entr", save(f"{name}_entr", ts, {}), []))
 
 worst = {}
 for cls, path, extra in jobs:
