@@ -17,7 +17,8 @@ written apart:
             Liger's multiply by fl(1/T), outputs rounded to the logits'
             dtype, and a sequential float32 sum (np.cumsum) verified with
             --model sequential as it declares
-  tune/heldout (loss side)   torch.logsumexp and coef * lse**2; the policy
+  tune/heldout (loss side)   torch.logsumexp and coef * lse**2;
+            F.cross_entropy(reduction="none", label_smoothing 0 and 0.1); the policy
             terms from log_softmax's log-prob against references 1e-6 to 1
             away (kl_k3 as expm1(-d) + d)
   long      8192-row dumps (V = 4096) of the tune forms and entr, the
@@ -178,6 +179,11 @@ for name, x, t, tokens, g in loss_side(31_337 + SEED):
     lse = torch.logsumexp(z, -1)
     ts = {"logits": x, "lse": lse, "z_loss": 1e-4 * lse**2}
     jobs.append(("tune:lse_z_loss", save(f"lse_{name}", ts, meta), []))
+    for eps in (0.0, 0.1):
+        ce = torch.nn.functional.cross_entropy(z, tokens, reduction="none", label_smoothing=eps)
+        m = {"temperature": repr(t), "reduction": "none", "label_smoothing": repr(eps), "format_version": "2"}
+        ts = {"logits": x, "tokens": tokens, "loss": ce}
+        jobs.append(("heldout:cross_entropy_none", save(f"ce{eps}_{name}", ts, m), []))
     lp = gather(torch.log_softmax(z, -1), tokens)
     n = len(tokens)
     mag = 10.0 ** (-6 + 6 * torch.rand(n, generator=g))
@@ -219,6 +225,8 @@ for cls, path, extra in jobs:
     r = subprocess.run([exe, "verify", "--json", "--no-progress", *extra, path], capture_output=True, text=True)
     doc = json.loads(r.stdout)
     for f in doc["files"]:
+        if "outputs" not in f:
+            sys.exit(f"{path}: {r.stderr.strip() or f}")
         for o in f["outputs"]:
             rr = o.get("relative_rule")
             if rr is None:

@@ -103,7 +103,8 @@ Columns of the report:
   err/stat    largest error / statistical threshold (SUSPECT above 1)
   err/care    the relative rule: max error / max(careful code's max error, half ulp),
               careful code in the accumulation dtype, form and summation declared
-              (SUSPECT above R = {}; log-softmax outputs, lse, z_loss, policy terms)
+              (SUSPECT above R = {}; log-softmax outputs, lse, z_loss, per-row loss,
+              policy terms)
   A SUSPECT output's line names the rule that fired: statistical tier or relative rule.
   unchecked   the output had no element to check (N = 0, every row ignored, K = 0)
 

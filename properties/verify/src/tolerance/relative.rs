@@ -14,13 +14,13 @@
 //! reference error of an element is the largest over them), its result
 //! rounded to the output's dtype. It covers the log-softmax outputs
 //! (`log_probs`, `topk_log_probs`, `entropy`), `lse = r(max z + l)`,
-//! `z_loss = r(r(coef lse) lse)` and the policy terms (`kl_k1`, `kl_k2`,
-//! `kl_k3` in the `expm1` form, `kl_abs`, `ratio`, from careful code's
-//! log-prob).
+//! `z_loss = r(r(coef lse) lse)`, the cross-entropy `loss` under
+//! `reduction = none` and the policy terms (`kl_k1`, `kl_k2`, `kl_k3` in
+//! the `expm1` form, `kl_abs`, `ratio`, from careful code's log-prob).
 
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{
-    Dtype, EntropyLogits, Family, LossTerm, Output, PolicyRow, Problem, RowStat, Shift,
+    Dtype, EntropyLogits, Family, LossTerm, Output, PolicyRow, Problem, Reduction, RowStat, Shift,
     SoftcapDtype, TemperatureDtype,
 };
 
@@ -101,8 +101,26 @@ pub struct CarefulRow {
     policy: Option<PolicyRow>,
     /// `z_loss_coef` rounded to the accumulation dtype.
     z_loss_coef: Option<f64>,
+    /// The row's cross-entropy under `reduction = none`.
+    loss: Option<LossRow>,
     log_softmax: Option<Naive>,
     entropy: Option<f64>,
+}
+
+/// What careful code's per-row cross-entropy needs besides the log-probs
+/// (`spec::loss`'s definition; `kernels`' `row_loss` and `loss_term`).
+#[derive(Clone, Copy, Debug)]
+struct LossRow {
+    /// The row has a target (its token is not `ignore_index`).
+    target: bool,
+    /// Its weight (1 without `loss_weights`).
+    weight: f64,
+    /// Label smoothing rounded to the accumulation dtype.
+    eps: f64,
+    /// Allowed entries `|A|`.
+    count: usize,
+    /// An allowed entry has a `-inf` logit (`l = +inf` when `eps > 0`).
+    neg_inf: bool,
 }
 
 impl Drop for CarefulRow {
@@ -110,6 +128,32 @@ impl Drop for CarefulRow {
         crate::scratch::give(std::mem::take(&mut self.masked));
         crate::scratch::give(std::mem::take(&mut self.entropy_logits));
     }
+}
+
+/// Row `row`'s [`LossRow`] under `reduction = none` (`None` otherwise, or
+/// without a cross-entropy); `masked` its logits, `-inf` where disallowed.
+fn loss_row(problem: &Problem<'_>, row: usize, acc: Dtype, masked: &[f64]) -> Option<LossRow> {
+    let loss = problem.options.loss.as_ref()?;
+    if loss.reduction != Reduction::None {
+        return None;
+    }
+    let (mut count, mut neg_inf) = (0, false);
+    for (j, &x) in masked.iter().enumerate() {
+        if problem.allowed(row, j) {
+            count += 1;
+            neg_inf |= x == f64::NEG_INFINITY;
+        }
+    }
+    Some(LossRow {
+        target: problem.has_target(row),
+        weight: problem.loss_weight(row),
+        eps: loss
+            .with_weights(None)
+            .effective_label_smoothing(acc)
+            .ok()?,
+        count,
+        neg_inf,
+    })
 }
 
 /// The first `v` entries of `row` as f64 into `out`.
@@ -189,6 +233,7 @@ impl CarefulRow {
             out
         };
         let masked = fill(mask);
+        let loss = loss_row(problem, row, accumulation, &masked);
         let entropy_logits = match problem.options.entropy {
             _ if problem.sampling_mask.is_none() => Vec::new(),
             Some(EntropyLogits::Masked) => Vec::new(),
@@ -232,6 +277,7 @@ impl CarefulRow {
                 .effective_z_loss_coef(accumulation)
                 .ok()
                 .flatten(),
+            loss,
             log_softmax: None,
             entropy: None,
         }
@@ -240,9 +286,9 @@ impl CarefulRow {
     /// Careful code's values of column `col` of `output`, rounded to
     /// `dtype`: the log-softmax at the target or top-k id in each form the
     /// declaration allows (two values under `any`: shifted and raw), the
-    /// policy terms from each of them, the entropy, `lse`, `z_loss`; `None`
-    /// for the outputs the rule does not cover or a missing target or
-    /// policy input.
+    /// policy terms and the per-row cross-entropy from each of them, the
+    /// entropy, `lse`, `z_loss`; `None` for the outputs the rule does not
+    /// cover or a missing target or policy input.
     pub fn values(
         &mut self,
         output: Output,
@@ -268,8 +314,15 @@ impl CarefulRow {
                 let v = dtype.round_f64(r(r(self.z_loss_coef? * lse) * lse));
                 return Some([v, v]);
             }
+            Family::Loss(LossTerm::CrossEntropy) => {
+                let l = self.loss?;
+                if !l.target || l.weight == 0.0 {
+                    return Some([0.0, 0.0]);
+                }
+                (targets.token?, None)
+            }
             Family::Gradient
-            | Family::Loss(LossTerm::CrossEntropy | LossTerm::SoftCrossEntropy)
+            | Family::Loss(LossTerm::SoftCrossEntropy)
             | Family::TopkKl(_)
             | Family::LogSoftmax(RowStat::Rank) => return None,
         };
@@ -282,12 +335,43 @@ impl CarefulRow {
             Some(true) => [raw, raw],
         };
         let r = |v: f64| dtype.round_f64(v);
+        if output.family() == Family::Loss(LossTerm::CrossEntropy) {
+            let l = self.loss?;
+            let sum = if l.eps > 0.0 && !l.neg_inf {
+                self.naive().sum_lp(&self.masked)
+            } else {
+                0.0
+            };
+            return Some(lps.map(|lp| r(self.cross_entropy(&l, lp, sum))));
+        }
         let Some(term) = term else {
             return Some(lps.map(r));
         };
         let row = self.policy.as_ref()?;
         let [a, b] = lps.map(|lp| policy_term(term, lp, row, self.plan.dtype));
         Some([r(a?), r(b?)])
+    }
+
+    /// Careful code's `w l` at the target's log-prob `lp`, `sum` the
+    /// label-smoothing sum ([`Naive::sum_lp`]): `l = r(r((1 - eps) (-lp)) +
+    /// r(eps r(-r(sum / |A|))))` (`-lp` alone for `eps = 0`), then times
+    /// the weight in the accumulation dtype.
+    fn cross_entropy(&self, l: &LossRow, lp: f64, sum: f64) -> f64 {
+        let r = |x: f64| self.plan.dtype.round_f64(x);
+        let nll = -lp;
+        let loss = if l.eps == 0.0 {
+            nll
+        } else if l.neg_inf {
+            f64::INFINITY
+        } else {
+            let mean = -r(sum / l.count as f64);
+            r(r((1.0 - l.eps) * nll) + r(l.eps * mean))
+        };
+        if l.weight == 1.0 {
+            loss
+        } else {
+            r(r(l.weight) * loss)
+        }
     }
 
     fn naive(&mut self) -> Naive {
@@ -330,7 +414,7 @@ pub struct RelativeRule {
     pub candidate_error: f64,
     /// Max error of careful code seen (the largest over its forms).
     pub careful_error: f64,
-    /// Max half ulp of the output's dtype at the exact values seen.
+    /// Max half ulp of the output's dtype at the finite exact values seen.
     pub floor: f64,
 }
 
@@ -355,7 +439,9 @@ impl RelativeRule {
         for &c in careful {
             self.careful_error = max_nan(self.careful_error, err(c));
         }
-        self.floor = self.floor.max(0.5 * dtype.ulp(mid));
+        if mid.is_finite() {
+            self.floor = self.floor.max(0.5 * dtype.ulp(mid));
+        }
     }
 
     /// Both tensors' elements together.

@@ -5,7 +5,7 @@
 
 use logprobe_reference::oracle::{Exact, Interval, RowStats};
 use logprobe_reference::spec::{Dtype, Output};
-use logprobe_reference::spec::{Shift, Summation};
+use logprobe_reference::spec::{LossOptions, Reduction, Shift, Summation};
 use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
@@ -919,7 +919,7 @@ fn naive_row_equals_the_vector_naive_computation_bit_for_bit() {
 }
 
 /// Careful code by its definition, over vectors: `(log-probs shifted,
-/// log-probs raw, entropy, lse)` of `x` in `dtype`, scale first or subtract
+/// log-probs raw, entropy, lse, sum of the log-probs)` of `x` in `dtype`, scale first or subtract
 /// first, every sum in blocks of `leaf` terms in order, the block sums
 /// merged pairwise (split at the largest power of two below their count).
 fn careful_vectors(
@@ -928,7 +928,7 @@ fn careful_vectors(
     dtype: Dtype,
     sub_first: bool,
     leaf: usize,
-) -> (Vec<f64>, Vec<f64>, f64, f64) {
+) -> (Vec<f64>, Vec<f64>, f64, f64, f64) {
     let r = |v: f64| dtype.round_f64(v);
     fn merge(s: &[f64], r: &dyn Fn(f64) -> f64) -> f64 {
         if s.len() == 1 {
@@ -989,7 +989,8 @@ fn careful_vectors(
         })
         .collect();
     let lse = r(if sub_first && t != 1.0 { r(m / t) } else { m } + l);
-    (lp, raw, sum(&terms), lse)
+    let sum_lp = sum(&lp);
+    (lp, raw, sum(&terms), lse, sum_lp)
 }
 
 #[test]
@@ -1015,6 +1016,7 @@ fn careful_row_follows_the_declared_form_and_order() {
             token: Some(3),
             ..Default::default()
         };
+        let weights = ndarray::array![0.75];
         for (form, order) in [
             (Shift::Any, Order::Lanes(8)),
             (Shift::Raw, Order::Tree),
@@ -1024,7 +1026,7 @@ fn careful_row_follows_the_declared_form_and_order() {
             for acc in [Dtype::F32, Dtype::Bf16] {
                 let leaf = order.summation(v).leaf;
                 let sub_first = form == Shift::SubtractThenScale;
-                let (lp, raw, h, lse) = careful_vectors(&x, t, acc, sub_first, leaf);
+                let (lp, raw, h, lse, sum_lp) = careful_vectors(&x, t, acc, sub_first, leaf);
                 let mut c = CarefulRow::new(&p, 0, acc, (form, order), None);
                 let got = c.values(Output::LogProbs, 0, &targets, Dtype::F64).unwrap();
                 let want = match form {
@@ -1049,6 +1051,28 @@ fn careful_row_follows_the_declared_form_and_order() {
                     lse.to_bits(),
                     "case {case} {form:?} {order} {acc}"
                 );
+                // The cross-entropy under `none` with label smoothing 0.1
+                // and a weight: `r(w r(r(0.9 (-lp)) + r(0.1 r(-r(sum / V)))))`.
+                let r = |v: f64| acc.round_f64(v);
+                let (eps, w) = (r(0.1), r(weights[0]));
+                let mean = -r(sum_lp / v as f64);
+                let want = r(w * r(r((1.0 - eps) * -lp[3]) + r(eps * mean)));
+                let mut q = p;
+                q.options.loss = Some(LossOptions {
+                    reduction: Reduction::None,
+                    label_smoothing: 0.1,
+                    ..LossOptions::default()
+                });
+                q.loss_weights = Some(weights.view());
+                let mut cl = CarefulRow::new(&q, 0, acc, (form, order), None);
+                let got = cl.values(Output::Loss, 0, &targets, Dtype::F64).unwrap()[0];
+                if form != Shift::Raw {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "case {case} {form:?} {order} {acc}"
+                    );
+                }
                 // Rounded to the output's dtype at the end.
                 let got = c.values(Output::Entropy, 0, &targets, Dtype::Bf16).unwrap()[0];
                 assert_eq!(got, Dtype::Bf16.round_f64(h));

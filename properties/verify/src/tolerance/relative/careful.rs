@@ -200,6 +200,22 @@ impl Naive {
         r(m + self.l)
     }
 
+    /// `sum_j r(d_j - l)` over the finite entries of `row` (the logits
+    /// [`Naive::new`] read), in the plan's order: the label-smoothing sum
+    /// of the cross-entropy.
+    pub(super) fn sum_lp(&self, row: &[f64]) -> f64 {
+        let r = |x: f64| self.dtype.round_f64(x);
+        let mut total = OrderedSum::new(self.dtype);
+        for block in row.chunks(self.leaf) {
+            let s = block
+                .iter()
+                .filter(|x| x.is_finite())
+                .fold(0.0, |s, &x| r(s + r(self.d(x) - self.l)));
+            total.push(s);
+        }
+        total.finish()
+    }
+
     /// The log-softmax's row values of `row` (logits of `logits_dtype`)
     /// under `plan`.
     pub(super) fn new(row: &[f64], temperature: f64, plan: Plan, logits_dtype: Dtype) -> Naive {
