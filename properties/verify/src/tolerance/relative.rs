@@ -171,13 +171,14 @@ impl CarefulRow {
     /// the declared `form` and summation `order`; `logits_in`: the logits
     /// are first rounded to this dtype (a fused linear kernel's logits
     /// kept in a 16-bit matmul dtype, from the exact matmul's, TOLERANCE.md
-    /// (R2)).
+    /// (R2)), twice where a bias `[V]` is added (the product rounded, then
+    /// the sum, as Liger's chunks do).
     pub fn new(
         problem: &Problem<'_>,
         row: usize,
         accumulation: Dtype,
         (form, order): (Shift, Order),
-        logits_in: Option<Dtype>,
+        logits_in: Option<(Dtype, Option<&[f64]>)>,
     ) -> CarefulRow {
         use logprobe_reference::spec::Logits;
         let (_, v_total) = problem.logits.dim();
@@ -188,7 +189,7 @@ impl CarefulRow {
         // The softcap, then a temperature materialised in the logits'
         // dtype, as the oracle takes them (`oracle::row::prepare`): careful
         // code computes an accumulation-dtype softcap in `accumulation`.
-        let dtype = logits_in.unwrap_or(problem.logits.dtype());
+        let dtype = logits_in.map_or(problem.logits.dtype(), |(d, _)| d);
         let c = problem
             .options
             .effective_softcap(accumulation)
@@ -197,9 +198,13 @@ impl CarefulRow {
         let softcap_acc = c.filter(|_| problem.options.softcap_dtype == SoftcapDtype::Accumulation);
         let softcap_input = c.filter(|_| problem.options.softcap_dtype == SoftcapDtype::Input);
         let t_input = problem.options.temperature_dtype == TemperatureDtype::Input;
-        let transform = |x: f64| {
+        let transform = |j: usize, x: f64| {
             let r = |v: f64| accumulation.round_f64(v);
-            let x = logits_in.map_or(x, |d| d.round_f64(x));
+            let x = match logits_in {
+                None => x,
+                Some((d, None)) => d.round_f64(x),
+                Some((d, Some(b))) => d.round_f64(d.round_f64(x - b[j]) + b[j]),
+            };
             let x = match (softcap_acc, softcap_input) {
                 (Some(c), _) => r(c * r(r(x / c).tanh())),
                 (_, Some(c)) => dtype.softcapped_input(x, c),
@@ -221,7 +226,9 @@ impl CarefulRow {
                 Logits::F16(a) => fill_row(a.row(row), v, &mut out),
             }
             if transformed {
-                out.iter_mut().for_each(|x| *x = transform(*x));
+                for (j, x) in out.iter_mut().enumerate() {
+                    *x = transform(j, *x);
+                }
             }
             if let Some(m) = mask {
                 for (x, &ok) in out.iter_mut().zip(m.iter()) {

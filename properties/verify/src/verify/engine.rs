@@ -482,8 +482,9 @@ fn verify_row(
 
 /// The relative rule's careful code for row 0 of `p` (TOLERANCE.md
 /// (R2)): on stored logits, and on a fused linear kernel's logits kept
-/// in a 16-bit matmul dtype (the exact matmul rounded to it; f32 logits
-/// would need the GEMM's own error, so those rows have no relative rule).
+/// in a 16-bit matmul dtype (the exact matmul rounded to it, twice with a
+/// bias; f32 logits would need the GEMM's own error, so those rows have
+/// no relative rule).
 fn careful_row(
     dump: &Dump<'_>,
     p: &Problem<'_>,
@@ -496,7 +497,7 @@ fn careful_row(
             if l.logits_dtype == crate::dump::LmHeadLogitsDtype::Input
                 && matches!(l.dtype, Dtype::Bf16 | Dtype::F16) =>
         {
-            Some(l.dtype)
+            Some((l.dtype, l.bias.as_deref()))
         }
         Some(_) => return None,
     };
