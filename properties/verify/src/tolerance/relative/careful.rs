@@ -241,21 +241,32 @@ impl Naive {
         let mut total = OrderedSum::new(dtype);
         EXP_CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            let mut cache = c.start(nv.logits16.unwrap_or(dtype), nv.m, f64::NAN);
+            // f32 takes the vector lanes below (faster than the 16-bit
+            // logits' cache); a 16-bit dtype, the cache and its skips.
+            let mut cache = if dtype == Dtype::F32 {
+                None
+            } else {
+                c.start(nv.logits16.unwrap_or(dtype), nv.m, f64::NAN)
+            };
             for row in row.chunks(nv.leaf) {
                 let mut s = 0.0;
                 if cache.is_none() && dtype == Dtype::F32 {
                     // f32: the exps a block at a time, in lanes (the same bits).
+                    // The sum in f32 arithmetic: f32 operands' sum rounded
+                    // once to f32 is `r32` of their f64 sum (a double
+                    // rounding through f64 is innocuous for `+`, `-`, `*`:
+                    // 53 >= 2 * 24 + 2), and the chain is shorter.
                     let mut buf = [0.0; BLOCK];
+                    let mut s32 = 0f32;
                     for block in row.chunks(BLOCK) {
                         let e = &mut buf[..block.len()];
                         nv.d_f32(block, e);
                         exp_f32_in_place(e);
                         for &e in e.iter() {
-                            s = r32(s + e);
+                            s32 += e as f32;
                         }
                     }
-                    total.push(s);
+                    total.push(f64::from(s32));
                     continue;
                 }
                 let term = |x: f64| r(nv.d(x).exp());
@@ -304,12 +315,18 @@ impl Naive {
         let mut total = OrderedSum::new(self.dtype);
         EXP_CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            let mut cache = c.start(self.logits16.unwrap_or(self.dtype), self.m, self.l);
+            let mut cache = if self.dtype == Dtype::F32 {
+                None
+            } else {
+                c.start(self.logits16.unwrap_or(self.dtype), self.m, self.l)
+            };
             for row in row.chunks(self.leaf) {
                 let mut acc = 0.0;
                 if cache.is_none() && self.dtype == Dtype::F32 {
                     // f32: `term` a block at a time, its exps in lanes (the same bits).
                     let (mut l, mut p) = ([0.0; BLOCK], [0.0; BLOCK]);
+                    // In f32 arithmetic, as `new`'s sum (the same bits).
+                    let mut acc32 = 0f32;
                     for block in row.chunks(BLOCK) {
                         let n = block.len();
                         self.d_f32(block, &mut l[..n]);
@@ -319,14 +336,13 @@ impl Naive {
                         }
                         exp_f32_in_place(&mut p[..n]);
                         for (&l, &p) in l[..n].iter().zip(&p[..n]) {
-                            // As `term`: `p = 0` adds nothing.
-                            let t = if p != 0.0 { r32(p * l) } else { f64::INFINITY };
-                            if t != f64::INFINITY {
-                                acc = r32(acc - t);
-                            }
+                            // As `term`: `p = 0` adds nothing (`0 * -inf`
+                            // would be NaN).
+                            let t = if p != 0.0 { p as f32 * l as f32 } else { 0.0 };
+                            acc32 -= t;
                         }
                     }
-                    total.push(acc);
+                    total.push(f64::from(acc32));
                     continue;
                 }
                 // Logits `x <= below` add nothing to `acc` (`Naive::entropy_below`).
