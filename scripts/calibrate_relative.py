@@ -20,7 +20,8 @@ written apart:
   tune/heldout (loss side)   torch.logsumexp and coef * lse**2;
             F.cross_entropy(reduction="none", label_smoothing 0 and 0.1); the policy
             terms from log_softmax's log-prob against references 1e-6 to 1
-            away (kl_k3 as expm1(-d) + d)
+            away (kl_k3 as expm1(-d) + d); verl's top-k KLs against a
+            nearby teacher's top-32
   long      8192-row dumps (V = 4096) of the tune forms and entr, the
             issue's batch size (LONG=0 skips them)
 Defects (each must exceed R):
@@ -196,6 +197,13 @@ for name, x, t, tokens, g in loss_side(31_337 + SEED):
           "kl_k1": d, "kl_k2": 0.5 * d.square(), "kl_abs": d.abs(),
           "kl_k3": torch.expm1(-d) + d, "ratio": torch.exp(lp - old)}
     jobs.append(("heldout:policy_terms", save(f"policy_{name}", ts, meta), []))
+    # verl's compute_forward_kl_topk: a nearby teacher's top-32.
+    t_lp = torch.log_softmax(z + 0.3 * torch.randn(z.shape, generator=g), -1)
+    a, ids = t_lp.topk(32, dim=-1)
+    s_lp = torch.log_softmax(z, -1).gather(-1, ids)
+    ts = {"logits": x, "topk_ids": ids, "teacher_topk_log_probs": a.contiguous(),
+          "forward_kl": (a.exp() * (a - s_lp)).sum(-1), "reverse_kl": (s_lp.exp() * (s_lp - a)).sum(-1)}
+    jobs.append(("heldout:topk_kl", save(f"topk_{name}", ts, meta), []))
     kl = ref - lp
     ts = {"logits": x, "tokens": tokens, "ref_log_probs": ref, "kl_k3": torch.exp(kl) - kl - 1}
     jobs.append(("defect:k3_low_var_kl", save(f"lowvar_{name}", ts, meta), []))

@@ -15,13 +15,14 @@
 //! rounded to the output's dtype. It covers the log-softmax outputs
 //! (`log_probs`, `topk_log_probs`, `entropy`), `lse = r(max z + l)`,
 //! `z_loss = r(r(coef lse) lse)`, the cross-entropy `loss` under
-//! `reduction = none` and the policy terms (`kl_k1`, `kl_k2`, `kl_k3` in
-//! the `expm1` form, `kl_abs`, `ratio`, from careful code's log-prob).
+//! `reduction = none`, the top-k KLs and the policy terms (`kl_k1`,
+//! `kl_k2`, `kl_k3` in the `expm1` form, `kl_abs`, `ratio`, from careful
+//! code's log-prob).
 
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{
-    Dtype, EntropyLogits, Family, LossTerm, Output, PolicyRow, Problem, Reduction, RowStat, Shift,
-    SoftcapDtype, TemperatureDtype,
+    Dtype, EntropyLogits, Family, KlDirection, LossTerm, Output, PolicyRow, PolicyTerm, Problem,
+    Reduction, RowStat, Shift, SoftcapDtype, TemperatureDtype,
 };
 
 use super::model::Order;
@@ -29,7 +30,7 @@ use super::walk::RowTargets;
 
 mod careful;
 mod exp_f32;
-use careful::{policy_term, Naive, Plan};
+use careful::{policy_term, topk_kl, Naive, Plan};
 
 /// `R` of the relative rule: an output is SUSPECT when its largest error
 /// exceeds `R` times careful code's (or half an ulp); chosen from the
@@ -103,6 +104,8 @@ pub struct CarefulRow {
     z_loss_coef: Option<f64>,
     /// The row's cross-entropy under `reduction = none`.
     loss: Option<LossRow>,
+    /// The top-k KL: renormalised, and the teacher's log-probs `[K]`.
+    topk_kl: Option<(bool, Vec<f64>)>,
     log_softmax: Option<Naive>,
     entropy: Option<f64>,
 }
@@ -285,6 +288,11 @@ impl CarefulRow {
                 .ok()
                 .flatten(),
             loss,
+            topk_kl: problem
+                .options
+                .topk_kl
+                .zip(problem.teacher_topk_log_probs)
+                .map(|(kl, a)| (kl.renormalized, a.row(row).to_vec())),
             log_softmax: None,
             entropy: None,
         }
@@ -293,9 +301,9 @@ impl CarefulRow {
     /// Careful code's values of column `col` of `output`, rounded to
     /// `dtype`: the log-softmax at the target or top-k id in each form the
     /// declaration allows (two values under `any`: shifted and raw), the
-    /// policy terms and the per-row cross-entropy from each of them, the
-    /// entropy, `lse`, `z_loss`; `None` for the outputs the rule does not
-    /// cover or a missing target or policy input.
+    /// policy terms, the per-row cross-entropy and the top-k KLs from each
+    /// of them, the entropy, `lse`, `z_loss`; `None` for the outputs the
+    /// rule does not cover or a missing target or policy input.
     pub fn values(
         &mut self,
         output: Output,
@@ -328,9 +336,33 @@ impl CarefulRow {
                 }
                 (targets.token?, None)
             }
+            Family::TopkKl(direction) => {
+                let (renormalized, teacher) = self.topk_kl.clone()?;
+                let nv = self.naive();
+                let mut values = [[0.0; 2]; 2];
+                for (f, raw) in [false, true].into_iter().enumerate() {
+                    let lp: Vec<f64> = targets
+                        .topk_ids
+                        .iter()
+                        .map(|&id| {
+                            let x = self.masked.get(id).copied().unwrap_or(f64::NAN);
+                            match (self.raw, raw) {
+                                (Some(true), _) | (Some(false), true) => nv.lp_raw(x),
+                                _ => nv.lp(x),
+                            }
+                        })
+                        .collect();
+                    let (fw, rv) = topk_kl(&lp, &teacher, renormalized, self.plan.dtype);
+                    values[f] = [fw, rv];
+                }
+                let k = match direction {
+                    KlDirection::Forward => 0,
+                    KlDirection::Reverse => 1,
+                };
+                return Some([values[0][k], values[1][k]].map(|v| dtype.round_f64(v)));
+            }
             Family::Gradient
             | Family::Loss(LossTerm::SoftCrossEntropy)
-            | Family::TopkKl(_)
             | Family::LogSoftmax(RowStat::Rank) => return None,
         };
         let x = *self.masked.get(id)?;
@@ -357,6 +389,67 @@ impl CarefulRow {
         let row = self.policy.as_ref()?;
         let [a, b] = lps.map(|lp| policy_term(term, lp, row, self.plan.dtype));
         Some([r(a?), r(b?)])
+    }
+
+    /// What one ulp (of the accumulation dtype) of careful code's input
+    /// log-prob implies for an output computed from it, `|dv / dlp|
+    /// ulp(lp)` (summed over the ids for the top-k KLs): a floor of the
+    /// rule's reference, TOLERANCE.md (R2) (a correct kernel's log-prob
+    /// is within a few ulps; careful code's own may err less on the row
+    /// where the output is largest). 0 for other outputs.
+    pub fn input_floor(&mut self, output: Output, targets: &RowTargets) -> f64 {
+        let acc = self.plan.dtype;
+        let ulp = |lp: f64| if lp.is_finite() { acc.ulp(lp) } else { 0.0 };
+        match output.family() {
+            Family::Policy(term) => {
+                let (Some(t), Some(row)) = (targets.token, self.policy) else {
+                    return 0.0;
+                };
+                let Some(&x) = self.masked.get(t) else {
+                    return 0.0;
+                };
+                let lp = self.naive().lp(x);
+                let Some(input) = row.input(term) else {
+                    return 0.0;
+                };
+                let d = lp - input;
+                let clamp = |c: Option<f64>| c.map_or(d, |c| d.clamp(-c, c));
+                let slope = match term {
+                    PolicyTerm::K1 | PolicyTerm::Abs => 1.0,
+                    PolicyTerm::K2 => d.abs(),
+                    PolicyTerm::K3 => (-clamp(row.clamps.kl_input)).exp_m1().abs(),
+                    PolicyTerm::Ratio => clamp(row.clamps.ratio_log).exp(),
+                };
+                let f = slope * ulp(lp);
+                if f.is_finite() {
+                    f
+                } else {
+                    0.0
+                }
+            }
+            Family::TopkKl(direction) => {
+                let Some((_, teacher)) = self.topk_kl.clone() else {
+                    return 0.0;
+                };
+                let nv = self.naive();
+                let f: f64 = targets
+                    .topk_ids
+                    .iter()
+                    .zip(&teacher)
+                    .map(|(&id, &a)| {
+                        let lp = self.masked.get(id).map_or(f64::NAN, |&x| nv.lp(x));
+                        let slope = match direction {
+                            KlDirection::Forward => a.exp(),
+                            KlDirection::Reverse => lp.exp() * (lp - a + 1.0).abs(),
+                        };
+                        slope * ulp(lp)
+                    })
+                    .filter(|f| f.is_finite())
+                    .sum();
+                f
+            }
+            _ => 0.0,
+        }
     }
 
     /// Careful code's `w l` at the target's log-prob `lp`, `sum` the
@@ -421,7 +514,8 @@ pub struct RelativeRule {
     pub candidate_error: f64,
     /// Max error of careful code seen (the largest over its forms).
     pub careful_error: f64,
-    /// Max half ulp of the output's dtype at the finite exact values seen.
+    /// Max over the elements seen of half an ulp of the output's dtype at
+    /// the (finite) exact value and the element's input floor.
     pub floor: f64,
 }
 
@@ -432,8 +526,16 @@ impl RelativeRule {
     }
 
     /// Records one element: its exact value, the candidate and careful
-    /// code's values ([`CarefulRow::values`]), all in `dtype`.
-    pub fn observe(&mut self, exact: &Exact, candidate: f64, careful: &[f64], dtype: Dtype) {
+    /// code's values ([`CarefulRow::values`]), all in `dtype`, and the
+    /// element's input floor ([`CarefulRow::input_floor`]).
+    pub fn observe(
+        &mut self,
+        exact: &Exact,
+        candidate: f64,
+        careful: &[f64],
+        input_floor: f64,
+        dtype: Dtype,
+    ) {
         let err = |v: f64| {
             if v.is_infinite() && v == exact.rounded {
                 0.0
@@ -449,6 +551,7 @@ impl RelativeRule {
         if mid.is_finite() {
             self.floor = self.floor.max(0.5 * dtype.ulp(mid));
         }
+        self.floor = self.floor.max(input_floor);
     }
 
     /// Both tensors' elements together.
@@ -460,7 +563,7 @@ impl RelativeRule {
         }
     }
 
-    /// `max candidate error / max(max careful error, max half ulp)`; 0 for
+    /// `max candidate error / max(max careful error, max floor)`; 0 for
     /// an empty tensor or no error, `inf` for a NaN error.
     pub fn ratio(&self) -> f64 {
         let reference = self.careful_error.max(self.floor);

@@ -5,7 +5,7 @@
 
 use logprobe_reference::oracle::{Exact, Interval, RowStats};
 use logprobe_reference::spec::{Dtype, Output};
-use logprobe_reference::spec::{LossOptions, Reduction, Shift, Summation};
+use logprobe_reference::spec::{LossOptions, Reduction, Shift, Summation, TopkKl};
 use logprobe_reference::splitmix::SplitMix64;
 
 use super::*;
@@ -804,13 +804,14 @@ fn naive_same_dtype_computation_and_relative_ratio() {
     let naive_err = far_error(lp[3], exact_log_prob(&st));
     assert!(naive_err > 0.05, "{naive_err}");
     let mut rule = RelativeRule::new();
-    rule.observe(&ex, ex.rounded, &[lp[3]], Dtype::Bf16);
+    rule.observe(&ex, ex.rounded, &[lp[3]], 0.0, Dtype::Bf16);
     assert!(!rule.fires() && rule.ratio() < 0.1);
     let mut rule = RelativeRule::new();
     rule.observe(
         &ex,
         ex.rounded + (RELATIVE_R + 1.0) * naive_err,
         &[lp[3]],
+        0.0,
         Dtype::Bf16,
     );
     assert!(rule.fires());
@@ -821,10 +822,11 @@ fn naive_same_dtype_computation_and_relative_ratio() {
         &ex,
         ex.rounded + 2.0 * naive_err,
         &[ex.rounded, lp[3]],
+        0.0,
         Dtype::Bf16,
     );
     assert!(!rule.fires());
-    rule.observe(&ex, f64::NAN, &[lp[3]], Dtype::Bf16);
+    rule.observe(&ex, f64::NAN, &[lp[3]], 0.0, Dtype::Bf16);
     assert!(rule.fires() && rule.ratio().is_infinite());
     // -inf entries add nothing to the naive entropy.
     let mut y = x.clone();
@@ -1017,6 +1019,7 @@ fn careful_row_follows_the_declared_form_and_order() {
             ..Default::default()
         };
         let weights = ndarray::array![0.75];
+        let teacher = ndarray::array![[-0.5, -1.75, -3.0]];
         for (form, order) in [
             (Shift::Any, Order::Lanes(8)),
             (Shift::Raw, Order::Tree),
@@ -1072,6 +1075,31 @@ fn careful_row_follows_the_declared_form_and_order() {
                         want.to_bits(),
                         "case {case} {form:?} {order} {acc}"
                     );
+                    // The top-k KL at ids 0, 5, 3 against a teacher:
+                    // `sum_k r(r(e^a_k) r(a_k - lp_k))` and its reverse.
+                    let mut q = p;
+                    q.options.topk_kl = Some(TopkKl {
+                        forward: true,
+                        reverse: true,
+                        renormalized: false,
+                        teacher_dtype: Dtype::F32,
+                    });
+                    q.teacher_topk_log_probs = Some(teacher.view());
+                    let tk = RowTargets {
+                        topk_ids: vec![0, 5, 3],
+                        ..targets.clone()
+                    };
+                    let mut ck = CarefulRow::new(&q, 0, acc, (form, order), None);
+                    let (mut f, mut b) = (0.0, 0.0);
+                    for (&id, &a) in tk.topk_ids.iter().zip(teacher.row(0)) {
+                        let (a, l) = (r(a), lp[id]);
+                        f = r(f + r(r(a.exp()) * r(a - l)));
+                        b = r(b + r(r(l.exp()) * r(l - a)));
+                    }
+                    let got = ck.values(Output::ForwardKl, 0, &tk, Dtype::F64).unwrap()[0];
+                    assert_eq!(got.to_bits(), f.to_bits(), "case {case} {form:?} {acc}");
+                    let got = ck.values(Output::ReverseKl, 0, &tk, Dtype::F64).unwrap()[0];
+                    assert_eq!(got.to_bits(), b.to_bits(), "case {case} {form:?} {acc}");
                 }
                 // Rounded to the output's dtype at the end.
                 let got = c.values(Output::Entropy, 0, &targets, Dtype::Bf16).unwrap()[0];

@@ -318,7 +318,7 @@ pub(super) fn output_report(name: &'static str, dtype: Dtype, acc: OutputAcc) ->
             ratio: f.ratio(),
             r: tolerance::RELATIVE_R,
             careful_max_abs_error: f.careful_error,
-            half_ulp_floor: f.floor,
+            floor: f.floor,
             fires: f.fires(),
         }),
         no_bound_reason: acc.no_bound_reason,

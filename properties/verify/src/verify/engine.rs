@@ -448,13 +448,13 @@ fn verify_row(
                 };
                 acc.observe_statistical(error, pass, &t);
             }
-            if let Some(c) = careful
-                .as_mut()
-                .and_then(|c| c.values(e.output, e.col, &targets, e.dtype))
-            {
-                acc.relative
-                    .get_or_insert_with(tolerance::RelativeRule::new)
-                    .observe(e.exact, candidate, &c, e.dtype);
+            if let Some(c) = careful.as_mut() {
+                if let Some(v) = c.values(e.output, e.col, &targets, e.dtype) {
+                    let floor = c.input_floor(e.output, &targets);
+                    acc.relative
+                        .get_or_insert_with(tolerance::RelativeRule::new)
+                        .observe(e.exact, candidate, &v, floor, e.dtype);
+                }
             }
             Ok(())
         },

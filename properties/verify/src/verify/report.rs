@@ -97,7 +97,7 @@ pub struct Judged {
 /// rule"; [`tolerance::RelativeRule`](crate::tolerance::RelativeRule)).
 #[derive(Clone, Debug, Serialize)]
 pub struct RelativeRuleReport {
-    /// `max error / max(careful code's max error, max half ulp)`.
+    /// `max error / max(careful code's max error, floor)`.
     #[serde(serialize_with = "json_f64")]
     pub ratio: f64,
     /// The rule's `R`: it fires when `ratio > r`.
@@ -107,9 +107,11 @@ pub struct RelativeRuleReport {
     /// output's unit).
     #[serde(serialize_with = "json_f64")]
     pub careful_max_abs_error: f64,
-    /// The largest half ulp of the output's dtype at the exact values.
+    /// The floor of careful code's error: the largest over the elements of
+    /// half an ulp of the output's dtype at the exact value and, for
+    /// outputs computed from a log-prob, what one ulp of it implies.
     #[serde(serialize_with = "json_f64")]
-    pub half_ulp_floor: f64,
+    pub floor: f64,
     /// Whether the rule fires (the output is then SUSPECT).
     pub fires: bool,
 }

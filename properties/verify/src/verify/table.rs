@@ -143,14 +143,14 @@ pub fn render_table(report: &FileReport) -> String {
         if let Some(f) = o.relative_rule.as_ref().filter(|f| f.fires) {
             let _ = writeln!(
                 s,
-                "  {}: SUSPECT (relative rule): max |err| {} is {} times careful code's {} ({} {} accumulation; half-ulp floor {}), above R = {}",
+                "  {}: SUSPECT (relative rule): max |err| {} is {} times careful code's {} ({} {} accumulation; floor {}), above R = {}",
                 o.output,
                 fmt_g(o.max_abs_error),
                 fmt_ratio(f.ratio, ""),
                 fmt_g(f.careful_max_abs_error),
                 report.model,
                 report.accumulation,
-                fmt_g(f.half_ulp_floor),
+                fmt_g(f.floor),
                 f.r
             );
         }

@@ -86,6 +86,69 @@ pub(super) fn policy_term(term: PolicyTerm, lp: f64, row: &PolicyRow, dtype: Dty
     })
 }
 
+/// Careful code's top-k KL `(forward_kl, reverse_kl)` from the student's
+/// log-probs `lp [K]` at the ids (values of `dtype`) and the teacher's
+/// `a [K]`: the CPU kernels' operations (`kernels/src/topk_kl.rs`) rounded
+/// to `dtype`, the K terms summed in index order. Renormalised: `l'_k =
+/// r(r(lp_k - m) - r(ln_1p(s)))`, `s = sum_{j != argmax} r(exp(r(lp_j -
+/// m)))`. Terms: `r(r(exp a_k) r(a_k - l_k))` and `r(r(exp l_k) r(l_k -
+/// a_k))`; a teacher `-inf` adds 0 forward, `+inf` reverse against a live
+/// student, and the other way round.
+pub(super) fn topk_kl(lp: &[f64], a: &[f64], renormalized: bool, dtype: Dtype) -> (f64, f64) {
+    let r = |x: f64| dtype.round_f64(x);
+    let l: Vec<f64> = if renormalized {
+        let arg = (0..lp.len()).filter(|&k| lp[k] > f64::NEG_INFINITY).fold(
+            None,
+            |b: Option<usize>, k| match b {
+                Some(b) if lp[b] >= lp[k] => Some(b),
+                _ => Some(k),
+            },
+        );
+        match arg {
+            None => lp.to_vec(),
+            Some(arg) => {
+                let m = lp[arg];
+                let s = (0..lp.len())
+                    .filter(|&j| j != arg && lp[j] > f64::NEG_INFINITY)
+                    .fold(0.0, |s, j| r(s + r(r(lp[j] - m).exp())));
+                let ell = r(s.ln_1p());
+                lp.iter()
+                    .map(|&x| {
+                        if x > f64::NEG_INFINITY {
+                            r(r(x - m) - ell)
+                        } else {
+                            x
+                        }
+                    })
+                    .collect()
+            }
+        }
+    } else {
+        lp.to_vec()
+    };
+    let a: Vec<f64> = a.iter().map(|&x| r(x)).collect();
+    let (mut fwd, mut rev) = (0.0, 0.0);
+    for (&l, &a) in l.iter().zip(&a) {
+        let f = if a == f64::NEG_INFINITY {
+            0.0
+        } else if l == f64::NEG_INFINITY {
+            f64::INFINITY
+        } else {
+            r(r(a.exp()) * r(a - l))
+        };
+        let b = if l == f64::NEG_INFINITY {
+            0.0
+        } else if a == f64::NEG_INFINITY {
+            f64::INFINITY
+        } else {
+            r(r(l.exp()) * r(l - a))
+        };
+        fwd = r(fwd + f);
+        rev = r(rev + b);
+    }
+    (fwd, rev)
+}
+
 /// The row-level values of careful code's log-softmax in one dtype.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Naive {
