@@ -21,7 +21,8 @@ written apart:
             F.cross_entropy(reduction="none", label_smoothing 0 and 0.1); the policy
             terms from log_softmax's log-prob against references 1e-6 to 1
             away (kl_k3 as expm1(-d) + d); verl's top-k KLs against a
-            nearby teacher's top-32
+            nearby teacher's top-32; torchtune's ForwardKLLoss (the soft
+            cross-entropy) against a nearby teacher
   long      8192-row dumps (V = 4096) of the tune forms and entr, the
             issue's batch size (LONG=0 skips them)
 Defects (each must exceed R):
@@ -204,6 +205,10 @@ for name, x, t, tokens, g in loss_side(31_337 + SEED):
     ts = {"logits": x, "topk_ids": ids, "teacher_topk_log_probs": a.contiguous(),
           "forward_kl": (a.exp() * (a - s_lp)).sum(-1), "reverse_kl": (s_lp.exp() * (s_lp - a)).sum(-1)}
     jobs.append(("heldout:topk_kl", save(f"topk_{name}", ts, meta), []))
+    # torchtune's ForwardKLLoss: the soft cross-entropy against the teacher.
+    tp = torch.softmax(z + 0.3 * torch.randn(z.shape, generator=g), -1)
+    ts = {"logits": x, "teacher_probs": tp, "soft_cross_entropy": -(tp * torch.log_softmax(z, -1)).sum(-1)}
+    jobs.append(("heldout:soft_cross_entropy", save(f"soft_{name}", ts, meta), []))
     kl = ref - lp
     ts = {"logits": x, "tokens": tokens, "ref_log_probs": ref, "kl_k3": torch.exp(kl) - kl - 1}
     jobs.append(("defect:k3_low_var_kl", save(f"lowvar_{name}", ts, meta), []))

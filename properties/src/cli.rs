@@ -104,7 +104,7 @@ Columns of the report:
   err/care    the relative rule: max error / max(careful code's max error, half ulp),
               careful code in the accumulation dtype, form and summation declared
               (SUSPECT above R = {}; log-softmax outputs, lse, z_loss, per-row loss,
-              top-k KLs, policy terms)
+              soft cross-entropy, top-k KLs, policy terms; no gradient yet)
   A SUSPECT output's line names the rule that fired: statistical tier or relative rule.
   unchecked   the output had no element to check (N = 0, every row ignored, K = 0)
 

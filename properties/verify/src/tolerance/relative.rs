@@ -15,14 +15,15 @@
 //! rounded to the output's dtype. It covers the log-softmax outputs
 //! (`log_probs`, `topk_log_probs`, `entropy`), `lse = r(max z + l)`,
 //! `z_loss = r(r(coef lse) lse)`, the cross-entropy `loss` under
-//! `reduction = none`, the top-k KLs and the policy terms (`kl_k1`,
+//! `reduction = none`, the soft cross-entropy, the top-k KLs and the
+//! policy terms (`kl_k1`,
 //! `kl_k2`, `kl_k3` in the `expm1` form, `kl_abs`, `ratio`, from careful
 //! code's log-prob).
 
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{
     Dtype, EntropyLogits, Family, KlDirection, LossTerm, Output, PolicyRow, PolicyTerm, Problem,
-    Reduction, RowStat, Shift, SoftcapDtype, TemperatureDtype,
+    Reduction, RowStat, Shift, SoftcapDtype, TeacherForm, TemperatureDtype,
 };
 
 use super::model::Order;
@@ -106,6 +107,9 @@ pub struct CarefulRow {
     loss: Option<LossRow>,
     /// The top-k KL: renormalised, and the teacher's log-probs `[K]`.
     topk_kl: Option<(bool, Vec<f64>)>,
+    /// The soft cross-entropy's teacher entries over the real vocabulary
+    /// `[V]` and their form.
+    teacher: Option<(Vec<f64>, TeacherForm)>,
     log_softmax: Option<Naive>,
     entropy: Option<f64>,
 }
@@ -288,6 +292,13 @@ impl CarefulRow {
                 .ok()
                 .flatten(),
             loss,
+            teacher: problem.teacher_probs.map(|t| {
+                let t = t.row(row);
+                (
+                    t.iter().take(v).copied().collect(),
+                    problem.options.teacher_form,
+                )
+            }),
             topk_kl: problem
                 .options
                 .topk_kl
@@ -302,8 +313,9 @@ impl CarefulRow {
     /// `dtype`: the log-softmax at the target or top-k id in each form the
     /// declaration allows (two values under `any`: shifted and raw), the
     /// policy terms, the per-row cross-entropy and the top-k KLs from each
-    /// of them, the entropy, `lse`, `z_loss`; `None` for the outputs the
-    /// rule does not cover or a missing target or policy input.
+    /// of them, the entropy, the soft cross-entropy, `lse`, `z_loss`;
+    /// `None` for the outputs the rule does not cover or a missing target,
+    /// policy input or teacher.
     pub fn values(
         &mut self,
         output: Output,
@@ -361,9 +373,16 @@ impl CarefulRow {
                 };
                 return Some([values[0][k], values[1][k]].map(|v| dtype.round_f64(v)));
             }
-            Family::Gradient
-            | Family::Loss(LossTerm::SoftCrossEntropy)
-            | Family::LogSoftmax(RowStat::Rank) => return None,
+            Family::Loss(LossTerm::SoftCrossEntropy) => {
+                let (teacher, form) = self.teacher.take()?;
+                let h = self
+                    .naive()
+                    .soft_cross_entropy(&self.masked, &teacher, form);
+                self.teacher = Some((teacher, form));
+                let h = dtype.round_f64(h);
+                return Some([h, h]);
+            }
+            Family::Gradient | Family::LogSoftmax(RowStat::Rank) => return None,
         };
         let x = *self.masked.get(id)?;
         let nv = self.naive();

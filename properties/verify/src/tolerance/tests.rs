@@ -921,7 +921,7 @@ fn naive_row_equals_the_vector_naive_computation_bit_for_bit() {
 }
 
 /// Careful code by its definition, over vectors: `(log-probs shifted,
-/// log-probs raw, entropy, lse, sum of the log-probs)` of `x` in `dtype`, scale first or subtract
+/// log-probs raw, entropy, lse, (sum of the log-probs, soft cross-entropy))` of `x` in `dtype`, scale first or subtract
 /// first, every sum in blocks of `leaf` terms in order, the block sums
 /// merged pairwise (split at the largest power of two below their count).
 fn careful_vectors(
@@ -930,7 +930,7 @@ fn careful_vectors(
     dtype: Dtype,
     sub_first: bool,
     leaf: usize,
-) -> (Vec<f64>, Vec<f64>, f64, f64, f64) {
+) -> (Vec<f64>, Vec<f64>, f64, f64, (f64, f64)) {
     let r = |v: f64| dtype.round_f64(v);
     fn merge(s: &[f64], r: &dyn Fn(f64) -> f64) -> f64 {
         if s.len() == 1 {
@@ -991,8 +991,22 @@ fn careful_vectors(
         })
         .collect();
     let lse = r(if sub_first && t != 1.0 { r(m / t) } else { m } + l);
+    // The soft cross-entropy against the teacher probabilities
+    // `p_j = (j % 7) / (7 V)`: `-sum r(r(p_j) lp_j)`.
+    let soft: Vec<f64> = lp
+        .iter()
+        .enumerate()
+        .map(|(j, &l)| {
+            let p = (j % 7) as f64 / (7 * x.len()) as f64;
+            if p == 0.0 {
+                0.0
+            } else {
+                r(r(p) * l)
+            }
+        })
+        .collect();
     let sum_lp = sum(&lp);
-    (lp, raw, sum(&terms), lse, sum_lp)
+    (lp, raw, sum(&terms), lse, (sum_lp, -sum(&soft)))
 }
 
 #[test]
@@ -1020,6 +1034,8 @@ fn careful_row_follows_the_declared_form_and_order() {
         };
         let weights = ndarray::array![0.75];
         let teacher = ndarray::array![[-0.5, -1.75, -3.0]];
+        let tp: Vec<f64> = (0..v).map(|j| (j % 7) as f64 / (7 * v) as f64).collect();
+        let tp = ndarray::Array2::from_shape_vec((1, v), tp).unwrap();
         for (form, order) in [
             (Shift::Any, Order::Lanes(8)),
             (Shift::Raw, Order::Tree),
@@ -1029,7 +1045,8 @@ fn careful_row_follows_the_declared_form_and_order() {
             for acc in [Dtype::F32, Dtype::Bf16] {
                 let leaf = order.summation(v).leaf;
                 let sub_first = form == Shift::SubtractThenScale;
-                let (lp, raw, h, lse, sum_lp) = careful_vectors(&x, t, acc, sub_first, leaf);
+                let (lp, raw, h, lse, (sum_lp, soft)) =
+                    careful_vectors(&x, t, acc, sub_first, leaf);
                 let mut c = CarefulRow::new(&p, 0, acc, (form, order), None);
                 let got = c.values(Output::LogProbs, 0, &targets, Dtype::F64).unwrap();
                 let want = match form {
@@ -1100,6 +1117,14 @@ fn careful_row_follows_the_declared_form_and_order() {
                     assert_eq!(got.to_bits(), f.to_bits(), "case {case} {form:?} {acc}");
                     let got = ck.values(Output::ReverseKl, 0, &tk, Dtype::F64).unwrap()[0];
                     assert_eq!(got.to_bits(), b.to_bits(), "case {case} {form:?} {acc}");
+                    // The soft cross-entropy (teacher probabilities).
+                    let mut q = p;
+                    q.teacher_probs = Some(tp.view());
+                    let mut cs = CarefulRow::new(&q, 0, acc, (form, order), None);
+                    let got = cs
+                        .values(Output::SoftCrossEntropy, 0, &targets, Dtype::F64)
+                        .unwrap()[0];
+                    assert_eq!(got.to_bits(), soft.to_bits(), "case {case} {form:?} {acc}");
                 }
                 // Rounded to the output's dtype at the end.
                 let got = c.values(Output::Entropy, 0, &targets, Dtype::Bf16).unwrap()[0];

@@ -10,7 +10,7 @@
 //! entropy `-sum r(p_j lp_j)`, `p_j = r(exp lp_j)`, in the same order. NaN
 //! and `inf` propagate as they would in such code.
 
-use logprobe_reference::spec::{pow2, Dtype, PolicyRow, PolicyTerm};
+use logprobe_reference::spec::{pow2, Dtype, PolicyRow, PolicyTerm, TeacherForm};
 
 use super::exp_f32::{exp_f32_in_place, BLOCK};
 
@@ -277,6 +277,42 @@ impl Naive {
             total.push(s);
         }
         total.finish()
+    }
+
+    /// Careful code's soft-target cross-entropy `-sum_j r(r(p_j) lp_j)` of
+    /// `row` (the logits [`Naive::new`] read, `-inf` where disallowed)
+    /// against the teacher's entries `teacher [V]` (`form`: probabilities,
+    /// or log-probabilities with `p_j = r(exp(r(a_j)))`), in the plan's
+    /// order; an entry without teacher mass adds nothing, mass on a `-inf`
+    /// log-prob makes it `+inf` (`kernels`' `soft_cross_entropy`).
+    pub(super) fn soft_cross_entropy(
+        &self,
+        row: &[f64],
+        teacher: &[f64],
+        form: TeacherForm,
+    ) -> f64 {
+        let r = |x: f64| self.dtype.round_f64(x);
+        let mut total = OrderedSum::new(self.dtype);
+        for (block, t) in row.chunks(self.leaf).zip(teacher.chunks(self.leaf)) {
+            let mut s = 0.0;
+            for (&x, &a) in block.iter().zip(t) {
+                if form.is_zero(a) {
+                    continue;
+                }
+                let p = match form {
+                    TeacherForm::Probs => r(a),
+                    TeacherForm::LogProbs => r(r(a).exp()),
+                };
+                let lp = if x == f64::NEG_INFINITY {
+                    f64::NEG_INFINITY
+                } else {
+                    r(self.d(x) - self.l)
+                };
+                s = r(s + r(p * lp));
+            }
+            total.push(s);
+        }
+        -total.finish()
     }
 
     /// The log-softmax's row values of `row` (logits of `logits_dtype`)
