@@ -410,16 +410,42 @@ impl CarefulRow {
         Some([r(a?), r(b?)])
     }
 
-    /// What one ulp (of the accumulation dtype) of careful code's input
-    /// log-prob implies for an output computed from it, `|dv / dlp|
-    /// ulp(lp)` (summed over the ids for the top-k KLs): a floor of the
-    /// rule's reference, TOLERANCE.md (R2) (a correct kernel's log-prob
-    /// is within a few ulps; careful code's own may err less on the row
-    /// where the output is largest). 0 for other outputs.
-    pub fn input_floor(&mut self, output: Output, targets: &RowTargets) -> f64 {
+    /// The floor of careful code's error on `output` at this row,
+    /// TOLERANCE.md (R2): what one ulp of the normaliser `S` implies (any
+    /// implementation rounds `S` or `ln S` in the accumulation dtype:
+    /// `ulp(S) / S` on a log-prob, `lse`, the per-row loss, the entropy
+    /// and the soft cross-entropy, `2 coef |lse|` times it on `z_loss`),
+    /// and for an output computed from a log-prob `lp` (the policy terms,
+    /// the top-k KLs) `|dv / dlp|` times the larger of that and
+    /// `ulp(lp)` (summed over the ids for the KLs). A correct kernel's
+    /// errors are of that size on every row, while careful code's may
+    /// happen to be smaller on the row where the output errs most. 0 for
+    /// the outputs the rule does not cover.
+    pub fn floor(&mut self, output: Output, targets: &RowTargets) -> f64 {
         let acc = self.plan.dtype;
-        let ulp = |lp: f64| if lp.is_finite() { acc.ulp(lp) } else { 0.0 };
+        let norm = self.naive().norm_ulp();
+        let ulp = |lp: f64| {
+            if lp.is_finite() {
+                acc.ulp(lp).max(norm)
+            } else {
+                0.0
+            }
+        };
         match output.family() {
+            Family::LogSoftmax(RowStat::LogProb | RowStat::Entropy)
+            | Family::TopK
+            | Family::Loss(LossTerm::Lse | LossTerm::CrossEntropy | LossTerm::SoftCrossEntropy) => {
+                norm
+            }
+            Family::Loss(LossTerm::ZLoss) => {
+                let lse = self.naive().lse();
+                let f = 2.0 * self.z_loss_coef.unwrap_or(0.0) * lse.abs() * norm;
+                if f.is_finite() {
+                    f
+                } else {
+                    0.0
+                }
+            }
             Family::Policy(term) => {
                 let (Some(t), Some(row)) = (targets.token, self.policy) else {
                     return 0.0;
@@ -467,7 +493,7 @@ impl CarefulRow {
                     .sum();
                 f
             }
-            _ => 0.0,
+            Family::Gradient | Family::LogSoftmax(RowStat::Rank) => 0.0,
         }
     }
 
@@ -534,7 +560,7 @@ pub struct RelativeRule {
     /// Max error of careful code seen (the largest over its forms).
     pub careful_error: f64,
     /// Max over the elements seen of half an ulp of the output's dtype at
-    /// the (finite) exact value and the element's input floor.
+    /// the (finite) exact value and the element's floor.
     pub floor: f64,
 }
 
@@ -546,13 +572,13 @@ impl RelativeRule {
 
     /// Records one element: its exact value, the candidate and careful
     /// code's values ([`CarefulRow::values`]), all in `dtype`, and the
-    /// element's input floor ([`CarefulRow::input_floor`]).
+    /// element's floor ([`CarefulRow::floor`]).
     pub fn observe(
         &mut self,
         exact: &Exact,
         candidate: f64,
         careful: &[f64],
-        input_floor: f64,
+        floor: f64,
         dtype: Dtype,
     ) {
         let err = |v: f64| {
@@ -570,7 +596,7 @@ impl RelativeRule {
         if mid.is_finite() {
             self.floor = self.floor.max(0.5 * dtype.ulp(mid));
         }
-        self.floor = self.floor.max(input_floor);
+        self.floor = self.floor.max(floor);
     }
 
     /// Both tensors' elements together.

@@ -450,7 +450,7 @@ fn verify_row(
             }
             if let Some(c) = careful.as_mut() {
                 if let Some(v) = c.values(e.output, e.col, &targets, e.dtype) {
-                    let floor = c.input_floor(e.output, &targets);
+                    let floor = c.floor(e.output, &targets);
                     acc.relative
                         .get_or_insert_with(tolerance::RelativeRule::new)
                         .observe(e.exact, candidate, &v, floor, e.dtype);

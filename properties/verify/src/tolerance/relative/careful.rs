@@ -252,6 +252,19 @@ impl Naive {
         r(self.z(x) - r(self.m + self.l))
     }
 
+    /// One ulp of the normaliser `S = e^l` (`S >= 1`) relative to it, in
+    /// the plan's dtype: the error any implementation's rounding of `S` (or
+    /// of `ln S`) leaves in every log-prob, whatever careful code's own
+    /// rounding happened to give on a row (0 for a non-finite `l`).
+    pub(super) fn norm_ulp(&self) -> f64 {
+        let s = self.l.exp();
+        if s.is_finite() && s > 0.0 {
+            self.dtype.ulp(s) / s
+        } else {
+            0.0
+        }
+    }
+
     /// `lse = r(max z + l)` (subtract first: `max z = r(max x / T)`).
     pub(super) fn lse(&self) -> f64 {
         let r = |x: f64| self.dtype.round_f64(x);
