@@ -105,7 +105,8 @@ struct FuzzArgs {
     #[arg(long)]
     bitwise: bool,
     /// A SUSPECT verdict (within the sound bound, beyond the statistical
-    /// threshold) is a finding (property `statistical`), as under
+    /// threshold or the relative rule's R) is a finding (property
+    /// `statistical`, its detail naming the rule), as under
     /// `verify --strict` (`--exec`, `--exec-persistent`; by default it is
     /// counted in the report, not a finding).
     #[arg(long)]
@@ -513,11 +514,12 @@ struct VerifyArgs {
     #[arg(long)]
     no_progress: bool,
     /// Exit 1 on a SUSPECT verdict (within the sound bound, beyond the
-    /// statistical threshold) as on a failure.
+    /// statistical threshold or the relative rule's R) as on a failure.
     #[arg(long)]
     strict: bool,
     /// The statistical threshold's constant c (of c sqrt(n) u; default the
-    /// calibrated value); `off` disables the SUSPECT tier.
+    /// calibrated value); `off` disables that tier (the relative rule
+    /// stays).
     #[arg(long, value_parser = parse_stat_c)]
     statistical_c: Option<StatC>,
     /// Seconds between two progress lines when stderr is not a terminal.

@@ -584,20 +584,34 @@ fn value(dtype: safetensors::Dtype, b: &[u8]) -> String {
 }
 
 /// The worst element of each failing output, one line each.
-/// The SUSPECT outputs of a report: each one's largest `err/stat` (the
-/// error over the statistical threshold; within the sound bound).
+/// The SUSPECT outputs of a report, each with the rules that fired: the
+/// statistical tier (elements beyond its threshold, largest `err/stat`)
+/// and the relative rule (`err/care` against R); within the sound bound.
 fn suspect_detail(r: &FileReport) -> String {
     r.outputs
         .iter()
         .filter(|o| o.verdict == Verdict::Suspect)
         .map(|o| {
+            let mut why = Vec::new();
+            if o.suspect_rules.contains(&"statistical") {
+                why.push(format!(
+                    "{} of {} elements beyond the statistical threshold (err/stat {:.3})",
+                    o.suspect_elements,
+                    o.count,
+                    o.statistical_max_ratio.unwrap_or(f64::NAN),
+                ));
+            }
+            if let Some(f) = o.relative_rule.as_ref().filter(|f| f.fires) {
+                why.push(format!(
+                    "the relative rule: {:.3} times careful code's error, above R = {}",
+                    f.ratio, f.r
+                ));
+            }
             format!(
-                "{} ({}): SUSPECT, {} of {} elements beyond the statistical threshold (err/stat {:.3}), within the sound bound (err/bound {:.3})",
+                "{} ({}): SUSPECT, {}, within the sound bound (err/bound {:.3})",
                 o.output,
                 o.dtype,
-                o.suspect_elements,
-                o.count,
-                o.statistical_max_ratio.unwrap_or(f64::NAN),
+                why.join("; "),
                 o.max_ratio.unwrap_or(f64::NAN),
             )
         })
