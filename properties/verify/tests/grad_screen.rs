@@ -3,7 +3,9 @@
 //! with the screen on and off and the JSON reports (less `seconds`) must be
 //! equal, on a correct dump, on dumps whose gradients are wrong (a few
 //! elements, or every element by a little), with top-k ids and a
-//! temperature, and on the shipped PyTorch gradient dump.
+//! temperature, on cross-entropy gradients (label smoothing, ignored rows,
+//! every row ignored), and on every shipped dump with `grad_logits` (the
+//! loss side, the policy terms, the top-k KL, the soft cross-entropy).
 
 use std::path::Path;
 
@@ -117,6 +119,83 @@ fn dump_bytes(n: usize, v: usize, seed: u64, wrong: Wrong, extras: bool) -> Vec<
     serialize_dump(&tensors, &meta).expect("consistent shapes")
 }
 
+/// Which rows of a cross-entropy dump are ignored (`ignore_index`).
+#[derive(Clone, Copy)]
+enum Ignored {
+    Every3rd,
+    All,
+}
+
+/// An f32 cross-entropy dump `[n, v]`, `reduction = none` with label
+/// smoothing `eps`, a random `grad_loss` per row and its `grad_logits`
+/// from f64 math rounded once (wrong as `wrong` says); ignored rows have
+/// loss 0 and a zero gradient.
+fn loss_dump_bytes(
+    n: usize,
+    v: usize,
+    seed: u64,
+    wrong: Wrong,
+    eps: f64,
+    ignored: Ignored,
+) -> Vec<u8> {
+    let mut rng = SplitMix64::new(seed);
+    let r32 = |x: f64| x as f32 as f64;
+    let (mut logits, mut tokens, mut loss, mut cot, mut grad) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..n {
+        let row: Vec<f64> = (0..v).map(|_| r32(3.0 * rng.normal())).collect();
+        let skip = match ignored {
+            Ignored::Every3rd => i % 3 == 1,
+            Ignored::All => true,
+        };
+        let t = (rng.next_u64() % v as u64) as usize;
+        let c = r32(rng.normal());
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|&x| (x - m).exp()).sum();
+        let lp = |j: usize| row[j] - m - s.ln();
+        let mean_lp = (0..v).map(lp).sum::<f64>() / v as f64;
+        tokens.push(if skip { -100 } else { t as i64 });
+        loss.push(if skip {
+            0.0
+        } else {
+            r32(-(1.0 - eps) * lp(t) - eps * mean_lp)
+        });
+        cot.push(c);
+        for j in 0..v {
+            let p = lp(j).exp();
+            let dx = if skip {
+                0.0
+            } else {
+                let ind = if j == t { 1.0 } else { 0.0 };
+                c * (p - (1.0 - eps) * ind - eps / v as f64)
+            };
+            let off = match wrong {
+                Wrong::None => 0.0,
+                Wrong::Few if j % 97 == 3 => 2e-4,
+                Wrong::Few => 0.0,
+                Wrong::All => 3e-6,
+            };
+            grad.push(r32(dx * (1.0 + off)));
+        }
+        logits.extend(row);
+    }
+    let f = |shape: &[usize], x: &[f64]| DumpTensor::floats(Dtype::F32, shape, x);
+    let tensors = vec![
+        ("logits", f(&[n, v], &logits)),
+        ("tokens", DumpTensor::i64s(&[n], &tokens)),
+        ("loss", f(&[n], &loss)),
+        ("grad_loss", f(&[n], &cot)),
+        ("grad_logits", f(&[n, v], &grad)),
+    ];
+    let eps = eps.to_string();
+    let meta = [
+        (keys::FORMAT_VERSION.name, "2"),
+        (keys::REDUCTION.name, "none"),
+        (keys::LABEL_SMOOTHING.name, eps.as_str()),
+    ];
+    serialize_dump(&tensors, &meta).expect("consistent shapes")
+}
+
 /// The report as JSON without its timing.
 fn report_json(dump: &Dump<'_>, screen: bool) -> (serde_json::Value, ReportVerdict) {
     set_grad_screen(screen);
@@ -160,8 +239,72 @@ fn grad_screen_leaves_every_report_bit_for_bit_the_same() {
             assert_eq!(verdict, expect, "seed {seed}");
         }
     }
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/torch/fp32_autograd_gradients.safetensors");
-    let bytes = std::fs::read(&shipped).expect("the shipped gradient dump");
-    assert_screen_changes_nothing(&bytes, "fp32_autograd_gradients");
+}
+
+#[test]
+fn grad_screen_leaves_cross_entropy_reports_the_same() {
+    for (seed, wrong, eps, ignored, expect) in [
+        (
+            11,
+            Wrong::None,
+            0.0,
+            Ignored::Every3rd,
+            Some(ReportVerdict::Pass),
+        ),
+        (
+            12,
+            Wrong::None,
+            0.1,
+            Ignored::Every3rd,
+            Some(ReportVerdict::Pass),
+        ),
+        (
+            13,
+            Wrong::Few,
+            0.1,
+            Ignored::Every3rd,
+            Some(ReportVerdict::Fail),
+        ),
+        (14, Wrong::All, 0.0, Ignored::Every3rd, None),
+        (15, Wrong::All, 0.1, Ignored::Every3rd, None),
+        (
+            16,
+            Wrong::None,
+            0.1,
+            Ignored::All,
+            Some(ReportVerdict::Pass),
+        ),
+    ] {
+        let bytes = loss_dump_bytes(5, 3000, seed, wrong, eps, ignored);
+        let verdict = assert_screen_changes_nothing(&bytes, &format!("loss seed {seed}"));
+        if let Some(expect) = expect {
+            assert_eq!(verdict, expect, "loss seed {seed}");
+        }
+    }
+}
+
+/// Every shipped dump with `grad_logits`: cross-entropy, z-loss, policy,
+/// top-k KL, soft cross-entropy and fused linear gradients.
+#[test]
+fn grad_screen_leaves_every_shipped_gradient_report_the_same() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/torch");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("fixtures/torch") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).expect("a shipped dump");
+        let dump = Dump::parse(&bytes).expect("parses");
+        if dump
+            .candidates
+            .get(logprobe_reference::spec::Output::GradLogits)
+            .is_none()
+        {
+            continue;
+        }
+        assert_screen_changes_nothing(&bytes, &path.display().to_string());
+        seen += 1;
+    }
+    assert!(seen >= 14, "{seen} shipped gradient dumps");
 }

@@ -96,6 +96,9 @@ pub(crate) struct LossTerms {
     delta_u: Hi,
     /// `gamma_3` for the roundings `u` takes part in.
     g3: Hi,
+    /// (T28l) The teacher's exp error, for the soft cross-entropy's
+    /// indicator at `j`.
+    pub exp_err: TeacherExpErr,
 }
 
 impl LossTerms {
@@ -171,11 +174,52 @@ impl LossTerms {
             u_hi,
             delta_u,
             g3: gamma(3, u.0)?,
+            exp_err,
         })
     }
 
+    /// Whether every row constant is in `[0, cap]` (then so is every
+    /// element's (T19) term, for a moderate `cap`).
+    pub(crate) fn within(&self, cap: f64) -> bool {
+        [
+            self.t_weight,
+            self.p_weight,
+            self.delta_c,
+            self.delta_t,
+            self.u_hi,
+            self.delta_u,
+            self.g3,
+            self.exp_err.theta,
+            self.exp_err.eta,
+        ]
+        .iter()
+        .all(|x| (0.0..=cap).contains(&x.0))
+    }
+
+    /// Lower bounds of what [`LossTerms::extra`] adds at an entry `j`
+    /// other than the target, for `p_comp >= p^+_j` and the element's
+    /// total weight `g_sum`: at least `p p^+_j`, and on an entry that gets
+    /// the smoothing constant ([`LossTerms::allowed`]) `smooth_p p^+_j +
+    /// smooth` more.
+    pub(crate) fn lower_parts(&self, l: &LossGradCotangents<'_>, g_sum: Hi) -> LowerParts {
+        let lo = |x: Hi| Lo(x.0);
+        LowerParts {
+            p: lo(self.delta_c),
+            smooth_p: if l.eps != 0.0 {
+                lo(self.g3) * lo(g_sum)
+            } else {
+                Lo(0.0)
+            },
+            smooth: if l.eps != 0.0 {
+                lo(self.delta_u) + lo(self.g3) * lo(self.u_hi)
+            } else {
+                Lo(0.0)
+            },
+        }
+    }
+
     /// Whether entry `j` gets the smoothing constant `u`.
-    fn allowed(l: &LossGradCotangents<'_>, j: usize) -> bool {
+    pub(crate) fn allowed(l: &LossGradCotangents<'_>, j: usize) -> bool {
         l.eps != 0.0 && l.mask.is_none_or(|m| m.get(j).copied().unwrap_or(false))
     }
 
@@ -204,6 +248,18 @@ impl LossTerms {
             (e, Hi::ZERO)
         }
     }
+}
+
+/// [`LossTerms::lower_parts`]: lower bounds of the coefficients of (T19)'s
+/// extra error at a non-target entry, before the division by `T`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LowerParts {
+    /// Of `p^+_j`, on every entry (`delta_C`).
+    pub p: Lo,
+    /// Of `p^+_j`, on an entry with the smoothing constant (`gamma_3 G`).
+    pub smooth_p: Lo,
+    /// The constant there (`delta_u + gamma_3 |u^|`).
+    pub smooth: Lo,
 }
 
 /// `gamma_n = n u / (1 - n u)` upward.

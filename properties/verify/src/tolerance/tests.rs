@@ -1506,18 +1506,43 @@ fn sech2_y_max_bounds_the_maximum() {
 #[test]
 fn grad_screen_lower_bounds_are_below_every_models_bound() {
     each_masked_row(11, 1500, 7, |kind, x, m, _, _, all| {
-        for (g, h, topk) in [
-            (0.7, -1.3, &[(6, 0.25)][..]),
-            (-1.0, 0.0, &[][..]),
-            (0.0, 0.5, &[][..]),
+        let count = m.map_or(x.len(), |m| m.iter().filter(|a| **a).count());
+        let mask = m.map(ndarray::ArrayView1::from);
+        // The loss side (T19): a mean cross-entropy with label smoothing; a
+        // per-row one beside lse and z-loss cotangents.
+        let mean_smoothed = LossGradCotangents {
+            ell: 0.8 / 48.0,
+            mean_rows: Some(64),
+            eps: 0.1,
+            count,
+            mask,
+            ..Default::default()
+        };
+        let with_z = LossGradCotangents {
+            a: 0.5,
+            zb: 2.0 * 1e-4 * -1.3,
+            ell: 1.2,
+            count,
+            mask,
+            ..Default::default()
+        };
+        for (g, h, topk, loss) in [
+            (0.7, -1.3, &[(6, 0.25)][..], None),
+            (-1.0, 0.0, &[][..], None),
+            (0.0, 0.5, &[][..], None),
+            (0.0, 0.0, &[][..], Some(mean_smoothed)),
+            (0.0, 0.3, &[][..], Some(with_z)),
+            (0.4, 0.0, &[(6, 0.25)][..], Some(mean_smoothed)),
         ] {
             let cot = GradCotangents {
                 g,
                 h,
                 token: Some(3),
                 topk,
+                loss,
                 ..Default::default()
             };
+            let kind = format!("{kind} loss {}", loss.is_some());
             let row_c = RowBounds::grad_row(all, &cot);
             let Some(screen) = RowBounds::grad_screen(all, &row_c, &cot) else {
                 panic!("{kind}: no screen for this row");

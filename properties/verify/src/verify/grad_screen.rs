@@ -18,6 +18,13 @@
 //! the `keep` worst (nor, at an intermediate trim, can it push out an
 //! element that ranks above it). It is counted, with its error and ulps,
 //! exactly as if its bounds had been computed: the report is the same bits.
+//!
+//! An element with no error has the least worst-list key, `(0, 0)`; on a
+//! tie the list keeps the element pushed first (a stable sort, the walk in
+//! column order). So one with `err = 0` after the `keep`-th seed with a
+//! ratio (in column order) is in no list either, even when `U_chosen =
+//! T_keep = 0`: a row whose gradient is exactly 0 (an ignored row of a
+//! loss) is screened whole.
 
 use ndarray::ArrayView1;
 
@@ -37,6 +44,9 @@ pub(super) struct RowScreen<const M: usize> {
     t_max: [f64; M],
     /// `T_keep` (`+inf` when no worst elements are kept).
     t_keep: f64,
+    /// The column of the `keep`-th seed with a ratio (`usize::MAX` when
+    /// fewer): an error-free element after it is in no worst list.
+    zero_after: usize,
     /// Seed columns, ascending.
     seeds: Vec<usize>,
     /// Per column `j < v`, from the first pass: `U` rounded up to f32 (4
@@ -348,6 +358,7 @@ impl<const M: usize> RowScreen<M> {
         // The seeds' exact ratios, as the judge computes them.
         let mut t_max = [f64::NEG_INFINITY; M];
         let mut chosen = Vec::with_capacity(seeds.len());
+        let mut zero_after = usize::MAX;
         for &s in &seeds {
             let bounds = RowBounds::grad_many_with(all, row, s, cot, dtype);
             let j = tolerance::judge(&exact[s], candidates[s], dtype, &bounds[0]);
@@ -367,6 +378,10 @@ impl<const M: usize> RowScreen<M> {
             }
             if let Some(r) = j.ratio {
                 chosen.push(r);
+                if keep > 0 && chosen.len() == keep {
+                    // Seeds ascend: this is the `keep`-th in column order.
+                    zero_after = s;
+                }
             }
         }
         let t_keep = if keep == 0 {
@@ -380,6 +395,7 @@ impl<const M: usize> RowScreen<M> {
         Some(RowScreen {
             t_max,
             t_keep,
+            zero_after,
             seeds,
             uppers,
             errors,
@@ -437,7 +453,9 @@ impl<const M: usize> RowScreen<M> {
                 #[cfg(not(target_arch = "x86_64"))]
                 u.iter().zip(&self.t_max).all(|(&u, &t)| f64::from(u) <= t)
             };
-            if !(under && f64::from(u[0]) < self.t_keep) {
+            let ranked_out =
+                f64::from(u[0]) < self.t_keep || (j > self.zero_after && self.errors[j] == 0.0);
+            if !(under && ranked_out) {
                 self.errors[j] = f64::NAN;
                 continue;
             }

@@ -182,7 +182,22 @@ impl RowBounds<'_> {
                     .and_then(|b| PolicyGradTerms::new(&b, c.u, pg))
             }),
             kl: cot.kl.as_ref().map(|kg| self.kl_grad_terms(kg)),
+            loss: cot.loss.as_ref().map(|l| self.loss_terms(l)),
         }
+    }
+
+    /// (T19) The loss side's row constants for this model: from the
+    /// accumulation-dtype `lse^` (T15 with its rounding) and, for the soft
+    /// cross-entropy, the teacher's exp error (T28l).
+    fn loss_terms(&self, l: &LossGradCotangents<'_>) -> Result<LossTerms, NoBound> {
+        let c = &self.c;
+        let (pre, big_l) = self.lse_pre()?;
+        let e_l = pre + half_ulp(c.acc, big_l + pre);
+        let exp_err = TeacherExpErr {
+            theta: (Hi::ONE + c.eps_exp) * (c.u * Hi(l.soft_a_inexact)).exp() - Lo(1.0),
+            eta: c.eta_sub + c.eta,
+        };
+        LossTerms::new(l, c.u, e_l, big_l, c.loss_sum_depth, exp_err)
     }
 
     /// The bound of element `j` (T14) from the row constants `mg`, `cc`
@@ -312,7 +327,6 @@ impl RowBounds<'_> {
         mg: &ModelGrad,
         cc: &CotConsts,
     ) -> Result<Sources<'c>, NoBound> {
-        let c = &self.c;
         // Top-k terms of every id the caller passes: live ids, including
         // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
         let mut g_sum = cc.g_sum;
@@ -323,15 +337,10 @@ impl RowBounds<'_> {
         let mut extra = Hi::ZERO;
         // (T19): the loss side's two weights join G (and the target's the
         // indicator at t), two more terms (three at t).
-        let loss = match &cot.loss {
-            Some(l) => {
-                let (pre, big_l) = self.lse_pre()?;
-                let e_l = pre + half_ulp(c.acc, big_l + pre);
-                let exp_err = TeacherExpErr {
-                    theta: (Hi::ONE + c.eps_exp) * (c.u * Hi(l.soft_a_inexact)).exp() - Lo(1.0),
-                    eta: c.eta_sub + c.eta,
-                };
-                let lt = LossTerms::new(l, c.u, e_l, big_l, c.loss_sum_depth, exp_err)?;
+        let loss = match (&cot.loss, &mg.loss) {
+            (Some(l), Some(lt)) => {
+                let lt = lt.clone()?;
+                let exp_err = lt.exp_err;
                 g_sum = g_sum + lt.t_weight + lt.p_weight;
                 n_extra += 2;
                 if cot.token == Some(j) {
@@ -355,7 +364,7 @@ impl RowBounds<'_> {
                 }
                 Some((*l, lt))
             }
-            None => None,
+            _ => None,
         };
         // (T21): the policy terms' log-prob cotangent `w^`, one more source
         // at the target: in G, and in the indicator at t.
@@ -488,6 +497,9 @@ pub(super) struct ModelGrad {
     /// (T25) The top-k KL's cotangents at the ids: magnitudes and errors
     /// (`None` without KL cotangents).
     pub(super) kl: Option<Result<KlGradTerms, NoBound>>,
+    /// (T19) The loss side's row constants (`None` without loss-side
+    /// cotangents).
+    pub(super) loss: Option<Result<LossTerms, NoBound>>,
 }
 
 /// What the gradient bound of element `j` shares across the models of

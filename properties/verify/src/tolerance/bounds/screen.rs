@@ -27,18 +27,25 @@
 //! `M_j >= G p^+ + |h| q^+ (|lp_j|^ + H^ + 2)`; every other term is dropped
 //! (`>= 0`). [`Lo`] operations then evaluate the right side rounded down.
 //!
+//! The loss side (T19), the policy terms (T21) and the top-k KL (T25) join
+//! `G` with their weights and `m` with their terms ([`row_weight`]); of the
+//! errors they add beyond (T14) the bound keeps `P p^+` on every entry
+//! (`delta_C`, `delta_w`, `sum_k delta_k`) and `sp p^+ + s0` on an entry
+//! that gets the smoothing constant. Their indicators are not screened.
+//!
 //! # How it is evaluated
 //!
 //! `arg_j` is at least `max(a |d_j| + b_v, a_l |d_j| + b_l)` (T10's two
 //! forms as the affine functions of `|d_j|` they are, [`RowBounds::prob_arg`]:
 //! `alpha_j - ln(1 - theta_S) + 2u` and `lambda_j`, T9), likewise `arg^w_j`
 //! in `|e_j|`. With `(1/T)^`, `G` and `|h|` folded in, the right side is,
-//! per model and row, ten coefficients ([`Affine`], computed with [`Lo`]
+//! per model and row, twelve coefficients ([`Affine`], computed with [`Lo`]
 //! operations: lower bounds of the reals, clamped at 0) and per element
 //!
 //! ```text
 //! L = p^+ max(pa1 |d| + pb1, pa2 |d| + pb2)
 //!   + q^+ (max(ha1 |e| + hb1, ha2 |e| + hb2) |c|^ + hc + hg |e|)
+//!   + s (sp p^+ + s0)
 //! ```
 //!
 //! in plain f64 (round to nearest, no fused multiply-add). Every operand is
@@ -59,6 +66,8 @@
 //! being monotone in them), so no operation of `E_j` overflows. Elsewhere
 //! [`GradScreen::lower`] answers `None` and the caller computes `E_j`.
 
+use super::grad::ModelGrad;
+use super::LossTerms;
 use super::{
     mag, GradCotangents, GradRow, GradShared, GradSharedRow, Hi, Lo, RowBounds, SetBounds,
 };
@@ -90,13 +99,22 @@ pub(super) struct Affine {
     hb2: f64,
     hc: f64,
     hg: f64,
+    /// The loss side's smoothing errors (T19) on an entry that gets the
+    /// smoothing constant: `sp p^+ + s0`.
+    sp: f64,
+    s0: f64,
 }
 
 /// The row's part of the screen of `M` models ([`RowBounds::grad_screen`]).
 #[derive(Clone, Debug)]
 pub struct GradScreen<const M: usize> {
+    /// The largest model's `G` (sources beyond the log-prob included).
     g_sum: f64,
     h: f64,
+    /// The row's indicator columns, ascending: the target (with a nonzero
+    /// `g`, a loss side or policy terms), the top-k ids with `G_k != 0`,
+    /// the KL's ids. Never screened.
+    indicators: Vec<usize>,
     /// Per model: the coefficients without / with the h-term's two terms
     /// (`gamma_m`'s two indices).
     coef: [[Affine; 2]; M],
@@ -110,7 +128,7 @@ pub struct GradScreen<const M: usize> {
     /// `coef` field by field, four models a vector (`M == 4`, for
     /// [`GradScreen::lower4`]): `[k][field][model]`, fields in
     /// [`Affine`]'s order.
-    coef4: [[[f64; 4]; 10]; 2],
+    coef4: [[[f64; 4]; 12]; 2],
     /// `twin` as the 32-bit lane indices that gather lane `twin[i]`'s
     /// 64 bits into lane `i` (`M == 4`).
     twin4: [i32; 8],
@@ -129,6 +147,8 @@ pub struct Leaves {
     e: f64,
     c: f64,
     k: usize,
+    /// 1 where the entry gets the loss side's smoothing constant, else 0.
+    s: f64,
 }
 
 fn capped(x: f64) -> bool {
@@ -162,6 +182,152 @@ fn largest(ok: impl Fn(f64) -> bool) -> f64 {
     f64::from_bits(lo)
 }
 
+impl Affine {
+    /// The coefficients in field order (that of [`GradScreen::lower4`]'s
+    /// vectors).
+    fn fields(&self) -> [f64; 12] {
+        [
+            self.pa1, self.pb1, self.pa2, self.pb2, self.ha1, self.hb1, self.ha2, self.hb2,
+            self.hc, self.hg, self.sp, self.s0,
+        ]
+    }
+}
+
+/// `coef` field by field, four models a vector, and the twins' lane
+/// indices ([`GradScreen`]'s `coef4`, `twin4`; zeros unless `M == 4`).
+#[allow(clippy::type_complexity)]
+fn lanes4<const M: usize>(
+    coef: &[[Affine; 2]; M],
+    twin: &[usize; M],
+) -> Option<([[[f64; 4]; 12]; 2], [i32; 8])> {
+    let mut coef4 = [[[0.0; 4]; 12]; 2];
+    let mut twin4 = [0i32; 8];
+    if M == 4 {
+        for (i, per_k) in coef.iter().enumerate() {
+            for (k, a) in per_k.iter().enumerate() {
+                for (f, x) in a.fields().into_iter().enumerate() {
+                    coef4[k][f][i] = x;
+                }
+            }
+            let t = i32::try_from(twin[i].min(i)).ok()?;
+            twin4[2 * i] = 2 * t;
+            twin4[2 * i + 1] = 2 * t + 1;
+        }
+    }
+    Some((coef4, twin4))
+}
+
+/// The row's indicator columns, ascending ([`GradScreen`]'s
+/// `indicators`).
+fn indicators(cot: &GradCotangents<'_>) -> Vec<usize> {
+    let mut ids: Vec<usize> = cot
+        .topk
+        .iter()
+        .filter(|&&(_, gk)| gk != 0.0)
+        .map(|&(id, _)| id)
+        .chain(cot.kl.iter().flat_map(|k| k.ids.iter().copied()))
+        .collect();
+    if let Some(t) = cot.token {
+        if cot.g != 0.0 || cot.loss.is_some() || cot.policy.is_some() {
+            ids.push(t);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// One model's row part of the sources beyond (T14)'s log-prob, entropy
+/// and top-k ([`row_weight`]).
+struct RowWeight {
+    /// `G` with the loss side's two weights (T19), the policy terms'
+    /// (T21) and the top-k KL's (T25).
+    g: Hi,
+    /// The terms they add on a non-indicator element (`m`'s part).
+    n: usize,
+    /// A lower bound of the coefficient of `p_j` (at its upper end) in what
+    /// they add beyond (T14) at a non-indicator element, before `/T`.
+    p_extra: Lo,
+    /// Lower bounds of the coefficient of `p_j` and of the constant they
+    /// add on an entry that gets the smoothing constant, before `/T`.
+    sp: Lo,
+    s0: Lo,
+}
+
+/// One model's [`RowWeight`]: `G` as [`RowBounds::grad_sources`] sums it
+/// (the same operations, the same bits) and lower bounds of the errors
+/// the terms add ([`LossTerms::lower_parts`]: `delta_C p_j` and the
+/// smoothing constant's; `delta_w p_j` (T21); `p_j sum_k delta_k` (T25));
+/// `None` when a term has no bound or is out of range (then no element is
+/// screened: its `E_j` could be infinite). What else they add (the
+/// indicators' terms, the smoothing roundings under a sampling mask) is
+/// nonnegative and left out of the lower bound.
+///
+/// [`LossTerms::lower_parts`]: super::LossTerms::lower_parts
+fn row_weight(cot: &GradCotangents<'_>, mg: &ModelGrad, g: Hi) -> Option<RowWeight> {
+    let mut w = RowWeight {
+        g,
+        n: 0,
+        p_extra: Lo(0.0),
+        sp: Lo(0.0),
+        s0: Lo(0.0),
+    };
+    if let Some(l) = &cot.loss {
+        let lt = mg.loss.as_ref()?.as_ref().ok()?;
+        if !lt.within(CAP) {
+            return None;
+        }
+        w.g = w.g + lt.t_weight + lt.p_weight;
+        w.n += 2 + usize::from(l.soft != 0.0);
+    }
+    if let Some(pt) = &mg.policy {
+        let pt = pt.as_ref().ok()?;
+        if !pt.within(CAP) {
+            return None;
+        }
+        w.g = w.g + pt.weight;
+        w.n += 1;
+        w.p_extra = w.p_extra + Lo(pt.delta.0);
+    }
+    if let Some(kt) = &mg.kl {
+        let kt = kt.as_ref().ok()?;
+        if !(capped(kt.weight.0) && capped(kt.delta.0)) {
+            return None;
+        }
+        w.g = w.g + kt.weight;
+        w.n += kt.per_id.len();
+        w.p_extra = w.p_extra + Lo(kt.delta.0);
+    }
+    // The loss side's errors read the element's whole `G` (T19).
+    if let (Some(l), Some(Ok(lt))) = (&cot.loss, &mg.loss) {
+        let parts = lt.lower_parts(l, w.g);
+        w.p_extra = w.p_extra + parts.p;
+        (w.sp, w.s0) = (parts.smooth_p, parts.smooth);
+    }
+    if ![w.p_extra, w.sp, w.s0].iter().all(|x| capped(x.0)) {
+        return None;
+    }
+    Some(w)
+}
+
+/// The soft cross-entropy's indicator `|c| p_j` (T28) is finite on every
+/// element: `|c|` capped and every teacher probability in `[0, CAP]`
+/// (log-probabilities at most 60 or `-inf`); true without one.
+fn soft_teacher_capped(cot: &GradCotangents<'_>) -> bool {
+    let Some(l) = cot.loss.as_ref().filter(|l| l.soft != 0.0) else {
+        return true;
+    };
+    let Some(t) = l.teacher.as_ref() else {
+        return true;
+    };
+    capped(l.soft)
+        && if l.soft_log_probs {
+            t.iter().all(|&a| a <= 60.0)
+        } else {
+            t.iter().all(|&p| capped(p))
+        }
+}
+
 /// The two affine pieces `(slope, intercept)` below a set's `arg` ((T10):
 /// `alpha + nl_theta + 2u`, `lambda`), lower bounds of the reals.
 fn arg_pieces(rb: &RowBounds<'_>, set: &SetBounds) -> [(Lo, Lo); 2] {
@@ -185,21 +351,30 @@ impl<'a> RowBounds<'a> {
         row: &GradRow<M>,
         cot: &GradCotangents<'_>,
     ) -> Option<GradScreen<M>> {
-        // The loss side's terms (T19) and the policy terms' (T21) are not
-        // in the screen: every element takes the full bound.
-        if cot.loss.is_some() || cot.policy.is_some() || cot.kl.is_some() {
-            return None;
-        }
         let first = all.first()?;
-        let g_sum = row.cot.g_sum.0;
         let h = cot.h.abs();
-        if !(capped(g_sum) && capped(h)) {
+        if !(capped(row.cot.g_sum.0) && capped(h) && soft_teacher_capped(cot)) {
             return None;
         }
         let mut coef = [[Affine::default(); 2]; M];
         let (mut d_max, mut e_max) = (CAP, CAP);
+        let mut g_max = 0.0f64;
         for (i, rb) in all.iter().enumerate() {
             let mg = &row.models[i];
+            // This model's `G` with the loss side, policy and KL weights,
+            // and the terms they add on every element.
+            let RowWeight {
+                g: g_sum,
+                n: n_row,
+                p_extra,
+                sp,
+                s0,
+            } = row_weight(cot, mg, row.cot.g_sum)?;
+            let g_sum = g_sum.0;
+            if !capped(g_sum) {
+                return None;
+            }
+            g_max = g_max.max(g_sum);
             let c = &rb.c;
             let st = rb.stats;
             if !std::ptr::eq(st, first.stats) {
@@ -251,9 +426,25 @@ impl<'a> RowBounds<'a> {
             let g_t = nonneg(inv_t * Lo(g_sum));
             let h_t = nonneg(inv_t * Lo(h));
             let p_pieces = arg_pieces(rb, p);
+            // Without a p-term in `E_j` (no source reads `p_j`), none here.
+            let p_live = g_sum > 0.0 || mg.policy.is_some() || mg.kl.is_some();
+            let (p_extra, sp) = if p_live {
+                (p_extra, sp)
+            } else {
+                (Lo(0.0), Lo(0.0))
+            };
+            let p_extra_t = nonneg(inv_t * nonneg(p_extra));
+            let (sp_t, s0_t) = (nonneg(inv_t * nonneg(sp)), nonneg(inv_t * nonneg(s0)));
             for (k, n_extra) in [0usize, 2].into_iter().enumerate() {
-                let g = mg.gm.get(n_extra)?.as_ref().ok()?.0;
-                let f = *mg.floor.get(n_extra)?;
+                // `gamma_m` grows with `m`: past the precomputed ones, the
+                // element's smaller `gamma` is still below.
+                let at = if n_row + n_extra < super::grad::GRAD_M {
+                    n_row + n_extra
+                } else {
+                    n_extra
+                };
+                let g = mg.gm.get(at)?.as_ref().ok()?.0;
+                let f = *mg.floor.get(at)?;
                 if !((0.0..=1.0).contains(&g) && (0.0..=1.0).contains(&f.0)) {
                     return None;
                 }
@@ -265,45 +456,29 @@ impl<'a> RowBounds<'a> {
                 let mags0 = Lo(w_ln_s) + Lo(h_hi) + Lo(2.0);
                 let a = Affine {
                     pa1: nonneg(g_t * a1).0,
-                    pb1: nonneg(g_t * nonneg(b1 + gm)).0,
+                    pb1: nonneg(nonneg(g_t * nonneg(b1 + gm)) + p_extra_t).0,
                     pa2: nonneg(g_t * a2).0,
-                    pb2: nonneg(g_t * nonneg(b2 + gm)).0,
+                    pb2: nonneg(nonneg(g_t * nonneg(b2 + gm)) + p_extra_t).0,
                     ha1: nonneg(h_t * wa1).0,
                     hb1: nonneg(h_t * wb1).0,
                     ha2: nonneg(h_t * wa2).0,
                     hb2: nonneg(h_t * wb2).0,
                     hc: nonneg(h_t * nonneg(Lo(dh) + nonneg(gm * nonneg(mags0)))).0,
                     hg: nonneg(h_t * gm).0,
+                    sp: sp_t.0,
+                    s0: s0_t.0,
                 };
-                let fields = [
-                    a.pa1, a.pb1, a.pa2, a.pb2, a.ha1, a.hb1, a.ha2, a.hb2, a.hc, a.hg,
-                ];
-                if !fields.iter().all(|&x| x <= CAP * CAP * CAP) {
+                if !a.fields().iter().all(|&x| x <= CAP * CAP * CAP) {
                     return None;
                 }
                 coef[i][k] = a;
             }
         }
-        let mut coef4 = [[[0.0; 4]; 10]; 2];
-        let mut twin4 = [0i32; 8];
-        if M == 4 {
-            for (i, per_k) in coef.iter().enumerate() {
-                for (k, a) in per_k.iter().enumerate() {
-                    let fields = [
-                        a.pa1, a.pb1, a.pa2, a.pb2, a.ha1, a.hb1, a.ha2, a.hb2, a.hc, a.hg,
-                    ];
-                    for (f, x) in fields.into_iter().enumerate() {
-                        coef4[k][f][i] = x;
-                    }
-                }
-                let t = i32::try_from(row.twin[i].min(i)).ok()?;
-                twin4[2 * i] = 2 * t;
-                twin4[2 * i + 1] = 2 * t + 1;
-            }
-        }
+        let (coef4, twin4) = lanes4(&coef, &row.twin)?;
         Some(GradScreen {
-            g_sum,
+            g_sum: g_max,
             h,
+            indicators: indicators(cot),
             coef,
             twin: row.twin,
             d_max,
@@ -338,10 +513,7 @@ impl<const M: usize> GradScreen<M> {
         j: usize,
         cot: &GradCotangents<'_>,
     ) -> Option<Leaves> {
-        if cot.token == Some(j) && cot.g != 0.0 {
-            return None;
-        }
-        if cot.topk.iter().any(|&(id, gk)| id == j && gk != 0.0) {
+        if self.indicators.binary_search(&j).is_ok() {
             return None;
         }
         let first = all.first()?;
@@ -383,13 +555,25 @@ impl<const M: usize> GradScreen<M> {
             e,
             c,
             k: usize::from(h_term),
+            s: match &cot.loss {
+                Some(l) if LossTerms::allowed(l, j) => 1.0,
+                _ => 0.0,
+            },
         })
     }
 
     /// The `M` lower bounds of an element from its [`Leaves`].
     #[inline(always)]
     pub fn lower_of(&self, l: &Leaves) -> [f64; M] {
-        let Leaves { ep, eq, d, e, c, k } = *l;
+        let Leaves {
+            ep,
+            eq,
+            d,
+            e,
+            c,
+            k,
+            s,
+        } = *l;
         let mut out = [0.0; M];
         for i in 0..M {
             let t = self.twin[i];
@@ -400,7 +584,8 @@ impl<const M: usize> GradScreen<M> {
             let a = &self.coef[i][k];
             let tp = ep * (a.pa1 * d + a.pb1).max(a.pa2 * d + a.pb2);
             let th = eq * ((a.ha1 * e + a.hb1).max(a.ha2 * e + a.hb2) * c + a.hc + a.hg * e);
-            out[i] = ((tp + th) * SHRINK - FLOOR).max(0.0);
+            let ts = (a.sp * ep + a.s0) * s;
+            out[i] = ((tp + th + ts) * SHRINK - FLOOR).max(0.0);
         }
         out
     }
@@ -418,7 +603,8 @@ impl<const M: usize> GradScreen<M> {
         use logprobe_reference::simd::x86::{add, load, mul, splat, sub};
         use std::arch::x86_64::*;
         let c4 = &self.coef4[l.k.min(1)];
-        let [pa1, pb1, pa2, pb2, ha1, hb1, ha2, hb2, hc, hg] = c4.each_ref().map(|a| load(a));
+        let [pa1, pb1, pa2, pb2, ha1, hb1, ha2, hb2, hc, hg, sp, s0] =
+            c4.each_ref().map(|a| load(a));
         let (d, e) = (splat(l.d), splat(l.e));
         let tp = mul(
             splat(l.ep),
@@ -426,8 +612,9 @@ impl<const M: usize> GradScreen<M> {
         );
         let hw = _mm256_max_pd(add(mul(ha1, e), hb1), add(mul(ha2, e), hb2));
         let th = mul(splat(l.eq), add(add(mul(hw, splat(l.c)), hc), mul(hg, e)));
+        let ts = mul(add(mul(sp, splat(l.ep)), s0), splat(l.s));
         let out = _mm256_max_pd(
-            sub(mul(add(tp, th), splat(SHRINK)), splat(FLOOR)),
+            sub(mul(add(add(tp, th), ts), splat(SHRINK)), splat(FLOOR)),
             _mm256_setzero_pd(),
         );
         // Twins take their first model's lane.

@@ -40,7 +40,7 @@ pub(crate) struct PolicyGradTerms {
     /// `W >= |w^|`: the computed log-prob cotangent's magnitude.
     pub weight: Hi,
     /// `delta_w >= |w^ - w|`.
-    delta: Hi,
+    pub delta: Hi,
 }
 
 /// Where a clamp leaves the range of `d` (exact and computed).
@@ -119,6 +119,13 @@ impl PolicyGradTerms {
             });
         }
         Ok(PolicyGradTerms { weight, delta })
+    }
+
+    /// Whether `W` and `delta_w` are in `[0, cap]`.
+    pub(crate) fn within(&self, cap: f64) -> bool {
+        [self.weight, self.delta]
+            .iter()
+            .all(|x| (0.0..=cap).contains(&x.0))
     }
 
     /// The error (T14) does not see at element `j`, before the division
