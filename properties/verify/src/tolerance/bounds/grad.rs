@@ -319,14 +319,14 @@ impl RowBounds<'_> {
     /// The sources of element `j` beyond the row's `n0` (T14): `G`, the
     /// indicator terms at `j` and their count, with the loss side (T19,
     /// T28), the policy terms (T21) and the top-k KL (T25) folded in.
-    fn grad_sources<'c>(
+    fn grad_sources<'c, 'm>(
         &self,
         j: usize,
         cot: &GradCotangents<'c>,
         sh: &GradShared,
-        mg: &ModelGrad,
+        mg: &'m ModelGrad,
         cc: &CotConsts,
-    ) -> Result<Sources<'c>, NoBound> {
+    ) -> Result<Sources<'c, 'm>, NoBound> {
         // Top-k terms of every id the caller passes: live ids, including
         // those with `d_id = -inf` (T14: `G_k (1 - 0) / T` at the id).
         let mut g_sum = cc.g_sum;
@@ -385,7 +385,7 @@ impl RowBounds<'_> {
         // id: in G (K terms), and in the indicator at an id.
         let kl = match &mg.kl {
             Some(kt) => {
-                let kt = kt.clone()?;
+                let kt = kt.as_ref().map_err(Clone::clone)?;
                 g_sum = g_sum + kt.weight;
                 n_extra += kt.per_id.len();
                 for &(id, w, _) in &kt.per_id {
@@ -425,7 +425,7 @@ impl RowBounds<'_> {
 }
 
 /// [`RowBounds::grad_sources`]: element `j`'s sources beyond the row's `n0`.
-struct Sources<'c> {
+struct Sources<'c, 'm> {
     g_sum: Hi,
     ind: Hi,
     n_extra: usize,
@@ -433,7 +433,8 @@ struct Sources<'c> {
     extra: Hi,
     loss: Option<(LossGradCotangents<'c>, LossTerms)>,
     policy: Option<PolicyGradTerms>,
-    kl: Option<KlGradTerms>,
+    /// Borrowed: the per-id list is the row's.
+    kl: Option<&'m KlGradTerms>,
 }
 
 /// `gamma_m` and floors precomputed per model: `m = base + n_extra` for

@@ -436,15 +436,14 @@ impl<'a> RowBounds<'a> {
             let p_extra_t = nonneg(inv_t * nonneg(p_extra));
             let (sp_t, s0_t) = (nonneg(inv_t * nonneg(sp)), nonneg(inv_t * nonneg(s0)));
             for (k, n_extra) in [0usize, 2].into_iter().enumerate() {
-                // `gamma_m` grows with `m`: past the precomputed ones, the
-                // element's smaller `gamma` is still below.
-                let at = if n_row + n_extra < super::grad::GRAD_M {
-                    n_row + n_extra
-                } else {
-                    n_extra
+                // The element's `gamma_m` (`m = base + n_row + n_extra`).
+                let at = n_row + n_extra;
+                let g = match mg.gm.get(at) {
+                    Some(g) => g.as_ref().ok()?.0,
+                    // As `grad_elem` computes it there.
+                    None => super::gamma(mg.base + at, c.u.0).ok()?.0,
                 };
-                let g = mg.gm.get(at)?.as_ref().ok()?.0;
-                let f = *mg.floor.get(at)?;
+                let f = *mg.floor.get(n_extra)?;
                 if !((0.0..=1.0).contains(&g) && (0.0..=1.0).contains(&f.0)) {
                     return None;
                 }
