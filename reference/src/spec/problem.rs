@@ -352,15 +352,23 @@ impl<'a> Problem<'a> {
             // One branch-free sweep; only a bad row is walked again for
             // its first bad column.
             let (mut bad, mut any) = (false, false);
-            match mask {
-                None => {
+            match (mask, r.as_slice()) {
+                // A contiguous row as a slice: the sweep vectorises.
+                (None, Some(xs)) => {
+                    for x in &xs[..v.min(xs.len())] {
+                        let x = x.to_f64();
+                        bad |= x.is_nan() | (x == f64::INFINITY);
+                        any |= capped | x.is_finite();
+                    }
+                }
+                (None, None) => {
                     for x in r.iter().take(v) {
                         let x = x.to_f64();
                         bad |= x.is_nan() | (x == f64::INFINITY);
                         any |= capped | x.is_finite();
                     }
                 }
-                Some(m) => {
+                (Some(m), _) => {
                     for (x, &allowed) in r.iter().take(v).zip(m.iter()) {
                         let x = x.to_f64();
                         bad |= x.is_nan() | (x == f64::INFINITY);

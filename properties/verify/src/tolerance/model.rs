@@ -351,12 +351,24 @@ impl RowContext {
         let (mut max_all, mut max_allowed) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
         let masked = problem.sampling_mask.is_some();
         with_logits!(problem.logits, lv => {
-            for (j, x) in lv.row(row).iter().take(shape.vocab_size).enumerate() {
-                let x = x.to_f64();
-                if x.is_finite() {
-                    max_all = max_all.max(x);
-                    if masked && problem.allowed(row, j) {
-                        max_allowed = max_allowed.max(x);
+            let r = lv.row(row);
+            match (masked, r.as_slice()) {
+                // Unmasked and contiguous: a branch-free max that vectorises.
+                (false, Some(xs)) => {
+                    for x in &xs[..shape.vocab_size.min(xs.len())] {
+                        let x = x.to_f64();
+                        max_all = if x.is_finite() { max_all.max(x) } else { max_all };
+                    }
+                }
+                _ => {
+                    for (j, x) in r.iter().take(shape.vocab_size).enumerate() {
+                        let x = x.to_f64();
+                        if x.is_finite() {
+                            max_all = max_all.max(x);
+                            if masked && problem.allowed(row, j) {
+                                max_allowed = max_allowed.max(x);
+                            }
+                        }
                     }
                 }
             }
