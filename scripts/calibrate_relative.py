@@ -23,15 +23,21 @@ written apart:
             away (kl_k3 as expm1(-d) + d); verl's top-k KLs against a
             nearby teacher's top-32; torchtune's ForwardKLLoss (the soft
             cross-entropy) against a nearby teacher
+  tune/heldout (reduced loss, R5)   F.cross_entropy mean and sum (tune);
+            torchtune's chunked sum / count, a per-row weighted mean,
+            numpy float32 np.mean, np.cumsum declared sequential (held
+            out); 16 and 512 rows, 10% ignored, smoothing 0 and 0.1
   long      8192-row dumps (V = 4096) of the tune forms and entr, the
             issue's batch size (LONG=0 skips them)
 Defects (each must exceed R):
   unshifted entropy   logsumexp(x) - sum(softmax(x) x) at offsets 30 and 100
   sequential, undeclared   the np.cumsum code verified under the default model
+  ce_bf16_terms, ce_bf16_total   a mean whose per-token losses are rounded
+                      to bf16, or whose chunks' running total is bf16
   k3_low_var_kl       verl's exp(kl) - kl - 1 (reported: it is a defect by
                       (R3) only where it cancels)
 
-Run: [SEED=k] python scripts/calibrate_relative.py [OUTDIR] [LOGPROBE]
+Run: [SEED=k] [SETS=forward,loss,reduced,long] python scripts/calibrate_relative.py [OUTDIR] [LOGPROBE]
 (torch, numpy, safetensors; LOGPROBE defaults to target/release/logprobe).
 """
 import itertools
@@ -48,6 +54,8 @@ out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/relative_calibration"
 exe = sys.argv[2] if len(sys.argv) > 2 else "target/release/logprobe"
 # Another SEED draws another independent set (the grids' seeds shift by it).
 SEED = int(os.environ.get("SEED", "0"))
+# The sets to run (SETS=reduced runs the reduced loss's alone).
+SETS = os.environ.get("SETS", "forward,loss,reduced,long").split(",")
 os.makedirs(out, exist_ok=True)
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -126,6 +134,8 @@ def unshifted_entropy(x, t):
 
 
 def grid(seed):
+    if "forward" not in SETS:
+        return
     g = torch.Generator().manual_seed(seed)
     for v, dtype, offset, t, shape in itertools.product(
         [256, 4096, 32000, 152064], ["bf16", "fp16", "fp32"], [0, 30, 300, 1000], [1.0, 0.7], ["flat", "llm"]
@@ -159,7 +169,7 @@ for name, x, t, tokens in grid(7_021_126 + SEED):
         path = save(f"unshifted_{name}", {"logits": x, "entropy": unshifted_entropy(x, t)}, meta)
         jobs.append(("defect:unshifted_entropy", path, []))
 g = torch.Generator().manual_seed(99 + SEED)
-for v, off in [(32000, 30), (152064, 30), (32000, 100), (152064, 100)]:
+for v, off in [(32000, 30), (152064, 30), (32000, 100), (152064, 100)] if "forward" in SETS else []:
     x = 30 + 2 * torch.randn(4, v, generator=g) if off == 30 else logits(g, 4, v, off, "fp32", "llm")
     path = save(f"unshifted_entropy_{v}_{off}", {"logits": x, "entropy": unshifted_entropy(x, 1.0)}, {})
     jobs.append(("defect:unshifted_entropy", path, []))
@@ -167,6 +177,8 @@ for v, off in [(32000, 30), (152064, 30), (32000, 100), (152064, 100)]:
 # The loss side and the policy terms (correct code; verl's low_var_kl, the
 # exp(kl) - kl - 1 form, reported as a class of its own).
 def loss_side(seed):
+    if "loss" not in SETS:
+        return
     g = torch.Generator().manual_seed(seed)
     for v, dtype, offset, t in itertools.product([4096, 32000], ["bf16", "fp16", "fp32"], [0, 30, 300], [1.0, 0.7]):
         n = 8
@@ -213,10 +225,62 @@ for name, x, t, tokens, g in loss_side(31_337 + SEED):
     ts = {"logits": x, "tokens": tokens, "ref_log_probs": ref, "kl_k3": torch.exp(kl) - kl - 1}
     jobs.append(("defect:k3_low_var_kl", save(f"lowvar_{name}", ts, meta), []))
 
+# A reduced cross-entropy (R5): PyTorch's mean and sum (tune), and code
+# written apart (held out): torchtune's chunked sum, a per-row weighted
+# mean, numpy's pairwise mean and a sequential np.cumsum (declared).
+def reduced_side(seed):
+    if "reduced" not in SETS:
+        return
+    g = torch.Generator().manual_seed(seed)
+    for n, v, dtype, offset, t in itertools.product([16, 512], [4096, 32000], ["bf16", "fp32"], [0, 30], [1.0, 0.7]):
+        x = logits(g, n, v, offset, dtype, "llm")
+        tokens = torch.randint(0, v, (n,), generator=g)
+        tokens[torch.rand(n, generator=g) < 0.1] = -100
+        yield f"n{n}_v{v}_{dtype}_o{offset}_t{t}", x, t, tokens, g
+
+
+F = torch.nn.functional
+for i, (name, x, t, tokens, g) in enumerate(reduced_side(4_242 + SEED)):
+    z = x.float() / t
+    eps = 0.1 * (i % 2)
+    valid = tokens != -100
+    counted = valid.sum()
+    base = {"temperature": repr(t), "label_smoothing": repr(eps), "format_version": "2"}
+    for red in ("mean", "sum"):
+        loss = F.cross_entropy(z, tokens, reduction=red, label_smoothing=eps)
+        ts = {"logits": x, "tokens": tokens, "loss": loss.reshape(())}
+        jobs.append((f"tune:ce_{red}", save(f"red_{red}_{name}", ts, {**base, "reduction": red}), []))
+    mean = {**base, "reduction": "mean"}
+    total = torch.zeros(())
+    for xc, tc in zip(z.chunk(8), tokens.chunk(8)):
+        total = total + F.cross_entropy(xc, tc, reduction="sum", label_smoothing=eps)
+    ts = {"logits": x, "tokens": tokens, "loss": (total / counted).reshape(())}
+    jobs.append(("heldout:ce_chunked_mean", save(f"red_chunked_{name}", ts, mean), []))
+    per_row = F.cross_entropy(z, tokens, reduction="none", label_smoothing=eps)
+    w = 0.5 + 1.5 * torch.rand(len(tokens), generator=g)
+    wl = (w * per_row).sum() / w[valid].sum()
+    ts = {"logits": x, "tokens": tokens, "loss_weights": w, "loss": wl.reshape(())}
+    jobs.append(("heldout:ce_weighted_mean", save(f"red_weighted_{name}", ts, mean), []))
+    kept = per_row[valid].numpy().astype(np.float32)
+    ts = {"logits": x, "tokens": tokens, "loss": torch.tensor(np.mean(kept, dtype=np.float32))}
+    jobs.append(("heldout:ce_numpy_mean", save(f"red_numpy_{name}", ts, mean), []))
+    seq = np.cumsum(per_row.numpy().astype(np.float32), dtype=np.float32)[-1]
+    ts = {"logits": x, "tokens": tokens, "loss": torch.tensor(seq / np.float32(counted.item()))}
+    jobs.append(("heldout:ce_sequential_mean", save(f"red_seq_{name}", ts, mean), ["--model", "sequential"]))
+    # Defects: per-token losses rounded to bf16 (autocast), and a bf16
+    # running total across the chunks.
+    ts = {"logits": x, "tokens": tokens, "loss": (per_row.bfloat16().float().sum() / counted).reshape(())}
+    jobs.append(("defect:ce_bf16_terms", save(f"red_bf16_terms_{name}", ts, mean), []))
+    total = torch.zeros((), dtype=torch.bfloat16)
+    for xc, tc in zip(z.chunk(8), tokens.chunk(8)):
+        total = total + F.cross_entropy(xc, tc, reduction="sum", label_smoothing=eps).bfloat16()
+    ts = {"logits": x, "tokens": tokens, "loss": (total.float() / counted).reshape(())}
+    jobs.append(("defect:ce_bf16_total", save(f"red_bf16_total_{name}", ts, mean), []))
+
 # Dumps of 8192 rows (the issue's batch), V = 4096: the rule is a ratio of
 # two maxima over the dump, so its false-alarm rate per dump is measured at
 # that size too (LONG=0 skips them).
-if os.environ.get("LONG", "1") != "0":
+if "long" in SETS and os.environ.get("LONG", "1") != "0":
     g = torch.Generator().manual_seed(8192 + SEED)
     for dtype, offset in itertools.product(["bf16", "fp32"], [0, 30]):
         x = logits(g, 8192, 4096, offset, dtype, "llm")
@@ -232,8 +296,13 @@ if os.environ.get("LONG", "1") != "0":
         ts = {"logits": x, "tokens": tokens, "log_probs": gather(torch.log_softmax(z, -1), tokens),
               "entropy": torch.special.entr(p).sum(-1)}
         jobs.append(("long:entr", save(f"{name}_entr", ts, {}), []))
+        t8 = tokens.clone()
+        t8[torch.rand(8192, generator=g) < 0.1] = -100
+        ts = {"logits": x, "tokens": t8, "loss": torch.nn.functional.cross_entropy(z, t8).reshape(())}
+        jobs.append(("long:ce_mean", save(f"{name}_ce_mean", ts, {"reduction": "mean", "format_version": "2"}), []))
 
 worst = {}
+worst_stat = {}  # the statistical tier's largest err/stat per class
 for cls, path, extra in jobs:
     r = subprocess.run([exe, "verify", "--json", "--no-progress", *extra, path], capture_output=True, text=True)
     doc = json.loads(r.stdout)
@@ -241,6 +310,10 @@ for cls, path, extra in jobs:
         if "outputs" not in f:
             sys.exit(f"{path}: {r.stderr.strip() or f}")
         for o in f["outputs"]:
+            st = o.get("statistical_max_ratio")
+            if isinstance(st, (int, float)) and not cls.startswith("defect"):
+                k = (cls, o["output"])
+                worst_stat[k] = max(worst_stat.get(k, (0.0, ""))[0], st), f["name"]
             rr = o.get("relative_rule")
             if rr is None:
                 continue
@@ -254,3 +327,6 @@ for cls, path, extra in jobs:
 print("\nper class: largest err/care of correct code, smallest of each defect")
 for (cls, output), (ratio, name, verdict) in sorted(worst.items()):
     print(f"{cls:32} {output:10} {ratio:9.3g}  {verdict:8} {name}")
+print("\nper class of correct code: largest err/stat (the statistical tier)")
+for (cls, output), (ratio, name) in sorted(worst_stat.items()):
+    print(f"{cls:32} {output:10} {ratio:9.3g}  {name}")

@@ -551,3 +551,55 @@ fn fallback_counts_include_the_derived_loss_outputs() {
     // Per row: the statistics, `lse` and the derived `z_loss`.
     assert_eq!(fb.outputs, 3 * n as u64, "{fb:?}");
 }
+
+/// (R5) A reduced loss is held to careful code's rows reduced in the
+/// declared order: a mean of per-token losses rounded to bf16 (an autocast
+/// region's output, summed in f32) is SUSPECT by the relative rule, while
+/// the same mean of f32-rounded terms is not (TOLERANCE.md (R5)).
+#[test]
+fn a_mean_of_bf16_rounded_terms_is_suspect_by_the_relative_rule() {
+    let c = case();
+    let p = c.problem(&c.tokens);
+    let none = CrossEntropy {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let per_row = Oracle::default()
+        .cross_entropy(&p, &none, Dtype::F64)
+        .unwrap();
+    let counted: Vec<f64> = per_row
+        .values
+        .iter()
+        .zip(c.tokens.iter())
+        .filter(|(_, &t)| t != -100)
+        .map(|(e, _)| e.rounded)
+        .collect();
+    let mean_of = |term: Dtype| {
+        let s = counted
+            .iter()
+            .fold(0f32, |s, &l| s + term.round_f64(l) as f32);
+        f64::from(s / counted.len() as f32)
+    };
+    let mean = CrossEntropy {
+        reduction: Reduction::Mean,
+        ..Default::default()
+    };
+    let rule = |value: f64| {
+        let r = verify(&c.dump(&c.tokens, &mean, &[value], Dtype::F32, &[])).unwrap();
+        let l = loss_report(&r).clone();
+        (r.verdict, l)
+    };
+    let (verdict, l) = rule(mean_of(Dtype::F32));
+    let rel = l.relative_rule.clone().expect("the rule covers a mean");
+    assert_eq!(verdict, ReportVerdict::Pass, "{rel:?}");
+    assert!(!rel.fires && rel.ratio <= rel.r, "{rel:?}");
+    let (verdict, l) = rule(mean_of(Dtype::Bf16));
+    let rel = l.relative_rule.clone().unwrap();
+    assert!(rel.fires && rel.ratio > 10.0 * rel.r, "{rel:?}");
+    assert!(
+        l.suspect_rules.contains(&"relative"),
+        "{:?}",
+        l.suspect_rules
+    );
+    assert_ne!(verdict, ReportVerdict::Pass);
+}

@@ -62,7 +62,8 @@ pub use model::{
     Order, RowContext, SoftcapContext,
 };
 pub use relative::{
-    naive_entropy, naive_entropy_of, naive_log_softmax, CarefulRow, RelativeRule, RELATIVE_R,
+    careful_reduced_loss, naive_entropy, naive_entropy_of, naive_log_softmax, CarefulLossRow,
+    CarefulRow, ReducedPlan, RelativeRule, RELATIVE_R,
 };
 pub use statistical::{
     clopper_pearson_upper, per_dump_rate, Statistical, StatisticalBounds, DEFAULT_C,

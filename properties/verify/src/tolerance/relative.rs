@@ -15,15 +15,15 @@
 //! rounded to the output's dtype. It covers the log-softmax outputs
 //! (`log_probs`, `topk_log_probs`, `entropy`), `lse = r(max z + l)`,
 //! `z_loss = r(r(coef lse) lse)`, the cross-entropy `loss` under
-//! `reduction = none`, the soft cross-entropy, the top-k KLs and the
-//! policy terms (`kl_k1`,
+//! `reduction = none`, a reduced one (`sum` / `mean`, [`reduced`]), the
+//! soft cross-entropy, the top-k KLs and the policy terms (`kl_k1`,
 //! `kl_k2`, `kl_k3` in the `expm1` form, `kl_abs`, `ratio`, from careful
 //! code's log-prob).
 
 use logprobe_reference::oracle::Exact;
 use logprobe_reference::spec::{
     Dtype, EntropyLogits, Family, KlDirection, LossTerm, Output, PolicyRow, PolicyTerm, Problem,
-    Reduction, RowStat, Shift, SoftcapDtype, TeacherForm, TemperatureDtype,
+    RowStat, Shift, SoftcapDtype, TeacherForm, TemperatureDtype,
 };
 
 use super::model::Order;
@@ -31,7 +31,9 @@ use super::walk::RowTargets;
 
 mod careful;
 mod exp_f32;
+mod reduced;
 use careful::{policy_term, topk_kl, Naive, Plan};
+pub use reduced::{careful_reduced_loss, CarefulLossRow, ReducedPlan};
 
 /// `R` of the relative rule: an output is SUSPECT when its largest error
 /// exceeds `R` times careful code's (or half an ulp); chosen from the
@@ -137,13 +139,10 @@ impl Drop for CarefulRow {
     }
 }
 
-/// Row `row`'s [`LossRow`] under `reduction = none` (`None` otherwise, or
-/// without a cross-entropy); `masked` its logits, `-inf` where disallowed.
+/// Row `row`'s [`LossRow`] (`None` without a cross-entropy); `masked`
+/// its logits, `-inf` where disallowed.
 fn loss_row(problem: &Problem<'_>, row: usize, acc: Dtype, masked: &[f64]) -> Option<LossRow> {
     let loss = problem.options.loss.as_ref()?;
-    if loss.reduction != Reduction::None {
-        return None;
-    }
     let (mut count, mut neg_inf) = (0, false);
     for (j, &x) in masked.iter().enumerate() {
         if problem.allowed(row, j) {
@@ -495,6 +494,25 @@ impl CarefulRow {
             }
             Family::Gradient | Family::LogSoftmax(RowStat::Rank) => 0.0,
         }
+    }
+
+    /// Careful code's term `w l` of this row's cross-entropy in the
+    /// accumulation dtype, in each form the declaration allows, and its
+    /// floor ([`CarefulRow::floor`]): a reduced loss's part from this row
+    /// (TOLERANCE.md (R5), [`careful_reduced_loss`]); zeros on a row that
+    /// is not counted (ignored token or weight 0); `None` without a
+    /// cross-entropy.
+    pub fn loss_term(&mut self, targets: &RowTargets) -> Option<CarefulLossRow> {
+        let l = self.loss?;
+        if !l.target || l.weight == 0.0 {
+            return Some(CarefulLossRow {
+                terms: [0.0; 2],
+                floor: 0.0,
+            });
+        }
+        let terms = self.values(Output::Loss, 0, targets, self.plan.dtype)?;
+        let floor = self.floor(Output::Loss, targets);
+        Some(CarefulLossRow { terms, floor })
     }
 
     /// Careful code's `w l` at the target's log-prob `lp`, `sum` the

@@ -18,7 +18,8 @@
 //!
 //! Gradients have no statistical tier (this round). The cross-entropy
 //! `loss` has one (S4): (T17) over these bounds per row, and for a reduced
-//! loss its reduction's `gamma_D` replaced the same way.
+//! loss its reduction's `gamma_D` replaced the same way. The soft
+//! cross-entropy's and the top-k KLs' own sums are replaced too (S5).
 
 use logprobe_reference::oracle::RowStats;
 use logprobe_reference::spec::{Dtype, Output};

@@ -471,7 +471,8 @@ fn verify_row(
         acc_dtype,
     );
     drop(screen);
-    let loss_row = row_loss_term(dump, &p, &targets, &forwards, (&rb, st.as_ref()));
+    let parts = (&rb, st.as_ref(), careful.as_mut());
+    let loss_row = row_loss_term(dump, &p, &targets, &forwards, parts);
     let fallback = oracle.finish();
     // The row's statistics buffers go back to this worker's pool.
     drop((rb, st));
@@ -576,15 +577,17 @@ fn row_candidates(dump: &Dump<'_>, p: &Problem<'_>, r: usize) -> PerOutput<(Dtyp
 }
 
 /// What this row adds to a reduced loss: its term's enclosure (from the
-/// forward in the loss's dtype) and its T17 row bound per model.
+/// forward in the loss's dtype), its T17 row bound per model, its
+/// statistical bound and careful code's term (R5).
 fn row_loss_term(
     dump: &Dump<'_>,
     p: &Problem<'_>,
     targets: &tolerance::RowTargets,
     forwards: &[OracleForward],
-    (rb, st): (
+    (rb, st, careful): (
         &[tolerance::RowBounds<'_>; 4],
         Option<&tolerance::StatisticalBounds<'_>>,
+        Option<&mut tolerance::CarefulRow>,
     ),
 ) -> Option<LossRow> {
     dump.candidates
@@ -609,6 +612,7 @@ fn row_loss_term(
                 weight: l.weight,
                 bounds: rb.each_ref().map(|b| b.loss_row_of(l)),
                 stat: st.map(|s| s.loss_row_of(l)),
+                careful: careful.and_then(|c| c.loss_term(targets)),
             }
         })
 }

@@ -29,6 +29,8 @@ pub(super) struct LossRow {
     /// (S4) Its statistical bound under the chosen model (`None` without
     /// the statistical tier).
     pub(super) stat: Option<Result<tolerance::LossRowBound, tolerance::NoBound>>,
+    /// Careful code's term and floor (R5; `None` without the relative rule).
+    pub(super) careful: Option<tolerance::CarefulLossRow>,
 }
 
 /// The loss options of a dump whose `loss` is reduced (`sum` / `mean`).
@@ -143,6 +145,25 @@ pub(super) fn judge_reduced_loss(
         let (judged, pass, reference) = judge4(0, None, candidate, &exact, dtype, &bounds);
         if let Some(t) = &threshold {
             acc.observe_statistical(judged.error, pass, t);
+        }
+        // (R5) Careful code's reduced loss.
+        let careful = rows
+            .iter()
+            .map(|l| l.careful.map(|c| c.against((l.term.lo, l.term.hi))))
+            .collect::<Option<Vec<_>>>();
+        let plan = |weights| tolerance::ReducedPlan {
+            reduction: lo.reduction,
+            leaf: models.all[0].loss_order.summation(rows.len()).leaf,
+            weights,
+            counted: &counted,
+            acc: acc_dtype,
+        };
+        if let Some((values, floor)) = careful
+            .and_then(|c| tolerance::careful_reduced_loss(&c, &plan(weights.as_deref()), dtype))
+        {
+            let mut rule = tolerance::RelativeRule::new();
+            rule.observe(&exact, candidate, &values, floor, dtype);
+            acc.relative = Some(rule);
         }
         (judged, reference)
     };

@@ -193,7 +193,7 @@ impl RowBounds<'_> {
             p1 = p1 + pj * mag(d);
         }
         let u = self.c.u;
-        let g_sum = match gamma(self.c.loss_sum_depth, u.0) {
+        let g_sum = match self.c.acc_gamma(self.c.loss_sum_depth) {
             Ok(g) => g,
             Err(reason) => return ErrorBound::None { reason },
         };

@@ -143,6 +143,8 @@ struct Consts {
     cap_df: Option<Hi>,
     /// (T20) How `kl_k3` is evaluated.
     k3_form: super::model::K3Form,
+    /// (S2) The statistical threshold's `c` (`None`: the sound bound).
+    stat_c: Option<f64>,
 }
 
 /// Bounds of one logit set (T4-T6).
@@ -329,7 +331,16 @@ impl Consts {
             cap_z,
             cap_df,
             k3_form: model.k3_form,
+            stat_c,
         }
+    }
+
+    /// The `gamma_n` of a family's own accumulation path (the soft
+    /// cross-entropy's sum over `V`, the top-k KLs' sums over the ids):
+    /// sound, or (S2)'s `min(gamma_n, c sqrt(n) u)` under the statistical
+    /// threshold (S5).
+    fn acc_gamma(&self, n: usize) -> Result<Hi, NoBound> {
+        acc_gamma(n, self.u.0, self.stat_c)
     }
 
     /// Error of a log-prob-like `d_j - lse` before its own rounding (T7).

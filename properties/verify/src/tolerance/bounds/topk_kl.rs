@@ -110,7 +110,7 @@ impl RowBounds<'_> {
             mag_sum = mag_sum + w_max * d_max * (Hi::ONE + u);
             v_abs = v_abs + w * delta;
         }
-        let g = gamma(ids.len().saturating_sub(1), u.0)?;
+        let g = self.c.acc_gamma(ids.len().saturating_sub(1))?;
         let pre = finite(err + g * mag_sum, dir.output().name())?;
         Ok(Some((pre, v_abs)))
     }
@@ -182,7 +182,7 @@ impl RowBounds<'_> {
         let e_max = live.iter().map(|x| x.e).fold(Hi::ZERO, Hi::max);
         let k = Hi(s.len() as f64);
         let ln_k = Hi((s.len().max(1) as f64).ln()).max(Hi::ZERO) * (Hi::ONE + u);
-        let g = gamma(s.len().saturating_sub(1), u.0)?;
+        let g = self.c.acc_gamma(s.len().saturating_sub(1))?;
         let y_of = |x: &Student| Hi((max_hi - x.lo).next_up()) + Hi(2.0) * e_max;
         let ey_of = |x: &Student| {
             let y = y_of(x);
@@ -331,7 +331,7 @@ impl RowBounds<'_> {
         let mut per_id = Vec::with_capacity(students.len());
         if kg.kl.renormalized {
             // w^_k = fl(c^_k - fl(q^_k C^)), C^ any-order sum of the c^.
-            let g = gamma(students.len().saturating_sub(1), u.0)?;
+            let g = self.c.acc_gamma(students.len().saturating_sub(1))?;
             let (m_sum, dc_sum) = gathered
                 .iter()
                 .fold((Hi::ZERO, Hi::ZERO), |(a, b), &(m, d)| (a + m, b + d));
