@@ -159,7 +159,17 @@ impl LossTerms {
         } else {
             (Hi::ZERO, Hi::ZERO)
         };
-        let delta_pw = delta_pw + delta_soft;
+        // (T19a) Autograd's form sums the dense smoothed cotangent (`u` on
+        // every allowed entry, the target's weight at `t`) over `V` in the
+        // declared loss order instead of forming `ell eps`: within
+        // `gamma_D |ell|` more. Its rounding errors are biased (equal
+        // small terms), so the statistical tier keeps this sound term.
+        let delta_dense = if l.eps != 0.0 {
+            gamma(sum_depth, u.0)? * ell_hi
+        } else {
+            Hi::ZERO
+        };
+        let delta_pw = delta_pw + delta_soft + delta_dense;
         let p_weight = m_pw * (one + g4) + soft_hi;
         // u^ = -(fl(ell^ eps) / fl(|A|)): three roundings.
         let count = Lo(l.count.max(1) as f64);

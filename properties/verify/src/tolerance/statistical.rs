@@ -16,10 +16,12 @@
 //! the sound bound, so the threshold is never below the deterministic part
 //! and never above the sound bound.
 //!
-//! Gradients have no statistical tier (this round). The cross-entropy
-//! `loss` has one (S4): (T17) over these bounds per row, and for a reduced
-//! loss its reduction's `gamma_D` replaced the same way. The soft
-//! cross-entropy's and the top-k KLs' own sums are replaced too (S5).
+//! The cross-entropy `loss` has a tier too (S4): (T17) over these bounds
+//! per row, and for a reduced loss its reduction's `gamma_D` replaced the
+//! same way. The soft cross-entropy's and the top-k KLs' own sums are
+//! replaced too (S5). Grad logits' threshold is the gradient bound (T14)
+//! over these row bounds ([`StatisticalBounds::as_models`], (S6)); the LM
+//! head's gradients have none yet.
 
 use logprobe_reference::oracle::RowStats;
 use logprobe_reference::spec::{Dtype, Output};
@@ -105,8 +107,9 @@ impl<'a> StatisticalBounds<'a> {
     }
 
     /// The threshold of the cell `(output, col)` (as [`RowBounds::bound`]),
-    /// `None` for an output without a statistical tier (not
-    /// [`Output::is_forward`]: gradients). The cross-entropy `loss` per
+    /// `None` for an output that is not [`Output::is_forward`] (grad
+    /// logits take (T14) over [`StatisticalBounds::as_models`], (S6)).
+    /// The cross-entropy `loss` per
     /// row is (T17) over these bounds (S4); a reduced loss's threshold is
     /// [`super::loss_statistical_bounds`].
     pub fn threshold(
@@ -130,6 +133,13 @@ impl<'a> StatisticalBounds<'a> {
         l: &super::LossTarget,
     ) -> Result<super::LossRowBound, super::NoBound> {
         self.0.loss_row_of(l)
+    }
+
+    /// The thresholds' row bounds as a one-model array: (S6) grad
+    /// logits' threshold is the gradient bound (T14) over them
+    /// ([`RowBounds::grad_row`], [`RowBounds::grad_many_with`]).
+    pub fn as_models(&self) -> &[RowBounds<'a>; 1] {
+        std::array::from_ref(&self.0)
     }
 
     /// Threshold on `|log_prob^ - log_prob|` for a candidate in `out`.

@@ -20,11 +20,12 @@ use logprobe_reference::spec::Problem;
 use ndarray::Array2;
 
 use super::acc::{output_report, OutputAcc};
-use super::grad_screen::RowScreen;
+use super::grad_screen::{RowScreen, StatParts};
 use super::linear_grads::{judge_linear_grads, LinearGradInputs, LinearGradRow};
 use super::linear_logits::{logits_report, merge_logits};
 use super::reduced::{judge_reduced_loss, reduced_loss, LossRow};
 use super::row_setup::{entry_keys, forward_dtypes, linear_grad_row, row_context, row_inputs};
+use super::tiers::{observe_tiers, GradStat, Tiers};
 use super::*;
 
 /// Whether verify screens gradient elements ([`super::grad_screen`]):
@@ -383,8 +384,14 @@ fn verify_row(
 
     let grad_cot = targets.grad_cotangents();
     let grad_row = tolerance::RowBounds::grad_row(&rb, &grad_cot);
+    let gstat = grad_stat(st.as_ref(), &grad_cot, &candidates, &p, targets.vocab_size);
     let mut screen = row_screen(
-        (&rb, &grad_row, &grad_cot),
+        (
+            &rb,
+            &grad_row,
+            &grad_cot,
+            gstat.as_ref().map(GradStat::parts),
+        ),
         &exact,
         &candidates,
         Output::GradLogits.judged(&p, 0),
@@ -404,15 +411,22 @@ fn verify_row(
         &candidates,
         |o| o.judged(&p, 0),
         |e| {
-            if e.output == Output::GradLogits
-                && e.col < targets.vocab_size
-                && screen.as_ref().is_some_and(|s| s.is_screened(e.col))
-            {
-                // Counted by the sweep above.
-                return Ok(());
+            let grad_elem = e.output == Output::GradLogits && e.col < targets.vocab_size;
+            if let Some(err) = screen.as_ref().and_then(|s| s.screened_error(e.col)) {
+                if grad_elem {
+                    // Counted by the sweep above (within its sound bound);
+                    // its threshold where the statistical screen did not
+                    // decide it.
+                    if let Some(g) = gstat.as_ref() {
+                        let acc = out.get_or_insert_with(e.output, OutputAcc::new);
+                        let at = (e.col, screen.as_ref());
+                        g.observe(acc, at, (err, true), &grad_cot, e.dtype);
+                    }
+                    return Ok(());
+                }
             }
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
-            let bounds = if e.output == Output::GradLogits && e.col < targets.vocab_size {
+            let bounds = if grad_elem {
                 tolerance::RowBounds::grad_many_with(&rb, &grad_row, e.col, &grad_cot, e.dtype)
             } else {
                 rb.each_ref()
@@ -431,31 +445,15 @@ fn verify_row(
             let (judged, pass, reference) = judge4(r, col, candidate, e.exact, e.dtype, &bounds);
             let error = judged.error;
             acc.push(judged, reference, keep);
-            // The statistical threshold (forward outputs only) and the
-            // relative rule's careful code on the same element.
-            if let Some(t) = st
-                .as_ref()
-                .and_then(|s| s.threshold((e.output, e.col), &targets, e.dtype))
-            {
-                // Measured as in f64: for a finite candidate that is the
-                // judgement's above (only an infinite candidate's error
-                // depends on the dtype, `judge`'s out-of-range rule).
-                let (error, pass) = if candidate.is_infinite() {
-                    let j = tolerance::judge(e.exact, candidate, Dtype::F64, &bounds[0]);
-                    (j.error_abs, j.pass)
-                } else {
-                    (error, pass)
-                };
-                acc.observe_statistical(error, pass, &t);
-            }
-            if let Some(c) = careful.as_mut() {
-                if let Some(v) = c.values(e.output, e.col, &targets, e.dtype) {
-                    let floor = c.floor(e.output, &targets);
-                    acc.relative
-                        .get_or_insert_with(tolerance::RelativeRule::new)
-                        .observe(e.exact, candidate, &v, floor, e.dtype);
-                }
-            }
+            let tiers = Tiers {
+                st: st.as_ref(),
+                grad: gstat.as_ref(),
+                screen: screen.as_ref(),
+                targets: &targets,
+                cot: &grad_cot,
+            };
+            let judged = (candidate, error, pass);
+            observe_tiers(acc, &e, judged, &bounds[0], &tiers, careful.as_mut());
             Ok(())
         },
     );
@@ -470,7 +468,7 @@ fn verify_row(
         r,
         acc_dtype,
     );
-    drop(screen);
+    drop((screen, gstat));
     let parts = (&rb, st.as_ref(), careful.as_mut());
     let loss_row = row_loss_term(dump, &p, &targets, &forwards, parts);
     let fallback = oracle.finish();
@@ -510,10 +508,11 @@ fn careful_row(
 /// judged candidate and the screen is on (`judged`: the row has a
 /// gradient to judge).
 fn row_screen(
-    (rb, grad_row, grad_cot): (
+    (rb, grad_row, grad_cot, stat): (
         &[tolerance::RowBounds<'_>; 4],
         &tolerance::GradRow<4>,
         &tolerance::GradCotangents<'_>,
+        Option<StatParts<'_, '_>>,
     ),
     exact: &PerOutput<ArrayView1<'_, Exact>>,
     candidates: &PerOutput<(Dtype, ArrayView1<'_, f64>)>,
@@ -532,11 +531,26 @@ fn row_screen(
             ex.view(),
             cand.view(),
             *dtype,
-            vocab_size,
-            keep,
+            (vocab_size, keep),
+            stat,
         ),
         _ => None,
     }
+}
+
+/// (S6) The statistical threshold of the row's grad logits, when they are
+/// a judged candidate and the tier is on.
+fn grad_stat<'s, 'a>(
+    st: Option<&'s tolerance::StatisticalBounds<'a>>,
+    cot: &tolerance::GradCotangents<'_>,
+    candidates: &PerOutput<(Dtype, ArrayView1<'_, f64>)>,
+    p: &Problem<'_>,
+    vocab_size: usize,
+) -> Option<GradStat<'s, 'a>> {
+    candidates.get(Output::GradLogits)?;
+    let judged = Output::GradLogits.judged(p, 0);
+    st.filter(|_| judged)
+        .map(|st| GradStat::new(st, cot, vocab_size))
 }
 
 /// The exact values of the row's outputs judged in the row's walk: the

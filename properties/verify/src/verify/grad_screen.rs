@@ -25,6 +25,15 @@
 //! ratio (in column order) is in no list either, even when `U_chosen =
 //! T_keep = 0`: a row whose gradient is exactly 0 (an ignored row of a
 //! loss) is screened whole.
+//!
+//! The statistical threshold (TOLERANCE.md (S6)) rides along as one more
+//! lane ([`StatLane`]): from the same leaves, its own lower bound `L_s`
+//! (kept rounded down to f32). The seeds above get their exact
+//! thresholds, `T_s` the largest ratio among them. A screened element with
+//! `err <= L_s min(1, T_s)` is within its threshold (not SUSPECT) and its
+//! ratio is at most a seed's: its threshold is not computed
+//! ([`RowScreen::stat_screened`]). The seeds' and every other element's
+//! thresholds are, so the tier's figures are the same bits.
 
 use ndarray::ArrayView1;
 
@@ -64,10 +73,30 @@ pub(super) struct RowScreen<const M: usize> {
     /// measures its ulps without reading `exact` again (0 elsewhere);
     /// `[v]`, from this worker's pool.
     ulp_exps: Vec<i16>,
+    /// The statistical threshold's lane (`None`: every element's threshold
+    /// is computed).
+    stat: Option<StatLane>,
 }
+
+/// The statistical threshold's lane of a [`RowScreen`] (module docs).
+struct StatLane {
+    /// Per column `j < v`: `L_s` rounded down to f32, NaN where pass 1
+    /// found the element not screenable; from this worker's pool.
+    lowers: Vec<f32>,
+    /// `min(1, T_s) (1 - 2^-52)`: an element with `err <= L_s` times it
+    /// (rounded) has `err <= L_s min(1, T_s)` (NaN: none).
+    t: f64,
+}
+
+/// What the statistical lane reads: the threshold's bounds (one model),
+/// their row constants and the screen of them.
+pub(super) type StatParts<'s, 'r> = (&'s [RowBounds<'r>; 1], &'s GradRow<1>);
 
 impl<const M: usize> Drop for RowScreen<M> {
     fn drop(&mut self) {
+        if let Some(s) = self.stat.take() {
+            crate::scratch::give(s.lowers);
+        }
         crate::scratch::give(std::mem::take(&mut self.uppers));
         crate::scratch::give(std::mem::take(&mut self.errors));
         crate::scratch::give(std::mem::take(&mut self.ulp_exps));
@@ -115,6 +144,14 @@ fn ratio_uppers<const M: usize>(err: f64, lower: &[f64; M]) -> Option<[f64; M]> 
         };
     }
     Some(u)
+}
+
+/// `x >= 0` rounded down to f32 (branch-free: `f > x >= 0` only for a
+/// positive `f`, whose next f32 down is the previous bit pattern).
+#[inline(always)]
+fn down_f32(x: f64) -> f32 {
+    let f = x as f32;
+    f32::from_bits(f.to_bits() - u32::from(f64::from(f) > x))
 }
 
 /// [`ratio_uppers`] rounded up to f32 ([`up_f32`]), the same values;
@@ -220,6 +257,8 @@ struct Pass1<'a, 'r, 'c, const M: usize> {
     ulp_exps: &'a mut Vec<i16>,
     top0: Vec<(f64, usize)>,
     top: [Vec<(f64, usize)>; M],
+    /// The statistical lane's screen and its `L_s` per column.
+    stat: Option<(&'a GradScreen<1>, &'a mut Vec<f32>)>,
 }
 
 /// Pass 1 over columns `j < v`: each element's error and `U`, and the
@@ -230,21 +269,31 @@ fn pass1<const M: usize, const LANES: bool>(p: &mut Pass1<'_, '_, '_, M>) {
     for j in 0..p.v {
         let eu = error_of(&p.exact[j], p.candidates[j]).and_then(|err| {
             let l = p.screen.leaves(p.all, j, p.cot)?;
+            let us = match &p.stat {
+                Some((s, _)) => down_f32(s.lower_of(&l)[0]),
+                None => f32::NAN,
+            };
             #[cfg(target_arch = "x86_64")]
             if LANES && M == 4 {
                 // SAFETY: `LANES` only from `x86::pass1` (AVX2), `M == 4`.
                 let u = unsafe { x86::uppers4(err, p.screen.lower4(&l)) }?;
-                return Some((err, std::array::from_fn(|i| u[i % 4])));
+                return Some((err, std::array::from_fn(|i| u[i % 4]), us));
             }
             let u = ratio_uppers(err, &p.screen.lower_of(&l))?;
-            Some((err, u.map(up_f32)))
+            Some((err, u.map(up_f32), us))
         });
-        let Some((err, u)) = eu else {
+        let Some((err, u, us)) = eu else {
             p.uppers.extend([f32::NAN; M]);
             p.errors.push(f64::NAN);
             p.ulp_exps.push(0);
+            if let Some((_, su)) = p.stat.as_mut() {
+                su.push(f32::NAN);
+            }
             continue;
         };
+        if let Some((_, su)) = p.stat.as_mut() {
+            su.push(us);
+        }
         p.uppers.extend(u);
         p.errors.push(err);
         // In `min_subnormal_exp ..= max_exp` of a dtype: fits an i16.
@@ -276,6 +325,44 @@ fn pass1<const M: usize, const LANES: bool>(p: &mut Pass1<'_, '_, '_, M>) {
     }
 }
 
+impl StatLane {
+    /// The lane from pass 1's `L_s` (`lowers`) and `T_s`, the largest
+    /// `error / threshold` of the screen's `seeds` as
+    /// `OutputAcc::observe_statistical` measures it (`errors`: pass 1's).
+    /// The seeds are not screened, so each is judged in full.
+    fn new(
+        lowers: Vec<f32>,
+        (one, row): StatParts<'_, '_>,
+        cot: &GradCotangents<'_>,
+        (dtype, seeds): (Dtype, &[usize]),
+        errors: &[f64],
+    ) -> StatLane {
+        let mut t = f64::NEG_INFINITY;
+        for &s in seeds {
+            let err = errors.get(s).copied().unwrap_or(f64::NAN);
+            let [b] = RowBounds::grad_many_with(one, row, s, cot, dtype);
+            let r = match b {
+                tolerance::ErrorBound::Abs(b) if b > 0.0 => err / b,
+                tolerance::ErrorBound::Abs(_) if err == 0.0 => 0.0,
+                _ => f64::NAN,
+            };
+            t = if r.is_nan() || t.is_nan() {
+                f64::NAN
+            } else {
+                t.max(r)
+            };
+        }
+        StatLane {
+            lowers,
+            t: if t.is_nan() {
+                f64::NAN
+            } else {
+                t.min(1.0) * (1.0 - f64::EPSILON)
+            },
+        }
+    }
+}
+
 /// The value an f32 upper must exceed to enter `top` (kept at `n`):
 /// its last once full (an f32 value, exactly), `-inf` before.
 fn threshold(top: &[(f64, usize)], n: usize) -> f32 {
@@ -298,7 +385,9 @@ fn offer(top: &mut Vec<(f64, usize)>, n: usize, value: f64, col: usize) {
 impl<const M: usize> RowScreen<M> {
     /// The screen of a row's gradient elements `j < v` (`exact`, `candidates`:
     /// the row's `[V_total]` values, candidates of `dtype`), with `keep`
-    /// worst elements reported; `None` when nothing can be screened.
+    /// worst elements reported, and the statistical threshold's lane when
+    /// `stat` gives its bounds and their screen holds on this one's leaves
+    /// ([`GradScreen::admits`]); `None` when nothing can be screened.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         all: &[RowBounds<'_>; M],
@@ -307,10 +396,18 @@ impl<const M: usize> RowScreen<M> {
         exact: ArrayView1<'_, Exact>,
         candidates: ArrayView1<'_, f64>,
         dtype: Dtype,
-        v: usize,
-        keep: usize,
+        (v, keep): (usize, usize),
+        stat: Option<StatParts<'_, '_>>,
     ) -> Option<Self> {
         let screen = RowBounds::grad_screen(all, row, cot)?;
+        let stat_screen = stat.and_then(|(one, row1)| {
+            RowBounds::grad_screen(one, row1, cot).filter(|s| s.admits(&screen))
+        });
+        let mut stat_uppers: Vec<f32> = Vec::new();
+        if stat_screen.is_some() {
+            stat_uppers = crate::scratch::take();
+            stat_uppers.reserve(v);
+        }
         let v = v.min(exact.len()).min(candidates.len());
         // Pass 1: the elements of largest U, per model.
         let mut uppers = crate::scratch::take();
@@ -333,6 +430,7 @@ impl<const M: usize> RowScreen<M> {
             ulp_exps: &mut ulp_exps,
             top0: Vec::new(),
             top: std::array::from_fn(|_| Vec::new()),
+            stat: stat_screen.as_ref().map(|s| (s, &mut stat_uppers)),
         };
         #[cfg(target_arch = "x86_64")]
         let lanes = M == 4 && logprobe_reference::simd::available();
@@ -392,6 +490,19 @@ impl<const M: usize> RowScreen<M> {
             chosen.sort_by(|a, b| b.total_cmp(a));
             chosen[keep - 1]
         };
+        let stat = match (stat, stat_screen.is_some()) {
+            (Some(parts), true) => Some(StatLane::new(
+                stat_uppers,
+                parts,
+                cot,
+                (dtype, &seeds),
+                &errors,
+            )),
+            _ => {
+                crate::scratch::give(stat_uppers);
+                None
+            }
+        };
         Some(RowScreen {
             t_max,
             t_keep,
@@ -400,16 +511,28 @@ impl<const M: usize> RowScreen<M> {
             uppers,
             errors,
             ulp_exps,
+            stat,
         })
     }
 
+    /// Whether the statistical threshold of gradient element `j` need not
+    /// be computed (module docs): it is within it and its ratio is at most
+    /// a seed's (false without the lane, or where the lane did not decide).
+    #[inline]
+    pub(super) fn stat_screened(&self, j: usize) -> bool {
+        match (&self.stat, self.screened_error(j)) {
+            (Some(s), Some(err)) => s.lowers.get(j).is_some_and(|&l| err <= f64::from(l) * s.t),
+            _ => false,
+        }
+    }
+
     /// Decides every element once: which are screened (then
-    /// [`RowScreen::is_screened`]), and their count and error maxima, each
+    /// [`RowScreen::screened_error`]), and their count and error maxima, each
     /// error the judge's (`Exact::error` of the element's exact value and
     /// candidate as given to [`RowScreen::new`], kept from its first pass)
     /// and its ulps in the candidates' dtype ([`Exact::ulps_of_error`]: the
     /// error over `2^k`, `k` kept from the first pass). Call once, before
-    /// asking [`RowScreen::is_screened`].
+    /// asking [`RowScreen::screened_error`].
     pub(super) fn sweep(&mut self) -> Screened {
         let mut out = Screened {
             count: 0,
@@ -470,11 +593,11 @@ impl<const M: usize> RowScreen<M> {
         self.errors.truncate(n);
     }
 
-    /// Whether gradient element `j` is screened (after
-    /// [`RowScreen::sweep`]; false where it needs its exact bounds).
+    /// The error of gradient element `j` when it is screened (after
+    /// [`RowScreen::sweep`]; `None` where it needs its exact bounds).
     #[inline]
-    pub(super) fn is_screened(&self, j: usize) -> bool {
-        self.errors.get(j).is_some_and(|e| !e.is_nan())
+    pub(super) fn screened_error(&self, j: usize) -> Option<f64> {
+        self.errors.get(j).copied().filter(|e| !e.is_nan())
     }
 }
 

@@ -34,6 +34,7 @@ mod reduced;
 mod report;
 mod row_setup;
 mod table;
+mod tiers;
 
 // Shared with `compare`'s report (one convention for non-finite JSON and table figures).
 pub(crate) use table::fmt_g;

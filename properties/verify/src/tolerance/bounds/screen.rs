@@ -489,6 +489,23 @@ impl<'a> RowBounds<'a> {
     }
 }
 
+impl GradScreen<1> {
+    /// Whether this screen's lower bound ([`GradScreen::lower_of`]) holds
+    /// on every element's [`Leaves`] from `other` (a screen of other
+    /// models on the same statistics and cotangents, e.g. the statistical
+    /// threshold's beside the sound bounds'): the same indicators and
+    /// terms, and its exps' ranges at least `other`'s, so that wherever
+    /// `other` gives leaves, this model's bound is a finite
+    /// [`super::ErrorBound::Abs`] at least its lower bound there.
+    pub fn admits<const M: usize>(&self, other: &GradScreen<M>) -> bool {
+        self.indicators == other.indicators
+            && (self.g_sum > 0.0) == (other.g_sum > 0.0)
+            && self.h.to_bits() == other.h.to_bits()
+            && self.d_max >= other.d_max
+            && self.e_max >= other.e_max
+    }
+}
+
 impl<const M: usize> GradScreen<M> {
     /// Lower bounds of the `M` bounds [`RowBounds::grad_many_with`] gives
     /// element `j < V` (same `all`, row constants and `cot` as
