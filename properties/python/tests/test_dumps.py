@@ -76,6 +76,9 @@ def test_suspect_outputs_name_their_rules():
     ok = logprobe.verify_file(TORCH_DUMPS / "qwen_vocab_bf16_fp32_math.safetensors")
     for o in ok.outputs.values():
         assert o.suspect_rules == [] and not o.relative_fires and o.relative_ratio < 4
+    # A reduced loss has the relative rule too (TOLERANCE.md (R5)): a mean
+    # of per-token losses rounded to bf16 is far from careful code's.
     loss = logprobe.verify_file(TORCH_DUMPS / "loss_mean_bf16_terms.safetensors")
     o = loss.outputs["loss"]
-    assert o.suspect_rules == ["statistical"] and o.relative_ratio is None
+    assert o.suspect_rules == ["statistical", "relative"]
+    assert o.relative_fires and o.relative_ratio > 100

@@ -14,7 +14,9 @@
 //! of the bound on bf16 outputs, where the final rounding is the whole
 //! budget; 0.13 on f32 ones), and the planted gradient bugs fail: the
 //! weight gradient accumulated in bf16 across row chunks, the last
-//! partial chunk dropped from it, the bias gradient left at 0.
+//! partial chunk dropped from it, the bias gradient left at 0. The
+//! statistical threshold of the kernel's logits (S7) marks f32 weights
+//! rounded to float16 SUSPECT.
 
 use half::bf16;
 use logprobe_kernels::{CpuKernel, Kernel};
@@ -30,6 +32,8 @@ enum Bug {
     Bf16Accumulation,
     WrongShard,
     BiasDropped,
+    /// The weight rounded to float16 before the (f32) dot products.
+    F16Weights,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -87,7 +91,12 @@ fn kernel_logits(c: &Case, hid: &[f64], w: &[f64], b: &[f64], bug: Bug) -> Vec<f
             };
             let (mut total, mut block) = (0f32, 0f32);
             for k in 0..c.h {
-                let p = hid[r * c.h + k] as f32 * w[wj * c.h + k] as f32;
+                let wk = if bug == Bug::F16Weights {
+                    half::f16::from_f64(w[wj * c.h + k]).to_f32()
+                } else {
+                    w[wj * c.h + k] as f32
+                };
+                let p = hid[r * c.h + k] as f32 * wk;
                 block = if bug == Bug::Bf16Accumulation {
                     bf16_round(block + p)
                 } else {
@@ -330,6 +339,41 @@ fn planted_matmul_bugs_fail() {
             .expect("logits");
         assert_eq!(lo.verdict, ReportVerdict::Fail, "{bug:?}: {lo:#?}");
     }
+}
+
+/// (S7) f32 weights rounded to float16 before an f32 matmul at `H = 512`
+/// stay within the matmul's sound bound but not its statistical
+/// threshold: the kernel's own logits are SUSPECT, while the same kernel
+/// without the rounding sits far below the threshold.
+#[test]
+fn float16_weights_make_the_kernels_logits_suspect() {
+    let c = Case {
+        n: 4,
+        h: 512,
+        v: 2000,
+        input: Dtype::F32,
+        bias: false,
+        bias_scale: 0.5,
+        keep_input: false,
+        temperature: 1.0,
+        softcap: None,
+        seed: 4502,
+    };
+    let logits = |bug| {
+        let r = run(&c, bug);
+        r.outputs
+            .into_iter()
+            .find(|o| o.output == "logits")
+            .expect("logits")
+    };
+    let good = logits(Bug::None);
+    let stat = good.statistical_max_ratio.expect("the logits have a tier");
+    assert!(stat < 0.1, "{stat}");
+    let bad = logits(Bug::F16Weights);
+    let stat = bad.statistical_max_ratio.unwrap();
+    assert!(bad.max_ratio.unwrap() <= 1.0, "{bad:#?}");
+    assert_eq!(bad.verdict, ReportVerdict::Suspect, "{stat}");
+    assert!(bad.suspect_rules.contains(&"statistical"), "{stat}");
 }
 
 /// `verify_tensors` on `tensors` (`(name, dtype, shape, values)`) and

@@ -20,8 +20,9 @@
 //! per row, and for a reduced loss its reduction's `gamma_D` replaced the
 //! same way. The soft cross-entropy's and the top-k KLs' own sums are
 //! replaced too (S5). Grad logits' threshold is the gradient bound (T14)
-//! over these row bounds ([`StatisticalBounds::as_models`], (S6)); the LM
-//! head's gradients have none yet.
+//! over these row bounds ([`StatisticalBounds::as_models`], (S6)); a fused
+//! linear kernel's own logits have their matmul term replaced (S7); the
+//! LM head's gradients have none yet.
 
 use logprobe_reference::oracle::RowStats;
 use logprobe_reference::spec::{Dtype, Output};

@@ -96,6 +96,25 @@ impl OutputAcc {
         }
     }
 
+    /// Beside [`OutputAcc::absorbs`]: whether the element is within its
+    /// statistical `threshold` and its ratio to it stays within the
+    /// maximum so far (an upper bound of its error, rounded up), so that
+    /// not observing it changes nothing of the tier.
+    pub(super) fn absorbs_statistical(
+        &self,
+        exact: &Exact,
+        candidate: f64,
+        threshold: &tolerance::ErrorBound,
+    ) -> bool {
+        let Interval { lo, hi } = exact.enclosure;
+        let (Some(max), tolerance::ErrorBound::Abs(t)) = (self.stat_ratio, threshold) else {
+            return false;
+        };
+        let up = 1.0 + 8.0 * f64::EPSILON;
+        let err = (candidate - lo).abs().max((candidate - hi).abs()) * up;
+        *t > 0.0 && err <= *t && err / t * up <= max
+    }
+
     /// Whether an element (the oracle's `exact`, a `candidate` of `dtype`,
     /// its bounds under `[chosen, tree, lanes=8, sequential]`) can change
     /// nothing here but the count: an upper bound of its error (the far

@@ -342,7 +342,7 @@ fn verify_row(
     config: &VerifyConfig,
     keep: usize,
 ) -> Result<RowResult, DumpError> {
-    let (inputs, lin_logits) = row_inputs(dump, r, acc_dtype, keep)?;
+    let (inputs, lin_logits) = row_inputs(dump, r, acc_dtype, (keep, config.statistical_c))?;
     let p = inputs.problem();
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));

@@ -20,18 +20,24 @@ use super::OutputReport;
 /// entry's `|x_j|`, `|b_j|`; the roundings as the declared
 /// `lm_head_logits_dtype` has them: TOLERANCE.md (T29)), plus half an ulp of the
 /// candidate's dtype when it is narrower than that. Every model gets the
-/// same bound (the matmul's order is unknown to all of them).
+/// same bound (the matmul's order is unknown to all of them). With the
+/// statistical tier (`stat_c`), the threshold is the same bound with
+/// `gamma_{H+1}(2u)` replaced by `min(gamma, c sqrt(H + 1) 2u)`
+/// (TOLERANCE.md (S7)).
 pub(super) fn judge_logits_row(
     dump: &Dump<'_>,
     inputs: &RowInputs,
     acc: Dtype,
-    keep: usize,
+    (keep, stat_c): (usize, Option<f64>),
 ) -> Option<OutputAcc> {
     let l = dump.logits.linear()?;
     let cand = l.candidate.as_ref()?;
     let entries = inputs.linear_entries.as_ref()?;
     let h = l.weight.cols;
     let g = gamma(h + 1, 2.0 * acc.unit_roundoff());
+    // (S7) The threshold's accumulation term (`None`: no tier).
+    let g_stat =
+        stat_c.map(|c| g.min(c.max(0.0) * ((h + 1) as f64).sqrt() * 2.0 * acc.unit_roundoff()));
     let kept = match l.logits_dtype {
         LmHeadLogitsDtype::Input => l.dtype,
         LmHeadLogitsDtype::Accumulation => acc,
@@ -46,26 +52,31 @@ pub(super) fn judge_logits_row(
     for (j, (d, &c)) in entries.iter().zip(&row).enumerate() {
         let b = l.bias.as_ref().map_or(0.0, |b| b[j].abs());
         let x = d.value.abs() + d.err;
-        let m = (g * d.abs_sum + eta) * up;
-        let first = r((x + b + m) * up);
-        let second = if l.bias.is_some() {
-            r((x + m + first) * up)
-        } else {
-            0.0
-        };
-        let mut bound = (m + first + second) * up;
-        if cand.dtype.precision() < kept.precision() {
-            bound += 0.5 * cand.dtype.ulp(x + bound);
-        }
-        let bound = if bound.is_finite() {
-            ErrorBound::Abs(bound * up)
-        } else {
-            ErrorBound::None {
-                reason: NoBound::NonFinite {
-                    what: "the logits' matmul bound",
-                },
+        // The bound of the entry for the dot product's term `g`.
+        let bound_of = |g: f64| {
+            let m = (g * d.abs_sum + eta) * up;
+            let first = r((x + b + m) * up);
+            let second = if l.bias.is_some() {
+                r((x + m + first) * up)
+            } else {
+                0.0
+            };
+            let mut bound = (m + first + second) * up;
+            if cand.dtype.precision() < kept.precision() {
+                bound += 0.5 * cand.dtype.ulp(x + bound);
+            }
+            if bound.is_finite() {
+                ErrorBound::Abs(bound * up)
+            } else {
+                ErrorBound::None {
+                    reason: NoBound::NonFinite {
+                        what: "the logits' matmul bound",
+                    },
+                }
             }
         };
+        let bound = bound_of(g);
+        let threshold = g_stat.map(bound_of);
         let enc = Interval {
             lo: d.value - d.err,
             hi: d.value + d.err,
@@ -77,11 +88,18 @@ pub(super) fn judge_logits_row(
             t.round_f64(enc.lo) == t.round_f64(enc.hi),
         );
         let bounds = [bound.clone(), bound.clone(), bound.clone(), bound];
-        if out.absorbs(&exact, c, t, &bounds) {
+        if out.absorbs(&exact, c, t, &bounds)
+            && threshold
+                .as_ref()
+                .is_none_or(|s| out.absorbs_statistical(&exact, c, s))
+        {
             out.count += 1;
             continue;
         }
-        let (judged, _, refs) = judge4(inputs.row, Some(j), c, &exact, t, &bounds);
+        let (judged, pass, refs) = judge4(inputs.row, Some(j), c, &exact, t, &bounds);
+        if let Some(s) = &threshold {
+            out.observe_statistical(judged.error, pass, s);
+        }
         out.push(judged, refs, keep);
     }
     Some(out)

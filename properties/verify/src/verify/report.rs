@@ -159,8 +159,7 @@ pub struct OutputReport {
     /// Elements within the sound bound but beyond the statistical threshold.
     pub suspect_elements: usize,
     /// Largest `error / statistical threshold` (`null` without a tier:
-    /// the LM head's gradients and a fused linear kernel's logits, or
-    /// `--statistical-c` off).
+    /// the LM head's gradients, or `--statistical-c` off).
     #[serde(serialize_with = "json_opt_f64")]
     pub statistical_max_ratio: Option<f64>,
     /// The rules that find the output SUSPECT, in this order:

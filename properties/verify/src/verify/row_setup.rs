@@ -21,13 +21,13 @@ pub(super) fn row_inputs(
     dump: &Dump<'_>,
     r: usize,
     acc: Dtype,
-    keep: usize,
+    (keep, stat_c): (usize, Option<f64>),
 ) -> Result<(RowInputs, Option<super::acc::OutputAcc>), DumpError> {
     let inputs = dump.row(r)?;
     if dump.logits.linear().is_some() {
         inputs.validate()?;
     }
-    let logits = super::linear_logits::judge_logits_row(dump, &inputs, acc, keep);
+    let logits = super::linear_logits::judge_logits_row(dump, &inputs, acc, (keep, stat_c));
     Ok((inputs, logits))
 }
 
