@@ -88,8 +88,9 @@ struct StatLane {
     t: f64,
 }
 
-/// What the statistical lane reads: the threshold's bounds (one model),
-/// their row constants and the screen of them.
+/// What the statistical lane reads: the threshold's row bounds (one
+/// model, [`crate::tolerance::StatisticalBounds::as_models`]) and their
+/// gradient row constants.
 pub(super) type StatParts<'s, 'r> = (&'s [RowBounds<'r>; 1], &'s GradRow<1>);
 
 impl<const M: usize> Drop for RowScreen<M> {
