@@ -412,18 +412,18 @@ fn verify_row(
         |o| o.judged(&p, 0),
         |e| {
             let grad_elem = e.output == Output::GradLogits && e.col < targets.vocab_size;
-            if let Some(err) = screen.as_ref().and_then(|s| s.screened_error(e.col)) {
-                if grad_elem {
-                    // Counted by the sweep above (within its sound bound);
-                    // its threshold where the statistical screen did not
-                    // decide it.
-                    if let Some(g) = gstat.as_ref() {
-                        let acc = out.get_or_insert_with(e.output, OutputAcc::new);
-                        let at = (e.col, screen.as_ref());
-                        g.observe(acc, at, (err, true), &grad_cot, e.dtype);
-                    }
-                    return Ok(());
+            let screened = grad_elem
+                .then(|| screen.as_ref().and_then(|s| s.screened_error(e.col)))
+                .flatten();
+            if let Some(err) = screened {
+                // Counted by the sweep above (within its sound bound); its
+                // threshold where the statistical lane did not decide it.
+                if let Some(g) = gstat.as_ref() {
+                    let acc = out.get_or_insert_with(e.output, OutputAcc::new);
+                    let at = (e.col, screen.as_ref());
+                    g.observe(acc, at, (err, true), &grad_cot, e.dtype);
                 }
+                return Ok(());
             }
             let acc = out.get_or_insert_with(e.output, OutputAcc::new);
             let bounds = if grad_elem {
