@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod fuzz_cli;
 
 /// The README's code, compiled and run as a doctest so it cannot rot.
 #[doc = include_str!("../../README.md")]

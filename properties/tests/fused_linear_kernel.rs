@@ -9,18 +9,16 @@
 //! - the forward and `grad_hidden` are bit-identical across chunkings (the
 //!   vocabulary is walked in order whatever the chunk), the weight and bias
 //!   gradients across vocabulary chunkings;
-//! - each planted fault of the LM head's gradients fails verify.
+//! - each planted fault of the LM head's gradients fails verify;
+//! - the TP kernel (`ShardedLinear`, uneven vocabulary shards of `W`)
+//!   passes verify too, and its planted shard-offset fault fails.
 //!
 //! `PROPTEST_CASES` sets the number of drawn cases (default 32).
 
-use half::bf16;
-use logprobe_kernels::linear::{FusedLinear, LinearFault, LinearLogits, LinearProblem};
-use logprobe_reference::spec::Dtype;
-use logprobe_verify::dump::DumpTensor;
-use logprobe_verify::tensors::{verify_tensors, TensorBytes};
+use logprobe_kernels::linear::{FusedLinear, LinearFault, LinearLogits, ShardFault, ShardedLinear};
+use logprobe_testkit::linear::{verify_linear, LinearInputs, LinearRecipe};
 use logprobe_verify::tolerance::Order;
-use logprobe_verify::verify::{FileReport, ReportVerdict, VerifyConfig};
-use ndarray::{Array1, Array2};
+use logprobe_verify::verify::{FileReport, ReportVerdict};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
@@ -38,147 +36,52 @@ struct Case {
     seed: u64,
 }
 
-struct Inputs {
-    hidden: Array2<f32>,
-    weight: Array2<f32>,
-    bias: Array1<f32>,
-    tokens: Array1<i64>,
-    cot: Vec<f64>,
-}
-
-fn splitmix(state: &mut u64) -> f64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-}
-
-fn inputs(c: &Case) -> Inputs {
-    let mut s = c.seed;
-    let r = |x: f64| {
-        if c.bf16 {
-            bf16::from_f32(x as f32).to_f32()
-        } else {
-            x as f32
-        }
-    };
-    let scale = 5.0 / (c.h as f64).sqrt();
-    let hidden = Array2::from_shape_fn((c.n, c.h), |_| r(2.0 * splitmix(&mut s)));
-    let weight = Array2::from_shape_fn((c.v, c.h), |_| r(scale * splitmix(&mut s)));
-    let bias = Array1::from_shape_fn(c.v, |_| r(0.5 * splitmix(&mut s)));
-    let tokens = Array1::from_shape_fn(c.n, |i| {
-        if i == 2 {
-            -100
-        } else {
-            ((splitmix(&mut s) + 1.0) / 2.0 * c.v as f64).min(c.v as f64 - 1.0) as i64
-        }
-    });
-    let cot = (0..c.n).map(|_| splitmix(&mut s)).collect();
-    Inputs {
-        hidden,
-        weight,
-        bias,
-        tokens,
-        cot,
-    }
-}
-
-fn problem<'a>(c: &Case, x: &'a Inputs) -> LinearProblem<'a> {
-    LinearProblem {
-        hidden: x.hidden.view(),
-        weight: x.weight.view(),
-        bias: c.bias.then(|| x.bias.view()),
-        dtype: if c.bf16 { Dtype::Bf16 } else { Dtype::F32 },
-        tokens: x.tokens.view(),
+fn inputs(c: &Case) -> LinearInputs {
+    let mut x = LinearRecipe {
+        seed: c.seed,
+        n: c.n,
+        h: c.h,
+        v: c.v,
+        bf16: c.bf16,
+        bias: c.bias,
+        logits: c.logits,
         temperature: c.temperature,
         softcap: c.softcap,
-        ignore_index: -100,
+        hidden_scale: 2.0,
+        weight_scale: 5.0,
+        bias_scale: 0.5,
+        bias_offset: 0.0,
+        ignore: 0.15,
     }
+    .inputs();
+    // At least one row with a target, so that log-probs are judged.
+    if x.tokens.iter().all(|&t| t < 0) {
+        x.tokens[0] = 0;
+    }
+    x
 }
 
-/// The kernel's outputs on `c` as a dump in memory, verified.
+/// The kernel's outputs on `c`, verified under `sequential`.
 fn verified(c: &Case, k: &FusedLinear) -> FileReport {
     let x = inputs(c);
-    let p = problem(c, &x);
+    let p = x.problem();
     let fwd = k.forward(&p).expect("forward");
     let g = k.backward(&p, &x.cot).expect("backward");
-    let dt = p.dtype;
-    let f64s = |a: &[f32]| a.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
-    let mut tensors = vec![
-        (
-            "hidden",
-            DumpTensor::floats(dt, &[c.n, c.h], &f64s(x.hidden.as_slice().unwrap())),
-        ),
-        (
-            "lm_head_weight",
-            DumpTensor::floats(dt, &[c.v, c.h], &f64s(x.weight.as_slice().unwrap())),
-        ),
-        (
-            "tokens",
-            DumpTensor::i64s(&[c.n], x.tokens.as_slice().unwrap()),
-        ),
-        (
-            "log_probs",
-            DumpTensor::floats(Dtype::F32, &[c.n], &f64s(&fwd.log_probs)),
-        ),
-        (
-            "entropy",
-            DumpTensor::floats(Dtype::F32, &[c.n], &f64s(&fwd.entropy)),
-        ),
-        (
-            "lse",
-            DumpTensor::floats(Dtype::F32, &[c.n], &f64s(&fwd.lse)),
-        ),
-        (
-            "grad_log_probs",
-            DumpTensor::floats(Dtype::F64, &[c.n], &x.cot),
-        ),
-        (
-            "grad_hidden",
-            DumpTensor::floats(dt, &[c.n, c.h], &f64s(g.grad_hidden.as_slice().unwrap())),
-        ),
-        (
-            "grad_lm_head_weight",
-            DumpTensor::floats(dt, &[c.v, c.h], &f64s(g.grad_weight.as_slice().unwrap())),
-        ),
-    ];
-    if c.bias {
-        tensors.push((
-            "lm_head_bias",
-            DumpTensor::floats(dt, &[c.v], &f64s(x.bias.as_slice().unwrap())),
-        ));
-        tensors.push((
-            "grad_lm_head_bias",
-            DumpTensor::floats(dt, &[c.v], &f64s(&g.grad_bias)),
-        ));
-    }
-    let views: Vec<(&str, TensorBytes<'_>)> = tensors
-        .iter()
-        .map(|(n, t)| {
-            (
-                *n,
-                TensorBytes {
-                    dtype: t.dtype,
-                    shape: &t.shape,
-                    data: &t.data,
-                },
-            )
-        })
-        .collect();
-    let (t, cap) = (c.temperature.to_string(), c.softcap.map(|v| v.to_string()));
-    let mut meta = vec![("temperature", t.as_str())];
-    if let Some(cap) = &cap {
-        meta.push(("softcap", cap.as_str()));
-    }
-    if k.logits == LinearLogits::Accumulation {
-        meta.push(("lm_head_logits_dtype", "accumulation"));
-    }
-    let config = VerifyConfig {
-        model: Order::Sequential,
-        ..VerifyConfig::default()
-    };
-    verify_tensors(&views, &meta, "fused_linear_kernel", &config).expect("a valid dump")
+    verify_linear(&x, &fwd, Some(&g), Order::Sequential).expect("a valid dump")
+}
+
+/// The TP kernel's outputs on `c` over shards of `widths`, verified.
+fn verified_sharded(c: &Case, k: &ShardedLinear) -> FileReport {
+    let x = inputs(c);
+    let p = x.problem();
+    let fwd = k.forward(&p).expect("forward");
+    let g = k.backward(&p, &x.cot).expect("backward");
+    verify_linear(&x, &fwd, Some(&g), Order::Sequential).expect("a valid dump")
+}
+
+/// Uneven widths summing to `v` from `seed` (empty shards allowed).
+fn widths(v: usize, shards: usize, seed: u64) -> Vec<usize> {
+    logprobe_testkit::strategies::ShardLayout::generate(seed, shards, v, false).widths
 }
 
 fn case_strategy() -> impl Strategy<Value = (Case, usize, usize)> {
@@ -244,9 +147,16 @@ proptest! {
     }
 
     #[test]
+    fn the_tp_kernel_passes_verify_over_uneven_shards((c, rc, vc) in case_strategy(), shards in 1usize..6) {
+        let k = ShardedLinear::new(FusedLinear::new(rc, vc, c.logits), widths(c.v, shards, c.seed));
+        let r = verified_sharded(&c, &k);
+        prop_assert_eq!(r.verdict, ReportVerdict::Pass, "{:?} rc {} vc {} widths {:?}: {:#?}", c, rc, vc, k.widths, r.outputs);
+    }
+
+    #[test]
     fn forward_and_grad_hidden_are_bit_invariant_across_chunkings((c, rc, vc) in case_strategy()) {
         let x = inputs(&c);
-        let p = problem(&c, &x);
+        let p = x.problem();
         let a = FusedLinear::new(rc, vc, c.logits);
         let b = FusedLinear::new(c.n.max(1), c.v.max(1), c.logits);
         prop_assert_eq!(a.forward(&p).unwrap(), b.forward(&p).unwrap());
@@ -304,7 +214,29 @@ fn each_planted_lm_head_gradient_fault_fails() {
 }
 
 #[test]
-fn bad_chunk_sizes_and_tokens_are_typed_errors() {
+fn a_shard_that_does_not_shift_the_target_fails() {
+    let c = Case {
+        n: 23,
+        h: 32,
+        v: 300,
+        bf16: true,
+        bias: true,
+        logits: LinearLogits::Input,
+        temperature: 1.0,
+        softcap: None,
+        seed: 45_03,
+    };
+    let ok = ShardedLinear::new(FusedLinear::new(4, 64, c.logits), vec![100, 0, 120, 80]);
+    assert_eq!(verified_sharded(&c, &ok).verdict, ReportVerdict::Pass);
+    let bad = ShardedLinear {
+        fault: ShardFault::TargetNotShifted,
+        ..ok
+    };
+    assert_eq!(verified_sharded(&c, &bad).verdict, ReportVerdict::Fail);
+}
+
+#[test]
+fn bad_chunk_sizes_tokens_and_widths_are_typed_errors() {
     let c = Case {
         n: 3,
         h: 4,
@@ -317,11 +249,21 @@ fn bad_chunk_sizes_and_tokens_are_typed_errors() {
         seed: 1,
     };
     let mut x = inputs(&c);
-    let p = problem(&c, &x);
-    let e = FusedLinear::new(0, 4, c.logits).forward(&p).unwrap_err();
+    let e = FusedLinear::new(0, 4, c.logits)
+        .forward(&x.problem())
+        .unwrap_err();
     assert!(e.to_string().contains("chunk size of 0"), "{e}");
+    let e = ShardedLinear::new(FusedLinear::new(1, 4, c.logits), vec![2, 2])
+        .forward(&x.problem())
+        .unwrap_err();
+    assert!(e.to_string().contains("lm_head_weight"), "{e}");
+    let e = FusedLinear::new(1, 4, c.logits)
+        .backward(&x.problem(), &[0.5])
+        .unwrap_err();
+    assert!(e.to_string().contains("grad_log_probs"), "{e}");
     x.tokens[0] = 5;
-    let p = problem(&c, &x);
-    let e = FusedLinear::new(1, 4, c.logits).forward(&p).unwrap_err();
+    let e = FusedLinear::new(1, 4, c.logits)
+        .forward(&x.problem())
+        .unwrap_err();
     assert!(e.to_string().contains('5'), "{e}");
 }

@@ -260,32 +260,9 @@ fn bad_usage_exits_2() {
 }
 
 /// The interpreter with numpy, or `None` (skip) unless CI requires it.
-fn python_with_numpy() -> Option<String> {
-    let py = std::env::var("LOGPROBE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        // The interpreter itself, not a shim (pyenv's costs ~1 s per start).
-        let exe = Command::new(&py)
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .filter(|s| !s.is_empty());
-        return Some(exe.unwrap_or(py));
-    }
-    let msg = format!(
-        "`{py} -c 'import numpy'` fails: the numpy example kernel is not run \
-         (set LOGPROBE_PYTHON, or PYTHONPATH=$(scripts/install-numpy.sh | tail -n1))"
-    );
-    if std::env::var("LOGPROBE_REQUIRE_NUMPY").is_ok_and(|v| v == "1") {
-        panic!("LOGPROBE_REQUIRE_NUMPY=1: {msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
-}
+#[path = "support/numpy.rs"]
+mod numpy;
+use numpy::python_with_numpy;
 
 fn adapter() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/exec/adapter.py")

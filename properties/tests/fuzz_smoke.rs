@@ -135,13 +135,91 @@ fn list_mutants_prints_the_catalog() {
     let catalog: Vec<String> = logprobe_testkit::mutants::CATALOG
         .iter()
         .map(|e| e.name.to_string())
+        .chain(
+            logprobe_fuzz::linear::LINEAR_MUTANTS
+                .iter()
+                .map(|(n, _)| n.to_string()),
+        )
         .collect();
     assert_eq!(listed, catalog);
     // Every listed name is a fuzz target.
     for name in &listed {
+        let m = format!("mutant:{name}");
         assert!(
-            logprobe_fuzz::target::parse_target(&format!("mutant:{name}")).is_ok(),
+            logprobe_fuzz::target::parse_target(&m).is_ok()
+                || logprobe_fuzz::linear::parse_linear_target(&m).is_ok(),
             "{name}"
         );
     }
+}
+
+#[test]
+fn fused_linear_targets_run_clean_and_a_mutant_replays() {
+    let dir = std::env::temp_dir().join(format!("logprobe-fuzz-linear-{}", std::process::id()));
+    let out = dir.to_str().unwrap();
+    // Both families in one list share the budget; each prints its table.
+    let o = logprobe(&[
+        "fuzz",
+        "--kernel",
+        "fused,fused-linear,fused-linear-tp",
+        "--cases",
+        "4",
+        "--seed",
+        "3",
+        "--vocab",
+        "1..64",
+        "--options",
+        "dtype=bf16|f32",
+        "--out",
+        out,
+        "--no-progress",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    for k in ["fused ", "fused-linear ", "fused-linear-tp "] {
+        assert!(
+            t.lines().any(|l| l.starts_with(k) && l.contains("clean")),
+            "{k}: {t}"
+        );
+    }
+    let o = logprobe(&[
+        "fuzz",
+        "--kernel",
+        "mutant:linear-dropped-remainder",
+        "--cases",
+        "50",
+        "--seed",
+        "2",
+        "--shrink-budget",
+        "2s",
+        "--out",
+        out,
+        "--no-progress",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("correct twin on this case: passes"), "{t}");
+    let dump = t
+        .lines()
+        .find_map(|l| l.strip_prefix("  dump:   "))
+        .expect("a dump line")
+        .to_string();
+    let o = logprobe(&["verify", "--no-progress", &dump]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let o = logprobe(&["fuzz", "--replay", &dump]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("still fails"), "{}", text(&o));
+    // A key of the other family's space is a usage error that names the keys.
+    let o = logprobe(&[
+        "fuzz",
+        "--kernel",
+        "fused-linear",
+        "--options",
+        "topk=3",
+        "--cases",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("weight_scale"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -54,7 +54,7 @@ pub fn dump_bytes(
             loss_tensors(&e, k, &p, out, &mut t);
             None
         }
-        Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec => {
+        Call::Forward(_) | Call::Invariance | Call::Memory | Call::Exec | Call::Linear => {
             let out = match finding.call {
                 Call::Forward(d) => d,
                 _ => case.out(),

@@ -35,6 +35,9 @@ pub enum Call {
     Memory,
     /// One call of an external kernel (`fuzz --exec`): every output at once.
     Exec,
+    /// A fused linear kernel's forward and backward (`fused-linear`
+    /// targets): every output at once.
+    Linear,
 }
 
 /// A property a kernel failed on one case.

@@ -22,6 +22,7 @@ pub mod exec;
 pub mod files;
 pub mod grammar;
 pub mod judge;
+pub mod linear;
 pub mod progress;
 pub mod stderr;
 pub mod target;
@@ -58,13 +59,26 @@ pub struct FuzzConfig {
     pub progress: bool,
 }
 
-/// A target's shrunk finding.
+/// A case that prints as a recipe: the `--options` text that pins it.
+pub trait CaseText {
+    /// The recipe.
+    fn recipe_text(&self) -> String;
+}
+
+impl CaseText for FuzzCase {
+    fn recipe_text(&self) -> String {
+        self.recipe()
+    }
+}
+
+/// A target's shrunk finding (`C`: the case type, [`FuzzCase`] or
+/// [`linear::LinearCase`]).
 #[derive(Clone, Debug)]
-pub struct Found {
+pub struct Found<C = FuzzCase> {
     /// The finding on the shrunk case.
     pub finding: Finding,
     /// The shrunk case.
-    pub case: FuzzCase,
+    pub case: C,
     /// Index of the case it was found on.
     pub case_index: u64,
     /// Seconds from the start of the run to the failing case's verdict.
@@ -81,7 +95,7 @@ pub struct Found {
 
 /// One target's outcome.
 #[derive(Clone, Debug)]
-pub struct TargetReport {
+pub struct TargetReport<C = FuzzCase> {
     /// The `--kernel` name.
     pub name: String,
     /// Cases judged.
@@ -89,12 +103,15 @@ pub struct TargetReport {
     /// Worst `error / bound` over the passing cases.
     pub worst: f64,
     /// The finding, if any.
-    pub found: Option<Found>,
+    pub found: Option<Found<C>>,
+    /// Cases not judged (verify's `no bound`, or an external kernel's
+    /// `unchecked`): not a pass.
+    pub unbounded: u64,
 }
 
 /// A run's outcome.
 #[derive(Clone, Debug)]
-pub struct FuzzReport {
+pub struct FuzzReport<C = FuzzCase> {
     /// The seed.
     pub seed: u64,
     /// Cases drawn.
@@ -102,10 +119,10 @@ pub struct FuzzReport {
     /// Seconds of search.
     pub seconds: f64,
     /// Per target.
-    pub targets: Vec<TargetReport>,
+    pub targets: Vec<TargetReport<C>>,
 }
 
-impl FuzzReport {
+impl<C> FuzzReport<C> {
     /// 0 when no target failed, 1 otherwise.
     pub fn exit_status(&self) -> u8 {
         u8::from(self.targets.iter().any(|t| t.found.is_some()))
@@ -144,6 +161,17 @@ pub fn shrink(
     finding: Finding,
     budget: Duration,
 ) -> (FuzzCase, Finding, usize) {
+    shrink_by(|c| fails(target, c), tree, finding, budget)
+}
+
+/// [`shrink`] for any case type, with `fails` saying whether a case still
+/// fails (and how).
+pub fn shrink_by<C: std::fmt::Debug>(
+    fails: impl Fn(&C) -> Option<Finding>,
+    tree: &mut dyn ValueTree<Value = C>,
+    finding: Finding,
+    budget: Duration,
+) -> (C, Finding, usize) {
     let deadline = Instant::now() + budget;
     let mut best = (tree.current(), finding, 0usize);
     if !tree.simplify() {
@@ -151,7 +179,7 @@ pub fn shrink(
     }
     while Instant::now() < deadline {
         let c = tree.current();
-        match fails(target, &c) {
+        match fails(&c) {
             Some(f) => {
                 best = (c, f, best.2 + 1);
                 if !tree.simplify() {
@@ -180,6 +208,7 @@ pub fn run(config: &FuzzConfig) -> FuzzReport {
             cases: 0,
             worst: 0.0,
             found: None,
+            unbounded: 0,
         })
         .collect();
     let mut progress = progress::Progress::new(config.progress, config.cases);
@@ -260,7 +289,7 @@ pub fn detail_text(detail: &str, max_lines: usize, sep: &str) -> String {
 }
 
 /// The report of one finding: property, detail, recipe, seed and dump.
-pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
+pub fn render_found<C: CaseText>(name: &str, seed: u64, f: &Found<C>) -> String {
     let mut s = format!(
         "FOUND {name}: {} (case {} of seed {seed}, time to find {:.1} s; shrunk in {} steps, {:.1} s)\n",
         f.finding.property, f.case_index, f.time_to_find, f.shrink_steps, f.shrink_secs
@@ -269,7 +298,7 @@ pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
         "  detail: {}\n",
         detail_text(&f.finding.detail, 4, "\n          ")
     ));
-    s.push_str(&format!("  recipe: {}\n", f.case.recipe()));
+    s.push_str(&format!("  recipe: {}\n", f.case.recipe_text()));
     s.push_str(&format!("  seed:   {seed}\n"));
     if let Some(tp) = f.twin_passes {
         s.push_str(&format!(
@@ -303,19 +332,25 @@ pub fn render_found(name: &str, seed: u64, f: &Found) -> String {
 }
 
 /// The summary table of a run.
-pub fn render_summary(r: &FuzzReport) -> String {
+pub fn render_summary<C>(r: &FuzzReport<C>) -> String {
     let mut s = format!(
         "\nfuzz: {} cases in {:.1} s (seed {})\n\n{:<34} {:>7} {:>10} {:>10}  {}\n",
         r.cases, r.seconds, r.seed, "kernel", "cases", "worst r", "found at", "result"
     );
     for t in &r.targets {
-        let (at, result) = match &t.found {
+        let (at, mut result) = match &t.found {
             None => ("-".to_string(), "clean".to_string()),
             Some(f) => (
                 format!("{:.1} s", f.time_to_find),
                 format!("FOUND {}", f.finding.property),
             ),
         };
+        if t.unbounded > 0 {
+            result.push_str(&format!(
+                " ({} cases not judged: no bound or nothing checked)",
+                t.unbounded
+            ));
+        }
         s.push_str(&format!(
             "{:<34} {:>7} {:>10.3} {:>10}  {}\n",
             t.name, t.cases, t.worst, at, result

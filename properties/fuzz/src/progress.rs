@@ -57,7 +57,7 @@ impl Progress {
     }
 
     /// Updates after `cases` cases.
-    pub fn update(&mut self, cases: u64, reports: &[TargetReport], elapsed: Duration) {
+    pub fn update<C>(&mut self, cases: u64, reports: &[TargetReport<C>], elapsed: Duration) {
         let failures = reports.iter().filter(|r| r.found.is_some()).count();
         let worst = reports.iter().map(|r| r.worst).fold(0.0, f64::max);
         let rate = cases as f64 / elapsed.as_secs_f64().max(1e-9);

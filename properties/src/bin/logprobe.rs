@@ -76,8 +76,8 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct FuzzArgs {
-    /// Targets: fused, chunked, vocab-parallel, candle, cuda, mutant:NAME (comma-separated;
-    /// default fused,chunked,vocab-parallel).
+    /// Targets: fused, chunked, vocab-parallel, candle, cuda, fused-linear, fused-linear-tp,
+    /// mutant:NAME (comma-separated; default fused,chunked,vocab-parallel).
     #[arg(long, conflicts_with_all = ["exec", "exec_persistent"])]
     kernel: Option<String>,
     /// An external kernel, one process per call: CMD with {in} and {out} (fuzz protocol v1,
@@ -88,6 +88,14 @@ struct FuzzArgs {
     /// safetensors bytes) on stdin/stdout (fuzz protocol v1).
     #[arg(long, value_name = "CMD")]
     exec_persistent: Option<String>,
+    /// The external kernel is a fused linear + cross-entropy kernel: it takes hidden,
+    /// lm_head_weight, lm_head_bias (fuzz protocol v2, docs/fuzz-protocol.md).
+    #[arg(long)]
+    fused_linear: bool,
+    /// Where the fused linear kernel keeps its logits (with --fused-linear): input (rounded
+    /// to the inputs' dtype, as Liger does) or accumulation (f32, as Cut Cross-Entropy does).
+    #[arg(long, default_value = "input", value_parser = parse_lm_head_logits)]
+    lm_head_logits_dtype: logprobe_kernels::linear::LinearLogits,
     /// Time limit of one call of the external kernel (a hang past it is a finding).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     timeout: std::time::Duration,
@@ -154,30 +162,44 @@ struct FuzzArgs {
 use logprobe_fuzz::grammar::parse_duration;
 
 fn fuzz(args: FuzzArgs) -> u8 {
-    use logprobe_fuzz::{self as fuzz, case::Space, target::parse_targets, FuzzConfig};
+    use logprobe_fuzz as fuzz;
     let mut out = Out::new();
     if args.list_mutants {
         // The catalog's names (scripts/fuzz-mutants.sh reads this list).
         for e in logprobe_testkit::mutants::CATALOG {
             out.print(&format!("{}\n", e.name));
         }
+        for (name, _) in fuzz::linear::LINEAR_MUTANTS {
+            out.print(&format!("{name}\n"));
+        }
         return out.finish(0);
     }
     if args.exec.is_some() || args.exec_persistent.is_some() {
         return fuzz_exec(args);
+    }
+    if args.fused_linear {
+        eprint_line("logprobe: --fused-linear describes an external kernel: it goes with --exec or --exec-persistent (our fused linear kernels: --kernel fused-linear,fused-linear-tp)");
+        return 2;
     }
     if args.accumulation.is_some() {
         eprint_line("logprobe: --accumulation declares an external kernel's accumulation dtype: it goes with --exec or --exec-persistent (the built-in kernels' bounds are known)");
         return 2;
     }
     if let Some(path) = &args.replay {
-        if let Ok((kernel, _, _, _)) = fuzz::counterexample::read_meta(path) {
-            if kernel.starts_with("exec") {
+        if let Ok((kernel, recipe, _, _)) = fuzz::counterexample::read_meta(path) {
+            if kernel.starts_with("exec") && !args.fused_linear {
                 eprint_line(&format!(
-                    "logprobe: {} is a finding of an external kernel: rerun it with --{kernel} CMD (logprobe never runs a command stored in a file)",
-                    path.display()
+                    "logprobe: {} is a finding of an external kernel: rerun it with{} --{kernel} CMD (logprobe never runs a command stored in a file)",
+                    path.display(),
+                    if fuzz::linear::LinearCase::parse(&recipe).is_ok() { " --fused-linear" } else { "" }
                 ));
                 return 2;
+            }
+        }
+        if let Ok((kernel, recipe, _, _)) = fuzz::counterexample::read_meta(path) {
+            if fuzz::linear::is_linear(&kernel) {
+                let code = logprobe_cli::fuzz_cli::replay_linear(path, &kernel, &recipe, &mut out);
+                return out.finish(code);
             }
         }
         return match fuzz::replay(path) {
@@ -207,51 +229,16 @@ fn fuzz(args: FuzzArgs) -> u8 {
         .kernel
         .clone()
         .unwrap_or_else(|| fuzz::target::DEFAULT_KERNELS.to_string());
-    let targets = match parse_targets(&kernels) {
-        Ok(t) => t,
-        Err(e) => {
-            eprint_line(&format!("logprobe: {e}"));
-            return 2;
-        }
-    };
-    let options = fuzz_options(&args);
-    let space = match Space::parse(&options) {
-        Ok(s) => s,
-        Err(e) => {
-            eprint_line(&format!("logprobe: --options: {e}"));
-            return 2;
-        }
-    };
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    });
-    eprint_line(&format!(
-        "fuzz: kernels {}, seed {seed}, budget {:.0} s{}",
-        kernels,
-        args.budget.as_secs_f64(),
-        args.cases
-            .map_or(String::new(), |n| format!(", at most {n} cases"))
-    ));
-    let config = FuzzConfig {
-        targets,
-        space,
-        seed,
+    let run = logprobe_cli::fuzz_cli::Run {
+        seed: args.seed,
         budget: args.budget,
         cases: args.cases,
         shrink_budget: args.shrink_budget,
-        out_dir: args.out,
+        out_dir: args.out.clone(),
         progress: !args.no_progress,
     };
-    let report = fuzz::run(&config);
-    for t in &report.targets {
-        if let Some(f) = &t.found {
-            out.print(&fuzz::render_found(&t.name, report.seed, f));
-        }
-    }
-    out.print(&fuzz::render_summary(&report));
-    out.finish(report.exit_status())
+    let code = logprobe_cli::fuzz_cli::run_kernels(&kernels, &fuzz_options(&args), &run, &mut out);
+    out.finish(code)
 }
 
 #[derive(Args, Debug)]
@@ -346,6 +333,9 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
             eprint_line("logprobe: --exec: the command must contain {in} and {out} (the input and output dump paths); for stdin/stdout frames use --exec-persistent");
             return 2;
         }
+    }
+    if args.fused_linear {
+        return fuzz_exec_linear(&args, transport);
     }
     let require = match Invariance::parse_list(&args.require) {
         Ok(r) => r,
@@ -468,6 +458,41 @@ fn fuzz_exec(args: FuzzArgs) -> u8 {
     exec::process::kill_orphans();
     let status = out.finish(report.exit_status());
     if let Some(sig) = report.signal {
+        exec::signals::reraise(sig);
+    }
+    status
+}
+
+/// `fuzz --exec CMD --fused-linear` (fuzz protocol v2, docs/fuzz-protocol.md).
+fn fuzz_exec_linear(args: &FuzzArgs, transport: logprobe_fuzz::exec::Transport) -> u8 {
+    use logprobe_fuzz::exec;
+    if let Err(e) = exec::signals::install() {
+        eprint_line(&format!(
+            "logprobe: cannot catch SIGINT/SIGTERM/SIGHUP: {e}"
+        ));
+        return 2;
+    }
+    let mut out = Out::new();
+    let options = fuzz_options(args);
+    let run = logprobe_cli::fuzz_cli::Run {
+        seed: args.seed,
+        budget: args.budget,
+        cases: args.cases,
+        shrink_budget: args.shrink_budget,
+        out_dir: args.out.clone(),
+        progress: !args.no_progress,
+    };
+    let a = logprobe_cli::fuzz_cli::LinearExecArgs {
+        transport,
+        timeout: args.timeout,
+        outputs: args.outputs.as_deref(),
+        logits: args.lm_head_logits_dtype,
+        options: &options,
+        replay: args.replay.as_deref(),
+    };
+    let code = logprobe_cli::fuzz_cli::run_linear_exec(a, &run, &mut out);
+    let status = out.finish(code);
+    if let Some(sig) = exec::signals::caught() {
         exec::signals::reraise(sig);
     }
     status
@@ -638,4 +663,12 @@ fn main() -> ExitCode {
         Command::Compare(args) => logprobe_cli::cli::compare(args),
     };
     ExitCode::from(status)
+}
+
+fn parse_lm_head_logits(s: &str) -> Result<logprobe_kernels::linear::LinearLogits, String> {
+    match s {
+        "input" => Ok(logprobe_kernels::linear::LinearLogits::Input),
+        "accumulation" => Ok(logprobe_kernels::linear::LinearLogits::Accumulation),
+        _ => Err(format!("`{s}`: expected input or accumulation")),
+    }
 }

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod checks;
+pub mod linear;
 pub mod memory;
 pub mod mutants;
 pub mod registry;

@@ -459,6 +459,7 @@ pub fn run(config: &ExecRun) -> ExecReport {
         cases: 0,
         worst: 0.0,
         found: None,
+        unbounded: 0,
     }];
     let mut progress = progress::Progress::new(config.progress, config.cases);
     let stem = format!("fuzz-{}-seed{seed}", t.runner.transport.kind());

@@ -27,6 +27,10 @@ use logprobe_reference::spec::{Dtype, SpecError};
 
 use crate::kernel::KernelError;
 
+mod sharded;
+
+pub use sharded::{ShardFault, ShardedLinear};
+
 /// Where the kernel keeps its logits, and their gradient, between the
 /// matmul and the loss (the dump's `lm_head_logits_dtype`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -115,13 +119,82 @@ pub struct LinearGrads {
     pub grad_bias: Vec<f32>,
 }
 
-/// A row's statistics from the first two passes.
+/// A row's statistics from the first two passes (`z_t` is 0 where the
+/// target is not in the block of the vocabulary summed).
 #[derive(Clone, Copy, Debug)]
-struct RowStat {
-    m: f32,
-    s: f32,
-    b: f32,
-    z_t: f32,
+pub(crate) struct RowStat {
+    pub(crate) m: f32,
+    pub(crate) s: f32,
+    pub(crate) b: f32,
+    pub(crate) z_t: f32,
+}
+
+impl RowStat {
+    /// `lse = m + ln S` (f32).
+    pub(crate) fn lse(&self) -> f32 {
+        self.m + (self.s as f64).ln() as f32
+    }
+
+    /// Row `r`'s outputs: `lse`, `entropy = ln S - B / S` and (where the
+    /// row has a target) `log_prob = (z_t - m) - ln S`.
+    pub(crate) fn write(&self, r: usize, has_target: bool, out: &mut LinearForward) {
+        let ell = (self.s as f64).ln() as f32;
+        out.lse[r] = self.m + ell;
+        out.entropy[r] = ell - self.b / self.s;
+        if has_target {
+            out.log_probs[r] = (self.z_t - self.m) - ell;
+        }
+    }
+}
+
+/// Each row's target column (`None` on an `ignore_index` row).
+pub(crate) fn targets(p: &LinearProblem<'_>) -> Vec<Option<usize>> {
+    p.tokens
+        .iter()
+        .map(|&t| (t != p.ignore_index).then_some(t as usize))
+        .collect()
+}
+
+/// Each row's log-prob cotangent in f32 (0 on an `ignore_index` row).
+pub(crate) fn cotangents(p: &LinearProblem<'_>, grad_log_probs: &[f64]) -> Vec<f32> {
+    p.tokens
+        .iter()
+        .zip(grad_log_probs)
+        .map(|(&t, &c)| if t == p.ignore_index { 0.0 } else { c as f32 })
+        .collect()
+}
+
+/// `grad_log_probs` has one entry per row.
+pub(crate) fn check_cotangents(
+    p: &LinearProblem<'_>,
+    grad_log_probs: &[f64],
+) -> Result<(), KernelError> {
+    let n = p.hidden.nrows();
+    if grad_log_probs.len() != n {
+        return Err(SpecError::ShapeMismatch {
+            tensor: "grad_log_probs",
+            expected: vec![n],
+            found: vec![grad_log_probs.len()],
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// The f32 sums rounded once to the inputs' dtype.
+pub(crate) fn finish(
+    dtype: Dtype,
+    mut gh: Array2<f32>,
+    mut gw: Array2<f32>,
+    gb: Vec<f32>,
+) -> LinearGrads {
+    gh.mapv_inplace(|x| round_to(dtype, x));
+    gw.mapv_inplace(|x| round_to(dtype, x));
+    LinearGrads {
+        grad_hidden: gh,
+        grad_weight: gw,
+        grad_bias: gb.into_iter().map(|x| round_to(dtype, x)).collect(),
+    }
 }
 
 fn round_to(dtype: Dtype, x: f32) -> f32 {
@@ -226,49 +299,151 @@ impl FusedLinear {
         }
     }
 
+    /// Pass 1: each row's max of `z` over this block of the vocabulary.
+    pub(crate) fn max_pass(
+        &self,
+        p: &LinearProblem<'_>,
+        rows: std::ops::Range<usize>,
+        tc: (f32, Option<f32>),
+    ) -> Vec<f32> {
+        let v = p.weight.nrows();
+        let (mut z, mut f) = (Vec::new(), Vec::new());
+        let mut m = vec![f32::NEG_INFINITY; rows.len()];
+        for c0 in (0..v).step_by(self.vocab_chunk) {
+            let cols = c0..(c0 + self.vocab_chunk).min(v);
+            self.block(p, rows.clone(), cols.clone(), tc, &mut z, &mut f);
+            for (i, mi) in m.iter_mut().enumerate() {
+                for &zj in &z[i * cols.len()..(i + 1) * cols.len()] {
+                    *mi = mi.max(zj);
+                }
+            }
+        }
+        m
+    }
+
+    /// Pass 2: `S = sum exp(z - m)`, `B = sum exp(z - m) (z - m)` in
+    /// vocabulary order, and `z_t` where the row's `target` (a column of
+    /// this block of the vocabulary) is `Some`.
+    pub(crate) fn sum_pass(
+        &self,
+        p: &LinearProblem<'_>,
+        rows: std::ops::Range<usize>,
+        tc: (f32, Option<f32>),
+        m: &[f32],
+        target: &[Option<usize>],
+    ) -> Vec<RowStat> {
+        let v = p.weight.nrows();
+        let (mut z, mut f) = (Vec::new(), Vec::new());
+        let mut st: Vec<RowStat> = m
+            .iter()
+            .map(|&m| RowStat {
+                m,
+                s: 0.0,
+                b: 0.0,
+                z_t: 0.0,
+            })
+            .collect();
+        for c0 in (0..v).step_by(self.vocab_chunk) {
+            let cols = c0..(c0 + self.vocab_chunk).min(v);
+            self.block(p, rows.clone(), cols.clone(), tc, &mut z, &mut f);
+            for (i, r) in rows.clone().enumerate() {
+                let zr = &z[i * cols.len()..(i + 1) * cols.len()];
+                let s = &mut st[i];
+                for (j, &zj) in cols.clone().zip(zr) {
+                    let d = zj - s.m;
+                    let e = crate::exp::exp_f32_nonpos(d);
+                    s.s += e;
+                    s.b += e * d;
+                    if target[r] == Some(j) {
+                        s.z_t = zj;
+                    }
+                }
+            }
+        }
+        st
+    }
+
     /// The rows' statistics (passes 1 and 2).
     fn stats(
         &self,
         p: &LinearProblem<'_>,
         rows: std::ops::Range<usize>,
         tc: (f32, Option<f32>),
+        target: &[Option<usize>],
     ) -> Vec<RowStat> {
-        let v = p.weight.nrows();
+        let m = self.max_pass(p, rows.clone(), tc);
+        self.sum_pass(p, rows, tc, &m, target)
+    }
+
+    /// Pass 3 over a block of rows: `g_j = c ([j = t] - p_j) f_j / T` from
+    /// the rows' `lse`, kept in the logits' dtype; `grad_hidden`'s rows
+    /// (all of `gh`'s rows, indexed from `rows.start`) take `g W`, and
+    /// `gw` / `gb` (this block of the vocabulary) take `g^T h` and `sum g`
+    /// unless `to_weight` is false. All in f32, unrounded.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grad_pass(
+        &self,
+        p: &LinearProblem<'_>,
+        rows: std::ops::Range<usize>,
+        tc: (f32, Option<f32>),
+        lse: &[f32],
+        (cot, target): (&[f32], &[Option<usize>]),
+        to_weight: bool,
+        (gh, gw, gb): (&mut Array2<f32>, &mut Array2<f32>, &mut [f32]),
+    ) {
+        let (v, h) = p.weight.dim();
+        let keep = self.logits == LinearLogits::Input;
         let (mut z, mut f) = (Vec::new(), Vec::new());
-        let nr = rows.len();
-        let mut st = vec![
-            RowStat {
-                m: f32::NEG_INFINITY,
-                s: 0.0,
-                b: 0.0,
-                z_t: 0.0,
-            };
-            nr
-        ];
-        for pass in 0..2 {
-            for c0 in (0..v).step_by(self.vocab_chunk) {
-                let cols = c0..(c0 + self.vocab_chunk).min(v);
-                self.block(p, rows.clone(), cols.clone(), tc, &mut z, &mut f);
-                for (i, r) in rows.clone().enumerate() {
-                    let zr = &z[i * cols.len()..(i + 1) * cols.len()];
-                    let s = &mut st[i];
-                    for (j, &zj) in cols.clone().zip(zr) {
-                        if pass == 0 {
-                            s.m = s.m.max(zj);
-                        } else {
-                            let d = zj - s.m;
-                            let e = crate::exp::exp_f32_nonpos(d);
-                            s.s += e;
-                            s.b += e * d;
-                            if p.tokens[r] == j as i64 {
-                                s.z_t = zj;
-                            }
-                        }
+        for c0 in (0..v).step_by(self.vocab_chunk) {
+            let cols = c0..(c0 + self.vocab_chunk).min(v);
+            self.block(p, rows.clone(), cols.clone(), tc, &mut z, &mut f);
+            let mut upd_w = vec![0f32; cols.len() * h];
+            let mut upd_b = vec![0f32; cols.len()];
+            for (i, r) in rows.clone().enumerate() {
+                let c = cot[r];
+                for (jj, j) in cols.clone().enumerate() {
+                    let k = i * cols.len() + jj;
+                    let pj = crate::exp::exp_f32(z[k] - lse[i]);
+                    let onehot = if target[r] == Some(j) { 1.0 } else { 0.0 };
+                    let mut g = c * (onehot - pj) / tc.0;
+                    if tc.1.is_some() && self.fault != LinearFault::SoftcapBackwardMissing {
+                        g *= f[k];
+                    }
+                    if keep {
+                        g = round_to(p.dtype, g);
+                    }
+                    let w = p.weight.row(j);
+                    for (a, &b) in gh.row_mut(r).iter_mut().zip(w.iter()) {
+                        *a += g * b;
+                    }
+                    for (a, &b) in upd_w[jj * h..(jj + 1) * h]
+                        .iter_mut()
+                        .zip(p.hidden.row(r).iter())
+                    {
+                        *a += g * b;
+                    }
+                    upd_b[jj] += g;
+                }
+            }
+            if to_weight {
+                let bf = self.fault == LinearFault::Bf16GradAccumulation;
+                let add = |a: f32, u: f32| {
+                    if bf {
+                        round_to(Dtype::Bf16, a + u)
+                    } else {
+                        a + u
+                    }
+                };
+                for (jj, j) in cols.clone().enumerate() {
+                    for (a, &u) in gw.row_mut(j).iter_mut().zip(&upd_w[jj * h..(jj + 1) * h]) {
+                        *a = add(*a, u);
+                    }
+                    if self.fault != LinearFault::BiasForwardOnly {
+                        gb[j] = add(gb[j], upd_b[jj]);
                     }
                 }
             }
         }
-        st
     }
 
     /// Log-probs, entropy and lse (f32).
@@ -278,6 +453,7 @@ impl FusedLinear {
     /// [`KernelError::Unsupported`] for a chunk size of 0 or other dtypes.
     pub fn forward(&self, p: &LinearProblem<'_>) -> Result<LinearForward, KernelError> {
         let tc = self.check(p)?;
+        let target = targets(p);
         let n = p.hidden.nrows();
         let mut out = LinearForward {
             log_probs: vec![0.0; n],
@@ -286,14 +462,12 @@ impl FusedLinear {
         };
         for r0 in (0..n).step_by(self.row_chunk) {
             let rows = r0..(r0 + self.row_chunk).min(n);
-            for (i, s) in self.stats(p, rows.clone(), tc).into_iter().enumerate() {
-                let r = r0 + i;
-                let ell = (s.s as f64).ln() as f32;
-                out.lse[r] = s.m + ell;
-                out.entropy[r] = ell - s.b / s.s;
-                if p.tokens[r] != p.ignore_index {
-                    out.log_probs[r] = (s.z_t - s.m) - ell;
-                }
+            for (i, s) in self
+                .stats(p, rows.clone(), tc, &target)
+                .into_iter()
+                .enumerate()
+            {
+                s.write(r0 + i, target[r0 + i].is_some(), &mut out);
             }
         }
         Ok(out)
@@ -310,81 +484,32 @@ impl FusedLinear {
         grad_log_probs: &[f64],
     ) -> Result<LinearGrads, KernelError> {
         let tc = self.check(p)?;
+        check_cotangents(p, grad_log_probs)?;
+        let target = targets(p);
+        let cot = cotangents(p, grad_log_probs);
         let ((n, h), v) = (p.hidden.dim(), p.weight.nrows());
-        let keep = self.logits == LinearLogits::Input;
         let mut gh = Array2::<f32>::zeros((n, h));
         let mut gw = Array2::<f32>::zeros((v, h));
         let mut gb = vec![0f32; v];
-        let (mut z, mut f) = (Vec::new(), Vec::new());
         for r0 in (0..n).step_by(self.row_chunk) {
             let rows = r0..(r0 + self.row_chunk).min(n);
-            let st = self.stats(p, rows.clone(), tc);
+            let lse: Vec<f32> = self
+                .stats(p, rows.clone(), tc, &target)
+                .iter()
+                .map(RowStat::lse)
+                .collect();
             let partial = rows.len() < self.row_chunk;
             let to_weight = !(self.fault == LinearFault::DroppedRemainder && partial);
-            for c0 in (0..v).step_by(self.vocab_chunk) {
-                let cols = c0..(c0 + self.vocab_chunk).min(v);
-                self.block(p, rows.clone(), cols.clone(), tc, &mut z, &mut f);
-                let mut upd_w = vec![0f32; cols.len() * h];
-                let mut upd_b = vec![0f32; cols.len()];
-                for (i, r) in rows.clone().enumerate() {
-                    let c = if p.tokens[r] == p.ignore_index {
-                        0.0
-                    } else {
-                        grad_log_probs[r] as f32
-                    };
-                    let s = &st[i];
-                    let lse = s.m + (s.s as f64).ln() as f32;
-                    for (jj, j) in cols.clone().enumerate() {
-                        let k = i * cols.len() + jj;
-                        let pj = crate::exp::exp_f32(z[k] - lse);
-                        let onehot = if p.tokens[r] == j as i64 { 1.0 } else { 0.0 };
-                        let mut g = c * (onehot - pj) / tc.0;
-                        if tc.1.is_some() && self.fault != LinearFault::SoftcapBackwardMissing {
-                            g *= f[k];
-                        }
-                        if keep {
-                            g = round_to(p.dtype, g);
-                        }
-                        let w = p.weight.row(j);
-                        for (a, &b) in gh.row_mut(r).iter_mut().zip(w.iter()) {
-                            *a += g * b;
-                        }
-                        for (a, &b) in upd_w[jj * h..(jj + 1) * h]
-                            .iter_mut()
-                            .zip(p.hidden.row(r).iter())
-                        {
-                            *a += g * b;
-                        }
-                        upd_b[jj] += g;
-                    }
-                }
-                if to_weight {
-                    let bf = self.fault == LinearFault::Bf16GradAccumulation;
-                    for (jj, j) in cols.clone().enumerate() {
-                        for (a, &u) in gw.row_mut(j).iter_mut().zip(&upd_w[jj * h..(jj + 1) * h]) {
-                            *a = if bf {
-                                round_to(Dtype::Bf16, *a + u)
-                            } else {
-                                *a + u
-                            };
-                        }
-                        if self.fault != LinearFault::BiasForwardOnly {
-                            gb[j] = if bf {
-                                round_to(Dtype::Bf16, gb[j] + upd_b[jj])
-                            } else {
-                                gb[j] + upd_b[jj]
-                            };
-                        }
-                    }
-                }
-            }
+            self.grad_pass(
+                p,
+                rows,
+                tc,
+                &lse,
+                (&cot, &target),
+                to_weight,
+                (&mut gh, &mut gw, &mut gb),
+            );
         }
-        gh.mapv_inplace(|x| round_to(p.dtype, x));
-        gw.mapv_inplace(|x| round_to(p.dtype, x));
-        Ok(LinearGrads {
-            grad_hidden: gh,
-            grad_weight: gw,
-            grad_bias: gb.into_iter().map(|x| round_to(p.dtype, x)).collect(),
-        })
+        Ok(finish(p.dtype, gh, gw, gb))
     }
 }
