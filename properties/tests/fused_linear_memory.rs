@@ -38,9 +38,17 @@ fn peak_extra_memory_is_the_chunks_whatever_the_vocabulary() {
             ignore_index: -100,
         };
         let k = FusedLinear::new(rc, vc, LinearLogits::Input);
-        let (fwd, peak_f) = measure(|| k.forward(&p).unwrap());
+        // The least of three calls: an allocation of another thread (the
+        // test harness's) can only add to one; a V-sized one is in all.
+        let (fwd, peak_f) = (0..3)
+            .map(|_| measure(|| k.forward(&p).unwrap()))
+            .min_by_key(|r| r.1)
+            .unwrap();
         let outputs_f = 3 * n * 4 + 3 * 64;
-        let (g, peak_b) = measure(|| k.backward(&p, &cot).unwrap());
+        let (g, peak_b) = (0..3)
+            .map(|_| measure(|| k.backward(&p, &cot).unwrap()))
+            .min_by_key(|r| r.1)
+            .unwrap();
         // The outputs: grad_hidden [N, H], grad_weight [V, H], grad_bias [V].
         let outputs_b = 4 * (n * h + v * h + v);
         let extra_f = peak_f.saturating_sub(outputs_f);

@@ -23,7 +23,7 @@ use logprobe_fuzz::exec::{
 use logprobe_fuzz::grammar::parse_duration;
 
 /// The Python caller as a kernel of the engine.
-struct PyKernel {
+pub(crate) struct PyKernel {
     /// `module.qualname` of the user's function.
     name: String,
     /// `logprobe._fuzz.Caller`: request bytes -> answer bytes, or
@@ -32,7 +32,7 @@ struct PyKernel {
     /// Set when the caller raised (KeyboardInterrupt, SystemExit, a bug of
     /// the caller): the run stops and the error is raised again.
     interrupted: AtomicBool,
-    error: Mutex<Option<PyErr>>,
+    pub(crate) error: Mutex<Option<PyErr>>,
 }
 
 impl InProcessKernel for PyKernel {
@@ -72,7 +72,7 @@ impl InProcessKernel for PyKernel {
     }
 }
 
-fn value_error(e: impl std::fmt::Display) -> PyErr {
+pub(crate) fn value_error(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
@@ -135,7 +135,7 @@ fn settings(
     })
 }
 
-fn kernel(name: String, caller: Py<PyAny>) -> Arc<PyKernel> {
+pub(crate) fn kernel(name: String, caller: Py<PyAny>) -> Arc<PyKernel> {
     Arc::new(PyKernel {
         name,
         caller,
@@ -356,5 +356,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fuzz, m)?)?;
     m.add_function(wrap_pyfunction!(fuzz_replay, m)?)?;
     m.add("DEFAULT_REQUIRE", exec::DEFAULT_REQUIRE)?;
+    crate::fuzz_linear::register(m)?;
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! a `Report`.
 
 mod fuzz;
+mod fuzz_linear;
 mod import;
 
 use pyo3::exceptions::PyValueError;

@@ -94,7 +94,7 @@ struct FuzzArgs {
     fused_linear: bool,
     /// Where the fused linear kernel keeps its logits (with --fused-linear): input (rounded
     /// to the inputs' dtype, as Liger does) or accumulation (f32, as Cut Cross-Entropy does).
-    #[arg(long, default_value = "input", value_parser = parse_lm_head_logits)]
+    #[arg(long, default_value = "input", value_parser = logprobe_fuzz::linear::exec::parse_logits)]
     lm_head_logits_dtype: logprobe_kernels::linear::LinearLogits,
     /// Time limit of one call of the external kernel (a hang past it is a finding).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -663,12 +663,4 @@ fn main() -> ExitCode {
         Command::Compare(args) => logprobe_cli::cli::compare(args),
     };
     ExitCode::from(status)
-}
-
-fn parse_lm_head_logits(s: &str) -> Result<logprobe_kernels::linear::LinearLogits, String> {
-    match s {
-        "input" => Ok(logprobe_kernels::linear::LinearLogits::Input),
-        "accumulation" => Ok(logprobe_kernels::linear::LinearLogits::Accumulation),
-        _ => Err(format!("`{s}`: expected input or accumulation")),
-    }
 }

@@ -28,6 +28,18 @@ pub const LINEAR_OUTPUTS: [&str; 6] = [
     "grad_lm_head_bias",
 ];
 
+/// `lm_head_logits_dtype`'s values: `input` or `accumulation`.
+///
+/// # Errors
+/// Any other text, as a message.
+pub fn parse_logits(s: &str) -> Result<LinearLogits, String> {
+    match s.trim() {
+        "input" => Ok(LinearLogits::Input),
+        "accumulation" => Ok(LinearLogits::Accumulation),
+        _ => Err(format!("`{s}`: expected input or accumulation")),
+    }
+}
+
 /// The protocol version of fused linear requests.
 pub const PROTOCOL_V2: &str = "2";
 

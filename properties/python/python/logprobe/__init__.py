@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Union
 
 from . import _native
 from ._compare import CompareReport
-from ._fuzz import OUTPUTS, FuzzFinding, FuzzReport, fuzz, fuzz_replay
+from ._fuzz import LINEAR_OUTPUTS, OUTPUTS, FuzzFinding, FuzzReport, fuzz, fuzz_linear, fuzz_replay
 from ._inputs import rows_arg, split
 from ._report import Element, Output, Report
 
@@ -51,10 +51,12 @@ __all__ = [
     "compare",
     "CompareReport",
     "fuzz",
+    "fuzz_linear",
     "fuzz_replay",
     "FuzzReport",
     "FuzzFinding",
     "OUTPUTS",
+    "LINEAR_OUTPUTS",
     "Report",
     "Output",
     "Element",

@@ -259,6 +259,61 @@ def fuzz(
     output or duration; `TypeError` for a value of the wrong kind.
     """
 
+#: The outputs `fuzz_linear` asks of `fn` by default (docs/fuzz-protocol.md,
+#: "Version 2"): log_probs and the three gradients of the LM head.
+LINEAR_OUTPUTS: Tuple[str, ...]
+
+def fuzz_linear(
+    fn: Callable[..., Any],
+    *,
+    budget: Duration = "30s",
+    cases: Optional[int] = None,
+    dtypes: Union[str, Sequence[str], None] = ("float32", "bfloat16"),
+    outputs: Union[str, Sequence[str]] = LINEAR_OUTPUTS,
+    options: Union[str, Mapping[str, Any]] = "",
+    seed: Optional[int] = None,
+    shrink_budget: Duration = "30s",
+    lm_head_logits_dtype: str = "input",
+    progress: bool = False,
+) -> FuzzReport:
+    """Property-tests a fused linear + cross-entropy kernel in this process
+    with the engine of `logprobe fuzz --fused-linear --exec` (fuzz protocol
+    version 2): cases of the fused linear space (docs/fuzz.md, "Fused linear
+    + cross-entropy kernels": N, H, V, bf16 / f32, bias, weight scale,
+    temperature, softcap, ignored rows), judged by the verify engine against
+    the exact oracle (TOLERANCE.md (T29), (T30), foreign-kernel model).
+
+    `fn(hidden, lm_head_weight, targets, *, lm_head_bias, temperature,
+    softcap, ignore_index)` takes torch tensors (`hidden [N, H]` and
+    `lm_head_weight [V, H]` in bf16 or f32, `targets [N]` int64,
+    `lm_head_bias [V]` or None; `softcap` None or a float applied as
+    `softcap * tanh(x / softcap)` to the raw logits before the temperature)
+    and returns the per-row log-probs `[N]` (nats; any value on ignored
+    rows), or a dict with `log_probs` and optionally `entropy` and `lse`.
+    The gradients asked for (`grad_hidden`, `grad_lm_head_weight`,
+    `grad_lm_head_bias`) are taken by torch's autograd of
+    `sum(grad_log_probs * log_probs)` over the rows not ignored, so `fn`
+    must be differentiable (a custom `torch.autograd.Function` such as
+    Liger's is what is tested). A kernel returning a per-token loss is
+    wrapped as `lambda *a, **k: -fn(*a, **k)`.
+
+    - `outputs`: what is asked of `fn` (a subset of `log_probs`, `entropy`,
+      `lse`, `grad_hidden`, `grad_lm_head_weight`, `grad_lm_head_bias`).
+    - `dtypes`: float32, bfloat16 (None: both).
+    - `options`: pins of the fused linear space (`hidden=256..512`,
+      `softcap=30`, ...; a finding's `recipe` pins its whole case).
+    - `lm_head_logits_dtype`: "input" (logits and their gradient kept in
+      the inputs' dtype, as Liger does; the looser bound) or "accumulation"
+      (f32, as Cut Cross-Entropy does).
+    - `budget`, `cases`, `seed`, `shrink_budget`, `progress`: as `fuzz`.
+
+    Returns a `FuzzReport` (`finding`, `save(path)`, `summary()`); cases
+    verify cannot bound are counted in `nothing_to_check`. An exception in
+    `fn` is a finding of property `command`. Raises `ImportError` without
+    torch, `ValueError` for a bad option or output, `TypeError` for a value
+    of the wrong kind.
+    """
+
 def fuzz_replay(
     fn: Kernel,
     path: Union[str, "PathLike[str]"],

@@ -430,3 +430,99 @@ def fuzz_replay(
         return None
     prop, detail, recipe = r
     return FuzzFinding({"property": prop, "detail": detail, "recipe": recipe, "case_index": 0})
+
+
+LINEAR_OUTPUTS = ("log_probs", "grad_hidden", "grad_lm_head_weight", "grad_lm_head_bias")
+
+
+class LinearCall:
+    """A fused linear kernel ``fn(hidden, lm_head_weight, targets, *,
+    lm_head_bias, temperature, softcap, ignore_index) -> log_probs [N]`` (or a
+    dict of ``log_probs`` / ``entropy`` / ``lse``) as the in-process
+    transport's ``fn(inputs, meta)``: the gradients asked for are taken by
+    torch's autograd of ``sum(grad_log_probs * log_probs)`` (ignored rows
+    weigh 0), with respect to ``hidden``, ``lm_head_weight`` and the bias,
+    in their own dtype."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"fuzz_linear(fn): fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "fn")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__module__ = getattr(fn, "__module__", None)
+
+    def __call__(self, inputs: Dict[str, Any], meta: Dict[str, str]) -> Dict[str, Any]:
+        torch = _torch_or_none()
+        asked = [o for o in meta.get("outputs", "").split(",") if o]
+        grads = [o for o in asked if o.startswith("grad_")]
+        hidden = inputs["hidden"].requires_grad_(bool(grads))
+        weight = inputs["lm_head_weight"].requires_grad_(bool(grads))
+        bias = inputs.get("lm_head_bias")
+        if bias is not None:
+            bias = bias.requires_grad_(bool(grads))
+        softcap = float(meta["softcap"]) if "softcap" in meta else None
+        ignore = int(meta["ignore_index"])
+        tokens = inputs["tokens"]
+        out = self.fn(hidden, weight, tokens, lm_head_bias=bias,
+                      temperature=float(meta["temperature"]), softcap=softcap, ignore_index=ignore)
+        if not isinstance(out, Mapping):
+            out = {"log_probs": out}
+        answer = {k: v.detach() for k, v in out.items() if k in asked and not k.startswith("grad_")}
+        if grads:
+            if "log_probs" not in out:
+                raise TypeError("returned no log_probs: the gradients are those of the log-probs")
+            lp = out["log_probs"]
+            cot = inputs["grad_log_probs"].to(lp.dtype)
+            cot = torch.where(tokens == ignore, torch.zeros_like(cot), cot)
+            wrt = [hidden, weight] + ([bias] if bias is not None else [])
+            g = torch.autograd.grad(lp, wrt, grad_outputs=cot, allow_unused=True)
+            named = dict(zip(["grad_hidden", "grad_lm_head_weight", "grad_lm_head_bias"], g))
+            src = {"grad_hidden": hidden, "grad_lm_head_weight": weight, "grad_lm_head_bias": bias}
+            for o in grads:
+                t = named.get(o)
+                answer[o] = torch.zeros_like(src[o]) if t is None else t
+        return answer
+
+
+def fuzz_linear(
+    fn: Callable[..., Any],
+    *,
+    budget: Any = "30s",
+    cases: Optional[int] = None,
+    dtypes: Any = ("float32", "bfloat16"),
+    outputs: Sequence[str] = LINEAR_OUTPUTS,
+    options: Any = "",
+    seed: Optional[int] = None,
+    shrink_budget: Any = "30s",
+    lm_head_logits_dtype: str = "input",
+    progress: bool = False,
+) -> FuzzReport:
+    """See ``logprobe.fuzz_linear`` (``logprobe/__init__.pyi``)."""
+    if cases is not None and (not isinstance(cases, int) or isinstance(cases, bool) or cases < 0):
+        raise TypeError(f"fuzz_linear(): cases={cases!r}: an int >= 0, or None")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise TypeError(f"fuzz_linear(): seed={seed!r}: an int >= 0, or None (from the clock)")
+    if _torch_or_none() is None:
+        raise ImportError("fuzz_linear() needs torch: the gradients are taken by autograd")
+    if isinstance(outputs, str):
+        outputs = [o for o in outputs.split(",") if o]
+    dt = _alternatives(dtypes, "dtypes", lambda d: {"float32": "f32", "bfloat16": "bf16"}.get(
+        str(d).replace("torch.", ""), str(d)))
+    opts = options if isinstance(options, str) else ",".join(f"{k}={v}" for k, v in options.items())
+    if dt is not None:
+        opts = f"{opts},dtype={dt}" if opts else f"dtype={dt}"
+    caller = Caller(LinearCall(fn), "torch")
+    report_json, table, files = _native.fuzz_linear(
+        caller,
+        name=caller.name,
+        budget=_duration(budget, "budget"),
+        cases=cases,
+        shrink_budget=_duration(shrink_budget, "shrink_budget"),
+        options=opts,
+        outputs=list(outputs),
+        lm_head_logits_dtype=str(lm_head_logits_dtype),
+        seed=seed,
+        progress=bool(progress),
+    )
+    return FuzzReport(report_json, table, files)
