@@ -425,17 +425,7 @@ pub fn write(
     seed: u64,
 ) -> Result<(PathBuf, String), String> {
     let bytes = dump_bytes(target, case, finding, seed).map_err(|e| e.to_string())?;
-    let stem: String = target
-        .name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
+    let stem = crate::files::name_stem(&target.name);
     let verdict = match Dump::parse(&bytes) {
         Ok(d) => match verify_dump(&d, Path::new("finding"), &VerifyConfig::default()) {
             Ok(r) => r.verdict.to_string(),

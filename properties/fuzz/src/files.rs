@@ -126,6 +126,20 @@ pub fn write_new(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>
     })
 }
 
+/// A kernel name as a file name's stem: ASCII letters, digits and `-`
+/// kept, anything else `-` (`mutant:x` -> `mutant-x`).
+pub fn name_stem(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
 /// `s` as one shell word: unchanged when it holds only characters no shell
 /// treats specially, single-quoted otherwise.
 pub fn shell_word(s: &str) -> String {

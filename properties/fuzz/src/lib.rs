@@ -129,18 +129,16 @@ impl<C> FuzzReport<C> {
     }
 }
 
+/// The RNG stream base of the logits cases ([`tree_at`]).
+pub const CASE_STREAM: u64 = 0xF022_0000;
+
 /// The value tree of case `index` of the run seeded `seed`.
 pub fn case_tree(
     strategy: &BoxedStrategy<FuzzCase>,
     seed: u64,
     index: u64,
 ) -> Box<dyn ValueTree<Value = FuzzCase>> {
-    let mut runner =
-        TestRunner::new_with_rng(Config::default(), runner_rng(seed, 0xF022_0000 + index));
-    // The strategy has no filters: drawing a tree cannot be rejected.
-    strategy
-        .new_tree(&mut runner)
-        .expect("the fuzz strategy never rejects")
+    tree_at(strategy, seed, CASE_STREAM, index)
 }
 
 /// Whether `case` fails on `target` (and, for a mutant, passes on its twin).
@@ -196,50 +194,119 @@ pub fn shrink_by<C: std::fmt::Debug>(
     best
 }
 
-/// Runs the search (see the module docs).
-pub fn run(config: &FuzzConfig) -> FuzzReport {
+/// What judging one case on one target gave, short of a finding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Outcome {
+    /// Every check passed: the worst `error / bound`.
+    Pass(f64),
+    /// Not judged (verify's `no bound`, nothing checked): not a pass.
+    NotJudged,
+}
+
+/// The value tree of case `index` of a run seeded `seed`, drawn from the
+/// RNG stream `stream + index` (each case family has its own streams).
+pub fn tree_at<C: std::fmt::Debug>(
+    strategy: &BoxedStrategy<C>,
+    seed: u64,
+    stream: u64,
+    index: u64,
+) -> Box<dyn ValueTree<Value = C>> {
+    let mut runner = TestRunner::new_with_rng(Config::default(), runner_rng(seed, stream + index));
+    // The strategies have no filters: drawing a tree cannot be rejected.
+    strategy
+        .new_tree(&mut runner)
+        .expect("the fuzz strategies never reject")
+}
+
+/// A search's settings, whatever its case type.
+pub struct Search<'a, C> {
+    /// The strategy of cases.
+    pub strategy: &'a BoxedStrategy<C>,
+    /// The case stream's RNG stream base ([`tree_at`]).
+    pub stream: u64,
+    /// Seed of the case stream.
+    pub seed: u64,
+    /// Time limit of the search (shrinking excluded).
+    pub budget: Duration,
+    /// Case limit.
+    pub cases: Option<u64>,
+    /// Time limit of each shrink.
+    pub shrink_budget: Duration,
+    /// Show progress on stderr.
+    pub progress: bool,
+}
+
+/// How a search judges its targets (see [`search`]).
+pub trait Judge<C> {
+    /// A target's `--kernel` name.
+    fn name(&self) -> String;
+    /// Judges one case.
+    ///
+    /// # Errors
+    /// The first [`Finding`].
+    fn judge(&self, case: &C) -> Result<Outcome, Finding>;
+    /// For a mutant: whether its correct twin passes `case` (`None`: no twin).
+    fn twin_passes(&self, case: &C) -> Option<bool>;
+    /// Writes a finding's dump and says what `logprobe verify` makes of it.
+    ///
+    /// # Errors
+    /// As text.
+    fn write(&self, case: &C, finding: &Finding, seed: u64) -> Result<(PathBuf, String), String>;
+}
+
+/// The search loop shared by every case family: case `i` is the value tree
+/// of `(seed, stream + i)`, judged on every target still clean; a target's
+/// first failure is shrunk ([`shrink_by`], a mutant's steps kept only where
+/// its twin passes) and written as a dump.
+pub fn search<C: Clone + std::fmt::Debug, T: Judge<C>>(
+    s: &Search<'_, C>,
+    targets: &[T],
+) -> FuzzReport<C> {
     let start = Instant::now();
-    let strategy = config.space.strategy();
-    let mut reports: Vec<TargetReport> = config
-        .targets
+    let mut reports: Vec<TargetReport<C>> = targets
         .iter()
         .map(|t| TargetReport {
-            name: t.name.clone(),
+            name: t.name(),
             cases: 0,
             worst: 0.0,
             found: None,
             unbounded: 0,
         })
         .collect();
-    let mut progress = progress::Progress::new(config.progress, config.cases);
+    let mut progress = progress::Progress::new(s.progress, s.cases);
     let mut index = 0u64;
-    while start.elapsed() < config.budget
-        && config.cases.is_none_or(|n| index < n)
+    while start.elapsed() < s.budget
+        && s.cases.is_none_or(|n| index < n)
         && reports.iter().any(|r| r.found.is_none())
     {
-        let case = case_tree(&strategy, config.seed, index).current();
-        for (t, rep) in config.targets.iter().zip(reports.iter_mut()) {
+        let case = tree_at(s.strategy, s.seed, s.stream, index).current();
+        for (t, rep) in targets.iter().zip(reports.iter_mut()) {
             if rep.found.is_some() {
                 continue;
             }
             rep.cases += 1;
-            match judge(t, &case) {
-                Ok(w) => rep.worst = rep.worst.max(w),
+            match t.judge(&case) {
+                Ok(Outcome::Pass(w)) => rep.worst = rep.worst.max(w),
+                Ok(Outcome::NotJudged) => rep.unbounded += 1,
                 Err(f) => {
                     let time_to_find = start.elapsed().as_secs_f64();
                     progress.println(&format!(
                         "{}: {} failed on case {index} after {time_to_find:.1} s; shrinking (at most {} s)",
-                        t.name,
+                        rep.name,
                         f.property,
-                        config.shrink_budget.as_secs()
+                        s.shrink_budget.as_secs()
                     ));
                     let s0 = Instant::now();
-                    let mut tree = case_tree(&strategy, config.seed, index);
-                    let (case, finding, steps) = shrink(t, tree.as_mut(), f, config.shrink_budget);
+                    let mut tree = tree_at(s.strategy, s.seed, s.stream, index);
+                    let fails = |c: &C| {
+                        let f = t.judge(c).err()?;
+                        (t.twin_passes(c) != Some(false)).then_some(f)
+                    };
+                    let (case, finding, steps) =
+                        shrink_by(fails, tree.as_mut(), f, s.shrink_budget);
                     let shrink_secs = s0.elapsed().as_secs_f64();
-                    let twin_passes = t.twin.as_ref().map(|tw| judge(tw, &case).is_ok());
-                    let dump =
-                        counterexample::write(&config.out_dir, t, &case, &finding, config.seed);
+                    let twin_passes = t.twin_passes(&case);
+                    let dump = t.write(&case, &finding, s.seed);
                     rep.found = Some(Found {
                         finding,
                         case,
@@ -258,11 +325,65 @@ pub fn run(config: &FuzzConfig) -> FuzzReport {
     }
     progress.finish();
     FuzzReport {
-        seed: config.seed,
+        seed: s.seed,
         cases: index,
         seconds: start.elapsed().as_secs_f64(),
         targets: reports,
     }
+}
+
+/// A logits target of [`run`], with the dumps' directory.
+struct LogitsJudge<'a> {
+    target: &'a Target,
+    out_dir: &'a Path,
+}
+
+impl Judge<FuzzCase> for LogitsJudge<'_> {
+    fn name(&self) -> String {
+        self.target.name.clone()
+    }
+
+    fn judge(&self, case: &FuzzCase) -> Result<Outcome, Finding> {
+        judge(self.target, case).map(Outcome::Pass)
+    }
+
+    fn twin_passes(&self, case: &FuzzCase) -> Option<bool> {
+        self.target.twin.as_ref().map(|t| judge(t, case).is_ok())
+    }
+
+    fn write(
+        &self,
+        case: &FuzzCase,
+        finding: &Finding,
+        seed: u64,
+    ) -> Result<(PathBuf, String), String> {
+        counterexample::write(self.out_dir, self.target, case, finding, seed)
+    }
+}
+
+/// Runs the search (see the module docs).
+pub fn run(config: &FuzzConfig) -> FuzzReport {
+    let strategy = config.space.strategy();
+    let judges: Vec<LogitsJudge<'_>> = config
+        .targets
+        .iter()
+        .map(|target| LogitsJudge {
+            target,
+            out_dir: &config.out_dir,
+        })
+        .collect();
+    search(
+        &Search {
+            strategy: &strategy,
+            stream: CASE_STREAM,
+            seed: config.seed,
+            budget: config.budget,
+            cases: config.cases,
+            shrink_budget: config.shrink_budget,
+            progress: config.progress,
+        },
+        &judges,
+    )
 }
 
 /// The longest line of a finding's detail in a report, in characters.

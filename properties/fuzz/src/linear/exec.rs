@@ -14,9 +14,10 @@ use logprobe_verify::dump::{serialize_dump, DumpTensor};
 use logprobe_verify::tolerance::Order;
 use logprobe_verify::verify::ReportVerdict;
 
-use super::{failing, Judgement, LinearCase};
+use super::{failing, LinearCase};
 use crate::exec::Runner;
 use crate::judge::{Call, Finding};
+use crate::Outcome;
 
 /// The outputs a version-2 kernel may compute, in request order.
 pub const LINEAR_OUTPUTS: [&str; 6] = [
@@ -246,9 +247,9 @@ impl LinearExec {
     ///
     /// # Errors
     /// A `command` or `oracle agreement` [`Finding`].
-    pub fn judge(&self, case: &LinearCase) -> Result<Judgement, Finding> {
+    pub fn judge(&self, case: &LinearCase) -> Result<Outcome, Finding> {
         if self.outputs.is_empty() {
-            return Ok(Judgement::NotJudged);
+            return Ok(Outcome::NotJudged);
         }
         let joined = self.call(case, &[])?;
         let report = verify_bytes(&joined, "exec", self.model).map_err(|e| Finding {
@@ -262,8 +263,8 @@ impl LinearExec {
                 call: Call::Exec,
                 detail: failing(&report),
             }),
-            ReportVerdict::NoBound | ReportVerdict::Unchecked => Ok(Judgement::NotJudged),
-            ReportVerdict::Pass | ReportVerdict::Suspect => Ok(Judgement::Pass(
+            ReportVerdict::NoBound | ReportVerdict::Unchecked => Ok(Outcome::NotJudged),
+            ReportVerdict::Pass | ReportVerdict::Suspect => Ok(Outcome::Pass(
                 report
                     .outputs
                     .iter()

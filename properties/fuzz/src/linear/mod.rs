@@ -33,23 +33,19 @@ pub use case::{LinearCase, LinearSpace, LINEAR_KEYS};
 pub use exec::{LinearExec, LINEAR_OUTPUTS};
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
-use proptest::test_runner::{Config, TestRunner};
+use std::time::Duration;
 
 use logprobe_kernels::kernel::KernelError;
 use logprobe_kernels::linear::{
     FusedLinear, LinearFault, LinearForward, LinearGrads, ShardFault, ShardedLinear,
 };
 use logprobe_testkit::linear::{linear_dump, verify_bytes, LinearInputs};
-use logprobe_testkit::strategies::runner_rng;
 use logprobe_verify::tolerance::Order;
 use logprobe_verify::verify::{FileReport, ReportVerdict};
 
 use crate::judge::{Call, Finding};
 use crate::target::TargetError;
-use crate::{shrink_by, CaseText, Found, FuzzReport, TargetReport};
+use crate::{search, CaseText, FuzzReport, Judge, Outcome, Search};
 
 /// The correct fused linear kernels `--kernel` takes.
 pub const LINEAR_KERNELS: [&str; 2] = ["fused-linear", "fused-linear-tp"];
@@ -237,21 +233,11 @@ fn failing(r: &FileReport) -> String {
         .join("\n")
 }
 
-/// What judging one case gave.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Judgement {
-    /// Every check passed; the worst `error / bound`.
-    Pass(f64),
-    /// Verify could not bound the case (`no bound`), or checked nothing
-    /// (an external kernel's `unchecked`): not judged, not a pass.
-    NotJudged,
-}
-
 /// Judges `case` on `t` (see the module docs).
 ///
 /// # Errors
 /// The first [`Finding`].
-pub fn judge_linear(t: &LinearTarget, case: &LinearCase) -> Result<Judgement, Finding> {
+pub fn judge_linear(t: &LinearTarget, case: &LinearCase) -> Result<Outcome, Finding> {
     if let Some(e) = &t.exec {
         return e.judge(case);
     }
@@ -277,7 +263,7 @@ pub fn judge_linear(t: &LinearTarget, case: &LinearCase) -> Result<Judgement, Fi
         ReportVerdict::Fail => {
             return Err(fail("oracle agreement", Call::Linear, failing(&r)));
         }
-        ReportVerdict::NoBound => return Ok(Judgement::NotJudged),
+        ReportVerdict::NoBound => return Ok(Outcome::NotJudged),
         ReportVerdict::Pass | ReportVerdict::Suspect | ReportVerdict::Unchecked => {}
     }
     let n = case.recipe.n.max(1);
@@ -316,16 +302,7 @@ pub fn judge_linear(t: &LinearTarget, case: &LinearCase) -> Result<Judgement, Fi
             }
         }
     }
-    Ok(Judgement::Pass(worst))
-}
-
-/// Whether `case` fails on `t` (and, for a mutant, passes on its twin).
-fn fails(t: &LinearTarget, case: &LinearCase) -> Option<Finding> {
-    let f = judge_linear(t, case).err()?;
-    match &t.twin {
-        Some(tw) if judge_linear(tw, case).is_err() => None,
-        _ => Some(f),
-    }
+    Ok(Outcome::Pass(worst))
 }
 
 /// Settings of a fused linear fuzz run (as [`crate::FuzzConfig`]).
@@ -348,96 +325,67 @@ pub struct LinearConfig {
     pub progress: bool,
 }
 
-/// The value tree of case `index` of the run seeded `seed`.
-pub fn linear_case_tree(
-    strategy: &BoxedStrategy<LinearCase>,
-    seed: u64,
-    index: u64,
-) -> Box<dyn ValueTree<Value = LinearCase>> {
-    let mut runner =
-        TestRunner::new_with_rng(Config::default(), runner_rng(seed, 0x11F0_0000 + index));
-    strategy
-        .new_tree(&mut runner)
-        .expect("the linear fuzz strategy never rejects")
+/// The RNG stream base of the fused linear cases ([`crate::tree_at`]).
+pub const LINEAR_STREAM: u64 = 0x11F0_0000;
+
+/// A fused linear target of [`run_linear`], with the dumps' directory.
+struct LinearJudge<'a> {
+    target: &'a LinearTarget,
+    out_dir: &'a Path,
 }
 
-/// Runs the search: case `i` is drawn from the RNG `(seed, i)`, judged on
-/// every target still clean; a target's first finding is shrunk and
-/// written as a dump.
+impl Judge<LinearCase> for LinearJudge<'_> {
+    fn name(&self) -> String {
+        self.target.name.clone()
+    }
+
+    fn judge(&self, case: &LinearCase) -> Result<Outcome, Finding> {
+        judge_linear(self.target, case)
+    }
+
+    fn twin_passes(&self, case: &LinearCase) -> Option<bool> {
+        self.target
+            .twin
+            .as_ref()
+            .map(|t| judge_linear(t, case).is_ok())
+    }
+
+    fn write(
+        &self,
+        case: &LinearCase,
+        finding: &Finding,
+        seed: u64,
+    ) -> Result<(PathBuf, String), String> {
+        write_linear(self.out_dir, self.target, case, finding, seed)
+    }
+}
+
+/// Runs the search ([`crate::search`] over the fused linear space): case
+/// `i` is drawn from the RNG `(seed, LINEAR_STREAM + i)`, judged on every
+/// target still clean; a target's first finding is shrunk and written as a
+/// dump.
 pub fn run_linear(config: &LinearConfig) -> FuzzReport<LinearCase> {
-    let start = Instant::now();
     let strategy = config.space.strategy();
-    let mut reports: Vec<TargetReport<LinearCase>> = config
+    let judges: Vec<LinearJudge<'_>> = config
         .targets
         .iter()
-        .map(|t| TargetReport {
-            name: t.name.clone(),
-            cases: 0,
-            worst: 0.0,
-            found: None,
-            unbounded: 0,
+        .map(|target| LinearJudge {
+            target,
+            out_dir: &config.out_dir,
         })
         .collect();
-    let mut progress = crate::progress::Progress::new(config.progress, config.cases);
-    let mut index = 0u64;
-    while start.elapsed() < config.budget
-        && config.cases.is_none_or(|n| index < n)
-        && reports.iter().any(|r| r.found.is_none())
-    {
-        let case = linear_case_tree(&strategy, config.seed, index).current();
-        for (t, rep) in config.targets.iter().zip(reports.iter_mut()) {
-            if rep.found.is_some() {
-                continue;
-            }
-            rep.cases += 1;
-            match judge_linear(t, &case) {
-                Ok(Judgement::Pass(w)) => rep.worst = rep.worst.max(w),
-                Ok(Judgement::NotJudged) => rep.unbounded += 1,
-                Err(f) => {
-                    if t.twin
-                        .as_ref()
-                        .is_some_and(|tw| judge_linear(tw, &case).is_err())
-                    {
-                        // The correct twin fails too: not this mutant's finding.
-                        continue;
-                    }
-                    let time_to_find = start.elapsed().as_secs_f64();
-                    progress.println(&format!(
-                        "{}: {} failed on case {index} after {time_to_find:.1} s; shrinking (at most {} s)",
-                        t.name,
-                        f.property,
-                        config.shrink_budget.as_secs()
-                    ));
-                    let s0 = Instant::now();
-                    let mut tree = linear_case_tree(&strategy, config.seed, index);
-                    let (case, finding, steps) =
-                        shrink_by(|c| fails(t, c), tree.as_mut(), f, config.shrink_budget);
-                    let shrink_secs = s0.elapsed().as_secs_f64();
-                    let twin_passes = t.twin.as_ref().map(|tw| judge_linear(tw, &case).is_ok());
-                    let dump = write_linear(&config.out_dir, t, &case, &finding, config.seed);
-                    rep.found = Some(Found {
-                        finding,
-                        case,
-                        case_index: index,
-                        time_to_find,
-                        shrink_steps: steps,
-                        shrink_secs,
-                        dump,
-                        twin_passes,
-                    });
-                }
-            }
-        }
-        index += 1;
-        progress.update(index, &reports, start.elapsed());
-    }
-    progress.finish();
-    FuzzReport {
-        seed: config.seed,
-        cases: index,
-        seconds: start.elapsed().as_secs_f64(),
-        targets: reports,
-    }
+    search(
+        &Search {
+            strategy: &strategy,
+            stream: LINEAR_STREAM,
+            seed: config.seed,
+            budget: config.budget,
+            cases: config.cases,
+            shrink_budget: config.shrink_budget,
+            progress: config.progress,
+        },
+        &judges,
+    )
 }
 
 /// Writes the finding's dump into `dir` (the kernel's outputs on the case,
@@ -477,17 +425,7 @@ pub fn write_linear(
         Ok(r) => r.verdict.to_string(),
         Err(e) => format!("bad input: {e}"),
     };
-    let stem: String = t
-        .name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
+    let stem = crate::files::name_stem(&t.name);
     let files = [(format!("fuzz-{stem}-seed{seed}.safetensors"), bytes)];
     let path = crate::files::write_new(dir, &files)
         .map_err(|e| e.to_string())?

@@ -87,7 +87,7 @@ pub(super) fn gamma(n: usize, u: f64) -> f64 {
 
 /// The sums of one gradient element over its terms `g_i c_i` (`c` an
 /// exact input: a weight or a hidden entry).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Sums {
     /// `sum mid_i c_i` in f64.
     s: f64,
@@ -97,44 +97,26 @@ struct Sums {
     r: f64,
     /// `sum E_i |c_i|` per model.
     e: [f64; 4],
-    /// Terms.
-    n: usize,
 }
 
 impl Sums {
-    #[inline]
-    fn add(&mut self, mid: f64, rad: f32, err: &[f32; 4], c: f64) {
-        let p = mid * c;
-        let ac = c.abs();
-        self.s += p;
-        self.a += p.abs();
-        self.r += f64::from(rad) * ac;
-        for (e, &x) in self.e.iter_mut().zip(err) {
-            *e += f64::from(x) * ac;
-        }
-        self.n += 1;
-    }
-
     /// The exact value's enclosure (`s` within `gamma_{n+1}(u_64) a` of
     /// `sum mid c`, itself within `r` of the exact), rounded to `out`,
     /// and each model's bound (T30) for a kernel summing `k` terms in
-    /// `acc` and rounding to `out`.
-    fn judge_inputs(&self, k: usize, acc: Dtype, out: Dtype) -> (Exact, [ErrorBound; 4]) {
-        let up = 1.0 + gamma(self.n + 2, f64::EPSILON / 2.0);
-        let rad = (gamma(self.n + 1, f64::EPSILON / 2.0) * self.a * up + self.r * up) * up;
+    /// `acc` and rounding to `out` (`c`: [`SumConsts::new`]`(n, k,
+    /// acc)`, `n` the terms summed).
+    fn judge_inputs(&self, c: &SumConsts, acc: Dtype, out: Dtype) -> (Exact, [ErrorBound; 4]) {
+        let SumConsts { up, g1, g, eta } = *c;
+        let rad = (g1 * self.a * up + self.r * up) * up;
         let enc = Interval {
             lo: self.s - rad,
             hi: self.s + rad,
         };
         let (rlo, rhi) = (out.round_f64(enc.lo), out.round_f64(enc.hi));
         let exact = Exact::new(enc, out.round_f64(self.s), rlo == rhi);
-        let g = gamma(k, 2.0 * acc.unit_roundoff());
         let mag = self.s.abs() + rad;
         let bounds = self.e.map(|e| {
             let e = e * up;
-            // Products that underflow the accumulation dtype: half its
-            // smallest subnormal each.
-            let eta = k as f64 * 0.5 * acc.ulp(0.0);
             let pre = (e + g * (self.a * up + self.r * up + e) + eta) * up;
             // The rounding to a dtype narrower than the accumulation's.
             let fin = if out.precision() < acc.precision() {
@@ -157,21 +139,206 @@ impl Sums {
     }
 }
 
+/// What [`Sums::judge_inputs`] takes from the counts alone: the same for
+/// every element of a row of sums.
+#[derive(Clone, Copy, Debug)]
+struct SumConsts {
+    /// `1 + gamma_{n+2}(u_64)`.
+    up: f64,
+    /// `gamma_{n+1}(u_64)`.
+    g1: f64,
+    /// `gamma_k(2 u_acc)`.
+    g: f64,
+    /// Products that underflow the accumulation dtype: half its smallest
+    /// subnormal each, `k` of them.
+    eta: f64,
+}
+
+impl SumConsts {
+    fn new(n: usize, k: usize, acc: Dtype) -> Self {
+        SumConsts {
+            up: 1.0 + gamma(n + 2, f64::EPSILON / 2.0),
+            g1: gamma(n + 1, f64::EPSILON / 2.0),
+            g: gamma(k, 2.0 * acc.unit_roundoff()),
+            eta: k as f64 * 0.5 * acc.ulp(0.0),
+        }
+    }
+}
+
+/// Adds term `t` with inputs `c` to the sums `acc[field][lane]`.
+#[inline(always)]
+fn term_lanes<const W: usize>(acc: &mut [[f64; W]; 7], t: &Term, c: &[f64; W]) {
+    for i in 0..W {
+        let p = t.mid * c[i];
+        let ac = c[i].abs();
+        acc[0][i] += p;
+        acc[1][i] += p.abs();
+        acc[2][i] += t.rad * ac;
+        acc[3][i] += t.err[0] * ac;
+        acc[4][i] += t.err[1] * ac;
+        acc[5][i] += t.err[2] * ac;
+        acc[6][i] += t.err[3] * ac;
+    }
+}
+
+/// One term of [`RowSums::add_terms`]: a gradient's midpoint, radius and
+/// per-model bounds (f32 values widened exactly).
+#[derive(Clone, Copy, Debug)]
+struct Term {
+    mid: f64,
+    rad: f64,
+    err: [f64; 4],
+}
+
+impl Term {
+    fn new(mid: f64, rad: f32, err: &[f32; 4]) -> Self {
+        Term {
+            mid,
+            rad: f64::from(rad),
+            err: err.map(f64::from),
+        }
+    }
+}
+
+/// A row of [`Sums`] over `len` elements as arrays (one per field), so the
+/// loop over a row of exact inputs runs over lanes; the same operations,
+/// in the same order, per element, as a scalar sum of `mid c` would.
+struct RowSums {
+    s: Vec<f64>,
+    a: Vec<f64>,
+    r: Vec<f64>,
+    e: [Vec<f64>; 4],
+    n: usize,
+}
+
+impl RowSums {
+    fn new(len: usize) -> Self {
+        let z = || vec![0.0; len];
+        RowSums {
+            s: z(),
+            a: z(),
+            r: z(),
+            e: [z(), z(), z(), z()],
+            n: 0,
+        }
+    }
+
+    /// Adds, for every element `k`, the terms `t` of `terms` with exact
+    /// inputs `cols[t][k]`, in term order: the same operations, in the
+    /// same order, as a scalar sum per element, so the same bits. Runs over
+    /// AVX-512 or AVX2 lanes where the CPU has them, eight elements at a
+    /// time with the seven sums in registers across the terms.
+    fn add_terms(&mut self, terms: &[Term], cols: &[&[f64]]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                return unsafe { x86::add_terms_avx512(self, terms, cols) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { x86::add_terms_avx2(self, terms, cols) };
+            }
+        }
+        self.add_terms_lanes(terms, cols);
+    }
+
+    /// [`RowSums::add_terms`]'s loops, inlined into each compiled variant.
+    #[inline(always)]
+    fn add_terms_lanes(&mut self, terms: &[Term], cols: &[&[f64]]) {
+        const L: usize = 8;
+        let len = self.s.len();
+        let mut k0 = 0;
+        while k0 < len {
+            let w = L.min(len - k0);
+            let mut acc = [[0.0f64; L]; 7];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let src = match i {
+                    0 => &self.s,
+                    1 => &self.a,
+                    2 => &self.r,
+                    _ => &self.e[i - 3],
+                };
+                a[..w].copy_from_slice(&src[k0..k0 + w]);
+            }
+            if w == L {
+                // A whole group: a constant width, so the sums stay in registers.
+                for (t, c) in terms.iter().zip(cols) {
+                    let c: &[f64; L] = c[k0..k0 + L].try_into().expect("L entries");
+                    term_lanes::<L>(&mut acc, t, c);
+                }
+            } else {
+                // The last, partial group: lane by lane.
+                for i in 0..w {
+                    let mut one = [[0.0f64; 1]; 7];
+                    for (o, a) in one.iter_mut().zip(&acc) {
+                        o[0] = a[i];
+                    }
+                    for (t, c) in terms.iter().zip(cols) {
+                        term_lanes::<1>(&mut one, t, &[c[k0 + i]]);
+                    }
+                    for (o, a) in one.iter().zip(acc.iter_mut()) {
+                        a[i] = o[0];
+                    }
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                let dst = match i {
+                    0 => &mut self.s,
+                    1 => &mut self.a,
+                    2 => &mut self.r,
+                    _ => &mut self.e[i - 3],
+                };
+                dst[k0..k0 + w].copy_from_slice(&a[..w]);
+            }
+            k0 += w;
+        }
+        self.n += terms.len();
+    }
+
+    /// Adds one term per element: `mid_k c_k` with radius `rad_k` and
+    /// bounds `err_k` (the bias: every column's own gradient).
+    fn add_columns(&mut self, mid: &[f64], rad: &[f32], err: &[[f32; 4]], c: &[f64]) {
+        for k in 0..self.s.len() {
+            let p = mid[k] * c[k];
+            let ac = c[k].abs();
+            self.s[k] += p;
+            self.a[k] += p.abs();
+            self.r[k] += f64::from(rad[k]) * ac;
+            for (i, v) in self.e.iter_mut().enumerate() {
+                v[k] += f64::from(err[k][i]) * ac;
+            }
+        }
+        self.n += 1;
+    }
+
+    /// Element `k` as [`Sums`].
+    fn get(&self, k: usize) -> Sums {
+        Sums {
+            s: self.s[k],
+            a: self.a[k],
+            r: self.r[k],
+            e: [self.e[0][k], self.e[1][k], self.e[2][k], self.e[3][k]],
+        }
+    }
+}
+
 /// Judges `sums[k]` against candidate row `cand` (`[width]`), element by
 /// element, into `acc`.
 #[allow(clippy::too_many_arguments)]
 fn judge_row(
     acc: &mut OutputAcc,
     row: usize,
-    sums: &[Sums],
+    sums: &RowSums,
     cand: &[f64],
     terms: usize,
     acc_dtype: Dtype,
     out: Dtype,
     keep: usize,
 ) {
-    for (k, (s, &c)) in sums.iter().zip(cand).enumerate() {
-        let (exact, bounds) = s.judge_inputs(terms, acc_dtype, out);
+    let consts = SumConsts::new(sums.n, terms, acc_dtype);
+    for (k, &c) in cand.iter().enumerate().take(sums.s.len()) {
+        let (exact, bounds) = sums.get(k).judge_inputs(&consts, acc_dtype, out);
         if acc.absorbs(&exact, c, out, &bounds) {
             acc.count += 1;
             continue;
@@ -250,23 +417,33 @@ fn grad_hidden(
     x.rows
         .par_iter()
         .map(|gr| {
-            let mut sums = vec![Sums::default(); h];
-            let mut wj = vec![0.0; h];
-            for j in 0..vt {
-                let (m, r, e) = (gr.mid[j], gr.rad[j], &gr.err[j]);
-                if m == 0.0 && r == 0.0 && e.iter().all(|&v| v == 0.0) {
-                    // An exactly-zero gradient with no error: no term (a
-                    // kernel adds 0 or skips it; the count below is V).
-                    continue;
+            let mut sums = RowSums::new(h);
+            // Blocks of up to BLOCK weight rows, decoded once per block.
+            const BLOCK: usize = 64;
+            let mut wbuf = vec![0.0; BLOCK * h];
+            let mut terms = Vec::with_capacity(BLOCK);
+            let mut j0 = 0;
+            while j0 < vt {
+                let j1 = (j0 + BLOCK).min(vt);
+                terms.clear();
+                for j in j0..j1 {
+                    let (m, r, e) = (gr.mid[j], gr.rad[j], &gr.err[j]);
+                    if m == 0.0 && r == 0.0 && e.iter().all(|&v| v == 0.0) {
+                        // An exactly-zero gradient with no error: no term
+                        // (a kernel adds 0 or skips it; the count below is V).
+                        continue;
+                    }
+                    let t = terms.len();
+                    decode_floats_into(
+                        w.dtype,
+                        &w.data[j * h * width..(j + 1) * h * width],
+                        &mut wbuf[t * h..(t + 1) * h],
+                    );
+                    terms.push(Term::new(m, r, e));
                 }
-                decode_floats_into(
-                    w.dtype,
-                    &w.data[j * h * width..(j + 1) * h * width],
-                    &mut wj,
-                );
-                for (s, &c) in sums.iter_mut().zip(&wj) {
-                    s.add(m, r, e, c);
-                }
+                let cols: Vec<&[f64]> = wbuf.chunks(h).take(terms.len()).collect();
+                sums.add_terms(&terms, &cols);
+                j0 = j1;
             }
             let mut acc = OutputAcc::new();
             let c = cand.row_f64(gr.row);
@@ -293,17 +470,18 @@ fn grad_weight(
     cand: &FloatMatrix<'_>,
 ) -> OutputAcc {
     let h: Vec<Vec<f64>> = x.rows.iter().map(|gr| hidden.row_f64(gr.row)).collect();
+    let cols: Vec<&[f64]> = h.iter().map(Vec::as_slice).collect();
     let n = x.rows.len();
     (0..cand.rows)
         .into_par_iter()
         .map(|j| {
-            let mut sums = vec![Sums::default(); hidden.cols];
-            for (gr, hn) in x.rows.iter().zip(&h) {
-                let (m, r, e) = (gr.mid[j], gr.rad[j], &gr.err[j]);
-                for (s, &c) in sums.iter_mut().zip(hn) {
-                    s.add(m, r, e, c);
-                }
-            }
+            let mut sums = RowSums::new(hidden.cols);
+            let terms: Vec<Term> = x
+                .rows
+                .iter()
+                .map(|gr| Term::new(gr.mid[j], gr.rad[j], &gr.err[j]))
+                .collect();
+            sums.add_terms(&terms, &cols);
             let mut acc = OutputAcc::new();
             judge_row(
                 &mut acc,
@@ -324,22 +502,103 @@ fn grad_weight(
 fn grad_bias(x: &LinearGradInputs<'_, '_>, cand: &FloatMatrix<'_>) -> OutputAcc {
     let c = cand.row_f64(0);
     let n = x.rows.len();
-    let sums: Vec<Sums> = (0..cand.cols)
-        .map(|j| {
-            let mut s = Sums::default();
-            for gr in x.rows {
-                s.add(gr.mid[j], gr.rad[j], &gr.err[j], 1.0);
-            }
-            s
-        })
-        .collect();
+    let mut sums = RowSums::new(cand.cols);
+    let ones = vec![1.0; cand.cols];
+    for gr in x.rows {
+        // Row `n`'s terms over every column at once, `c = 1`.
+        sums.add_columns(
+            &gr.mid[..cand.cols],
+            &gr.rad[..cand.cols],
+            &gr.err[..cand.cols],
+            &ones,
+        );
+    }
     let mut acc = OutputAcc::new();
     judge_row(&mut acc, 0, &sums, &c, n + 1, x.acc, cand.dtype, x.keep);
     acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{RowSums, Term};
+
+    /// [`RowSums::add_terms`] compiled for AVX-512F.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn add_terms_avx512(s: &mut RowSums, terms: &[Term], cols: &[&[f64]]) {
+        s.add_terms_lanes(terms, cols);
+    }
+
+    /// [`RowSums::add_terms`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn add_terms_avx2(s: &mut RowSums, terms: &[Term], cols: &[&[f64]]) {
+        s.add_terms_lanes(terms, cols);
+    }
 }
 
 /// `a` and `b` merged, `keep` worst elements kept.
 fn merged(mut a: OutputAcc, b: OutputAcc, keep: usize) -> OutputAcc {
     a.merge(b, keep);
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RowSums, Term};
+
+    /// The lanes give the bits of a scalar sum per element, in term order,
+    /// for widths that fill whole groups of eight and widths that do not.
+    #[test]
+    fn the_lanes_sum_as_a_scalar_loop_does() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        };
+        for len in [1usize, 7, 8, 9, 24, 37] {
+            let terms: Vec<Term> = (0..13)
+                .map(|_| {
+                    let e = [next().abs() as f32, next().abs() as f32, 0.0, f32::INFINITY];
+                    Term::new(next() * 1e3, next().abs() as f32 * 1e-6, &e)
+                })
+                .collect();
+            let cols: Vec<Vec<f64>> = (0..13)
+                .map(|_| (0..len).map(|_| next()).collect())
+                .collect();
+            let views: Vec<&[f64]> = cols.iter().map(Vec::as_slice).collect();
+            let mut lanes = RowSums::new(len);
+            lanes.add_terms(&terms[..5], &views[..5]);
+            lanes.add_terms(&terms[5..], &views[5..]);
+            assert_eq!(lanes.n, 13);
+            for k in 0..len {
+                let mut want = [0.0f64; 7];
+                for (t, c) in terms.iter().zip(&cols) {
+                    let p = t.mid * c[k];
+                    let ac = c[k].abs();
+                    want[0] += p;
+                    want[1] += p.abs();
+                    want[2] += t.rad * ac;
+                    for m in 0..4 {
+                        want[3 + m] += t.err[m] * ac;
+                    }
+                }
+                let got = lanes.get(k);
+                let got = [got.s, got.a, got.r, got.e[0], got.e[1], got.e[2], got.e[3]];
+                for (g, w) in got.iter().zip(want) {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "len {len} element {k}: {got:?} vs {want:?}"
+                    );
+                }
+            }
+        }
+    }
 }
