@@ -232,6 +232,9 @@ pub struct LinearExecArgs<'a> {
     pub options: &'a str,
     /// `--replay FILE`.
     pub replay: Option<&'a Path>,
+    /// `--require`: `chunk-invariant` is checked (`padding-invariant` does
+    /// not apply).
+    pub require: &'a str,
 }
 
 /// `fuzz --exec CMD --fused-linear` (fuzz protocol version 2). Returns the
@@ -259,8 +262,16 @@ pub fn run_linear_exec(a: LinearExecArgs<'_>, run: &Run, out: &mut Out) -> u8 {
                 .collect()
         }
     };
+    let chunk_invariant = match linear::exec::chunk_required(a.require) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint_line(&format!("logprobe: {e}"));
+            return 2;
+        }
+    };
     let name = a.transport.kind().to_string();
     let exec = LinearExec {
+        chunk_invariant,
         runner: Runner::new(a.transport, a.timeout),
         outputs,
         logits: a.logits,

@@ -2,8 +2,9 @@
 //! (fuzz protocol v2, docs/fuzz-protocol.md): the numpy fused linear kernel
 //! (properties/examples/exec/fused_linear_kernel.py) runs clean; each of its
 //! planted bugs is found, its dump fails `logprobe verify` and replays on the
-//! buggy kernel, not on the correct one; a malformed answer is a `command`
-//! finding. Needs python3 with numpy (skips otherwise, unless
+//! buggy kernel, not on the correct one; `--require chunk-invariant` holds
+//! on the correct kernel and finds a chunk-dependent sum; a malformed answer
+//! is a `command` finding. Needs python3 with numpy (skips otherwise, unless
 //! `LOGPROBE_REQUIRE_NUMPY=1`).
 
 use std::path::PathBuf;
@@ -99,6 +100,41 @@ fn the_numpy_fused_linear_kernel_is_clean_and_its_bugs_are_found() {
         let r = replay(&kernel(&py, "none"));
         assert_eq!(r.status.code(), Some(0), "{bug}: {}", text(&r));
     }
+    // Chunk invariance, when required: the correct kernel holds it; a
+    // vocabulary sum split by the chunk size lacks it (and is otherwise
+    // right: clean without the requirement).
+    let chunked = |bug: &str, require: &str| {
+        logprobe(&[
+            "fuzz",
+            "--fused-linear",
+            "--exec-persistent",
+            &kernel(&py, bug),
+            "--require",
+            require,
+            "--seed",
+            "1",
+            "--cases",
+            "40",
+            "--shrink-budget",
+            "2s",
+            "--out",
+            &out,
+            "--no-progress",
+        ])
+    };
+    let o = chunked("none", "chunk-invariant");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = chunked("chunk-dependent", "none");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = chunked("chunk-dependent", "chunk-invariant");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("FOUND exec-persistent: chunk-size invariance"),
+        "{t}"
+    );
+    let o = chunked("none", "batch-invariant");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

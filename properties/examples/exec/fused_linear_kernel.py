@@ -9,7 +9,8 @@ Persistent:  logprobe fuzz --fused-linear --exec-persistent 'python3 fused_linea
 The request holds hidden [N, H], lm_head_weight [V, H], optionally
 lm_head_bias [V], tokens [N] and grad_log_probs [N] (bf16 or f32); the
 answer holds every name of meta["outputs"]. The kernel (Liger's algorithm):
-rows chunk_size at a time; logits x = hidden @ W.T in f32, kept in the
+rows chunk_size at a time (each row's products on their own, so the per-row
+outputs do not depend on the chunking); logits x = hidden @ W.T in f32, kept in the
 inputs' dtype under lm_head_logits_dtype=input (then + bias, rounded
 again), in f32 under accumulation; z = softcap(x) / T; log_probs, entropy
 and lse from log_softmax(z) in f32; the logit gradient
@@ -23,13 +24,16 @@ Planted bugs (--bug):
   dropped-remainder              the last partial chunk never reaches the weight gradients
   bias-forward-only              grad_lm_head_bias left at 0
   softcap-backward-missing       the backward omits 1 - tanh^2
+  chunk-dependent                the vocabulary sum is split in chunk_size parts
+                                 (right, but its bits depend on the chunking:
+                                 found under --require chunk-invariant)
 """
 import argparse, json, struct, sys
 
 import numpy as np
 
 BUGS = ("none", "bf16-grad-weight-accumulation", "dropped-remainder",
-        "bias-forward-only", "softcap-backward-missing")
+        "bias-forward-only", "softcap-backward-missing", "chunk-dependent")
 READ = {"F64": "<f8", "F32": "<f4", "BF16": "<u2", "F16": "<f2", "I64": "<i8"}
 
 
@@ -88,7 +92,9 @@ def kernel(t, dtypes, meta, bug="none"):
     gb = np.zeros(v, np.float32)
     for r0 in range(0, n, chunk):
         rows = slice(r0, min(n, r0 + chunk))
-        x = hidden[rows] @ w.T
+        # Row by row: a row's bits do not depend on the chunk it is in
+        # (a matrix product's kernel, and its sums, may change with the rows).
+        x = np.stack([hidden[i] @ w.T for i in range(rows.start, rows.stop)])
         if keep:
             x = rnd(x)
         if bias is not None:
@@ -102,7 +108,10 @@ def kernel(t, dtypes, meta, bug="none"):
         z = (x / temperature).astype(np.float32)
         m = z.max(axis=1, keepdims=True)
         e = np.exp(z - m)
-        s = e.sum(axis=1, keepdims=True)
+        if bug == "chunk-dependent":
+            s = sum(p.sum(axis=1, keepdims=True) for p in np.array_split(e, chunk, axis=1))
+        else:
+            s = e.sum(axis=1, keepdims=True)
         p = e / s
         lse[rows] = (m + np.log(s))[:, 0]
         ent[rows] = (np.log(s)[:, 0] - (p * (z - m)).sum(axis=1))
@@ -120,7 +129,7 @@ def kernel(t, dtypes, meta, bug="none"):
             g = g * f
         if keep:
             g = rnd(g)
-        gh[rows] = g @ w
+        gh[rows] = np.stack([gi @ w for gi in g])
         if bug == "dropped-remainder" and rows.stop - rows.start < chunk:
             continue
         gw += g.T @ hidden[rows]

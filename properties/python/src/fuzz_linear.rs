@@ -53,6 +53,8 @@ fn external(
         logits: parse_logits(logits)
             .map_err(|e| value_error(format!("lm_head_logits_dtype={e}")))?,
         model: VerifyConfig::default().model,
+        // `fn` takes no chunk size: nothing to vary.
+        chunk_invariant: false,
     };
     Ok((k, LinearTarget::external("in-process", e)))
 }

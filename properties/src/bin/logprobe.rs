@@ -489,6 +489,7 @@ fn fuzz_exec_linear(args: &FuzzArgs, transport: logprobe_fuzz::exec::Transport) 
         logits: args.lm_head_logits_dtype,
         options: &options,
         replay: args.replay.as_deref(),
+        require: &args.require,
     };
     let code = logprobe_cli::fuzz_cli::run_linear_exec(a, &run, &mut out);
     let status = out.finish(code);

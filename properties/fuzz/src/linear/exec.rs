@@ -41,6 +41,24 @@ pub fn parse_logits(s: &str) -> Result<LinearLogits, String> {
     }
 }
 
+/// `--require` for a fused linear kernel: whether chunk invariance is
+/// required. `padding-invariant` (the default of version 1) does not apply
+/// (version 2 has no padded columns).
+///
+/// # Errors
+/// An unknown name, or `batch-invariant` (not checked in version 2 yet).
+pub fn chunk_required(require: &str) -> Result<bool, String> {
+    use crate::exec::Invariance;
+    let list = Invariance::parse_list(require)?;
+    if list.contains(&Invariance::Batch) {
+        return Err(
+            "--require: batch-invariant is not checked for fused linear kernels (protocol 2) yet"
+                .into(),
+        );
+    }
+    Ok(list.contains(&Invariance::Chunk))
+}
+
 /// The protocol version of fused linear requests.
 pub const PROTOCOL_V2: &str = "2";
 
@@ -54,6 +72,11 @@ pub struct LinearExec {
     pub logits: LinearLogits,
     /// The summation model of the bound (verify's foreign default: `lanes=8`).
     pub model: Order,
+    /// Whether a lack of row-chunk invariance is a finding (`--require
+    /// chunk-invariant`): the per-row outputs (`log_probs`, `entropy`,
+    /// `lse`, `grad_hidden`) for the case's `chunk_size` and for one chunk
+    /// of all `N` rows must agree bit for bit.
+    pub chunk_invariant: bool,
 }
 
 impl std::fmt::Debug for LinearExec {
@@ -65,6 +88,9 @@ impl std::fmt::Debug for LinearExec {
         )
     }
 }
+
+/// An answer's outputs, in request order.
+type Answer = Vec<(&'static str, DumpTensor)>;
 
 /// A request: tensors and metadata.
 pub struct LinearRequest {
@@ -227,6 +253,12 @@ impl LinearExec {
     /// # Errors
     /// A [`Finding`] of property `command`.
     pub fn call(&self, case: &LinearCase, extra: &[(&str, &str)]) -> Result<Vec<u8>, Finding> {
+        let (r, answer) = self.ask(case)?;
+        Ok(r.bytes(Some(&answer), extra))
+    }
+
+    /// One call on `case`: the request and the answer's outputs.
+    fn ask(&self, case: &LinearCase) -> Result<(LinearRequest, Answer), Finding> {
         let command = |detail: String| Finding {
             property: "command",
             call: Call::Exec,
@@ -240,7 +272,40 @@ impl LinearExec {
             .call(&r.bytes(None, &[]), limit)
             .map_err(|e| command(e.to_string()))?;
         let answer = self.answer(&r, &out).map_err(command)?;
-        Ok(r.bytes(Some(&answer), extra))
+        Ok((r, answer))
+    }
+
+    /// Row-chunk invariance: the answer for one chunk of all `N` rows
+    /// against `base` (`None` where it holds or does not apply).
+    fn chunk_lack(&self, case: &LinearCase, base: &Answer) -> Result<Option<String>, Finding> {
+        let n = case.recipe.n.max(1);
+        if !self.chunk_invariant || case.row_chunk == n {
+            return Ok(None);
+        }
+        let whole = LinearCase {
+            row_chunk: n,
+            ..case.clone()
+        };
+        let (_, other) = self.ask(&whole)?;
+        // Per-row outputs only: the weight and bias gradients sum over rows,
+        // in an order the chunking may set.
+        let per_row = |name: &str| !name.starts_with("grad_lm_head");
+        for ((name, a), (_, b)) in base.iter().zip(&other) {
+            if per_row(name) && (a.dtype != b.dtype || a.data != b.data) {
+                let size = (a.dtype.bitsize() / 8).max(1);
+                let at = a
+                    .data
+                    .chunks(size)
+                    .zip(b.data.chunks(size))
+                    .position(|(x, y)| x != y)
+                    .unwrap_or(0);
+                return Ok(Some(format!(
+                    "{name}: element {at} differs between chunk_size {} and chunk_size {n} (dtypes {:?} and {:?})",
+                    case.row_chunk, a.dtype, b.dtype
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// Judges `case`: one call, the joined dump verified.
@@ -251,7 +316,8 @@ impl LinearExec {
         if self.outputs.is_empty() {
             return Ok(Outcome::NotJudged);
         }
-        let joined = self.call(case, &[])?;
+        let (r, answer) = self.ask(case)?;
+        let joined = r.bytes(Some(&answer), &[]);
         let report = verify_bytes(&joined, "exec", self.model).map_err(|e| Finding {
             property: "command",
             call: Call::Exec,
@@ -264,13 +330,22 @@ impl LinearExec {
                 detail: failing(&report),
             }),
             ReportVerdict::NoBound | ReportVerdict::Unchecked => Ok(Outcome::NotJudged),
-            ReportVerdict::Pass | ReportVerdict::Suspect => Ok(Outcome::Pass(
-                report
-                    .outputs
-                    .iter()
-                    .filter_map(|o| o.max_ratio)
-                    .fold(0.0, f64::max),
-            )),
+            ReportVerdict::Pass | ReportVerdict::Suspect => {
+                if let Some(detail) = self.chunk_lack(case, &answer)? {
+                    return Err(Finding {
+                        property: "chunk-size invariance",
+                        call: Call::Invariance,
+                        detail,
+                    });
+                }
+                Ok(Outcome::Pass(
+                    report
+                        .outputs
+                        .iter()
+                        .filter_map(|o| o.max_ratio)
+                        .fold(0.0, f64::max),
+                ))
+            }
         }
     }
 }
