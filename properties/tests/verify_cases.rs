@@ -35,8 +35,10 @@ fn output<'r>(r: &'r FileReport, name: &str) -> &'r OutputReport {
 fn shipped_torch_dumps_get_their_expected_verdicts() {
     let expect = Expectations::load(&torch_dir().join("expected.json")).unwrap();
     let paths = dumps();
-    assert_eq!(paths.len(), 68, "{paths:?}");
+    // 68 dumps of their own and three tensor-parallel sets of 4 rank dumps.
+    assert_eq!(paths.len(), 80, "{paths:?}");
     let outcomes = verify_files(&paths, &VerifyConfig::default());
+    assert_eq!(outcomes.len(), 71, "one outcome per set");
     let rows = expect.compare(&outcomes);
     for r in &rows {
         assert!(
@@ -46,7 +48,7 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         );
     }
     assert_eq!(exit_status(&outcomes, Some(&rows)), 0);
-    assert_eq!(exit_status(&outcomes, None), 1, "eight dumps fail");
+    assert_eq!(exit_status(&outcomes, None), 1, "ten dumps fail");
     // Under --strict the two SUSPECT dumps are expected to fail, and do.
     let strict_rows = expect.compare_mode(&outcomes, true);
     for r in &strict_rows {
@@ -75,6 +77,27 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
         })
         .collect();
     let by = |name: &str| *reports.iter().find(|r| r.name == name).unwrap();
+
+    // A tensor-parallel set (Megatron's vocab-parallel cross-entropy, 4
+    // ranks): judged as one [16, 8192] dump, every rank's all-reduced loss
+    // the same bits, so one report covers all four ranks.
+    let tp = by("megatron_tp_ce_rank0");
+    let set = tp.tp_set.as_ref().expect("a tensor-parallel set");
+    assert_eq!((set.files.len(), set.ranks.clone()), (4, vec![0, 1, 2, 3]));
+    assert_eq!((tp.rows, tp.columns), (16, 8192));
+    assert_eq!(output(tp, "grad_logits").count, 16 * 8192);
+    for bug in [
+        "megatron_tp_ce_target_not_shifted_rank0",
+        "megatron_tp_ce_local_max_rank0",
+    ] {
+        for out in ["loss", "grad_logits"] {
+            assert_eq!(
+                output(by(bug), out).verdict,
+                ReportVerdict::Fail,
+                "{bug} {out}"
+            );
+        }
+    }
 
     // The top-k KL (issue 18): verl-style fp32 math passes on both terms;
     // the teacher's probabilities taken as a_k fail forward_kl.
@@ -246,8 +269,8 @@ fn shipped_torch_dumps_get_their_expected_verdicts() {
     }
 }
 
-/// The binary on the thirty-nine small dumps (twenty-one pass, two are
-/// SUSPECT, the sixteen bug kinds fail), through `--expect` and `--json`; the two large dumps, whose
+/// The binary on the small dumps (78 files: 66 of their own and three
+/// tensor-parallel sets of four), through `--expect` and `--json`; the two large dumps, whose
 /// verdicts the library test above checks, would double the test's cost
 /// for the same code path.
 #[test]
@@ -256,7 +279,7 @@ fn binary_matches_expected_json() {
         .into_iter()
         .filter(|p| std::fs::metadata(p).unwrap().len() < 3 << 20)
         .collect();
-    assert_eq!(small.len(), 66);
+    assert_eq!(small.len(), 78);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_logprobe"));
     cmd.arg("verify")
         .args(&small)
@@ -277,7 +300,7 @@ fn binary_matches_expected_json() {
         serde_json::from_str(&std::fs::read_to_string(torch_dir().join("expected.json")).unwrap())
             .unwrap();
     let files = json["files"].as_array().unwrap();
-    assert_eq!(files.len(), 66);
+    assert_eq!(files.len(), 69, "a set is one report");
     for f in files {
         let name = f["name"].as_str().unwrap();
         assert_eq!(f["verdict"], expected[name]["expect"], "{name}");

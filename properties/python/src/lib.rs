@@ -20,7 +20,7 @@ use logprobe_verify::names::{closest, Kind, NAMES};
 use logprobe_verify::tensors::{keyword_names, to_dump_bytes, verify_tensors, TensorBytes};
 use logprobe_verify::tolerance::{Order, DEFAULT_C};
 use logprobe_verify::verify::{
-    render_table, verify_file as verify_path, FileReport, RowSelection, VerifyConfig,
+    render_table, verify_file as verify_path, FileOutcome, FileReport, RowSelection, VerifyConfig,
 };
 
 pyo3::create_exception!(
@@ -176,6 +176,49 @@ fn verify_file(
     }
 }
 
+/// Verifies dump files with the library call `logprobe verify FILE...`
+/// makes (`logprobe_verify::verify::verify_files`): the files of one
+/// tensor-parallel set (`tp_rank`, `tp_size`, `tp_vocab_start`) are judged
+/// as one dump. Same keywords as `verify`. Returns one `(json, table)` per
+/// report, in the order of the files.
+///
+/// # Errors
+/// `BadInputError` for the first file (or set) that is bad input, naming
+/// it; `ValueError` for a bad keyword value.
+#[pyfunction]
+#[pyo3(signature = (paths, *, model, accumulation=None, rows=None, worst=3, statistical_c=Some(DEFAULT_C), form="any", k3_form="any"))]
+#[allow(clippy::too_many_arguments)]
+fn verify_files(
+    py: Python<'_>,
+    paths: Vec<std::path::PathBuf>,
+    model: &str,
+    accumulation: Option<&str>,
+    rows: Option<&str>,
+    worst: usize,
+    statistical_c: Option<f64>,
+    form: &str,
+    k3_form: &str,
+) -> PyResult<Vec<(String, String)>> {
+    let config = config(
+        model,
+        accumulation,
+        rows,
+        worst,
+        statistical_c,
+        (form, k3_form),
+    )?;
+    py.detach(|| logprobe_verify::verify::verify_files(&paths, &config))
+        .iter()
+        .map(|o| match o {
+            FileOutcome::Report(r) => report_out(r),
+            FileOutcome::BadInput { path, error } => Err(BadInputError::new_err(format!(
+                "{}: {error}",
+                path.display()
+            ))),
+        })
+        .collect()
+}
+
 /// Imports one side's tensors (see `verify`).
 /// The bytes of a dump holding the tensors and metadata (as `verify` takes
 /// them): `logprobe.save_dump` writes them, and `logprobe verify` judges the
@@ -319,6 +362,7 @@ fn name_kind(name: &str) -> Option<(&'static str, bool)> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_file, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_files, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(dump_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(closest_name, m)?)?;

@@ -17,7 +17,10 @@ import pytest
 import logprobe
 from conftest import REPO, TORCH_DUMPS, figures, read_safetensors
 
-DUMPS = sorted(TORCH_DUMPS.glob("*.safetensors"))
+ALL = sorted(TORCH_DUMPS.glob("*.safetensors"))
+# One rank's dump of a tensor-parallel set is judged with its set.
+RANKS = [p for p in ALL if "tp_rank" in read_safetensors(p)[1]]
+DUMPS = [p for p in ALL if p not in RANKS]
 EXPECTED = json.loads((TORCH_DUMPS / "expected.json").read_text())
 
 
@@ -36,7 +39,28 @@ def cli_binary():
 
 
 def test_every_shipped_dump_is_listed():
-    assert len(DUMPS) >= 9 and {p.stem for p in DUMPS} == set(EXPECTED)
+    sets = {p.stem for p in RANKS if p.stem.endswith("_rank0")}
+    assert len(DUMPS) >= 9 and len(sets) >= 3
+    assert {p.stem for p in DUMPS} | sets == set(EXPECTED)
+
+
+def test_tensor_parallel_sets_are_judged_as_one_dump():
+    """`verify_files` judges each set's rank dumps as the one dump they
+    split, as `logprobe verify` does; one rank's file alone is refused."""
+    reports = logprobe.verify_files(RANKS)
+    assert len(reports) == len(RANKS) // 4
+    for r in reports:
+        d = r.to_dict()
+        assert len(d["tp_set"]["files"]) == 4 and d["tp_set"]["ranks"] == [0, 1, 2, 3]
+        assert r.verdict == EXPECTED[Path(d["path"]).stem]["expect"], d["path"]
+    with pytest.raises(logprobe.BadInputError, match="rank 1 of a tensor-parallel set of 4"):
+        logprobe.verify_file(TORCH_DUMPS / "megatron_tp_ce_rank1.safetensors")
+    exe = cli_binary()
+    if exe is not None:
+        out = subprocess.run([str(exe), "verify", "--json", "--no-progress", *map(str, RANKS)],
+                             capture_output=True, text=True)
+        cli = json.loads(out.stdout)["files"]
+        assert [figures(logprobe._report._floats(f)) for f in cli] == [figures(r) for r in reports]
 
 
 @pytest.mark.parametrize("path", DUMPS, ids=lambda p: p.stem)

@@ -337,6 +337,12 @@ keys! {
     K3_FORM: K3Form = meta_key::K3_FORM, "expected `expm1` or `any`";
     /// `lm_head_logits_dtype` (default `input`; only with `hidden`).
     LM_HEAD_LOGITS_DTYPE: LmHeadLogitsDtype = meta_key::LM_HEAD_LOGITS_DTYPE, "expected `input` or `accumulation`";
+    /// `tp_rank`: this dump's rank in its tensor-parallel set.
+    TP_RANK: u64 = meta_key::TP_RANK, "not a non-negative integer";
+    /// `tp_size`: the ranks of the set (>= 1).
+    TP_SIZE: u64 = meta_key::TP_SIZE, "not a non-negative integer";
+    /// `tp_vocab_start`: the first global column of this rank's shard.
+    TP_VOCAB_START: u64 = meta_key::TP_VOCAB_START, "not a non-negative integer";
 }
 
 #[cfg(test)]

@@ -366,6 +366,21 @@ pub const NAMES: &[Name] = &[
     t(tensor::GRAD_HIDDEN, 2, true),
     t(tensor::GRAD_LM_HEAD_WEIGHT, 2, true),
     t(tensor::GRAD_LM_HEAD_BIAS, 2, true),
+    // Version 2, one rank of a tensor-parallel set (issue 42): verified
+    // with the other ranks' dumps as one (`crate::dump::tp_set`).
+    m(
+        keys::TP_RANK,
+        2,
+        true,
+        "this dump's rank in a tensor-parallel set (with tp_size and tp_vocab_start)",
+    ),
+    m(keys::TP_SIZE, 2, true, "the ranks of the tensor-parallel set"),
+    m(
+        keys::TP_VOCAB_START,
+        2,
+        true,
+        "the first global vocabulary column of this rank's shard",
+    ),
 ];
 
 /// What is wrong with one name.

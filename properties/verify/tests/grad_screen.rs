@@ -295,7 +295,11 @@ fn grad_screen_leaves_every_shipped_gradient_report_the_same() {
             continue;
         }
         let bytes = std::fs::read(&path).expect("a shipped dump");
-        let dump = Dump::parse(&bytes).expect("parses");
+        let dump = match Dump::parse(&bytes) {
+            // One rank of a tensor-parallel set: judged with its set.
+            Err(logprobe_verify::dump::DumpError::TpSet(_)) => continue,
+            parsed => parsed.expect("parses"),
+        };
         if dump
             .candidates
             .get(logprobe_reference::spec::Output::GradLogits)

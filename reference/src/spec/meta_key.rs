@@ -73,3 +73,10 @@ pub const K3_FORM: &str = "k3_form";
 /// kernel keeps its logits (`input`: rounded to the matmul's dtype;
 /// `accumulation`: kept in f32).
 pub const LM_HEAD_LOGITS_DTYPE: &str = "lm_head_logits_dtype";
+/// `tp_rank` (with `tp_size` and `tp_vocab_start`): the dump is this
+/// tensor-parallel rank's part of a set, verified together with the others.
+pub const TP_RANK: &str = "tp_rank";
+/// `tp_size`: the ranks of a tensor-parallel set.
+pub const TP_SIZE: &str = "tp_size";
+/// `tp_vocab_start`: the first global vocabulary column of the rank's shard.
+pub const TP_VOCAB_START: &str = "tp_vocab_start";

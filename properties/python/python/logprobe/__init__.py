@@ -27,7 +27,7 @@ runs in Rust with the GIL released.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from . import _native
 from ._compare import CompareReport
@@ -47,6 +47,7 @@ __version__ = _native.__version__
 __all__ = [
     "verify",
     "verify_file",
+    "verify_files",
     "save_dump",
     "compare",
     "CompareReport",
@@ -147,6 +148,39 @@ def verify_file(
         k3_form=k3_form,
     )
     return Report(report_json, table, strict=strict)
+
+
+def verify_files(
+    paths: Any,
+    *,
+    model: str = "lanes=8",
+    rows: Union[None, str, range] = None,
+    strict: bool = False,
+    accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
+    worst: int = 3,
+    statistical_c: Optional[float] = _DEFAULT,
+) -> List[Report]:
+    """Judges dump files as ``logprobe verify FILE...`` does (the same
+    library call): one ``Report`` per file, except that the files of one
+    tensor-parallel set (metadata ``tp_rank``, ``tp_size``,
+    ``tp_vocab_start``; docs/dump-from-pytorch.md) are judged as the one
+    dump they split, in one report (one per distinct copy of the set's
+    all-reduced outputs). Raises ``BadInputError`` for the first bad file
+    or set."""
+    c = DEFAULT_STATISTICAL_C if statistical_c is _DEFAULT else statistical_c
+    out = _native.verify_files(
+        [str(p) for p in paths],
+        model=model,
+        accumulation=accumulation,
+        rows=rows_arg(rows),
+        worst=worst,
+        statistical_c=None if c is None else float(c),
+        form=form,
+        k3_form=k3_form,
+    )
+    return [Report(j, t, strict=strict) for j, t in out]
 
 
 def save_dump(

@@ -152,6 +152,22 @@ def verify_file(
 ) -> Report:
     """Judges a dump file as `logprobe verify FILE` does."""
 
+def verify_files(
+    paths: Sequence[Union[str, "PathLike[str]"]],
+    *,
+    model: str = "lanes=8",
+    rows: Union[None, str, range] = None,
+    strict: bool = False,
+    accumulation: Optional[str] = None,
+    form: str = "any",
+    k3_form: str = "any",
+    worst: int = 3,
+    statistical_c: Optional[float] = ...,
+) -> List[Report]:
+    """Judges dump files as `logprobe verify FILE...` does: one report per
+    file, the files of one tensor-parallel set (`tp_rank`, `tp_size`,
+    `tp_vocab_start`) judged as the one dump they split."""
+
 def save_dump(
     path: Union[str, "PathLike[str]"],
     logits: Any,

@@ -33,6 +33,17 @@ def verify_file(
     form: str = ...,
     k3_form: str = ...,
 ) -> Tuple[str, str]: ...
+def verify_files(
+    paths: List[str],
+    *,
+    model: str,
+    accumulation: Optional[str] = None,
+    rows: Optional[str] = None,
+    worst: int = 3,
+    statistical_c: Optional[float] = ...,
+    form: str = ...,
+    k3_form: str = ...,
+) -> List[Tuple[str, str]]: ...
 def dump_bytes(
     tensors: List[Tuple[str, Any, Optional[str], bool]],
     metadata: List[Tuple[str, str]],

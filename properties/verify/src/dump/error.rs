@@ -204,4 +204,8 @@ pub enum DumpError {
     /// row of the dump.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// A tensor-parallel set that cannot be assembled, or one rank's dump
+    /// given alone ([`super::tp_set`]).
+    #[error("tensor-parallel set: {0}")]
+    TpSet(#[from] super::tp_set::TpSetError),
 }

@@ -23,7 +23,7 @@
 //! decoding), `reader` (the [`Dump`] and its checks), `parts` (its tensor
 //! groups), `options` (its metadata), `row` (one row's
 //! inputs), `source` (the tensors by name, from a file or from memory),
-//! `writer`.
+//! `tp_set` (one tensor-parallel rank's dump per file, read as one), `writer`.
 
 mod error;
 mod file;
@@ -34,6 +34,7 @@ mod reader;
 mod row;
 mod source;
 mod tensors;
+pub mod tp_set;
 mod writer;
 
 pub use error::*;

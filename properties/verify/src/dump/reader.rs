@@ -123,6 +123,7 @@ impl<'a> Dump<'a> {
         require_candidate: bool,
     ) -> Result<Self, DumpError> {
         let Header { st, meta, format } = header;
+        super::tp_set::refuse_rank(&meta)?;
         let (logits, rs) = read_dump_logits(&st, &meta)?;
         let (n, v) = (rs.n, logits.cols);
         let inputs = read_inputs(&st, &rs, v)?;

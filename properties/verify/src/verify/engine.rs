@@ -12,6 +12,7 @@ use ndarray::ArrayView1;
 use logprobe_reference::oracle::{Exact, Fallback, Interval};
 use logprobe_reference::spec::{Columns, Dtype, LossOptions, Output, PerOutput, SpecError};
 
+use crate::dump::tp_set::Planned;
 use crate::dump::{at_row, Dump, DumpError, DumpFile};
 use crate::row_oracle::RowOracle;
 use crate::tolerance;
@@ -204,6 +205,7 @@ pub fn verify_dump(
         topk_ids,
         ignored_tensors: dump.ignored_tensors.clone(),
         fallback: fallback.into(),
+        tp_set: None,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -673,16 +675,26 @@ impl Models {
 }
 
 /// Verifies each file in turn (rows in parallel within a file); bad input
-/// in one file does not stop the others.
+/// in one file does not stop the others. The files of one tensor-parallel
+/// set are verified together
+/// ([`super::verify_set`]): one outcome per set, or one per distinct copy
+/// of its global outputs.
 pub fn verify_files(paths: &[PathBuf], config: &VerifyConfig) -> Vec<FileOutcome> {
-    paths
-        .iter()
-        .map(|p| match verify_file(p, config) {
-            Ok(r) => FileOutcome::Report(r),
-            Err(error) => FileOutcome::BadInput {
-                path: p.clone(),
-                error,
+    let mut out = Vec::with_capacity(paths.len());
+    for planned in crate::dump::tp_set::plan(paths) {
+        match planned {
+            Planned::One(p) => out.push(match verify_file(&p, config) {
+                Ok(r) => FileOutcome::Report(r),
+                Err(error) => FileOutcome::BadInput { path: p, error },
+            }),
+            Planned::Set(ps) => match super::verify_set(&ps, config) {
+                Ok(reports) => out.extend(reports.into_iter().map(FileOutcome::Report)),
+                Err(error) => out.push(FileOutcome::BadInput {
+                    path: ps[0].clone(),
+                    error,
+                }),
             },
-        })
-        .collect()
+        }
+    }
+    out
 }

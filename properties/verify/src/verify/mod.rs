@@ -21,7 +21,8 @@
 //!
 //! Files: `config` (what to check), `engine` (the judging),
 //! `report` (what comes back), `table` (the text table), `expect`
-//! (`--expect` and the exit status).
+//! (`--expect` and the exit status), `tp_set` (a tensor-parallel set's
+//! files as one dump).
 
 mod acc;
 mod config;
@@ -35,6 +36,7 @@ mod report;
 mod row_setup;
 mod table;
 mod tiers;
+mod tp_set;
 
 // Shared with `compare`'s report (one convention for non-finite JSON and table figures).
 pub(crate) use table::fmt_g;
@@ -44,3 +46,4 @@ pub use engine::*;
 pub use expect::*;
 pub use report::*;
 pub use table::*;
+pub use tp_set::*;

@@ -213,8 +213,23 @@ pub struct FileReport {
     pub ignored_tensors: Vec<String>,
     /// What MPFR had to decide after the f64 tier.
     pub fallback: FallbackReport,
+    /// The files of a tensor-parallel set verified as this dump (absent
+    /// for a dump of its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tp_set: Option<TpSetReport>,
     /// Wall time in seconds.
     pub seconds: f64,
+}
+
+/// A tensor-parallel set judged as one dump ([`super::verify_set`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct TpSetReport {
+    /// Every rank's file, in rank order.
+    pub files: Vec<PathBuf>,
+    /// The ranks whose global outputs (all-reduced: `loss`, `log_probs`,
+    /// `grad_hidden`, ...) are the ones judged here: they hold the same
+    /// bits. Every rank is in the list of exactly one report.
+    pub ranks: Vec<u64>,
 }
 
 /// How much of a verification the MPFR path decided after the certified

@@ -84,6 +84,9 @@ pub fn render_table(report: &FileReport) -> String {
         report.accumulation,
         report.seconds,
     );
+    if let Some(tp) = &report.tp_set {
+        tp_set_lines(&mut s, tp);
+    }
     let w = label_width(report);
     let _ = writeln!(
         s,
@@ -260,4 +263,24 @@ fn label_width(report: &FileReport) -> usize {
         .max()
         .unwrap_or(0)
         .max(15)
+}
+
+/// The lines naming a tensor-parallel set's files, and whose copy of the
+/// all-reduced outputs the report judges when the ranks' differ.
+fn tp_set_lines(s: &mut String, tp: &super::TpSetReport) {
+    use std::fmt::Write as _;
+    let files: Vec<String> = tp.files.iter().map(|p| p.display().to_string()).collect();
+    let _ = writeln!(
+        s,
+        "  tensor-parallel set of {} ranks, columns concatenated in rank order: {}",
+        tp.files.len(),
+        files.join(", ")
+    );
+    if tp.ranks.len() < tp.files.len() {
+        let _ = writeln!(
+            s,
+            "  global outputs as ranks {:?} hold them (other ranks hold other bits: see their reports)",
+            tp.ranks
+        );
+    }
 }
