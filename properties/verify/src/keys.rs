@@ -343,6 +343,10 @@ keys! {
     TP_SIZE: u64 = meta_key::TP_SIZE, "not a non-negative integer";
     /// `tp_vocab_start`: the first global column of this rank's shard.
     TP_VOCAB_START: u64 = meta_key::TP_VOCAB_START, "not a non-negative integer";
+    /// `lm_head_weight_file`: the file holding the LM head.
+    LM_HEAD_WEIGHT_FILE: String = meta_key::LM_HEAD_WEIGHT_FILE, "not a string";
+    /// `lm_head_weight_sha256`: the SHA-256 of its bytes.
+    LM_HEAD_WEIGHT_SHA256: String = meta_key::LM_HEAD_WEIGHT_SHA256, "not a string";
 }
 
 #[cfg(test)]

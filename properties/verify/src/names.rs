@@ -381,6 +381,19 @@ pub const NAMES: &[Name] = &[
         true,
         "the first global vocabulary column of this rank's shard",
     ),
+    // Version 2, the LM head in a file of its own (issue 45).
+    m(
+        keys::LM_HEAD_WEIGHT_FILE,
+        2,
+        true,
+        "the safetensors file holding lm_head_weight (and lm_head_bias), from the dump's folder",
+    ),
+    m(
+        keys::LM_HEAD_WEIGHT_SHA256,
+        2,
+        true,
+        "the SHA-256 of that file's bytes (required with it)",
+    ),
 ];
 
 /// What is wrong with one name.

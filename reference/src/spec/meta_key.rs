@@ -80,3 +80,8 @@ pub const TP_RANK: &str = "tp_rank";
 pub const TP_SIZE: &str = "tp_size";
 /// `tp_vocab_start`: the first global vocabulary column of the rank's shard.
 pub const TP_VOCAB_START: &str = "tp_vocab_start";
+/// `lm_head_weight_file`: the safetensors file holding the LM head (a
+/// path; relative ones from the dump's folder).
+pub const LM_HEAD_WEIGHT_FILE: &str = "lm_head_weight_file";
+/// `lm_head_weight_sha256`: the SHA-256 of that file's bytes.
+pub const LM_HEAD_WEIGHT_SHA256: &str = "lm_head_weight_sha256";

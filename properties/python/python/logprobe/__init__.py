@@ -26,6 +26,7 @@ runs in Rust with the GIL released.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Dict, List, Optional, Union
 
@@ -48,6 +49,7 @@ __all__ = [
     "verify",
     "verify_file",
     "verify_files",
+    "save_weights",
     "save_dump",
     "compare",
     "CompareReport",
@@ -205,6 +207,29 @@ def save_dump(
     with open(path, "wb") as f:
         f.write(data)
     return path
+
+
+def save_weights(
+    path: Any,
+    lm_head_weight: Any,
+    lm_head_bias: Any = None,
+    *,
+    dtype: Union[None, str, Dict[str, str]] = None,
+) -> Dict[str, str]:
+    """Writes the LM head (``lm_head_weight [V, H]``, optionally
+    ``lm_head_bias [V]``) as a weights file that fused linear + loss dumps
+    name instead of carrying it (docs/dump-from-pytorch.md, "A shared
+    weights file"). Returns the two metadata keys to give those dumps:
+    ``{"lm_head_weight_file": path, "lm_head_weight_sha256": hex}`` (a
+    relative path is read from the dump's folder). Raises
+    ``BadInputError`` for a tensor that cannot be read."""
+    named = {"lm_head_weight": lm_head_weight, "lm_head_bias": lm_head_bias}
+    tensors, metadata = split("save_weights", named, dtype)
+    data = _native.dump_bytes(tensors, metadata)
+    path = os.fspath(path)
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"lm_head_weight_file": path, "lm_head_weight_sha256": hashlib.sha256(data).hexdigest()}
 
 
 def compare(

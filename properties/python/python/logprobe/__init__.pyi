@@ -105,6 +105,11 @@ def verify(
     kl_renormalized: Optional[MetaValue] = None,
     masked_log_probs: Optional[MetaValue] = None,
     lm_head_logits_dtype: Optional[MetaValue] = None,
+    tp_rank: Optional[MetaValue] = None,
+    tp_size: Optional[MetaValue] = None,
+    tp_vocab_start: Optional[MetaValue] = None,
+    lm_head_weight_file: Optional[MetaValue] = None,
+    lm_head_weight_sha256: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.
@@ -167,6 +172,17 @@ def verify_files(
     """Judges dump files as `logprobe verify FILE...` does: one report per
     file, the files of one tensor-parallel set (`tp_rank`, `tp_size`,
     `tp_vocab_start`) judged as the one dump they split."""
+
+def save_weights(
+    path: Union[str, "PathLike[str]"],
+    lm_head_weight: Any,
+    lm_head_bias: Any = None,
+    *,
+    dtype: Union[None, str, Dict[str, str]] = None,
+) -> Dict[str, str]:
+    """Writes the LM head as a weights file that fused linear + loss dumps
+    name (`lm_head_weight_file`); returns that key and
+    `lm_head_weight_sha256` for their metadata."""
 
 def save_dump(
     path: Union[str, "PathLike[str]"],

@@ -83,6 +83,11 @@ def assert_verified(
     kl_renormalized: Optional[MetaValue] = None,
     masked_log_probs: Optional[MetaValue] = None,
     lm_head_logits_dtype: Optional[MetaValue] = None,
+    tp_rank: Optional[MetaValue] = None,
+    tp_size: Optional[MetaValue] = None,
+    tp_vocab_start: Optional[MetaValue] = None,
+    lm_head_weight_file: Optional[MetaValue] = None,
+    lm_head_weight_sha256: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

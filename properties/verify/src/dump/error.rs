@@ -208,4 +208,7 @@ pub enum DumpError {
     /// given alone ([`super::tp_set`]).
     #[error("tensor-parallel set: {0}")]
     TpSet(#[from] super::tp_set::TpSetError),
+    /// A weights file that cannot be used ([`super::weights_file`]).
+    #[error("LM head weights file: {0}")]
+    WeightsFile(#[from] super::weights_file::WeightsFileError),
 }

@@ -23,7 +23,8 @@
 //! decoding), `reader` (the [`Dump`] and its checks), `parts` (its tensor
 //! groups), `options` (its metadata), `row` (one row's
 //! inputs), `source` (the tensors by name, from a file or from memory),
-//! `tp_set` (one tensor-parallel rank's dump per file, read as one), `writer`.
+//! `tp_set` (one tensor-parallel rank's dump per file, read as one),
+//! `weights_file` (the LM head in a file of its own), `writer`.
 
 mod error;
 mod file;
@@ -35,6 +36,7 @@ mod row;
 mod source;
 mod tensors;
 pub mod tp_set;
+pub mod weights_file;
 mod writer;
 
 pub use error::*;

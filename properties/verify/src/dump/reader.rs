@@ -124,6 +124,7 @@ impl<'a> Dump<'a> {
     ) -> Result<Self, DumpError> {
         let Header { st, meta, format } = header;
         super::tp_set::refuse_rank(&meta)?;
+        super::weights_file::refuse_unresolved(&meta)?;
         let (logits, rs) = read_dump_logits(&st, &meta)?;
         let (n, v) = (rs.n, logits.cols);
         let inputs = read_inputs(&st, &rs, v)?;

@@ -198,6 +198,12 @@ pub enum TpSetError {
         /// The first element (row-major) that differs.
         index: usize,
     },
+    /// A rank's dump naming a weights file (`lm_head_weight_file`).
+    #[error("{}: a rank's dump holds its shard of the LM head itself: `lm_head_weight_file` is not read in a tensor-parallel set", path.display())]
+    WeightsFile {
+        /// The file.
+        path: PathBuf,
+    },
     /// A rank's dump is bad input on its own terms.
     #[error("{}: {source}", path.display())]
     Rank {
@@ -370,6 +376,9 @@ impl<'a> TpSet<'a> {
         let mut ranks: Vec<RankDump<'a>> = Vec::with_capacity(files.len());
         for (path, file) in files {
             let header = Header::read(file.bytes()).map_err(|e| in_rank(path, e))?;
+            if header.meta.contains_key(keys::LM_HEAD_WEIGHT_FILE.name) {
+                return Err(TpSetError::WeightsFile { path: path.clone() }.into());
+            }
             let tp = TpRank::of(&header.meta)
                 .map_err(|e| in_rank(path, e))?
                 .ok_or_else(|| in_rank(path, TpSetError::Keys.into()))?;

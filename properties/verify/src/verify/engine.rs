@@ -3,7 +3,7 @@
 //! under the chosen model and the three reference models, accumulated per
 //! output into the report.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rayon::prelude::*;
 
@@ -12,8 +12,7 @@ use ndarray::ArrayView1;
 use logprobe_reference::oracle::{Exact, Fallback, Interval};
 use logprobe_reference::spec::{Columns, Dtype, LossOptions, Output, PerOutput, SpecError};
 
-use crate::dump::tp_set::Planned;
-use crate::dump::{at_row, Dump, DumpError, DumpFile};
+use crate::dump::{at_row, Dump, DumpError};
 use crate::row_oracle::RowOracle;
 use crate::tolerance;
 use logprobe_reference::oracle::OracleForward;
@@ -45,19 +44,6 @@ static GRAD_SCREEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 #[doc(hidden)]
 pub fn set_grad_screen(on: bool) {
     GRAD_SCREEN.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Opens, parses and verifies `path`.
-///
-/// # Errors
-/// [`DumpError`] for bad input: unreadable, malformed or truncated files,
-/// missing or misshapen tensors, bad metadata, no candidate, and the spec's
-/// value errors (NaN / `+inf` logits, tokens out of range, ...), naming
-/// tensor, row and column.
-pub fn verify_file(path: &Path, config: &VerifyConfig) -> Result<FileReport, DumpError> {
-    let file = DumpFile::open(path)?;
-    let dump = file.parse()?;
-    verify_dump(&dump, path, config)
 }
 
 /// Per-row accumulators, one per judged output.
@@ -672,29 +658,4 @@ impl Models {
             all: [chosen, a, b, c].map(|m| m.with_k3_form(config.k3_form)),
         }
     }
-}
-
-/// Verifies each file in turn (rows in parallel within a file); bad input
-/// in one file does not stop the others. The files of one tensor-parallel
-/// set are verified together
-/// ([`super::verify_set`]): one outcome per set, or one per distinct copy
-/// of its global outputs.
-pub fn verify_files(paths: &[PathBuf], config: &VerifyConfig) -> Vec<FileOutcome> {
-    let mut out = Vec::with_capacity(paths.len());
-    for planned in crate::dump::tp_set::plan(paths) {
-        match planned {
-            Planned::One(p) => out.push(match verify_file(&p, config) {
-                Ok(r) => FileOutcome::Report(r),
-                Err(error) => FileOutcome::BadInput { path: p, error },
-            }),
-            Planned::Set(ps) => match super::verify_set(&ps, config) {
-                Ok(reports) => out.extend(reports.into_iter().map(FileOutcome::Report)),
-                Err(error) => out.push(FileOutcome::BadInput {
-                    path: ps[0].clone(),
-                    error,
-                }),
-            },
-        }
-    }
-    out
 }

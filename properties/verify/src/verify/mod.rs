@@ -21,13 +21,14 @@
 //!
 //! Files: `config` (what to check), `engine` (the judging),
 //! `report` (what comes back), `table` (the text table), `expect`
-//! (`--expect` and the exit status), `tp_set` (a tensor-parallel set's
-//! files as one dump).
+//! (`--expect` and the exit status), `files` (a file, several, a
+//! tensor-parallel set's files as one dump).
 
 mod acc;
 mod config;
 mod engine;
 mod expect;
+mod files;
 mod grad_screen;
 mod linear_grads;
 mod linear_logits;
@@ -36,7 +37,6 @@ mod report;
 mod row_setup;
 mod table;
 mod tiers;
-mod tp_set;
 
 // Shared with `compare`'s report (one convention for non-finite JSON and table figures).
 pub(crate) use table::fmt_g;
@@ -44,6 +44,6 @@ pub(crate) use table::fmt_g;
 pub use config::*;
 pub use engine::*;
 pub use expect::*;
+pub use files::*;
 pub use report::*;
 pub use table::*;
-pub use tp_set::*;
