@@ -252,7 +252,7 @@ fn sets_that_do_not_fit_are_typed_errors_naming_the_file() {
         (
             "meta",
             Box::new(|_, m| set_meta(m, "label_smoothing", "0.2")),
-            "ce_rank1.safetensors: metadata `label_smoothing` is Some(\"0.2\"), rank 0's is Some(\"0.1\")",
+            "ce_rank1.safetensors: metadata `label_smoothing` is \"0.2\", rank 0's is \"0.1\"",
         ),
         (
             "layout",
@@ -289,6 +289,21 @@ fn sets_that_do_not_fit_are_typed_errors_naming_the_file() {
         };
         assert!(got.contains(want), "{what}: {got}");
     }
+    // A huge tp_size: the first missing ranks are listed, never all.
+    let sub = dir.join("huge");
+    std::fs::create_dir_all(&sub).unwrap();
+    let mut ranks = split(
+        &shipped("cross_entropy_mean_smoothing_grad_bf16"),
+        &[4000, 4192],
+    );
+    for (_, m) in &mut ranks {
+        set_meta(m, "tp_size", &u64::MAX.to_string());
+    }
+    let got = bad_input(&write(&sub, "ce", &ranks));
+    assert!(
+        got.contains("ranks [2, 3, 4, 5, 6, 7, 8, 9] and more of 18446744073709551615 are missing"),
+        "{got}"
+    );
     // A missing rank; a rank given twice.
     let sub = dir.join("missing");
     std::fs::create_dir_all(&sub).unwrap();
@@ -299,6 +314,17 @@ fn sets_that_do_not_fit_are_typed_errors_naming_the_file() {
     std::fs::copy(&paths[1], &twice).unwrap();
     let got = bad_input(&[paths[0].clone(), paths[1].clone(), twice]);
     assert!(got.contains("rank 1 is given twice"), "{got}");
+    // One folder spelt two ways is one folder; a rank dump that does not
+    // join the set is named beside the missing rank.
+    let spelt = sub.join(".").join(paths[1].file_name().unwrap());
+    assert_eq!(reports(&[paths[0].clone(), spelt]).len(), 1);
+    let other = dir.join("huge").join("ce_rank1.safetensors");
+    let got = bad_input(&[paths[0].clone(), other.clone()]);
+    assert!(
+        got.contains("ranks [1] of 2 are missing")
+            && got.contains(&format!("not in this set: {}", other.display())),
+        "{got}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -157,6 +157,15 @@ fn a_weights_file_that_does_not_fit_is_a_typed_error() {
         .collect();
     std::fs::write(&path, bytes_of(&rest, &m)).unwrap();
     assert!(error(&path).contains("needs `lm_head_weight_sha256`"));
+    // A hash naming no file: nothing would be checked against it.
+    let m: Vec<(&str, &str)> = meta
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .chain([("lm_head_weight_sha256", "ab")])
+        .collect();
+    let both: Vec<Tensor> = rest.iter().chain(&weights).cloned().collect();
+    std::fs::write(&path, bytes_of(&both, &m)).unwrap();
+    assert!(error(&path).contains("without `lm_head_weight_file`"));
     // The file missing.
     let path = write(&dir, &weights, &rest, &meta, None);
     std::fs::remove_file(dir.join("w.safetensors")).unwrap();

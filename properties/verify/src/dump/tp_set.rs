@@ -117,14 +117,17 @@ pub enum TpSetError {
         size: u64,
     },
     /// Ranks of the set were not given.
-    #[error("ranks {missing:?} of {size} are missing (given: {})", list(given))]
+    #[error("ranks {missing:?}{} of {size} are missing (given: {}){}", if (size - given.len() as u64) as usize > missing.len() { " and more" } else { "" }, list(given), others_hint(others))]
     MissingRanks {
         /// `tp_size`.
         size: u64,
-        /// The ranks not given.
+        /// The first ranks not given (at most [`MISSING_LISTED`]).
         missing: Vec<u64>,
         /// The files given, in rank order.
         given: Vec<PathBuf>,
+        /// Rank dumps given beside the set that did not join it (another
+        /// folder, name, `tp_size` or set of tensors).
+        others: Vec<PathBuf>,
     },
     /// Two files claim one rank.
     #[error("rank {rank} is given twice, by {} and {}: verify one set per run, or keep each set in a folder of its own", first.display(), second.display())]
@@ -155,7 +158,7 @@ pub enum TpSetError {
         path: PathBuf,
     },
     /// A metadata value other than the `tp_*` keys differs from rank 0's.
-    #[error("{}: metadata `{key}` is {found:?}, rank 0's is {rank0:?}: a set shares its metadata", path.display())]
+    #[error("{}: metadata `{key}` is {}, rank 0's is {}: a set shares its metadata", path.display(), shown(found), shown(rank0))]
     Metadata {
         /// The file.
         path: PathBuf,
@@ -214,6 +217,25 @@ pub enum TpSetError {
     },
 }
 
+/// A metadata value as the error shows it: quoted, or `absent`.
+fn shown(v: &Option<String>) -> String {
+    v.as_ref()
+        .map_or_else(|| "absent".into(), |v| format!("{v:?}"))
+}
+
+/// How many missing ranks [`TpSetError::MissingRanks`] lists.
+pub const MISSING_LISTED: usize = 8;
+
+fn others_hint(others: &[PathBuf]) -> String {
+    if others.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; rank dumps given beside it that are not in this set: {} (a set's files share a folder, `tp_size` and tensors, and their names differ only in the rank number, which is their `tp_rank`)",
+        list(others)
+    )
+}
+
 fn list(paths: &[PathBuf]) -> String {
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     names.join(", ")
@@ -260,7 +282,15 @@ fn set_key(path: &Path) -> Option<SetKey> {
     let file = DumpFile::open(path).ok()?;
     let header = Header::read(file.bytes()).ok()?;
     let tp = TpRank::of(&header.meta).ok()??;
+    // The folder as the file system names it (`./d/x`, `d//x` and `/abs/d/x`
+    // are one folder).
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let dir = std::fs::canonicalize(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        &dir
+    })
+    .unwrap_or(dir);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -408,14 +438,18 @@ impl<'a> TpSet<'a> {
         }
         ranks.sort_by_key(|r| r.tp.rank);
         let size = ranks.first().map_or(0, |r| r.tp.size);
+        // The first few missing ranks (`tp_size` may be huge: never
+        // enumerated past them).
         let missing: Vec<u64> = (0..size)
             .filter(|k| ranks.iter().all(|r| r.tp.rank != *k))
+            .take(MISSING_LISTED)
             .collect();
         if !missing.is_empty() {
             return Err(TpSetError::MissingRanks {
                 size,
                 missing,
                 given: ranks.iter().map(|r| r.path.clone()).collect(),
+                others: Vec::new(),
             }
             .into());
         }

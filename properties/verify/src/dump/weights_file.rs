@@ -27,6 +27,10 @@ pub enum WeightsFileError {
     /// `lm_head_weight_file` without `lm_head_weight_sha256`.
     #[error("metadata `lm_head_weight_file` needs `lm_head_weight_sha256`, the SHA-256 of the file's bytes (`sha256sum FILE`, or what `logprobe.save_weights` returns)")]
     NoHash,
+    /// `lm_head_weight_sha256` without `lm_head_weight_file`: nothing would
+    /// be checked against it.
+    #[error("metadata `lm_head_weight_sha256` is given without `lm_head_weight_file`: it names no file to check")]
+    HashWithoutFile,
     /// A hash that is not 64 hex digits.
     #[error("metadata `lm_head_weight_sha256` = {value:?}: expected 64 hexadecimal digits")]
     BadHash {
@@ -174,13 +178,16 @@ pub(crate) fn resolve<'a>(
 }
 
 /// Refuses a dump naming a weights file where none can be read (tensors in
-/// memory, bytes without a path).
+/// memory, bytes without a path), and a hash naming no file.
 ///
 /// # Errors
-/// [`WeightsFileError::NotResolved`].
+/// [`WeightsFileError::NotResolved`], [`WeightsFileError::HashWithoutFile`].
 pub fn refuse_unresolved(meta: &HashMap<String, String>) -> Result<(), DumpError> {
     if meta.contains_key(keys::LM_HEAD_WEIGHT_FILE.name) {
         return Err(WeightsFileError::NotResolved.into());
+    }
+    if meta.contains_key(keys::LM_HEAD_WEIGHT_SHA256.name) {
+        return Err(WeightsFileError::HashWithoutFile.into());
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::dump::tp_set::{Planned, TpSet};
+use crate::dump::tp_set::{Planned, TpSet, TpSetError};
 use crate::dump::{weights_file, Dump, DumpError, DumpFile, Header};
 
 use super::{verify_dump, FileOutcome, FileReport, TpSetReport, VerifyConfig};
@@ -40,18 +40,32 @@ pub fn verify_file(path: &Path, config: &VerifyConfig) -> Result<FileReport, Dum
 /// of its global outputs.
 pub fn verify_files(paths: &[PathBuf], config: &VerifyConfig) -> Vec<FileOutcome> {
     let mut out = Vec::with_capacity(paths.len());
-    for planned in crate::dump::tp_set::plan(paths) {
+    let planned = crate::dump::tp_set::plan(paths);
+    let in_sets = |but: &[PathBuf]| -> Vec<PathBuf> {
+        let sets = planned.iter().filter_map(|p| match p {
+            Planned::Set(v) if v.as_slice() != but => Some(v.clone()),
+            _ => None,
+        });
+        sets.flatten().collect()
+    };
+    for planned in planned.iter().cloned() {
         match planned {
             Planned::One(p) => out.push(match verify_file(&p, config) {
                 Ok(r) => FileOutcome::Report(r),
                 Err(error) => FileOutcome::BadInput { path: p, error },
             }),
-            Planned::Set(ps) => match super::verify_set(&ps, config) {
+            Planned::Set(ps) => match verify_set(&ps, config) {
                 Ok(reports) => out.extend(reports.into_iter().map(FileOutcome::Report)),
-                Err(error) => out.push(FileOutcome::BadInput {
-                    path: ps[0].clone(),
-                    error,
-                }),
+                Err(mut error) => {
+                    // Name the rank dumps that did not join an incomplete set.
+                    if let DumpError::TpSet(TpSetError::MissingRanks { others, .. }) = &mut error {
+                        *others = in_sets(&ps);
+                    }
+                    out.push(FileOutcome::BadInput {
+                        path: ps[0].clone(),
+                        error,
+                    })
+                }
             },
         }
     }
