@@ -20,7 +20,7 @@
 //! `kl_k2`, `kl_k3` in the `expm1` form, `kl_abs`, `ratio`, from careful
 //! code's log-prob).
 
-use logprobe_reference::oracle::Exact;
+use logprobe_reference::oracle::{Exact, Interval};
 use logprobe_reference::spec::{
     Dtype, EntropyLogits, Family, KlDirection, LossTerm, Output, PolicyRow, PolicyTerm, Problem,
     RowStat, Shift, SoftcapDtype, TeacherForm, TemperatureDtype,
@@ -534,6 +534,24 @@ impl CarefulRow {
             loss
         } else {
             r(r(l.weight) * loss)
+        }
+    }
+
+    /// (S2a) Careful code's own error in `ln S` on this row (nats): its
+    /// `r(ln S^)`, summed in the plan's order, against `ln_s`, the oracle's
+    /// enclosure of the exact `ln S` in the same coordinates (the shift by
+    /// the row's max). The statistical threshold floors its vocabulary sums
+    /// at it ([`super::Statistical::with_careful_error`]): a lane whose
+    /// partial sum dwarfs its terms stagnates, a bias the `sqrt(n)` model
+    /// does not hold, and careful code measures it on the row. `inf` when
+    /// careful code's normaliser is not finite.
+    pub fn ln_s_error(&mut self, ln_s: Interval) -> f64 {
+        let l = self.naive().l;
+        let e = (l - ln_s.lo).abs().max((l - ln_s.hi).abs());
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            e * (1.0 + 4.0 * f64::EPSILON)
         }
     }
 

@@ -51,7 +51,19 @@ pub struct Statistical {
     pub model: Model,
     /// The constant `c` (dimensionless; [`DEFAULT_C`] calibrated).
     pub c: f64,
+    /// (S2a) The floor of the row's vocabulary sums' accumulation terms:
+    /// [`FLOOR_FACTOR`] times careful code's own relative error of the
+    /// normaliser on this row (0: none).
+    pub floor: f64,
 }
+
+/// (S2a) How many times careful code's own error in `ln S` on a row the
+/// threshold of the row's vocabulary sums allows: the relative rule's
+/// [`super::RELATIVE_R`], the factor by which correct code was measured to
+/// exceed careful code (an implementation with fewer partial sums than
+/// careful code's blocks stagnates on more terms each; the entropy's and
+/// the gradient's sums stagnate beside the normaliser's).
+pub const FLOOR_FACTOR: f64 = super::RELATIVE_R;
 
 impl Statistical {
     /// `model`'s statistical threshold with the calibrated [`DEFAULT_C`].
@@ -59,7 +71,22 @@ impl Statistical {
         Statistical {
             model,
             c: DEFAULT_C,
+            floor: 0.0,
         }
+    }
+
+    /// (S2a) The same threshold with the row's vocabulary sums floored at
+    /// [`FLOOR_FACTOR`] times `careful_ln_s_error`, careful code's own
+    /// error in `ln S` on the row (nats; [`super::CarefulRow::ln_s_error`]).
+    pub fn with_careful_error(self, careful_ln_s_error: f64) -> Statistical {
+        let e = careful_ln_s_error;
+        // A relative error of S from one of ln S, rounded up.
+        let floor = if e.is_finite() && e > 0.0 {
+            FLOOR_FACTOR * e.exp_m1() * (1.0 + 4.0 * f64::EPSILON)
+        } else {
+            0.0
+        };
+        Statistical { floor, ..self }
     }
 
     /// The same threshold with another `c` (calibration).
@@ -78,7 +105,10 @@ impl Statistical {
             &self.model,
             stats,
             ctx,
-            Some(self.row_c(n)),
+            Some(super::bounds::StatTerms {
+                c: self.row_c(n),
+                floor: self.floor,
+            }),
         ))
     }
 

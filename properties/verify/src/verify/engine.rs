@@ -338,9 +338,17 @@ fn verify_row(
     let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = row_context(dump, &inputs, acc_dtype).map_err(spec)?;
     let models = Models::new(config, acc_dtype);
-    let statistical = config
-        .statistical_c
-        .map(|c| tolerance::Statistical::new(models.all[0]).with_c(c));
+    // Careful code (the relative rule's reference, computed when first
+    // asked) also floors the statistical threshold's vocabulary sums at
+    // its own normaliser error on this row (S2a).
+    let mut careful = careful_row(dump, &p, acc_dtype, config);
+    let statistical = config.statistical_c.map(|c| {
+        let s = tolerance::Statistical::new(models.all[0]).with_c(c);
+        match careful.as_mut() {
+            Some(cr) => s.with_careful_error(cr.ln_s_error(stats.ln_s)),
+            None => s,
+        }
+    });
     let keys = entry_keys(&p, dump.vocab_size());
     let (rb, st) = tolerance::RowBounds::new_shared(
         &models.all,
@@ -388,7 +396,6 @@ fn verify_row(
     );
     // (The screen holds what the sweep needs of `exact` and the candidates.)
     let screened = screen.as_mut().map(RowScreen::sweep);
-    let mut careful = careful_row(dump, &p, acc_dtype, config);
     let mut out: RowAcc = PerOutput::new();
     if let Some(s) = screened.filter(|s| s.count > 0) {
         out.get_or_insert_with(Output::GradLogits, OutputAcc::new)

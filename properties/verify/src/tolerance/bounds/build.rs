@@ -42,9 +42,15 @@ impl<'a> RowBounds<'a> {
         keys: Option<&[u32]>,
     ) -> ([RowBounds<'a>; M], Option<StatisticalBounds<'a>>) {
         let n = stats.d.len().max(stats.e.len());
-        let mut all: Vec<(Model, Option<f64>)> = models.iter().map(|m| (*m, None)).collect();
+        let mut all: Vec<(Model, Option<StatTerms>)> = models.iter().map(|m| (*m, None)).collect();
         if let Some(s) = statistical {
-            all.push((s.model, Some(s.row_c(n))));
+            all.push((
+                s.model,
+                Some(StatTerms {
+                    c: s.row_c(n),
+                    floor: s.floor,
+                }),
+            ));
         }
         let cs: Vec<Consts> = all
             .iter()
@@ -65,7 +71,7 @@ impl<'a> RowBounds<'a> {
     /// The shared walk of [`RowBounds::new_shared`] (all `cs` with the
     /// same shift errors).
     pub(super) fn shared(
-        all: &[(Model, Option<f64>)],
+        all: &[(Model, Option<StatTerms>)],
         cs: Vec<Consts>,
         stats: &'a RowStats,
         keys: Option<&[u32]>,
@@ -223,9 +229,9 @@ impl<'a> RowBounds<'a> {
         model: &Model,
         stats: &'a RowStats,
         ctx: &RowContext,
-        stat_c: Option<f64>,
+        stat: Option<StatTerms>,
     ) -> RowBounds<'a> {
-        let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx, stat_c);
+        let c = Consts::new(model, stats.d.len().max(stats.e.len()), ctx, stat);
         let p = set_bounds(&c, model.shift.log_probs_raw(), &stats.d, stats.ln_s);
         let w = set_bounds(&c, model.shift == Shift::Raw, &stats.e, stats.ln_s_w);
         let (entropy_pre, entropy_grad) = match &w {

@@ -192,6 +192,36 @@ fn gamma(n: usize, u: f64) -> Result<Hi, NoBound> {
 /// The `gamma_n` of an accumulation (summation) path: sound `gamma_n`, or
 /// with `stat_c = Some(c)` the statistical `min(gamma_n, c sqrt(n) u)`
 /// (`statistical.rs`, TOLERANCE.md "(S1)"). No bound when `n u >= 1` either way.
+/// The statistical threshold's terms of one row (`statistical.rs`): `c`,
+/// and (S2a) the floor of its accumulation terms over the row's
+/// vocabulary (`0`: none).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct StatTerms {
+    /// (S2)'s `c`.
+    pub c: f64,
+    /// (S2a)'s floor: a relative error the threshold of a sum over the
+    /// row never goes below.
+    pub floor: f64,
+}
+
+/// [`acc_gamma`] for a sum over the row's vocabulary (the normaliser `S`,
+/// the entropy's `B`, the probabilities): the statistical
+/// `min(gamma_n, max(c sqrt(n) u, floor))` (S2a).
+fn vocab_gamma(n: usize, u: f64, stat: Option<StatTerms>) -> Result<Hi, NoBound> {
+    let g = acc_gamma(n, u, stat.map(|s| s.c))?;
+    Ok(match stat {
+        Some(s) if s.floor > g.0 => {
+            let sound = gamma(n, u)?;
+            if s.floor < sound.0 {
+                Hi(s.floor)
+            } else {
+                sound
+            }
+        }
+        _ => g,
+    })
+}
+
 fn acc_gamma(n: usize, u: f64, stat_c: Option<f64>) -> Result<Hi, NoBound> {
     let g = gamma(n, u)?;
     Ok(match stat_c {
@@ -235,7 +265,8 @@ fn finite(x: Hi, what: &'static str) -> Result<Hi, NoBound> {
 }
 
 impl Consts {
-    fn new(model: &Model, n_terms: usize, ctx: &RowContext, stat_c: Option<f64>) -> Consts {
+    fn new(model: &Model, n_terms: usize, ctx: &RowContext, stat: Option<StatTerms>) -> Consts {
+        let stat_c = stat.map(|s| s.c);
         let acc = model.accumulation;
         let u_f = acc.unit_roundoff();
         let u = Hi(u_f);
@@ -288,8 +319,9 @@ impl Consts {
         let n_b = h + l + 2 * r + 2;
         let n_p = h + l + r + 1;
         let exps = (Hi::ONE + eps_exp).powi(1 + r);
-        // Accumulation terms: sound gamma_n, or the statistical threshold's.
-        let gamma = |n: usize, u: f64| acc_gamma(n, u, stat_c);
+        // Accumulation terms: sound gamma_n, or the statistical threshold's
+        // with (S2a)'s floor.
+        let gamma = |n: usize, u: f64| vocab_gamma(n, u, stat);
         let k_s = gamma(n_s, u_f).map(|g| exps * (Hi::ONE + g));
         let k_b = gamma(n_b, u_f).map(|g| exps * (Hi::ONE + g));
         let k_p = gamma(n_p, u_f).and_then(|g0| {

@@ -161,7 +161,7 @@ pub(super) struct Naive {
     /// `max_j z_j` (scale first) or `max_j x_j` (subtract first).
     m: f64,
     /// `r(ln S)`.
-    l: f64,
+    pub(super) l: f64,
     /// Terms per block of the sums ([`OrderedSum`]), at least 1.
     leaf: usize,
     /// The row's logits are 16-bit values (`logits_dtype`): the per-entry
