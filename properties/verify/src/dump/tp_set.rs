@@ -271,17 +271,16 @@ fn is_output(name: &str) -> bool {
 /// ([`name_without_rank`]), `tp_size` and its tensor names.
 type SetKey = (PathBuf, String, u64, Vec<String>);
 
-/// The set `path` belongs to; `None` for a file without `tp_*` keys, one
-/// that does not read (verified alone, it reports its own error), and
-/// anything but a regular file.
+/// The set `path` belongs to, from its header alone; `None` for a file
+/// without `tp_*` keys, one whose header does not read (verified alone, it
+/// reports its own error), and anything but a regular file.
 fn set_key(path: &Path) -> Option<SetKey> {
     // Only regular files: a pipe or FIFO is read once, by its own verify.
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return None;
     }
-    let file = DumpFile::open(path).ok()?;
-    let header = Header::read(file.bytes()).ok()?;
-    let tp = TpRank::of(&header.meta).ok()??;
+    let (meta, names) = read_header(path)?;
+    let tp = TpRank::of(&meta).ok()??;
     // The folder as the file system names it (`./d/x`, `d//x` and `/abs/d/x`
     // are one folder).
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -295,8 +294,42 @@ fn set_key(path: &Path) -> Option<SetKey> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let names = header.st.names().into_iter().map(String::from).collect();
     Some((dir, name_without_rank(&name, tp.rank), tp.size, names))
+}
+
+/// The largest safetensors header [`read_header`] reads (safetensors'
+/// own limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// The `__metadata__` and the sorted tensor names of the safetensors file
+/// at `path`, from its header alone (the data is not read: grouping costs
+/// a few kB per file, whatever the dump's size); `None` when the header
+/// does not read (verified alone, the file reports its own error).
+fn read_header(path: &Path) -> Option<(HashMap<String, String>, Vec<String>)> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).ok()?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return None;
+    }
+    let mut text = vec![0u8; len as usize];
+    file.read_exact(&mut text).ok()?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&text).ok()?;
+    let mut meta = HashMap::new();
+    let mut names = Vec::new();
+    for (k, v) in header {
+        if k == "__metadata__" {
+            for (mk, mv) in v.as_object()? {
+                meta.insert(mk.clone(), mv.as_str()?.to_string());
+            }
+        } else {
+            names.push(k);
+        }
+    }
+    names.sort_unstable();
+    Some((meta, names))
 }
 
 /// `name` with its last run of digits that spells `rank` removed
