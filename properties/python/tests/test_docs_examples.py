@@ -44,6 +44,8 @@ DUMPS = {
         # The LM head in a file of its own, and a dump naming it.
         "lm_head.safetensors": "weights",
         "fused_shared.safetensors": "pass",
+        # The LM head generated from a seed.
+        "fused_generated.safetensors": "pass",
         # A tensor-parallel set: judged as one dump, under rank 0's file.
         "tp_ce_rank0.safetensors": "pass",
         "tp_ce_rank1.safetensors": "in rank 0's set",

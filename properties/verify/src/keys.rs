@@ -15,6 +15,7 @@ use logprobe_reference::spec::{
     TemperatureDtype,
 };
 
+use crate::dump::weights_generator::{Distribution, GeneratedDtype};
 use crate::dump::{DumpError, LmHeadLogitsDtype};
 use crate::tolerance::K3Form;
 
@@ -115,6 +116,8 @@ choice_value!(TopkIdsSource: TopkIdsSource::Given => "given", TopkIdsSource::Ker
 choice_value!(MaskedLogProbs: MaskedLogProbs::NegInf => "neg_inf", MaskedLogProbs::FinfoMin => "finfo_min");
 choice_value!(K3Form: K3Form::Expm1 => "expm1", K3Form::Any => "any");
 choice_value!(LmHeadLogitsDtype: LmHeadLogitsDtype::Input => "input", LmHeadLogitsDtype::Accumulation => "accumulation");
+choice_value!(Distribution: Distribution::Normal => "splitmix64-normal-v1", Distribution::Uniform => "splitmix64-uniform-v1");
+choice_value!(GeneratedDtype: GeneratedDtype::Bf16 => "bf16", GeneratedDtype::F16 => "f16", GeneratedDtype::F32 => "f32");
 
 impl MetaValue for Reduction {
     const TYPE: &'static str = "one of `none` `sum` `mean`";
@@ -347,6 +350,16 @@ keys! {
     LM_HEAD_WEIGHT_FILE: String = meta_key::LM_HEAD_WEIGHT_FILE, "not a string";
     /// `lm_head_weight_sha256`: the SHA-256 of its bytes.
     LM_HEAD_WEIGHT_SHA256: String = meta_key::LM_HEAD_WEIGHT_SHA256, "not a string";
+    /// `lm_head_weight_generator`: the LM head is generated.
+    LM_HEAD_WEIGHT_GENERATOR: Distribution = meta_key::LM_HEAD_WEIGHT_GENERATOR, "expected `splitmix64-normal-v1` or `splitmix64-uniform-v1`";
+    /// `lm_head_weight_seed`: the generator's seed.
+    LM_HEAD_WEIGHT_SEED: u64 = meta_key::LM_HEAD_WEIGHT_SEED, "not an integer in [0, 2^64)";
+    /// `lm_head_weight_scale`: standard deviation or half-width.
+    LM_HEAD_WEIGHT_SCALE: f64 = meta_key::LM_HEAD_WEIGHT_SCALE, "not a number";
+    /// `lm_head_weight_shape`: `V,H`.
+    LM_HEAD_WEIGHT_SHAPE: String = meta_key::LM_HEAD_WEIGHT_SHAPE, "not a string";
+    /// `lm_head_weight_dtype`: `bf16`, `f16` or `f32`.
+    LM_HEAD_WEIGHT_DTYPE: GeneratedDtype = meta_key::LM_HEAD_WEIGHT_DTYPE, "expected `bf16`, `f16` or `f32`";
 }
 
 #[cfg(test)]

@@ -392,8 +392,24 @@ pub const NAMES: &[Name] = &[
         keys::LM_HEAD_WEIGHT_SHA256,
         2,
         true,
-        "the SHA-256 of that file's bytes (required with it)",
+        "the SHA-256 of that file's bytes, or of the generated lm_head_weight's (required with either)",
     ),
+    // Version 2, the LM head generated from a seed (issue 45).
+    m(
+        keys::LM_HEAD_WEIGHT_GENERATOR,
+        2,
+        true,
+        "lm_head_weight is generated, not carried: the algorithm (with the four keys below and lm_head_weight_sha256)",
+    ),
+    m(keys::LM_HEAD_WEIGHT_SEED, 2, true, "the generator's seed"),
+    m(
+        keys::LM_HEAD_WEIGHT_SCALE,
+        2,
+        true,
+        "the generated weights' standard deviation (normal) or half-width (uniform), > 0",
+    ),
+    m(keys::LM_HEAD_WEIGHT_SHAPE, 2, true, "the generated [V, H], written V,H"),
+    m(keys::LM_HEAD_WEIGHT_DTYPE, 2, true, "the generated weights' dtype"),
 ];
 
 /// What is wrong with one name.

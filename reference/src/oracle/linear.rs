@@ -246,37 +246,84 @@ pub fn linear_logits(
     hidden: &[f64],
     v_total: usize,
     vocab_size: usize,
-    mut weight_row: impl FnMut(usize, &mut [f64]),
+    weight_row: impl FnMut(usize, &mut [f64]),
     bias: Option<&[f64]>,
     (exact, entries): (bool, bool),
 ) -> Result<LinearRow, usize> {
-    let mut buf = vec![0.0; hidden.len()];
-    let mut logits = Vec::with_capacity(v_total);
-    let mut kept = Vec::with_capacity(if entries { v_total } else { 0 });
-    let mut stats = LinearRowStats {
-        hidden_size: hidden.len(),
-        ..LinearRowStats::default()
-    };
-    for j in 0..v_total {
+    linear_logits_block(
+        &[hidden],
+        0..v_total,
+        vocab_size,
+        weight_row,
+        bias,
+        (exact, entries),
+    )
+    .pop()
+    .expect("one row")
+}
+
+/// [`linear_logits`] for several rows of `hidden` at once, over the
+/// columns `cols` only: each weight row is decoded once for all of them
+/// (the weight is read once a block of rows, not once a row), and every
+/// logit is the same [`dot_enclosed`] call, so the same bits. Parts over
+/// consecutive column ranges join with [`LinearRow::append`].
+///
+/// Returns one result per row of `hiddens` (all of length `H`): `Err(j)`
+/// for the first column in `cols` whose logit is not finite.
+///
+/// # Panics
+/// If the rows differ in length.
+pub fn linear_logits_block(
+    hiddens: &[&[f64]],
+    cols: std::ops::Range<usize>,
+    vocab_size: usize,
+    mut weight_row: impl FnMut(usize, &mut [f64]),
+    bias: Option<&[f64]>,
+    (exact, entries): (bool, bool),
+) -> Vec<Result<LinearRow, usize>> {
+    let h_len = hiddens.first().map_or(0, |h| h.len());
+    assert!(
+        hiddens.iter().all(|h| h.len() == h_len),
+        "rows differ in length"
+    );
+    let mut buf = vec![0.0; h_len];
+    let width = cols.len();
+    let mut out: Vec<Result<LinearRow, usize>> = hiddens
+        .iter()
+        .map(|_| {
+            Ok(LinearRow {
+                logits: Vec::with_capacity(width),
+                stats: LinearRowStats {
+                    hidden_size: h_len,
+                    ..LinearRowStats::default()
+                },
+                entries: entries.then(|| Vec::with_capacity(width)),
+            })
+        })
+        .collect();
+    for j in cols {
         weight_row(j, &mut buf);
         let b = bias.map_or(0.0, |b| b[j]);
-        let d = dot_enclosed(hidden, &buf, b, exact).ok_or(j)?;
-        if j < vocab_size {
-            stats.abs_sum_max = stats.abs_sum_max.max(d.abs_sum);
-            stats.logit_abs_max = stats.logit_abs_max.max(d.value.abs() + d.err);
-            stats.oracle_err = stats.oracle_err.max(d.err);
-            stats.bias_abs_max = stats.bias_abs_max.max(b.abs());
-        }
-        logits.push(d.value);
-        if entries {
-            kept.push(d);
+        for (h, slot) in hiddens.iter().zip(out.iter_mut()) {
+            let Ok(row) = slot else { continue };
+            let Some(d) = dot_enclosed(h, &buf, b, exact) else {
+                *slot = Err(j);
+                continue;
+            };
+            let stats = &mut row.stats;
+            if j < vocab_size {
+                stats.abs_sum_max = stats.abs_sum_max.max(d.abs_sum);
+                stats.logit_abs_max = stats.logit_abs_max.max(d.value.abs() + d.err);
+                stats.oracle_err = stats.oracle_err.max(d.err);
+                stats.bias_abs_max = stats.bias_abs_max.max(b.abs());
+            }
+            row.logits.push(d.value);
+            if let Some(e) = row.entries.as_mut() {
+                e.push(d);
+            }
         }
     }
-    Ok(LinearRow {
-        logits,
-        stats,
-        entries: entries.then_some(kept),
-    })
+    out
 }
 
 /// A row of logits from [`linear_logits`].
@@ -288,6 +335,23 @@ pub struct LinearRow {
     pub stats: LinearRowStats,
     /// Every column's enclosure, when asked for.
     pub entries: Option<Vec<DotEnclosure>>,
+}
+
+impl LinearRow {
+    /// Joins the part of the next columns (from [`linear_logits_block`]):
+    /// the logits and entries concatenated, the statistics' maxima taken
+    /// (the same values in any order).
+    pub fn append(&mut self, next: LinearRow) {
+        self.logits.extend(next.logits);
+        if let (Some(a), Some(b)) = (self.entries.as_mut(), next.entries) {
+            a.extend(b);
+        }
+        let (s, t) = (&mut self.stats, next.stats);
+        s.abs_sum_max = s.abs_sum_max.max(t.abs_sum_max);
+        s.logit_abs_max = s.logit_abs_max.max(t.logit_abs_max);
+        s.oracle_err = s.oracle_err.max(t.oracle_err);
+        s.bias_abs_max = s.bias_abs_max.max(t.bias_abs_max);
+    }
 }
 
 #[cfg(test)]

@@ -83,5 +83,19 @@ pub const TP_VOCAB_START: &str = "tp_vocab_start";
 /// `lm_head_weight_file`: the safetensors file holding the LM head (a
 /// path; relative ones from the dump's folder).
 pub const LM_HEAD_WEIGHT_FILE: &str = "lm_head_weight_file";
-/// `lm_head_weight_sha256`: the SHA-256 of that file's bytes.
+/// `lm_head_weight_sha256`: the SHA-256 of that file's bytes, or of the
+/// generated tensor's bytes.
 pub const LM_HEAD_WEIGHT_SHA256: &str = "lm_head_weight_sha256";
+/// `lm_head_weight_generator`: the LM head is generated, not carried
+/// (`splitmix64-normal-v1` or `splitmix64-uniform-v1`).
+pub const LM_HEAD_WEIGHT_GENERATOR: &str = "lm_head_weight_generator";
+/// `lm_head_weight_seed`: the generator's seed (an integer `>= 0`).
+pub const LM_HEAD_WEIGHT_SEED: &str = "lm_head_weight_seed";
+/// `lm_head_weight_scale`: the generated weights' standard deviation
+/// (normal) or half-width (uniform).
+pub const LM_HEAD_WEIGHT_SCALE: &str = "lm_head_weight_scale";
+/// `lm_head_weight_shape`: the generated `[V, H]`, written `V,H`.
+pub const LM_HEAD_WEIGHT_SHAPE: &str = "lm_head_weight_shape";
+/// `lm_head_weight_dtype`: the generated weights' dtype (`bf16`, `f16`,
+/// `f32`).
+pub const LM_HEAD_WEIGHT_DTYPE: &str = "lm_head_weight_dtype";

@@ -110,6 +110,11 @@ def verify(
     tp_vocab_start: Optional[MetaValue] = None,
     lm_head_weight_file: Optional[MetaValue] = None,
     lm_head_weight_sha256: Optional[MetaValue] = None,
+    lm_head_weight_generator: Optional[MetaValue] = None,
+    lm_head_weight_seed: Optional[MetaValue] = None,
+    lm_head_weight_scale: Optional[MetaValue] = None,
+    lm_head_weight_shape: Optional[MetaValue] = None,
+    lm_head_weight_dtype: Optional[MetaValue] = None,
 ) -> Report:
     """Judges a kernel's outputs against the exact oracle and derived error
     bounds, as `logprobe verify` judges a dump holding the same tensors.
@@ -183,6 +188,19 @@ def save_weights(
     """Writes the LM head as a weights file that fused linear + loss dumps
     name (`lm_head_weight_file`); returns that key and
     `lm_head_weight_sha256` for their metadata."""
+
+def generate_weights(
+    shape: Any,
+    *,
+    seed: int,
+    scale: float,
+    distribution: str = "normal",
+    dtype: str = "bfloat16",
+    tensors: str = "torch",
+) -> Tuple[Any, Dict[str, str]]:
+    """Generates `lm_head_weight [V, H]` from a seed, the same bytes on
+    every machine; returns it and the metadata a dump gives instead of the
+    tensor (docs/dump-from-pytorch.md, "Generated weights")."""
 
 def save_dump(
     path: Union[str, "PathLike[str]"],

@@ -88,6 +88,11 @@ def assert_verified(
     tp_vocab_start: Optional[MetaValue] = None,
     lm_head_weight_file: Optional[MetaValue] = None,
     lm_head_weight_sha256: Optional[MetaValue] = None,
+    lm_head_weight_generator: Optional[MetaValue] = None,
+    lm_head_weight_seed: Optional[MetaValue] = None,
+    lm_head_weight_scale: Optional[MetaValue] = None,
+    lm_head_weight_shape: Optional[MetaValue] = None,
+    lm_head_weight_dtype: Optional[MetaValue] = None,
 ) -> Report:
     """`logprobe.verify(...)`, raising `AssertionError` (summary, the CLI's
     table and the worst rows) unless the report is `ok`."""

@@ -211,4 +211,7 @@ pub enum DumpError {
     /// A weights file that cannot be used ([`super::weights_file`]).
     #[error("LM head weights file: {0}")]
     WeightsFile(#[from] super::weights_file::WeightsFileError),
+    /// The LM head's generator ([`super::weights_generator`]).
+    #[error("generated LM head: {0}")]
+    Generator(#[from] super::weights_generator::GeneratorError),
 }

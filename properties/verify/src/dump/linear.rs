@@ -7,7 +7,9 @@
 //! ([`logprobe_reference::oracle::linear`]); the bounds add the kernel's
 //! matmul error (TOLERANCE.md (T29)).
 
-use logprobe_reference::oracle::linear::{linear_logits, products_exact, LinearRow};
+use logprobe_reference::oracle::linear::{
+    linear_logits_block, products_exact, LinearRow, LinearRowStats,
+};
 use logprobe_reference::spec::Dtype;
 
 use super::parts::float_dtype;
@@ -138,16 +140,27 @@ impl<'a> DumpLogits<'a> {
     ) -> Result<(RowLogits, Option<LinearRow>), DumpError> {
         match &self.source {
             LogitsSource::Stored(m) => Ok((m.row_logits(r), None)),
-            LogitsSource::Linear(l) => {
-                let mut row = l.row(r, vocab_size)?;
-                let x = std::mem::take(&mut row.logits);
-                let n = x.len();
-                let a = ndarray::Array2::from_shape_vec((1, n), x).expect("one row");
-                Ok((RowLogits::F64(a), Some(row)))
-            }
+            LogitsSource::Linear(l) => Self::linear_row_logits(l.row(r, vocab_size)?),
         }
     }
+
+    /// [`DumpLogits::row_logits`] from a linear row computed beforehand
+    /// ([`LinearLogits::rows`]).
+    ///
+    /// # Errors
+    /// None of its own (the `Result` is the precomputed row's).
+    pub fn linear_row_logits(
+        mut row: LinearRow,
+    ) -> Result<(RowLogits, Option<LinearRow>), DumpError> {
+        let x = std::mem::take(&mut row.logits);
+        let n = x.len();
+        let a = ndarray::Array2::from_shape_vec((1, n), x).expect("one row");
+        Ok((RowLogits::F64(a), Some(row)))
+    }
 }
+
+/// Columns of the weight a task of [`LinearLogits::rows`] takes.
+const COLUMN_CHUNK: usize = 1024;
 
 impl LinearLogits<'_> {
     /// Row `r`'s logits (enclosure values) and statistics (see
@@ -156,13 +169,36 @@ impl LinearLogits<'_> {
     /// # Errors
     /// As [`DumpLogits::row_logits`].
     pub fn row(&self, r: usize, vocab_size: usize) -> Result<LinearRow, DumpError> {
-        let h = self.hidden.row_f64(r);
-        if let Some((k, &value)) = h.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            return Err(DumpError::NonFiniteInput {
-                tensor: tensor::HIDDEN,
-                index: vec![r, k],
-                value,
-            });
+        self.rows(&[r], vocab_size).pop().expect("one row")
+    }
+
+    /// [`LinearLogits::row`] for a block of rows at once, the weight's
+    /// columns split over rayon's threads: each weight row is decoded
+    /// once for the block instead of once per row, with the same bits
+    /// ([`linear_logits_block`]). Memory: the block's `rows.len() x
+    /// V_total` logits (and enclosures when asked for).
+    pub fn rows(&self, rows: &[usize], vocab_size: usize) -> Vec<Result<LinearRow, DumpError>> {
+        use rayon::prelude::*;
+        let mut out: Vec<Result<LinearRow, DumpError>> = Vec::with_capacity(rows.len());
+        let mut hiddens: Vec<(usize, Vec<f64>)> = Vec::with_capacity(rows.len());
+        for (i, &r) in rows.iter().enumerate() {
+            let h = self.hidden.row_f64(r);
+            match h.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                Some((k, &value)) => out.push(Err(DumpError::NonFiniteInput {
+                    tensor: tensor::HIDDEN,
+                    index: vec![r, k],
+                    value,
+                })),
+                None => {
+                    // Filled below.
+                    out.push(Err(DumpError::LinearOverflow {
+                        row: r,
+                        col: 0,
+                        dtype: Dtype::F64,
+                    }));
+                    hiddens.push((i, h));
+                }
+            }
         }
         let exact = products_exact(self.hidden.dtype, self.weight.dtype);
         let hs = self.weight.cols;
@@ -174,23 +210,61 @@ impl LinearLogits<'_> {
         };
         let entries = self.candidate.is_some();
         let bias = self.bias.as_deref();
-        let row = linear_logits(&h, w.rows, vocab_size, decode, bias, (exact, entries)).map_err(
-            |col| DumpError::LinearOverflow {
-                row: r,
-                col,
-                dtype: Dtype::F64,
-            },
-        )?;
+        let views: Vec<&[f64]> = hiddens.iter().map(|(_, h)| h.as_slice()).collect();
+        let chunks: Vec<std::ops::Range<usize>> = (0..w.rows)
+            .step_by(COLUMN_CHUNK)
+            .map(|a| a..(a + COLUMN_CHUNK).min(w.rows))
+            .collect();
+        let parts: Vec<Vec<Result<LinearRow, usize>>> = chunks
+            .into_par_iter()
+            .map(|cols| {
+                linear_logits_block(&views, cols, vocab_size, decode, bias, (exact, entries))
+            })
+            .collect();
+        let mut joined: Vec<Result<LinearRow, usize>> = views
+            .iter()
+            .map(|h| {
+                Ok(LinearRow {
+                    logits: Vec::with_capacity(w.rows),
+                    stats: LinearRowStats {
+                        hidden_size: h.len(),
+                        ..LinearRowStats::default()
+                    },
+                    entries: entries.then(|| Vec::with_capacity(w.rows)),
+                })
+            })
+            .collect();
+        for part in parts {
+            for (slot, p) in joined.iter_mut().zip(part) {
+                // The first bad column in order stays.
+                match (slot.as_mut(), p) {
+                    (Ok(row), Ok(p)) => row.append(p),
+                    (Ok(_), Err(col)) => *slot = Err(col),
+                    (Err(_), _) => {}
+                }
+            }
+        }
         // A logit the kernel's accumulation dtype cannot hold.
         let acc = self.dtype.accumulation();
-        match row.logits.iter().position(|x| x.abs() > acc.max_finite()) {
-            Some(col) => Err(DumpError::LinearOverflow {
-                row: r,
-                col,
-                dtype: acc,
-            }),
-            None => Ok(row),
+        for ((i, _), row) in hiddens.iter().zip(joined) {
+            let r = rows[*i];
+            out[*i] = match row {
+                Err(col) => Err(DumpError::LinearOverflow {
+                    row: r,
+                    col,
+                    dtype: Dtype::F64,
+                }),
+                Ok(row) => match row.logits.iter().position(|x| x.abs() > acc.max_finite()) {
+                    Some(col) => Err(DumpError::LinearOverflow {
+                        row: r,
+                        col,
+                        dtype: acc,
+                    }),
+                    None => Ok(row),
+                },
+            };
         }
+        out
     }
 }
 

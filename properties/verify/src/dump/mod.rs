@@ -24,7 +24,8 @@
 //! groups), `options` (its metadata), `row` (one row's
 //! inputs), `source` (the tensors by name, from a file or from memory),
 //! `tp_set` (one tensor-parallel rank's dump per file, read as one),
-//! `weights_file` (the LM head in a file of its own), `writer`.
+//! `weights_file` (the LM head in a file of its own), `weights_generator`
+//! (the LM head generated from a seed), `writer`.
 
 mod error;
 mod file;
@@ -37,6 +38,7 @@ mod source;
 mod tensors;
 pub mod tp_set;
 pub mod weights_file;
+pub mod weights_generator;
 mod writer;
 
 pub use error::*;

@@ -323,7 +323,24 @@ impl<'a> Dump<'a> {
     /// [`DumpError::BadMaskValue`]; [`DumpLogits::row_logits`]'s; with a top-k soft teacher, the spec's
     /// [`SpecError::TopkIdOutOfRange`] and [`SpecError::TopkIdDuplicate`].
     pub fn row(&self, row: usize) -> Result<RowInputs, DumpError> {
-        let (logits, linear) = self.logits.row_logits(row, self.vocab_size())?;
+        self.row_with(row, None)
+    }
+
+    /// [`Dump::row`] with the row's linear logits computed beforehand
+    /// (`Some`: [`LinearLogits::rows`] over a block of rows, the weight
+    /// decoded once for the block).
+    ///
+    /// # Errors
+    /// As [`Dump::row`]; a precomputed row's own error.
+    pub fn row_with(
+        &self,
+        row: usize,
+        linear: Option<Result<logprobe_reference::oracle::linear::LinearRow, DumpError>>,
+    ) -> Result<RowInputs, DumpError> {
+        let (logits, linear) = match linear {
+            Some(l) => DumpLogits::linear_row_logits(l?)?,
+            None => self.logits.row_logits(row, self.vocab_size())?,
+        };
         let (linear, linear_entries) = match linear {
             Some(l) => (Some(l.stats), l.entries),
             None => (None, None),

@@ -201,8 +201,9 @@ pub enum TpSetError {
         /// The first element (row-major) that differs.
         index: usize,
     },
-    /// A rank's dump naming a weights file (`lm_head_weight_file`).
-    #[error("{}: a rank's dump holds its shard of the LM head itself: `lm_head_weight_file` is not read in a tensor-parallel set", path.display())]
+    /// A rank's dump naming a weights file (`lm_head_weight_file`) or a
+    /// generator (`lm_head_weight_generator`).
+    #[error("{}: a rank's dump holds its shard of the LM head itself: `lm_head_weight_file` and `lm_head_weight_generator` are not read in a tensor-parallel set", path.display())]
     WeightsFile {
         /// The file.
         path: PathBuf,
@@ -439,7 +440,11 @@ impl<'a> TpSet<'a> {
         let mut ranks: Vec<RankDump<'a>> = Vec::with_capacity(files.len());
         for (path, file) in files {
             let header = Header::read(file.bytes()).map_err(|e| in_rank(path, e))?;
-            if header.meta.contains_key(keys::LM_HEAD_WEIGHT_FILE.name) {
+            if header.meta.contains_key(keys::LM_HEAD_WEIGHT_FILE.name)
+                || header
+                    .meta
+                    .contains_key(keys::LM_HEAD_WEIGHT_GENERATOR.name)
+            {
                 return Err(TpSetError::WeightsFile { path: path.clone() }.into());
             }
             let tp = TpRank::of(&header.meta)

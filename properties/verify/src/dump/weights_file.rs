@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use safetensors::SafeTensors;
-use sha2::{Digest, Sha256};
 
 use super::{DumpError, DumpFile, Header};
 use crate::keys;
@@ -24,12 +23,13 @@ use crate::names::tensor;
 /// What is wrong with a dump's weights file. Each names the file or key.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsFileError {
-    /// `lm_head_weight_file` without `lm_head_weight_sha256`.
-    #[error("metadata `lm_head_weight_file` needs `lm_head_weight_sha256`, the SHA-256 of the file's bytes (`sha256sum FILE`, or what `logprobe.save_weights` returns)")]
+    /// `lm_head_weight_file` (or `lm_head_weight_generator`) without
+    /// `lm_head_weight_sha256`.
+    #[error("metadata `lm_head_weight_file` or `lm_head_weight_generator` needs `lm_head_weight_sha256`, the SHA-256 of the weights' bytes (`sha256sum FILE`, or what `logprobe.save_weights` or `logprobe.generate_weights` returns)")]
     NoHash,
     /// `lm_head_weight_sha256` without `lm_head_weight_file`: nothing would
     /// be checked against it.
-    #[error("metadata `lm_head_weight_sha256` is given without `lm_head_weight_file`: it names no file to check")]
+    #[error("metadata `lm_head_weight_sha256` is given without `lm_head_weight_file` or `lm_head_weight_generator`: it names no weights to check")]
     HashWithoutFile,
     /// A hash that is not 64 hex digits.
     #[error("metadata `lm_head_weight_sha256` = {value:?}: expected 64 hexadecimal digits")]
@@ -90,13 +90,7 @@ pub fn open(
     let Some(name) = keys::LM_HEAD_WEIGHT_FILE.get(meta)? else {
         return Ok(None);
     };
-    let expected = keys::LM_HEAD_WEIGHT_SHA256
-        .get(meta)?
-        .ok_or(WeightsFileError::NoHash)?
-        .to_ascii_lowercase();
-    if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(WeightsFileError::BadHash { value: expected }.into());
-    }
+    let expected = expected_hash(meta)?;
     let path = dump_path
         .parent()
         .unwrap_or_else(|| Path::new(""))
@@ -106,10 +100,7 @@ pub fn open(
         source: Box::new(e),
     };
     let file = DumpFile::open(&path).map_err(in_file)?;
-    let found: String = Sha256::digest(file.bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let found = super::weights_generator::sha256_hex(file.bytes());
     if found != expected {
         return Err(WeightsFileError::HashMismatch {
             path,
@@ -119,6 +110,21 @@ pub fn open(
         .into());
     }
     Ok(Some((path, file)))
+}
+
+/// `lm_head_weight_sha256`, lowercase.
+///
+/// # Errors
+/// [`WeightsFileError::NoHash`], [`WeightsFileError::BadHash`].
+pub(crate) fn expected_hash(meta: &HashMap<String, String>) -> Result<String, DumpError> {
+    let expected = keys::LM_HEAD_WEIGHT_SHA256
+        .get(meta)?
+        .ok_or(WeightsFileError::NoHash)?
+        .to_ascii_lowercase();
+    if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(WeightsFileError::BadHash { value: expected }.into());
+    }
+    Ok(expected)
 }
 
 /// The dump's tensors with the weights file's joined (borrowed from both),
@@ -185,6 +191,11 @@ pub(crate) fn resolve<'a>(
 pub fn refuse_unresolved(meta: &HashMap<String, String>) -> Result<(), DumpError> {
     if meta.contains_key(keys::LM_HEAD_WEIGHT_FILE.name) {
         return Err(WeightsFileError::NotResolved.into());
+    }
+    // Generated weights are joined before a dump is parsed: keys left
+    // here are a generator nothing resolved, or stray ones.
+    if super::weights_generator::WeightsGenerator::of_meta(meta)?.is_some() {
+        return Err(super::weights_generator::GeneratorError::NotResolved.into());
     }
     if meta.contains_key(keys::LM_HEAD_WEIGHT_SHA256.name) {
         return Err(WeightsFileError::HashWithoutFile.into());

@@ -24,7 +24,9 @@ use super::grad_screen::{RowScreen, StatParts};
 use super::linear_grads::{judge_linear_grads, LinearGradInputs, LinearGradRow};
 use super::linear_logits::{logits_report, merge_logits};
 use super::reduced::{judge_reduced_loss, reduced_loss, LossRow};
-use super::row_setup::{entry_keys, forward_dtypes, linear_grad_row, row_context, row_inputs};
+use super::row_setup::{
+    entry_keys, forward_dtypes, linear_grad_row, row_context, row_inputs, verify_rows,
+};
 use super::tiers::{observe_tiers, GradStat, Tiers};
 use super::*;
 
@@ -110,14 +112,7 @@ pub fn verify_dump(
     };
     let mut progress = crate::progress::Progress::start(mode, rows.len(), path);
     let keep = config.worst;
-    let results: Vec<Result<RowResult, DumpError>> = rows
-        .par_iter()
-        .map(|&r| {
-            let out = verify_row(dump, r, acc_dtype, config, keep);
-            progress.inc();
-            out
-        })
-        .collect();
+    let results = verify_rows(dump, &rows, acc_dtype, config, &progress);
     progress.finish();
 
     let mut totals: RowAcc = PerOutput::new();
@@ -323,14 +318,15 @@ pub(super) fn judge4(
 /// candidate output (forward once per candidate dtype, the VJP in the
 /// gradient's dtype), then the row-judging walk ([`tolerance::walk_row`]),
 /// each element under `[chosen, tree, lanes=8, sequential]`.
-fn verify_row(
+pub(super) fn verify_row(
     dump: &Dump<'_>,
     r: usize,
     acc_dtype: Dtype,
     config: &VerifyConfig,
     keep: usize,
+    pre: Option<Result<logprobe_reference::oracle::linear::LinearRow, DumpError>>,
 ) -> Result<RowResult, DumpError> {
-    let (inputs, lin_logits) = row_inputs(dump, r, acc_dtype, (keep, config.statistical_c))?;
+    let (inputs, lin_logits) = row_inputs(dump, r, acc_dtype, (keep, config.statistical_c), pre)?;
     let p = inputs.problem();
     let cot = inputs.cotangents();
     let spec = |e: SpecError| DumpError::Spec(at_row(e, r));
@@ -338,9 +334,8 @@ fn verify_row(
     let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = row_context(dump, &inputs, acc_dtype).map_err(spec)?;
     let models = Models::new(config, acc_dtype);
-    // Careful code (the relative rule's reference, computed when first
-    // asked) also floors the statistical threshold's vocabulary sums at
-    // its own normaliser error on this row (S2a).
+    // Careful code (the relative rule's reference, computed when asked) also
+    // floors the statistical vocabulary sums at its normaliser error (S2a).
     let mut careful = careful_row(dump, &p, acc_dtype, config);
     let statistical = config.statistical_c.map(|c| {
         let s = tolerance::Statistical::new(models.all[0]).with_c(c);
@@ -628,7 +623,7 @@ fn row_loss_term(
 
 /// One row's judgements, oracle counts, its part of a reduced loss, and
 /// its gradient for the LM head's gradients.
-type RowResult = (
+pub(super) type RowResult = (
     RowAcc,
     Fallback,
     Option<LossRow>,

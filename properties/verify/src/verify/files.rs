@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::dump::tp_set::{Planned, TpSet, TpSetError};
-use crate::dump::{weights_file, Dump, DumpError, DumpFile, Header};
+use crate::dump::{weights_file, weights_generator, Dump, DumpError, DumpFile, Header};
 
 use super::{verify_dump, FileOutcome, FileReport, TpSetReport, VerifyConfig};
 
@@ -23,12 +23,33 @@ pub fn verify_file(path: &Path, config: &VerifyConfig) -> Result<FileReport, Dum
     let header = Header::read(file.bytes())?;
     // The LM head in a file of its own: read in place beside the dump.
     let Some((weights_path, weights)) = weights_file::open(&header.meta, path)? else {
-        return verify_dump(&Dump::from_header(header, true)?, path, config);
+        return verify_header(header, path, config);
     };
     let (tensors, meta) = weights_file::resolve(&header, &weights_path, &weights)?;
     let views: Vec<_> = tensors
         .iter()
         .map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data()))
+        .collect();
+    verify_dump(&Dump::from_memory(&views, meta)?, path, config)
+}
+
+/// Verifies a dump's header, with the LM head it generates, if any
+/// ([`crate::dump::weights_generator`]).
+///
+/// # Errors
+/// As [`verify_file`].
+pub(crate) fn verify_header(
+    header: Header<'_>,
+    path: &Path,
+    config: &VerifyConfig,
+) -> Result<FileReport, DumpError> {
+    let Some((generator, bytes)) = weights_generator::open(&header)? else {
+        return verify_dump(&Dump::from_header(header, true)?, path, config);
+    };
+    let (tensors, meta) = weights_generator::join(&header, &generator, &bytes);
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), *b))
         .collect();
     verify_dump(&Dump::from_memory(&views, meta)?, path, config)
 }

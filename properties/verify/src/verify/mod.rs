@@ -28,7 +28,7 @@ mod acc;
 mod config;
 mod engine;
 mod expect;
-mod files;
+pub(crate) mod files;
 mod grad_screen;
 mod linear_grads;
 mod linear_logits;
