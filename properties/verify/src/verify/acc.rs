@@ -130,7 +130,27 @@ impl OutputAcc {
         dtype: Dtype,
         bounds: &[tolerance::ErrorBound; 4],
     ) -> bool {
-        let Interval { lo, hi } = exact.enclosure;
+        let mut b = [0.0; 4];
+        for (b, bound) in b.iter_mut().zip(bounds) {
+            match bound {
+                tolerance::ErrorBound::Abs(x) => *b = *x,
+                _ => return false,
+            }
+        }
+        self.absorbs_raw(exact.enclosure, candidate, dtype, &b)
+    }
+
+    /// [`OutputAcc::absorbs`] on raw numbers: the enclosure and the four
+    /// bounds' `Abs` values (one not positive absorbs nothing).
+    #[inline]
+    pub(super) fn absorbs_raw(
+        &self,
+        enclosure: Interval,
+        candidate: f64,
+        dtype: Dtype,
+        bounds: &[f64; 4],
+    ) -> bool {
+        let Interval { lo, hi } = enclosure;
         let Some(floor) = self.worst_floor else {
             return false;
         };
@@ -148,11 +168,11 @@ impl OutputAcc {
             return false;
         }
         let mut ratios = [0.0; 4];
-        for (r, b) in ratios.iter_mut().zip(bounds) {
-            match b {
-                tolerance::ErrorBound::Abs(b) if *b > 0.0 => *r = err / b * up,
-                _ => return false,
+        for (r, &b) in ratios.iter_mut().zip(bounds) {
+            if !(b > 0.0) {
+                return false;
             }
+            *r = err / b * up;
         }
         let refs_within = ratios[1..]
             .iter()

@@ -106,25 +106,10 @@ impl Sums {
     /// `acc` and rounding to `out` (`c`: [`SumConsts::new`]`(n, k,
     /// acc)`, `n` the terms summed).
     fn judge_inputs(&self, c: &SumConsts, acc: Dtype, out: Dtype) -> (Exact, [ErrorBound; 4]) {
-        let SumConsts { up, g1, g, eta } = *c;
-        let rad = (g1 * self.a * up + self.r * up) * up;
-        let enc = Interval {
-            lo: self.s - rad,
-            hi: self.s + rad,
-        };
+        let (enc, b) = self.raw(c, acc, out);
         let (rlo, rhi) = (out.round_f64(enc.lo), out.round_f64(enc.hi));
         let exact = Exact::new(enc, out.round_f64(self.s), rlo == rhi);
-        let mag = self.s.abs() + rad;
-        let bounds = self.e.map(|e| {
-            let e = e * up;
-            let pre = (e + g * (self.a * up + self.r * up + e) + eta) * up;
-            // The rounding to a dtype narrower than the accumulation's.
-            let fin = if out.precision() < acc.precision() {
-                0.5 * out.ulp(mag + pre)
-            } else {
-                0.0
-            };
-            let b = (pre + fin) * up;
+        let bounds = b.map(|b| {
             if b.is_finite() {
                 ErrorBound::Abs(b)
             } else {
@@ -136,6 +121,34 @@ impl Sums {
             }
         });
         (exact, bounds)
+    }
+
+    /// [`Sums::judge_inputs`]' numbers: the exact value's enclosure and
+    /// each model's bound (maybe not finite), with no rounding to `out`
+    /// and no enum: what [`OutputAcc::absorbs_raw`] takes.
+    #[inline(always)]
+    fn raw(&self, c: &SumConsts, acc: Dtype, out: Dtype) -> (Interval, [f64; 4]) {
+        let SumConsts { up, g1, g, eta } = *c;
+        let rad = (g1 * self.a * up + self.r * up) * up;
+        let enc = Interval {
+            lo: self.s - rad,
+            hi: self.s + rad,
+        };
+        let mag = self.s.abs() + rad;
+        let narrow = out.precision() < acc.precision();
+        let mut b = [0.0; 4];
+        for (b, &e) in b.iter_mut().zip(&self.e) {
+            let e = e * up;
+            let pre = (e + g * (self.a * up + self.r * up + e) + eta) * up;
+            // The rounding to a dtype narrower than the accumulation's.
+            let fin = if narrow {
+                0.5 * out.ulp(mag + pre)
+            } else {
+                0.0
+            };
+            *b = (pre + fin) * up;
+        }
+        (enc, b)
     }
 }
 
@@ -338,11 +351,15 @@ fn judge_row(
 ) {
     let consts = SumConsts::new(sums.n, terms, acc_dtype);
     for (k, &c) in cand.iter().enumerate().take(sums.s.len()) {
-        let (exact, bounds) = sums.get(k).judge_inputs(&consts, acc_dtype, out);
-        if acc.absorbs(&exact, c, out, &bounds) {
+        let sum = sums.get(k);
+        // Most elements change nothing but the count: told from the raw
+        // numbers, before the enclosure's roundings and the bounds' enums.
+        let (enc, b) = sum.raw(&consts, acc_dtype, out);
+        if b.iter().all(|x| x.is_finite()) && acc.absorbs_raw(enc, c, out, &b) {
             acc.count += 1;
             continue;
         }
+        let (exact, bounds) = sum.judge_inputs(&consts, acc_dtype, out);
         if let (ErrorBound::None { reason }, None) = (&bounds[0], &acc.no_bound_reason) {
             acc.no_bound_reason = Some(reason.to_string());
         }
