@@ -275,7 +275,7 @@ impl WeightsGenerator {
     ///
     /// # Errors
     /// [`GeneratorError`] for a missing, stray or malformed key; a key's
-    /// type error as [`DumpError::BadMeta`]-style errors of [`keys`].
+    /// type error as the key table reports it ([`crate::keys`]).
     pub fn of_meta(meta: &HashMap<String, String>) -> Result<Option<Self>, DumpError> {
         let Some(distribution) = keys::LM_HEAD_WEIGHT_GENERATOR.get(meta)? else {
             for key in [
