@@ -307,7 +307,7 @@ fn forward_tensors(k: &dyn Kernel, p: &Problem<'_>, out: Dtype, t: &mut Tensors)
             Columns::One => vec![a.nrows()],
             Columns::TopK | Columns::Vocabulary => vec![a.nrows(), a.ncols()],
         };
-        // Counts (`token_ranks`) are stored exactly, whatever `out`.
+        // Counts (`Output::is_count`) are stored exactly, whatever `out`.
         let dtype = if o.is_count() { Dtype::F64 } else { out };
         t.push((o.name(), DumpTensor::floats(dtype, &shape, &values)));
     }

@@ -9,6 +9,19 @@
 
 use super::row::Row;
 use super::Exact;
+use crate::spec::RowStat;
+
+/// The family's statistic `stat` of `row` beyond what the row's pass
+/// computes (the seam of [`Oracle::forward`](super::Oracle::forward) for
+/// both tiers: an exact value, the same on the f64 tier and MPFR): the
+/// token's rank ([`token_rank`]); `None` for the log-prob and the entropy,
+/// which come from the pass.
+pub(crate) fn row_stat(stat: RowStat, row: &Row<'_>) -> Option<Exact> {
+    match stat {
+        RowStat::Rank => Some(token_rank(row)),
+        RowStat::LogProb | RowStat::Entropy => None,
+    }
+}
 
 /// Where entry `j`'s exact log-prob sits, in the order of its log-prob:
 /// `-inf` (masked, or an uncapped `-inf` logit) below every finite one,

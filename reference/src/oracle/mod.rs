@@ -418,7 +418,7 @@ impl Oracle {
                     .iter()
                     .map(|b| rounder.exact(b, target))
                     .collect(),
-                Family::LogSoftmax(RowStat::Rank) => vec![log_softmax::token_rank(row)],
+                Family::LogSoftmax(stat) => log_softmax::row_stat(stat, row).into_iter().collect(),
                 Family::TopK => vals.topk.iter().map(|b| rounder.exact(b, target)).collect(),
                 Family::Gradient => Vec::new(),
                 Family::Loss(LossTerm::Lse) => vec![lse],
@@ -593,7 +593,7 @@ fn fast_values(
             vec![log_prob.take().flatten().unwrap_or(Some(Exact::point(0.0)))]
         }
         Family::LogSoftmax(RowStat::Entropy) => entropy.take().flatten().into_iter().collect(),
-        Family::LogSoftmax(RowStat::Rank) => vec![Some(log_softmax::token_rank(fast.prepared()))],
+        Family::LogSoftmax(stat) => vec![log_softmax::row_stat(stat, fast.prepared())],
         Family::TopK => topk.take().unwrap_or_default(),
         Family::Gradient => Vec::new(),
         Family::Loss(LossTerm::Lse) => vec![lse],

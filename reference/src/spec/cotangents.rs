@@ -332,7 +332,9 @@ impl Problem<'_> {
                 None => missing("topk_ids"),
             },
             Family::Gradient => no("grad_logits has no cotangent"),
-            Family::LogSoftmax(RowStat::Rank) => no("token_ranks has no cotangent"),
+            // The family's other statistics (counts): the output table
+            // gives them no cotangent.
+            Family::LogSoftmax(_) => no("the output table gives this output no cotangent"),
             Family::Loss(LossTerm::SoftCrossEntropy) => match self.teacher_probs {
                 Some(_) => Ok(name),
                 None => missing("teacher_probs"),

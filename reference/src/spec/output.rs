@@ -37,6 +37,7 @@ use ndarray::ArrayView2;
 
 use super::cotangents::Cotangents;
 use super::loss::Reduction;
+use super::options::Options;
 use super::policy::PolicyTerm;
 use super::problem::{Problem, Shape};
 use super::topk_kl::KlDirection;
@@ -393,6 +394,33 @@ impl Output {
             Output::ReverseKl => problem.options.topk_kl.is_some_and(|k| k.reverse),
             Output::TokenRanks => problem.options.token_ranks && problem.tokens.is_some(),
             Output::SoftCrossEntropy => problem.teacher_probs.is_some(),
+        }
+    }
+
+    /// Sets the option flag by which a forward call computes this output,
+    /// for the outputs such a flag alone requests (`lse`, `token_ranks`;
+    /// [`Output::requested`]). The others are requested by their inputs
+    /// or by options that carry values (the entropy's form, `z_loss`'s
+    /// coefficient, the loss's reduction), which the caller sets; for them
+    /// this does nothing.
+    pub fn request(self, options: &mut Options) {
+        match self {
+            Output::Lse => options.lse = true,
+            Output::TokenRanks => options.token_ranks = true,
+            Output::LogProbs
+            | Output::Entropy
+            | Output::TopkLogProbs
+            | Output::GradLogits
+            | Output::ZLoss
+            | Output::Loss
+            | Output::KlK1
+            | Output::KlK2
+            | Output::KlK3
+            | Output::KlAbs
+            | Output::Ratio
+            | Output::ForwardKl
+            | Output::ReverseKl
+            | Output::SoftCrossEntropy => {}
         }
     }
 

@@ -428,7 +428,8 @@ fn check_finite(name: &'static str, m: &FloatMatrix<'_>) -> Result<(), DumpError
 }
 
 /// Rejects what a fused linear dump cannot be judged on: outputs and
-/// options that need the kernel's logits to the bit (`token_ranks`, a
+/// options that need the kernel's logits to the bit (a count output,
+/// [`Output::is_count`](logprobe_reference::spec::Output::is_count); a
 /// kernel's own top-k ids) or that materialise them (`temperature_dtype`
 /// or `softcap_dtype` `input`).
 ///
@@ -440,8 +441,11 @@ pub(super) fn check_linear_options(
     topk_kernel: bool,
 ) -> Result<(), DumpError> {
     use logprobe_reference::spec::{Output, SoftcapDtype, TemperatureDtype};
-    let what = if candidates.contains(Output::TokenRanks) {
-        Some("token_ranks")
+    let count = Output::ALL
+        .into_iter()
+        .find(|&o| o.is_count() && candidates.contains(o));
+    let what = if let Some(o) = count {
+        Some(o.name())
     } else if topk_kernel {
         Some("topk_ids_source=kernel")
     } else if options.temperature_dtype == TemperatureDtype::Input {

@@ -211,8 +211,8 @@ impl<'a> Tensors<'a, '_> {
     ) -> Result<(PerOutput<FloatMatrix<'a>>, LossOptions), DumpError> {
         let mut candidates = PerOutput::new();
         for o in Output::ALL.into_iter().filter(|&o| o != Output::Loss) {
-            let m = if o == Output::TokenRanks {
-                self.ranks()?
+            let m = if o.is_count() {
+                self.counts(o)?
             } else {
                 self.float(o.name(), o.columns(), false)?.map(|(m, _)| m)
             };
@@ -249,13 +249,15 @@ impl<'a> Tensors<'a, '_> {
         Ok((candidates, loss_options))
     }
 
-    /// `token_ranks [N]`: int64 / int32 (vLLM's), decoded exactly and
-    /// judged as f32 (f64 for `V > 2^24`), or any float dtype.
+    /// A count output `o` ([`Output::is_count`]; `[N]`, one column):
+    /// int64 / int32 (as vLLM stores ranks), decoded exactly and judged as
+    /// f32 (f64 for `V > 2^24`, where a count in `0..=V` may not be an f32),
+    /// or any float dtype.
     ///
     /// # Errors
     /// [`DumpError`] for a bad dtype or shape.
-    fn ranks(&self) -> Result<Option<FloatMatrix<'a>>, DumpError> {
-        let name = Output::TokenRanks.name();
+    fn counts(&self, o: Output) -> Result<Option<FloatMatrix<'a>>, DumpError> {
+        let name = o.name();
         match self.get(name) {
             Some(t) if matches!(t.dtype(), StDtype::I64 | StDtype::I32) => {
                 self.rs.expect(name, t.shape(), &[])?;
@@ -271,9 +273,7 @@ impl<'a> Tensors<'a, '_> {
                     ints: Some(t.dtype()),
                 }))
             }
-            _ => Ok(self
-                .float(name, Output::TokenRanks.columns(), false)?
-                .map(|(m, _)| m)),
+            _ => Ok(self.float(name, o.columns(), false)?.map(|(m, _)| m)),
         }
     }
 

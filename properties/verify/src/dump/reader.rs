@@ -192,8 +192,11 @@ impl<'a> Dump<'a> {
             options.accumulation = Some(compute.accumulation());
         }
         // An output is computed for its candidate or its cotangent.
-        options.lse = candidates.contains(Output::Lse) || cotangents.contains(Output::Lse);
-        options.token_ranks = candidates.contains(Output::TokenRanks);
+        for o in Output::ALL {
+            if candidates.contains(o) || cotangents.contains(o) {
+                o.request(&mut options);
+            }
+        }
         if candidates.contains(Output::ZLoss) || cotangents.contains(Output::ZLoss) {
             options.z_loss_coef = Some(parse_z_loss_coef(&meta, compute)?);
         }

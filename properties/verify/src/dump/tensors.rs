@@ -19,7 +19,8 @@ pub struct FloatMatrix<'a> {
     /// Columns.
     pub cols: usize,
     pub(crate) data: &'a [u8],
-    /// `Some(I64 | I32)`: the tensor holds integers (`token_ranks`), decoded
+    /// `Some(I64 | I32)`: the tensor holds integers (a count output,
+    /// [`Output::is_count`](logprobe_reference::spec::Output::is_count)), decoded
     /// exactly; `dtype` is then the float they are judged in (f32, or f64
     /// past `2^24`).
     pub(crate) ints: Option<StDtype>,
@@ -44,7 +45,7 @@ impl<'a> FloatMatrix<'a> {
     fn decode(&self, bytes: &[u8]) -> Vec<f64> {
         match self.ints {
             // I64 / I32 only (checked where the matrix is built).
-            Some(d) => decode_ids("token_ranks", d, bytes)
+            Some(d) => decode_ids("count", d, bytes)
                 .unwrap_or_default()
                 .into_iter()
                 .map(|x| x as f64)

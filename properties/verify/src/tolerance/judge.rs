@@ -73,8 +73,8 @@ pub fn judge(exact: &Exact, candidate: f64, dtype: Dtype, bound: &ErrorBound) ->
             || (dtype.round_f64(exact.enclosure.lo) == candidate
                 && dtype.round_f64(exact.enclosure.hi) == candidate));
     // One-sided bounds (counts): a candidate below the exact value, or not
-    // an integer, is wrong whatever the width (`token_ranks` never
-    // undercounts).
+    // an integer, is wrong whatever the width (a count's bound never
+    // allows an undercount).
     let below = matches!(bound, ErrorBound::Upward(_))
         && !(candidate >= exact.enclosure.lo && candidate.fract() == 0.0);
     let (error_abs, error_ulps) = if below {

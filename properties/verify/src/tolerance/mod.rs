@@ -113,7 +113,8 @@ pub enum ErrorBound {
     Abs(f64),
     /// One-sided, for counts: the candidate, an integer, may exceed the
     /// exact value by at most this much and never fall below it
-    /// (`token_ranks`, TOLERANCE.md (T26)). [`judge`] measures a candidate
+    /// ([`Output::is_count`](logprobe_reference::spec::Output::is_count)'s
+    /// outputs). [`judge`] measures a candidate
     /// below the exact value, or not an integer, as an infinite error,
     /// wrong under every model.
     Upward(f64),

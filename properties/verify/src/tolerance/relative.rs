@@ -381,7 +381,8 @@ impl CarefulRow {
                 let h = dtype.round_f64(h);
                 return Some([h, h]);
             }
-            Family::Gradient | Family::LogSoftmax(RowStat::Rank) => return None,
+            // Gradients, and the family's counts (exact by (T26)).
+            Family::Gradient | Family::LogSoftmax(_) => return None,
         };
         let x = *self.masked.get(id)?;
         let nv = self.naive();
@@ -492,7 +493,7 @@ impl CarefulRow {
                     .sum();
                 f
             }
-            Family::Gradient | Family::LogSoftmax(RowStat::Rank) => 0.0,
+            Family::Gradient | Family::LogSoftmax(_) => 0.0,
         }
     }
 

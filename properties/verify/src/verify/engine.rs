@@ -10,7 +10,9 @@ use rayon::prelude::*;
 use ndarray::ArrayView1;
 
 use logprobe_reference::oracle::{Exact, Fallback, Interval};
-use logprobe_reference::spec::{Columns, Dtype, LossOptions, Output, PerOutput, SpecError};
+use logprobe_reference::spec::{
+    Columns, Dtype, Family, LossOptions, Output, PerOutput, RowStat, SpecError,
+};
 
 use crate::dump::{at_row, Dump, DumpError};
 use crate::row_oracle::RowOracle;
@@ -255,26 +257,18 @@ fn nothing_checked_reason(output: Output, dump: &Dump<'_>, rows: &[usize]) -> St
     if rows.is_empty() {
         return no_rows_reason(dump);
     }
-    match output {
-        Output::LogProbs | Output::TokenRanks => format!(
+    match output.family() {
+        Family::LogSoftmax(RowStat::Entropy) => "no element".to_string(),
+        // The token's statistics (its log-prob, its rank).
+        Family::LogSoftmax(_) => format!(
             "every checked row's token is ignore_index ({})",
             dump.options.ignore_index
         ),
-        Output::TopkLogProbs => "K = 0: topk_ids has no column".to_string(),
-        Output::ForwardKl | Output::ReverseKl => {
+        Family::TopK => "K = 0: topk_ids has no column".to_string(),
+        Family::TopkKl(_) => {
             "K = 0: topk_ids has no column, the top-k KL is over no teacher entry".to_string()
         }
-        Output::Entropy
-        | Output::SoftCrossEntropy
-        | Output::GradLogits
-        | Output::Lse
-        | Output::ZLoss
-        | Output::Loss
-        | Output::KlK1
-        | Output::KlK2
-        | Output::KlK3
-        | Output::KlAbs
-        | Output::Ratio => "no element".to_string(),
+        Family::Loss(_) | Family::Gradient | Family::Policy(_) => "no element".to_string(),
     }
 }
 

@@ -5,6 +5,19 @@
 use super::*;
 
 impl RowBounds<'_> {
+    /// The bound of the family's statistic `stat` for a candidate in
+    /// `out` (the family's arm of [`RowBounds::bound`]): the log-prob
+    /// ([`RowBounds::log_prob`]), the entropy ([`RowBounds::entropy`]),
+    /// the token's rank ([`RowBounds::token_rank`], a count: `out` plays
+    /// no part).
+    pub(super) fn row_stat(&self, stat: RowStat, targets: &RowTargets, out: Dtype) -> ErrorBound {
+        match stat {
+            RowStat::LogProb => self.log_prob(out),
+            RowStat::Entropy => self.entropy(out),
+            RowStat::Rank => self.token_rank(targets.token),
+        }
+    }
+
     /// Bound (nats) on `|log_prob^ - log_prob|` for a candidate in `out`
     /// (T7-T8): `A = a |d_t| + b + delta_ell` (raw kernels:
     /// `t_T (Z + |d_t|) + err(lse)`), then the final roundings.

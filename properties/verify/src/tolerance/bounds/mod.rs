@@ -483,9 +483,7 @@ impl RowBounds<'_> {
         out: Dtype,
     ) -> ErrorBound {
         match output.family() {
-            Family::LogSoftmax(RowStat::LogProb) => self.log_prob(out),
-            Family::LogSoftmax(RowStat::Entropy) => self.entropy(out),
-            Family::LogSoftmax(RowStat::Rank) => self.token_rank(targets.token),
+            Family::LogSoftmax(stat) => self.row_stat(stat, targets, out),
             Family::TopK => match targets.topk_ids.get(col) {
                 Some(&id) => self.topk(id, out),
                 None => ErrorBound::None {
