@@ -288,7 +288,16 @@ impl MemoPass<'_> {
             return f();
         }
         let bits = x.to_bits();
-        let key = (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize;
+        // A bf16 value (an f32 with 16 zero low bits, as every 16-bit
+        // logit's shift-free value is) keys by its own 16 bits: nearby
+        // logits take nearby slots, so a row's few thousand values occupy
+        // a compact range of the table; any other value, by a hash.
+        let b32 = (x as f32).to_bits();
+        let key = if b32 & 0xffff == 0 && f64::from(f32::from_bits(b32)).to_bits() == bits {
+            (b32 >> 16) as usize
+        } else {
+            (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize
+        };
         let pass = self.memo.pass;
         let slot = &mut self.memo.slots[key];
         self.seen += 1;

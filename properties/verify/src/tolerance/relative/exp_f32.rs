@@ -1,12 +1,16 @@
 //! `e^x` rounded to f32 for a block of arguments, the naive f32 passes'
 //! per-entry term: bit for bit `Dtype::F32.round_f64(x.exp())` (libm's f64
-//! `exp`, then round to nearest even), four lanes at a time.
+//! `exp`, then round to nearest even), eight lanes at a time with AVX-512F
+//! (fused multiply-adds), four with AVX2 (none), chosen at run time.
 //!
 //! A lane computes `y ~ e^x` as `2^k e^r`, `k = round(x / ln 2)`, `r = x - k
 //! ln 2` (Cody-Waite: `ln 2`'s high part has 32 significant bits, so `k
 //! ln2_hi` is exact), `e^r` by its Taylor polynomial to degree 13 (`|r| <=
 //! 0.35`: truncation below `1e-17` relative), then scales by `2^k` exactly.
-//! Its relative error is a few f64 ulps, far below `2^-32`. Rounding to
+//! Its relative error is a few f64 ulps, far below `2^-32`, with or
+//! without fused multiply-adds (each fused step rounds once where the
+//! unfused one rounds twice; the bits of `y` may differ between the two
+//! paths, its rounding to f32 does not, by the argument that follows). Rounding to
 //! f32 changes only at the midpoints between f32 values: where `y` is
 //! farther than `2^-32` relative from every midpoint, the exact `e^x`
 //! (within a few ulps of `y`) and libm's value (within 1 ulp of it) lie on
@@ -23,8 +27,13 @@ pub(super) const BLOCK: usize = 256;
 pub(super) fn exp_f32_in_place(xs: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     if logprobe_reference::simd::available() {
-        // SAFETY: AVX2 is present (checked).
-        unsafe { x86::exp_f32_in_place(xs) };
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F is present (checked).
+            unsafe { x86::exp_f32_in_place_avx512(xs) };
+        } else {
+            // SAFETY: AVX2 is present (checked).
+            unsafe { x86::exp_f32_in_place(xs) };
+        }
         return;
     }
     for x in xs {
@@ -141,6 +150,79 @@ mod x86 {
         }
     }
 
+    /// `e^x` per lane for `x` in `[-87, 80]`, within a few ulps: [`exp4`]'s
+    /// steps on eight lanes, with fused multiply-adds.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp8(x: __m512d) -> __m512d {
+        let set1 = _mm512_set1_pd;
+        // Round to nearest even, exceptions suppressed.
+        let k = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_pd(x, set1(std::f64::consts::LOG2_E)),
+        );
+        // `k ln2_hi` is exact, so the first step is `x - k ln2_hi` rounded once.
+        let r = _mm512_fnmadd_pd(k, set1(LN2_LO), _mm512_fnmadd_pd(k, set1(LN2_HI), x));
+        let mut p = set1(INV_FACT[INV_FACT.len() - 1]);
+        for &c in INV_FACT.iter().rev().skip(1) {
+            p = _mm512_fmadd_pd(p, r, set1(c));
+        }
+        // 1 + r + r^2 p.
+        let p = _mm512_add_pd(_mm512_fmadd_pd(_mm512_mul_pd(p, r), r, r), set1(1.0));
+        let ki = _mm512_sub_epi64(
+            _mm512_castpd_si512(_mm512_add_pd(k, set1(MAGIC))),
+            _mm512_castpd_si512(set1(MAGIC)),
+        );
+        let two_k = _mm512_castsi512_pd(_mm512_slli_epi64::<52>(_mm512_add_epi64(
+            ki,
+            _mm512_set1_epi64(1023),
+        )));
+        _mm512_mul_pd(p, two_k)
+    }
+
+    /// See [`super::exp_f32_in_place`]: eight lanes, the rest by AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_f32_in_place_avx512(xs: &mut [f64]) {
+        let mut chunks = xs.chunks_exact_mut(8);
+        for c in &mut chunks {
+            let x = _mm512_loadu_pd(c.as_ptr());
+            let in_range = _mm512_cmp_pd_mask::<_CMP_GE_OQ>(x, _mm512_set1_pd(-87.0))
+                & _mm512_cmp_pd_mask::<_CMP_LE_OQ>(x, _mm512_set1_pd(80.0));
+            // Out-of-range lanes compute e^0 (discarded).
+            let y = exp8(_mm512_maskz_mov_pd(in_range, x));
+            // Near a midpoint: 0 <= low - (MID - MARGIN) < 2 MARGIN
+            // (unsigned: a negative difference wraps above 2 MARGIN).
+            let low = _mm512_and_si512(_mm512_castpd_si512(y), _mm512_set1_epi64(LOW_MASK));
+            let t = _mm512_sub_epi64(low, _mm512_set1_epi64(MID - MARGIN));
+            let near = _mm512_cmplt_epu64_mask(t, _mm512_set1_epi64(2 * MARGIN));
+            let ok = in_range & !near;
+            let f = _mm512_cvtps_pd(_mm512_cvtpd_ps(y));
+            if ok == 0xff {
+                _mm512_storeu_pd(c.as_mut_ptr(), f);
+                continue;
+            }
+            let mut out = [0.0; 8];
+            _mm512_storeu_pd(out.as_mut_ptr(), f);
+            for (l, o) in out.iter_mut().enumerate() {
+                if ok & (1 << l) == 0 {
+                    *o = super::scalar(c[l]);
+                }
+            }
+            c.copy_from_slice(&out);
+        }
+        exp_f32_in_place(chunks.into_remainder());
+    }
+
+    #[cfg(test)]
+    pub(super) fn exp8_of(x: [f64; 8]) -> [f64; 8] {
+        let mut out = [0.0; 8];
+        // SAFETY: only called where AVX-512F is present (the test checks).
+        unsafe { _mm512_storeu_pd(out.as_mut_ptr(), exp8(_mm512_loadu_pd(x.as_ptr()))) };
+        out
+    }
+
     #[cfg(test)]
     pub(super) fn exp4_of(x: [f64; 4]) -> [f64; 4] {
         let mut out = [0.0; 4];
@@ -188,11 +270,28 @@ mod tests {
     #[test]
     fn the_lanes_equal_libm_rounded_to_f32_bit_for_bit() {
         let xs = args(400_003);
+        let check = |got: &[f64]| {
+            for (&x, &g) in xs.iter().zip(got) {
+                let want = scalar(x);
+                assert!(g.to_bits() == want.to_bits(), "x {x:e}: {g:e} vs {want:e}");
+            }
+        };
         let mut got = xs.clone();
         exp_f32_in_place(&mut got);
-        for (&x, &g) in xs.iter().zip(&got) {
-            let want = scalar(x);
-            assert!(g.to_bits() == want.to_bits(), "x {x:e}: {g:e} vs {want:e}");
+        check(&got);
+        // Each lane path on its own, where the CPU has it.
+        #[cfg(target_arch = "x86_64")]
+        if logprobe_reference::simd::available() {
+            let mut got = xs.clone();
+            // SAFETY: AVX2 is present (checked).
+            unsafe { x86::exp_f32_in_place(&mut got) };
+            check(&got);
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                let mut got = xs.clone();
+                // SAFETY: AVX-512F is present (checked).
+                unsafe { x86::exp_f32_in_place_avx512(&mut got) };
+                check(&got);
+            }
         }
     }
 
@@ -202,9 +301,17 @@ mod tests {
         if !logprobe_reference::simd::available() {
             return;
         }
-        for c in args(200_000).chunks_exact(4) {
-            let x: [f64; 4] = c.try_into().expect("four");
-            for (&x, y) in x.iter().zip(x86::exp4_of(x)) {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        for c in args(200_000).chunks_exact(8) {
+            let x: [f64; 8] = c.try_into().expect("eight");
+            let mut ys: Vec<f64> = x
+                .chunks_exact(4)
+                .flat_map(|x| x86::exp4_of(x.try_into().expect("four")))
+                .collect();
+            if avx512 {
+                ys.extend(x86::exp8_of(x));
+            }
+            for (&x, y) in x.iter().cycle().zip(ys) {
                 if !(-87.0..=80.0).contains(&x) {
                     continue;
                 }
