@@ -96,7 +96,7 @@ use ndarray::Array2;
 use rayon::prelude::*;
 
 use crate::spec::{
-    Dtype, EntropyLogits, Family, LossTerm, Output, PerOutput, Problem, RowStat, Shape, SpecError,
+    Dtype, EntropyLogits, Family, Output, PerOutput, Problem, RowStat, Shape, SpecError,
 };
 
 /// One exact result: its enclosure (rounded outward to f64) and its value
@@ -421,25 +421,13 @@ impl Oracle {
                 Family::LogSoftmax(stat) => log_softmax::row_stat(stat, row).into_iter().collect(),
                 Family::TopK => vals.topk.iter().map(|b| rounder.exact(b, target)).collect(),
                 Family::Gradient => Vec::new(),
-                Family::Loss(LossTerm::Lse) => vec![lse],
-                Family::Loss(LossTerm::ZLoss) => {
-                    vec![cross_entropy::z_loss_mpfr(
-                        problem,
-                        &vals.lse,
-                        prec,
-                        &mut rounder,
-                        target,
-                    )]
-                }
-                Family::Loss(LossTerm::SoftCrossEntropy) => {
-                    let h = cross_entropy::soft_term(row, prec, Some(&sums.s_p));
-                    vec![rounder.exact(&h, target)]
-                }
-                Family::Loss(LossTerm::CrossEntropy) => {
-                    let eps = cross_entropy::label_smoothing(problem);
-                    let t = cross_entropy::row_term(row, eps, row.weight, prec, Some(&sums.s_p));
-                    vec![rounder.exact(&t, target)]
-                }
+                Family::Loss(term) => cross_entropy::row_values_mpfr(
+                    term,
+                    (problem, row),
+                    (&vals, &sums, lse),
+                    (prec, target),
+                    &mut rounder,
+                ),
                 Family::TopkKl(dir) => {
                     let kl = problem.options.topk_kl.expect("requested");
                     let e = topk_kl::kl_mpfr(&vals.topk, &row.teacher, &kl, dir, prec);
@@ -596,16 +584,7 @@ fn fast_values(
         Family::LogSoftmax(stat) => vec![log_softmax::row_stat(stat, fast.prepared())],
         Family::TopK => topk.take().unwrap_or_default(),
         Family::Gradient => Vec::new(),
-        Family::Loss(LossTerm::Lse) => vec![lse],
-        Family::Loss(LossTerm::ZLoss) => {
-            vec![lse.and_then(|l| cross_entropy::z_loss_fast(problem, l.enclosure, target))]
-        }
-        Family::Loss(LossTerm::CrossEntropy) => vec![fast
-            .loss_term(cross_entropy::label_smoothing(problem))
-            .and_then(|l| cross_entropy::decide_term(l, target))],
-        Family::Loss(LossTerm::SoftCrossEntropy) => vec![fast
-            .soft_cross_entropy()
-            .and_then(|h| cross_entropy::decide_term(h, target))],
+        Family::Loss(term) => cross_entropy::row_values_fast(term, problem, fast, lse, target),
         Family::TopkKl(dir) => vec![topk_kl::decide_fast(problem, fast, dir, target)],
         Family::Policy(term) => vec![match fast.log_prob() {
             // No log-prob on an `ignore_index` row: its terms are 0.

@@ -21,10 +21,58 @@ use rug::Float;
 use super::row::{self, Entry, ACC_EXTRA};
 use super::{first_error, Exact, Interval, Oracle, Rounder};
 use crate::interval::MpfrInterval;
-use crate::spec::{CrossEntropy, Dtype, MeanAllIgnored, Problem, Reduction, SpecError};
+use crate::spec::{CrossEntropy, Dtype, LossTerm, MeanAllIgnored, Problem, Reduction, SpecError};
 
 mod soft;
 mod z_loss;
+
+/// The family's value of `term` on `row` of `problem` on the MPFR path at
+/// precision `prec` (its arm of `Oracle::forward_mpfr`), from the row's
+/// pass (`vals`, `sums`) and its `lse` as rounded: `lse`, `z_loss`, the
+/// per-row cross-entropy term `w l` and the soft cross-entropy, each
+/// rounded to `target` by `rounder`. One value (`[1]`).
+pub(super) fn row_values_mpfr(
+    term: LossTerm,
+    (problem, row): (&Problem<'_>, &row::Row<'_>),
+    (vals, sums, lse): (&row::RowValues, &row::Sums, Exact),
+    (prec, target): (u32, Dtype),
+    rounder: &mut Rounder,
+) -> Vec<Exact> {
+    match term {
+        LossTerm::Lse => vec![lse],
+        LossTerm::ZLoss => vec![z_loss_mpfr(problem, &vals.lse, prec, rounder, target)],
+        LossTerm::SoftCrossEntropy => {
+            let h = soft_term(row, prec, Some(&sums.s_p));
+            vec![rounder.exact(&h, target)]
+        }
+        LossTerm::CrossEntropy => {
+            let eps = label_smoothing(problem);
+            let t = row_term(row, eps, row.weight, prec, Some(&sums.s_p));
+            vec![rounder.exact(&t, target)]
+        }
+    }
+}
+
+/// [`row_values_mpfr`] on the f64 tier, from `fast` and its `lse`
+/// (`None`: left undecided for MPFR).
+pub(super) fn row_values_fast(
+    term: LossTerm,
+    problem: &Problem<'_>,
+    fast: &super::fast::FastRow<'_>,
+    lse: Option<Exact>,
+    target: Dtype,
+) -> Vec<Option<Exact>> {
+    match term {
+        LossTerm::Lse => vec![lse],
+        LossTerm::ZLoss => vec![lse.and_then(|l| z_loss_fast(problem, l.enclosure, target))],
+        LossTerm::CrossEntropy => vec![fast
+            .loss_term(label_smoothing(problem))
+            .and_then(|l| decide_term(l, target))],
+        LossTerm::SoftCrossEntropy => vec![fast
+            .soft_cross_entropy()
+            .and_then(|h| decide_term(h, target))],
+    }
+}
 
 pub(super) use soft::soft_term;
 pub(crate) use soft::{infinite as soft_infinite, soft_vjp_entry, soft_vjp_mass};

@@ -18,7 +18,7 @@ mod values;
 pub(crate) use entry::Entry;
 pub(crate) use softcap::{softcap_enclosure, softcap_factor};
 pub(crate) use sums::{pass, Cache, Sums};
-pub(crate) use values::{one_plus, stats, values};
+pub(crate) use values::{one_plus, stats, values, RowValues};
 
 use ndarray::{ArrayView1, Axis};
 use rug::float::Round;

@@ -4,6 +4,29 @@
 
 use super::*;
 
+impl RowBounds<'_> {
+    /// The bound of the loss family's `term` for a candidate in `out` (the
+    /// family's arm of [`RowBounds::bound`]): `lse` ([`RowBounds::lse`]),
+    /// `z_loss` ([`RowBounds::z_loss`]), the per-row cross-entropy
+    /// ([`RowBounds::loss`]), the soft cross-entropy
+    /// ([`RowBounds::soft_cross_entropy`]).
+    pub(super) fn loss_family(
+        &self,
+        term: LossTerm,
+        targets: &RowTargets,
+        out: Dtype,
+    ) -> ErrorBound {
+        match term {
+            LossTerm::Lse => self.lse(out),
+            LossTerm::ZLoss => self.z_loss(targets.z_loss_coef, out),
+            LossTerm::CrossEntropy => self.loss(targets, out),
+            LossTerm::SoftCrossEntropy => {
+                self.soft_cross_entropy(&targets.teacher_probs, targets.teacher_form, out)
+            }
+        }
+    }
+}
+
 /// (T18) The softcap's error terms of a model: `(cap_z, cap_df)` (see
 /// [`Consts`]). `x'^ = fl(c fl_tanh(fl(x / c)))` with `x / c` one
 /// division or a multiply by a rounded `1 / c` (relative `gamma_2`),

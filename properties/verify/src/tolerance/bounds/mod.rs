@@ -494,12 +494,7 @@ impl RowBounds<'_> {
             },
             Family::Gradient if col >= targets.vocab_size => ErrorBound::Abs(0.0),
             Family::Gradient => self.grad(col, &targets.grad_cotangents(), out),
-            Family::Loss(LossTerm::Lse) => self.lse(out),
-            Family::Loss(LossTerm::ZLoss) => self.z_loss(targets.z_loss_coef, out),
-            Family::Loss(LossTerm::CrossEntropy) => self.loss(targets, out),
-            Family::Loss(LossTerm::SoftCrossEntropy) => {
-                self.soft_cross_entropy(&targets.teacher_probs, targets.teacher_form, out)
-            }
+            Family::Loss(term) => self.loss_family(term, targets, out),
             Family::Policy(term) => policy::bound(self, term, targets, out),
             Family::TopkKl(dir) => {
                 self.topk_kl(dir, &targets.topk_ids, targets.topk_kl.as_ref(), out)
