@@ -499,3 +499,49 @@ impl std::fmt::Display for Output {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The log-prob family's grouped arms (`Family::LogSoftmax(_)` after
+    /// the log-prob and the entropy: `Problem::cotangent_allowed`, the
+    /// relative rule's `CarefulRow::values` and `floor`, verify's
+    /// `nothing_checked_reason`) treat every other statistic of the family
+    /// as a count: no cotangent, exact, judged on rows with a target. A
+    /// statistic that is not one fails here, so that those arms are
+    /// revisited (ARCHITECTURE.md, "Where a new output plugs in").
+    #[test]
+    fn the_log_prob_familys_other_statistics_are_counts() {
+        for o in Output::ALL {
+            if let Family::LogSoftmax(s) = o.family() {
+                let grouped = !matches!(s, RowStat::LogProb | RowStat::Entropy);
+                assert_eq!(
+                    grouped,
+                    o.is_count(),
+                    "{o}: revisit the Family::LogSoftmax(_) arms"
+                );
+                if grouped {
+                    assert!(o.cotangent_name().is_none(), "{o} has a cotangent");
+                }
+            }
+        }
+    }
+
+    /// `Output::request` sets the flag [`Output::requested`] reads, for
+    /// the outputs such a flag alone asks for.
+    #[test]
+    fn a_requested_flag_requests_its_output() {
+        use crate::spec::Logits;
+        use ndarray::{arr1, arr2};
+        let x = arr2(&[[0.0f32, 1.0]]);
+        let t = arr1(&[1i64]);
+        for o in [Output::Lse, Output::TokenRanks] {
+            let mut p = Problem::new(Logits::F32(x.view()));
+            p.tokens = Some(t.view());
+            assert!(!o.requested(&p), "{o}");
+            o.request(&mut p.options);
+            assert!(o.requested(&p), "{o}");
+        }
+    }
+}
