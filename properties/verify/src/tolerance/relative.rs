@@ -547,8 +547,29 @@ impl CarefulRow {
     /// does not hold, and careful code measures it on the row. `inf` when
     /// careful code's normaliser is not finite.
     pub fn ln_s_error(&mut self, ln_s: Interval) -> f64 {
-        let l = self.naive().l;
-        let e = (l - ln_s.lo).abs().max((l - ln_s.hi).abs());
+        let nv = self.naive();
+        let err = |l: f64| (l - ln_s.lo).abs().max((l - ln_s.hi).abs());
+        // The larger of its two orders' errors (the second NaN where not
+        // computed: `max` ignores it).
+        let e = err(nv.l).max(err(nv.l_lanes));
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            e * (1.0 + 4.0 * f64::EPSILON)
+        }
+    }
+
+    /// (S2b) Careful code's own error in the entropy on this row (nats),
+    /// against `h`, the oracle's enclosure of the exact entropy (`ln S_w +
+    /// R` of the row's entropy family). The statistical threshold floors
+    /// the entropy family's sums at it
+    /// ([`super::Statistical::with_careful_entropy_error`]): terms of equal
+    /// value (a bf16 row has few distinct logits) round alike, so their
+    /// sum stagnates with one sign. `inf` when careful code's entropy is
+    /// not finite.
+    pub fn entropy_error(&mut self, h: Interval) -> f64 {
+        let c = self.entropy();
+        let e = (c - h.lo).abs().max((c - h.hi).abs());
         if e.is_nan() {
             f64::INFINITY
         } else {

@@ -55,6 +55,10 @@ pub struct Statistical {
     /// [`FLOOR_FACTOR`] times careful code's own relative error of the
     /// normaliser on this row (0: none).
     pub floor: f64,
+    /// (S2b) The floor of the entropy family's sums: [`FLOOR_FACTOR`] times
+    /// careful code's own relative error of the entropy on this row (0:
+    /// none).
+    pub floor_h: f64,
 }
 
 /// (S2a) How many times careful code's own error in `ln S` on a row the
@@ -72,6 +76,7 @@ impl Statistical {
             model,
             c: DEFAULT_C,
             floor: 0.0,
+            floor_h: 0.0,
         }
     }
 
@@ -87,6 +92,24 @@ impl Statistical {
             0.0
         };
         Statistical { floor, ..self }
+    }
+
+    /// (S2b) The same threshold with the entropy family's sums floored at
+    /// [`FLOOR_FACTOR`] times careful code's own relative error of the
+    /// entropy, `careful_entropy_error / entropy` (nats over nats;
+    /// [`super::CarefulRow::entropy_error`]).
+    pub fn with_careful_entropy_error(
+        self,
+        careful_entropy_error: f64,
+        entropy: f64,
+    ) -> Statistical {
+        let e = careful_entropy_error / entropy;
+        let floor_h = if e.is_finite() && e > 0.0 {
+            FLOOR_FACTOR * e * (1.0 + 4.0 * f64::EPSILON)
+        } else {
+            0.0
+        };
+        Statistical { floor_h, ..self }
     }
 
     /// The same threshold with another `c` (calibration).
@@ -108,6 +131,7 @@ impl Statistical {
             Some(super::bounds::StatTerms {
                 c: self.row_c(n),
                 floor: self.floor,
+                floor_h: self.floor_h,
             }),
         ))
     }

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use ndarray::ArrayView1;
 
-use logprobe_reference::oracle::{Exact, Fallback, Interval};
+use logprobe_reference::oracle::{Exact, Fallback, Interval, RowStats};
 use logprobe_reference::spec::{
     Columns, Dtype, Family, LossOptions, Output, PerOutput, RowStat, SpecError,
 };
@@ -328,16 +328,10 @@ pub(super) fn verify_row(
     let (mut oracle, mut stats) = RowOracle::new(&config.oracle, &p, with_grad).map_err(spec)?;
     let ctx = row_context(dump, &inputs, acc_dtype).map_err(spec)?;
     let models = Models::new(config, acc_dtype);
-    // Careful code (the relative rule's reference, computed when asked) also
-    // floors the statistical vocabulary sums at its normaliser error (S2a).
     let mut careful = careful_row(dump, &p, acc_dtype, config);
-    let statistical = config.statistical_c.map(|c| {
-        let s = tolerance::Statistical::new(models.all[0]).with_c(c);
-        match careful.as_mut() {
-            Some(cr) => s.with_careful_error(cr.ln_s_error(stats.ln_s)),
-            None => s,
-        }
-    });
+    let statistical = config
+        .statistical_c
+        .map(|c| statistical(models.all[0], c, careful.as_mut(), &stats, &p));
     let keys = entry_keys(&p, dump.vocab_size());
     let (rb, st) = tolerance::RowBounds::new_shared(
         &models.all,
@@ -468,6 +462,30 @@ pub(super) fn verify_row(
 /// in a 16-bit matmul dtype (the exact matmul rounded to it, twice with a
 /// bias; f32 logits would need the GEMM's own error, so those rows have
 /// no relative rule).
+/// The row's statistical threshold (`c`, `model`): careful code (the
+/// relative rule's reference, when computed) floors its vocabulary sums at
+/// its own normaliser error (S2a) and, when the row has an entropy, the
+/// entropy family's at its entropy error (S2b).
+fn statistical(
+    model: tolerance::Model,
+    c: f64,
+    careful: Option<&mut tolerance::CarefulRow>,
+    stats: &RowStats,
+    p: &Problem<'_>,
+) -> tolerance::Statistical {
+    let s = tolerance::Statistical::new(model).with_c(c);
+    let Some(cr) = careful else {
+        return s;
+    };
+    let s = s.with_careful_error(cr.ln_s_error(stats.ln_s));
+    if p.options.entropy.is_some() && !stats.e.is_empty() {
+        let h = stats.ln_s_w.add(stats.r);
+        s.with_careful_entropy_error(cr.entropy_error(h), h.lo)
+    } else {
+        s
+    }
+}
+
 fn careful_row(
     dump: &Dump<'_>,
     p: &Problem<'_>,

@@ -49,6 +49,7 @@ impl<'a> RowBounds<'a> {
                 Some(StatTerms {
                     c: s.row_c(n),
                     floor: s.floor,
+                    floor_h: s.floor_h,
                 }),
             ));
         }

@@ -171,6 +171,11 @@ impl RowBounds<'_> {
             inv_t,
             gm: std::array::from_fn(|i| gamma(base + i, c.u.0)),
             floor: std::array::from_fn(|i| floor_of(base + i)),
+            dense: if cot.h != 0.0 {
+                gamma(c.loss_sum_depth, c.u.0)
+            } else {
+                Ok(Hi::ZERO)
+            },
             h_hi: self
                 .w
                 .as_ref()
@@ -269,7 +274,14 @@ impl RowBounds<'_> {
             h_hi = mg.h_hi;
             n_extra += 2;
         }
-        let main = g_sum * p_dev + h * (q_dev * (c_abs + dc) + q_hi * dc);
+        // (T19b) Autograd's log_softmax backward sums the entropy's dense
+        // cotangent with the sources' weights over `V`: `p_j`'s weight
+        // moves by `gamma_{D_V} G` more, biased, so sound in the statistical
+        // tier too.
+        let mut main = g_sum * p_dev + h * (q_dev * (c_abs + dc) + q_hi * dc);
+        if h.0 > 0.0 && g_sum.0 > 0.0 {
+            main = main + mg.dense.clone()? * g_sum * p_hi;
+        }
         // Rounding of the combination: gamma_m over the elementary terms'
         // magnitudes, m = n0 + n_extra + 2 + (0 or 2 for /T) + widened.
         let (gm, floor) = match (mg.gm.get(n_extra), mg.floor.get(n_extra)) {
@@ -488,6 +500,9 @@ pub(super) struct ModelGrad {
     pub(super) gm: [Result<Hi, NoBound>; GRAD_M],
     /// `(base + i + 2) eta max(1, 1/T)`.
     pub(super) floor: [Hi; GRAD_M],
+    /// (T19b) `gamma_{D_V}` when the entropy's dense cotangent is summed
+    /// with the sources' weights (`h != 0`), else 0.
+    pub(super) dense: Result<Hi, NoBound>,
     /// `ln S_w + R` (upper; 0 without an entropy set bound).
     pub(super) h_hi: Hi,
     /// The two sets' bounds are the same bits (no sampling mask).

@@ -202,18 +202,26 @@ pub(crate) struct StatTerms {
     /// (S2a)'s floor: a relative error the threshold of a sum over the
     /// row never goes below.
     pub floor: f64,
+    /// (S2b)'s floor of the entropy family's sums (`B`, the probabilities'
+    /// `sum p |lp|`): a relative error their threshold never goes below.
+    pub floor_h: f64,
 }
 
 /// [`acc_gamma`] for a sum over the row's vocabulary (the normaliser `S`,
 /// the entropy's `B`, the probabilities): the statistical
 /// `min(gamma_n, max(c sqrt(n) u, floor))` (S2a).
-fn vocab_gamma(n: usize, u: f64, stat: Option<StatTerms>) -> Result<Hi, NoBound> {
+fn vocab_gamma(
+    n: usize,
+    u: f64,
+    stat: Option<StatTerms>,
+    floor: fn(&StatTerms) -> f64,
+) -> Result<Hi, NoBound> {
     let g = acc_gamma(n, u, stat.map(|s| s.c))?;
     Ok(match stat {
-        Some(s) if s.floor > g.0 => {
+        Some(s) if floor(&s) > g.0 => {
             let sound = gamma(n, u)?;
-            if s.floor < sound.0 {
-                Hi(s.floor)
+            if floor(&s) < sound.0 {
+                Hi(floor(&s))
             } else {
                 sound
             }
@@ -321,17 +329,19 @@ impl Consts {
         let exps = (Hi::ONE + eps_exp).powi(1 + r);
         // Accumulation terms: sound gamma_n, or the statistical threshold's
         // with (S2a)'s floor.
-        let gamma = |n: usize, u: f64| vocab_gamma(n, u, stat);
+        let gamma = |n: usize, u: f64| vocab_gamma(n, u, stat, |s| s.floor);
+        // The entropy family's sums: (S2b)'s floor too.
+        let gamma_h = |n: usize, u: f64| vocab_gamma(n, u, stat, |s| s.floor.max(s.floor_h));
         let k_s = gamma(n_s, u_f).map(|g| exps * (Hi::ONE + g));
-        let k_b = gamma(n_b, u_f).map(|g| exps * (Hi::ONE + g));
-        let k_p = gamma(n_p, u_f).and_then(|g0| {
-            let g1 = gamma(n_p + 1, u_f)?;
+        let k_b = gamma_h(n_b, u_f).map(|g| exps * (Hi::ONE + g));
+        let k_p = gamma_h(n_p, u_f).and_then(|g0| {
+            let g1 = gamma_h(n_p + 1, u_f)?;
             Ok((
                 (Hi::ONE + eps_exp) * (Hi::ONE + g0),
                 (Hi::ONE + eps_exp) * (Hi::ONE + g1),
             ))
         });
-        let omega = gamma(n_b, u_f).and_then(|gb| {
+        let omega = gamma_h(n_b, u_f).and_then(|gb| {
             let gs = gamma(n_s, u_f)?;
             Ok((Hi::ONE + gb) / (Lo(1.0) - gs) - Lo(1.0))
         });

@@ -13,7 +13,7 @@
 //! nonzero `G_k`):
 //!
 //! ```text
-//! E_j >= (1/T)^ ( G p^+ (arg_j + gamma_m)
+//! E_j >= (1/T)^ ( G p^+ (arg_j + gamma_m + gamma_D)
 //!                 + |h| q^+ (arg^w_j |c_j|^ + Delta H_g + gamma_m (|lp_j|^ + H^ + 2)) )
 //! ```
 //!
@@ -24,7 +24,8 @@
 //! `Delta H_g` the row's constants: `p_dev >= e^lw expm1(arg) >= p^+ arg`
 //! for `arg <= 1` (`Hi::exp_m1` bounds `expm1 >= arg` from above; likewise
 //! `q_dev >= q^+ arg^w`), `dc = lambda_j + Delta H_g >= Delta H_g`, and
-//! `M_j >= G p^+ + |h| q^+ (|lp_j|^ + H^ + 2)`; every other term is dropped
+//! `M_j >= G p^+ + |h| q^+ (|lp_j|^ + H^ + 2)`, `gamma_D` (T19b)'s
+//! `gamma_{D_V}` when `h != 0` (else 0); every other term is dropped
 //! (`>= 0`). [`Lo`] operations then evaluate the right side rounded down.
 //!
 //! The loss side (T19), the policy terms (T21) and the top-k KL (T25) join
@@ -158,6 +159,16 @@ fn capped(x: f64) -> bool {
 /// A lower bound's f64, clamped at 0 (the real it bounds is nonnegative).
 fn nonneg(x: Lo) -> Lo {
     Lo(x.0.max(0.0))
+}
+
+/// `a + b` rounded down, `a` itself when `b` is 0 (the same bits as
+/// before a term that is absent).
+fn plus(a: Lo, b: Lo) -> Lo {
+    if b.0 == 0.0 {
+        a
+    } else {
+        nonneg(a + b)
+    }
 }
 
 /// The largest `x` in `[0, CAP]` with `ok(x)`, for `ok` true up to a
@@ -434,6 +445,12 @@ impl<'a> RowBounds<'a> {
                 (Lo(0.0), Lo(0.0))
             };
             let p_extra_t = nonneg(inv_t * nonneg(p_extra));
+            // (T19b) `gamma_{D_V} G p^+` beside the p-term's `gamma_m`.
+            let dense = if h > 0.0 {
+                Lo(mg.dense.as_ref().ok()?.0)
+            } else {
+                Lo(0.0)
+            };
             let (sp_t, s0_t) = (nonneg(inv_t * nonneg(sp)), nonneg(inv_t * nonneg(s0)));
             for (k, n_extra) in [0usize, 2].into_iter().enumerate() {
                 // The element's `gamma_m` (`m = base + n_row + n_extra`).
@@ -455,9 +472,9 @@ impl<'a> RowBounds<'a> {
                 let mags0 = Lo(w_ln_s) + Lo(h_hi) + Lo(2.0);
                 let a = Affine {
                     pa1: nonneg(g_t * a1).0,
-                    pb1: nonneg(nonneg(g_t * nonneg(b1 + gm)) + p_extra_t).0,
+                    pb1: nonneg(nonneg(g_t * plus(nonneg(b1 + gm), dense)) + p_extra_t).0,
                     pa2: nonneg(g_t * a2).0,
-                    pb2: nonneg(nonneg(g_t * nonneg(b2 + gm)) + p_extra_t).0,
+                    pb2: nonneg(nonneg(g_t * plus(nonneg(b2 + gm), dense)) + p_extra_t).0,
                     ha1: nonneg(h_t * wa1).0,
                     hb1: nonneg(h_t * wb1).0,
                     ha2: nonneg(h_t * wa2).0,

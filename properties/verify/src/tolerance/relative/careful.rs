@@ -149,6 +149,9 @@ pub(super) fn topk_kl(lp: &[f64], a: &[f64], renormalized: bool, dtype: Dtype) -
     (fwd, rev)
 }
 
+/// The lanes of the second order (S2a) careful code sums `S` in.
+const LANES: usize = 16;
+
 /// The row-level values of careful code's log-softmax in one dtype.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Naive {
@@ -162,6 +165,10 @@ pub(super) struct Naive {
     m: f64,
     /// `r(ln S)`.
     pub(super) l: f64,
+    /// (S2a) `r(ln S)` with `S` summed in another order, 16 interleaved
+    /// f32 lanes merged pairwise (ATen's `Vectorized<float>` reduction on
+    /// AVX-512); NaN where not computed (accumulation other than f32).
+    pub(super) l_lanes: f64,
     /// Terms per block of the sums ([`OrderedSum`]), at least 1.
     leaf: usize,
     /// The row's logits are 16-bit values (`logits_dtype`): the per-entry
@@ -339,6 +346,7 @@ impl Naive {
             sub_first: plan.sub_first,
             m: f64::NEG_INFINITY,
             l: 0.0,
+            l_lanes: f64::NAN,
             leaf: plan.leaf.clamp(1, row.len().max(1)),
             logits16: matches!(logits_dtype, Dtype::Bf16 | Dtype::F16).then_some(logits_dtype),
         };
@@ -351,6 +359,9 @@ impl Naive {
             row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(nv.z(x)))
         };
         let mut total = OrderedSum::new(dtype);
+        // (S2a) The same exps in ATen's order too (f32 only).
+        let mut lanes = [0f32; LANES];
+        let mut pos = 0;
         EXP_CACHE.with(|c| {
             let mut c = c.borrow_mut();
             // f32 takes the vector lanes below (faster than the 16-bit
@@ -374,9 +385,11 @@ impl Naive {
                         let e = &mut buf[..block.len()];
                         nv.d_f32(block, e);
                         exp_f32_in_place(e);
-                        for &e in e.iter() {
+                        for (i, &e) in e.iter().enumerate() {
                             s32 += e as f32;
+                            lanes[(pos + i) % LANES] += e as f32;
                         }
+                        pos += block.len();
                     }
                     total.push(f64::from(s32));
                     continue;
@@ -403,6 +416,16 @@ impl Naive {
             }
         });
         nv.l = r(total.finish().ln());
+        if pos > 0 {
+            let mut w = LANES;
+            while w > 1 {
+                w /= 2;
+                for i in 0..w {
+                    lanes[i] += lanes[i + w];
+                }
+            }
+            nv.l_lanes = r(f64::from(lanes[0]).ln());
+        }
         nv
     }
 
