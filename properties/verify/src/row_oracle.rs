@@ -201,9 +201,8 @@ impl<'p, 'a> RowOracle<'p, 'a> {
         self.fallback.outputs_mpfr += pending.len() as u64;
         if !pending.is_empty() {
             self.mpfr_ran = true;
-            let m = self.oracle.vjp_pending(fast, &rc, target, pending.clone());
-            for j in pending {
-                out[j] = m[j];
+            for (j, e) in self.oracle.vjp_pending(fast, &rc, target, pending) {
+                out[j] = e;
             }
         }
         out.resize(shape.v_total, Exact::point(0.0));

@@ -13,27 +13,62 @@ use rug::{Assign, Float};
 use super::{Entry, Row, ACC_EXTRA, CHUNK};
 use crate::interval::MpfrInterval;
 
-/// A chunk of a row with its slices of the `p` and `q` caches.
-type WorkItem<'c> = (
-    Range<usize>,
-    Option<&'c mut [MpfrInterval]>,
-    Option<&'c mut [MpfrInterval]>,
-);
+/// A chunk of a row with its slices of the `p` and `q` caches and, for a
+/// sparse cache, the entries those slices hold.
+struct WorkItem<'c> {
+    range: Range<usize>,
+    cp: Option<&'c mut [MpfrInterval]>,
+    cq: Option<&'c mut [MpfrInterval]>,
+    index: Option<&'c [usize]>,
+}
 
 /// Per-entry `exp(d_j)` enclosures kept between the sums and the gradient
 /// (one exp per entry serves both). `p[j]`: relative to `p`'s max (in the
 /// shared case also for `q`-only entries); `q[j]`: relative to `q`'s max
-/// when it differs.
+/// when it differs. A sparse cache ([`Cache::sparse`]) keeps only the
+/// entries it lists, `p[k]` and `q[k]` those of `index[k]`: the gradient
+/// of a few entries MPFR decides needs `O(k)` memory, not `O(V)`.
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
     pub p: Vec<MpfrInterval>,
     pub q: Vec<MpfrInterval>,
     prec: u32,
+    /// The entries kept (sorted, distinct); `None`: every entry.
+    index: Option<Vec<usize>>,
 }
 
 impl Cache {
+    /// A cache of the entries `index` only (sorted and deduplicated here).
+    pub fn sparse(mut index: Vec<usize>) -> Cache {
+        index.sort_unstable();
+        index.dedup();
+        Cache {
+            index: Some(index),
+            ..Cache::default()
+        }
+    }
+
+    /// Whether every entry is kept.
+    pub fn is_dense(&self) -> bool {
+        self.index.is_none()
+    }
+
+    /// The slot of entry `j` (`None`: a sparse cache does not keep it).
+    fn slot(&self, j: usize) -> Option<usize> {
+        match &self.index {
+            None => Some(j),
+            Some(ix) => ix.binary_search(&j).ok(),
+        }
+    }
+
+    /// The cached `exp(d'_j)` of `p`'s family (`j` kept: a sparse cache's
+    /// caller asks only for its entries).
+    pub fn p_at(&self, j: usize) -> &MpfrInterval {
+        &self.p[self.slot(j).expect("entry kept by the cache")]
+    }
+
     fn fit(&mut self, row: &Row<'_>, prec: u32) {
-        let v = row.v.len();
+        let v = self.index.as_ref().map_or(row.v.len(), Vec::len);
         let want_q = row.q.is_some() && !row.shared;
         for (vec, want) in [(&mut self.p, true), (&mut self.q, want_q)] {
             if !want {
@@ -51,12 +86,12 @@ impl Cache {
         self.prec = prec;
     }
 
-    /// The cached `exp(e_j)` of `q`'s family.
+    /// The cached `exp(e_j)` of `q`'s family (`j` kept).
     pub fn q_slot(&self, row: &Row<'_>, j: usize) -> &MpfrInterval {
         if row.shared {
-            &self.p[j]
+            self.p_at(j)
         } else {
-            &self.q[j]
+            &self.q[self.slot(j).expect("entry kept by the cache")]
         }
     }
 }
@@ -125,23 +160,64 @@ pub(crate) fn pass(row: &Row<'_>, prec: u32, want_m2: bool, cache: Option<&mut C
     match cache {
         Some(c) => {
             c.fit(row, prec);
-            let mut cp = c.p.chunks_mut(CHUNK);
-            let mut cq = c.q.chunks_mut(CHUNK);
-            for r in ranges {
-                items.push((r, cp.next(), cq.next()));
+            let Cache { p, q, index, .. } = c;
+            match index.as_deref() {
+                None => {
+                    let mut cp = p.chunks_mut(CHUNK);
+                    let mut cq = q.chunks_mut(CHUNK);
+                    for range in ranges {
+                        let (cp, cq) = (cp.next(), cq.next());
+                        items.push(WorkItem {
+                            range,
+                            cp,
+                            cq,
+                            index: None,
+                        });
+                    }
+                }
+                Some(mut ix) => {
+                    // Each chunk takes the slots of the kept entries in it.
+                    let (mut rp, mut rq) = (&mut p[..], &mut q[..]);
+                    for range in ranges {
+                        let k = ix.partition_point(|&j| j < range.end);
+                        let (here, rest) = ix.split_at(k);
+                        ix = rest;
+                        let (cp, tp) = std::mem::take(&mut rp).split_at_mut(k);
+                        rp = tp;
+                        let cq = if rq.is_empty() {
+                            None
+                        } else {
+                            let (cq, tq) = std::mem::take(&mut rq).split_at_mut(k);
+                            rq = tq;
+                            Some(cq)
+                        };
+                        let (cp, index) = (Some(cp), Some(here));
+                        items.push(WorkItem {
+                            range,
+                            cp,
+                            cq,
+                            index,
+                        });
+                    }
+                }
             }
         }
-        None => items.extend(ranges.into_iter().map(|r| (r, None, None))),
+        None => items.extend(ranges.into_iter().map(|range| WorkItem {
+            range,
+            cp: None,
+            cq: None,
+            index: None,
+        })),
     }
     let parts: Vec<Partial> = if items.len() <= 1 {
         items
             .into_iter()
-            .map(|(r, cp, cq)| chunk_pass(row, prec, r, cp, cq, want_m2))
+            .map(|w| chunk_pass(row, prec, w, want_m2))
             .collect()
     } else {
         items
             .into_par_iter()
-            .map(|(r, cp, cq)| chunk_pass(row, prec, r, cp, cq, want_m2))
+            .map(|w| chunk_pass(row, prec, w, want_m2))
             .collect()
     };
     let mut sums = Sums::new(acc);
@@ -173,14 +249,13 @@ pub(crate) fn pass(row: &Row<'_>, prec: u32, want_m2: bool, cache: Option<&mut C
     sums
 }
 
-fn chunk_pass(
-    row: &Row<'_>,
-    prec: u32,
-    range: Range<usize>,
-    mut cp: Option<&mut [MpfrInterval]>,
-    mut cq: Option<&mut [MpfrInterval]>,
-    want_m2: bool,
-) -> Partial {
+fn chunk_pass(row: &Row<'_>, prec: u32, w: WorkItem<'_>, want_m2: bool) -> Partial {
+    let WorkItem {
+        range,
+        mut cp,
+        mut cq,
+        index,
+    } = w;
     let acc = prec + ACC_EXTRA;
     let mut part = Partial {
         sums: Sums::new(acc),
@@ -232,11 +307,17 @@ fn chunk_pass(
             } else {
                 (vmax - x) / row.ts > thr
             };
+            let at = match index {
+                None => Some(j - start),
+                Some(ix) => ix.binary_search(&j).ok(),
+            };
             let store = if slot == 0 {
                 cp.as_deref_mut()
             } else {
                 cq.as_deref_mut()
-            };
+            }
+            .zip(at)
+            .map(|(c, k)| &mut c[k]);
             if skip && store.is_none() {
                 part.skip_p += to_p as u64;
                 part.skip_q += to_q as u64;
@@ -246,8 +327,7 @@ fn chunk_pass(
                 en.shift(top, x);
             }
             en.exp();
-            if let Some(c) = store {
-                let b = &mut c[j - start];
+            if let Some(b) = store {
                 b.lo.assign(&en.ex.lo);
                 b.hi.assign(&en.ex.hi);
             }

@@ -145,7 +145,7 @@ impl Oracle {
         let loss_side = cot.fast_loss_side();
         let fast_mutant = self.tier.fast_vjp().filter(|_| loss_side.is_some());
         let Some(mutant) = fast_mutant else {
-            out.copy_from_slice(&super::vjp_row(&row, cot, target, precs, None));
+            out.copy_from_slice(&super::vjp_row(&row, cot, target, precs));
             return Fallback {
                 outputs: v,
                 outputs_mpfr: v,
@@ -195,9 +195,8 @@ impl Oracle {
         };
         if !pending.is_empty() {
             fb.rows_mpfr = 1;
-            let m = super::vjp_row(fast.prepared(), cot, target, precs, Some(pending.clone()));
-            for j in pending {
-                out[j] = m[j];
+            for (j, e) in super::vjp_entries(fast.prepared(), cot, target, precs, pending) {
+                out[j] = e;
             }
         }
         fb
@@ -205,17 +204,18 @@ impl Oracle {
 
     /// The MPFR VJP elements `pending` (indices `< V`) of the row prepared
     /// in `fast`, for `cotangents`, correctly rounded to `target` (Ziv's
-    /// loop): `[V]`, only the `pending` entries filled (the others 0).
+    /// loop): `(index, element)` for each, in increasing index order.
     /// For the elements [`fast::FastVjp::decide_into`] left undecided; the
     /// row's entropy family must be prepared when `h != 0`. Units: nats
-    /// per logit unit.
+    /// per logit unit. Memory: `O(|pending|)` beside the prepared row when
+    /// they are few (under `V / 8`), else `O(V)`.
     pub fn vjp_pending(
         &self,
         fast: &fast::FastRow<'_>,
         cotangents: &fast::RowCotangents<'_>,
         target: Dtype,
         pending: Vec<usize>,
-    ) -> Vec<Exact> {
+    ) -> Vec<(usize, Exact)> {
         let ls = cotangents.loss_side;
         let cot = super::RowCot {
             g: cotangents.g,
@@ -243,12 +243,12 @@ impl Oracle {
             soft: ls.map_or(0.0, |l| l.soft),
             policy: cotangents.policy.to_vec(),
         };
-        super::vjp_row(
+        super::vjp_entries(
             fast.prepared(),
             &cot,
             target,
             &self.precisions(target),
-            Some(pending),
+            pending,
         )
     }
 }

@@ -23,24 +23,22 @@
 //! (a `-inf` logit too: `p_j = 0`) gains the constant `u = -ell eps / |A|`.
 
 mod driver;
+mod entry;
 
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 use rug::float::Round;
-use rug::ops::{AddAssignRound, AssignRound};
+use rug::ops::AssignRound;
 use rug::{Assign, Float};
 
 use super::cross_entropy;
 use super::fast::LossSide;
-use super::round::Rounder;
-use super::row::{
-    one_plus, pass, softcap_factor, Cache, Entry, Row, RowSoftcap, Sums, Top, TopId, ACC_EXTRA,
-    CHUNK,
-};
+use super::row::{one_plus, pass, Cache, Row, Sums, Top, TopId, ACC_EXTRA, CHUNK};
 use super::Exact;
 use crate::interval::MpfrInterval;
 use crate::spec::{Dtype, TeacherForm, TopkKl};
+use entry::{entry, Scratch};
 
 /// Precision at which sums of f64 cotangents are exact (f64 values span
 /// 2^-1074 .. 2^1024; the rest is carry room).
@@ -212,23 +210,83 @@ struct Consts {
 type Specials = BTreeMap<usize, (MpfrInterval, MpfrInterval)>;
 
 /// Grad logits of one row, `[V]` (real vocabulary), correctly rounded to
-/// `target`, with the Ziv loop over `precisions`; with `only`, just those
-/// elements (the others stay 0).
+/// `target`, with the Ziv loop over `precisions`.
 pub(crate) fn vjp_row(
     row: &Row<'_>,
     cot: &RowCot,
     target: Dtype,
     precisions: &[u32],
-    only: Option<Vec<usize>>,
 ) -> Vec<Exact> {
+    let mut out = vec![Exact::point(0.0); row.v.len()];
+    let mut cache = Cache::default();
+    vjp_core(
+        row,
+        cot,
+        target,
+        precisions,
+        None,
+        &mut cache,
+        &mut |j, e| {
+            out[j] = e;
+        },
+    );
+    out
+}
+
+/// [`vjp_row`]'s elements `only` (indices `< V`), as `(index, element)` in
+/// increasing index order. When they are few (under `V / 8`), the row's
+/// per-entry exps are kept for them alone ([`Cache::sparse`]): memory
+/// `O(|only|)` beside the row, not `O(V)`; the same bits either way.
+pub(crate) fn vjp_entries(
+    row: &Row<'_>,
+    cot: &RowCot,
+    target: Dtype,
+    precisions: &[u32],
+    mut only: Vec<usize>,
+) -> Vec<(usize, Exact)> {
+    only.sort_unstable();
+    only.dedup();
+    let mut cache = if only.len().saturating_mul(8) < row.v.len() {
+        Cache::sparse(only.clone())
+    } else {
+        Cache::default()
+    };
+    let mut res: Vec<(usize, Exact)> = only.iter().map(|&j| (j, Exact::point(0.0))).collect();
+    vjp_core(
+        row,
+        cot,
+        target,
+        precisions,
+        Some(only),
+        &mut cache,
+        &mut |j, e| {
+            if let Ok(k) = res.binary_search_by_key(&j, |r| r.0) {
+                res[k].1 = e;
+            }
+        },
+    );
+    res
+}
+
+/// The Ziv loop of [`vjp_row`] over `only` (every entry a source reaches
+/// when `None`), each decided element handed to `put` (elements never
+/// handed over are exactly 0), the per-entry exps kept in `cache`.
+fn vjp_core(
+    row: &Row<'_>,
+    cot: &RowCot,
+    target: Dtype,
+    precisions: &[u32],
+    only: Option<Vec<usize>>,
+    cache: &mut Cache,
+    put: &mut dyn FnMut(usize, Exact),
+) {
     let v = row.v.len();
-    let mut out = vec![Exact::point(0.0); v];
     let loss = cot.loss.as_ref().filter(|_| row.target.is_some());
     let policy = row.target.filter(|_| !cot.policy.is_empty());
     let (a_map, c) = sources(row, cot, loss.is_some(), policy);
     let loss_side = cot.has_loss_side();
     if c.is_zero() && cot.h == 0.0 && a_map.is_empty() && !loss_side {
-        return out;
+        return;
     }
     let uniform = loss.is_some_and(|l| l.eps != 0.0);
     // The soft cross-entropy's `c sum_j p_j`: exact for probabilities (a
@@ -249,9 +307,8 @@ pub(crate) fn vjp_row(
             })
             .collect(),
     };
-    let mut cache = Cache::default();
     for &prec in precisions {
-        let sums = pass(row, prec, false, Some(&mut cache));
+        let sums = pass(row, prec, false, Some(&mut *cache));
         let acc = prec + ACC_EXTRA;
         let mut sp = MpfrInterval::new(acc);
         one_plus(&mut sp, &sums.s_p);
@@ -343,7 +400,7 @@ pub(crate) fn vjp_row(
                     .map(|&j| {
                         (
                             j,
-                            entry(row, cot, &consts, &specials, &cache, &mut sc, j, target),
+                            entry(row, cot, &consts, &specials, cache, &mut sc, j, target),
                         )
                     })
                     .collect()
@@ -354,13 +411,12 @@ pub(crate) fn vjp_row(
             if !e.decided {
                 pending.push(j);
             }
-            out[j] = e;
+            put(j, e);
         }
         if pending.is_empty() {
             break;
         }
     }
-    out
 }
 
 /// `c sum_j p_j` of a teacher given as probabilities, exact.
@@ -526,135 +582,68 @@ fn kl_weights(
     kl_w
 }
 
-struct Scratch {
-    en: Entry,
-    y: MpfrInterval,
-    m: MpfrInterval,
-    tq: MpfrInterval,
-    tp: MpfrInterval,
-    dx: MpfrInterval,
-    sigma: MpfrInterval,
-    t: Float,
-    /// `-c p_j`, exact (two f64s' product).
-    cp: Float,
-    rounder: Rounder,
-}
+#[cfg(test)]
+mod tests {
+    use ndarray::Array2;
 
-impl Scratch {
-    fn new(prec: u32) -> Self {
-        Scratch {
-            en: Entry::new(prec),
-            y: MpfrInterval::new(prec),
-            m: MpfrInterval::new(prec),
-            tq: MpfrInterval::new(prec),
-            tp: MpfrInterval::new(prec),
-            dx: MpfrInterval::new(prec),
-            sigma: MpfrInterval::new(prec + ACC_EXTRA),
-            t: Float::new(prec),
-            cp: Float::new(2 * 53),
-            rounder: Rounder::new(),
-        }
-    }
-}
+    use super::*;
+    use crate::oracle::Oracle;
+    use crate::spec::{EntropyLogits, Logits, Problem};
 
-#[allow(clippy::too_many_arguments)]
-fn entry(
-    row: &Row<'_>,
-    cot: &RowCot,
-    k: &Consts,
-    specials: &Specials,
-    cache: &Cache,
-    sc: &mut Scratch,
-    j: usize,
-    target: Dtype,
-) -> Exact {
-    let in_p = row.in_p(j);
-    let in_q = row.in_q(j) && cot.h != 0.0;
-    let special = specials.get(&j);
-    let mut any = false;
-    sc.dx.assign_f64(0.0);
-    // p part.
-    if let Some((a, rest)) = special {
-        any = true;
-        if in_p {
-            sigma(row, k, cache, j, &mut sc.sigma);
-            let e = &cache.p[j];
-            // A_j sigma_j - (C - A_j) e^{d'_j}
-            sc.tp.mul(a, &sc.sigma, &mut sc.t);
-            sc.m.mul(rest, e, &mut sc.t);
-            sc.y.sub(&sc.tp, &sc.m);
-            sc.dx.div_pos(&sc.y, &k.st);
-        } else {
-            // p_j = 0 and 1 - p_j = 1: A_j / T.
-            sc.dx.lo.assign_round(&a.lo / row.temperature, Round::Down);
-            sc.dx.hi.assign_round(&a.hi / row.temperature, Round::Up);
-        }
-    } else if in_p && k.c_nonzero {
-        any = true;
-        // -C p_j / T = -K1 e^{d'_j}
-        sc.dx.mul(&k.k1, &cache.p[j], &mut sc.t);
-        sc.dx.neg();
-    }
-    // The loss's smoothing term `u / T` on every allowed entry.
-    if let (Some(u), true) = (&k.u, row.allowed(j)) {
-        any = true;
-        sc.tp.assign_outward(&sc.dx);
-        sc.dx.add(&sc.tp, u);
-    }
-    // The soft cross-entropy's `-c p_j / T` (the teacher's `p_j`).
-    if let Some(c) = k.soft.filter(|_| !k.form.is_zero(row.teacher_probs[j])) {
-        any = true;
-        let x = row.teacher_probs[j];
-        cross_entropy::soft_vjp_entry(k.form, x, (c, row.temperature), &mut sc.cp, &mut sc.m);
-        sc.tp.assign_outward(&sc.dx);
-        sc.dx.add(&sc.tp, &sc.m);
-    }
-    // q part: -h q_j (e_j + R) / T = -K2 e^{e_j} (R - |e_j|).
-    if in_q {
-        any = true;
-        sc.en.shift(&k.top_q, row.v[j]);
-        sc.y.sub(&k.r, &sc.en.a);
-        sc.m.mul(cache.q_slot(row, j), &sc.y, &mut sc.t);
-        sc.tq.mul(&k.k2, &sc.m, &mut sc.t);
-        sc.tp.assign_outward(&sc.dx);
-        sc.dx.sub(&sc.tp, &sc.tq);
-    }
-    if !any {
-        return Exact::point(0.0);
-    }
-    if row.softcap != RowSoftcap::None {
-        // The softcap's chain rule: dx_j = dx'_j dx'_j/dx_j.
-        softcap_factor(&mut sc.tq, &mut sc.y, &row.softcap, j, row.v[j]);
-        sc.tp.assign_outward(&sc.dx);
-        sc.dx.mul(&sc.tp, &sc.tq, &mut sc.t);
-    }
-    sc.rounder.exact(&sc.dx, target)
-}
-
-/// `sum_{k != j} e^{d'_k}` for a member `j` of `p`'s family.
-fn sigma(row: &Row<'_>, k: &Consts, cache: &Cache, j: usize, out: &mut MpfrInterval) {
-    if j == row.p.argmax {
-        out.assign_outward(&k.s);
-        return;
-    }
-    let e = &cache.p[j];
-    // No cancellation when e <= s / 2: then s - e >= s / 2.
-    let mut half = k.s.lo.clone();
-    half >>= 1u32;
-    if e.hi <= half {
-        out.lo.assign_round(&k.s.lo - &e.hi, Round::Down);
-        out.hi.assign_round(&k.s.hi - &e.lo, Round::Up);
-        out.lo.add_assign_round(1u32, Round::Down);
-        out.hi.add_assign_round(1u32, Round::Up);
-        return;
-    }
-    // Direct sum over the cached terms (all members, skipped ones too).
-    out.lo.assign(0u32);
-    out.hi.assign(0u32);
-    for i in 0..row.v.len() {
-        if i != j && row.in_p(i) {
-            out.lo.add_assign_round(&cache.p[i].lo, Round::Down);
-            out.hi.add_assign_round(&cache.p[i].hi, Round::Up);
+    /// `vjp_entries` (a sparse cache: `sigma`'s direct sum computes its
+    /// terms again) gives the bits of `vjp_row` (the dense cache) at every
+    /// entry asked for, on a row whose runner-up, the target, holds most
+    /// of `s` (so its `sigma` is the direct sum), plain and softcapped.
+    #[test]
+    fn a_sparse_cache_gives_the_dense_caches_bits() {
+        let v = 4096;
+        let x = Array2::from_shape_fn((1, v), |(_, j)| match j {
+            7 => 6.0f32,
+            9 => 5.75,
+            _ => ((j * 2_654_435_761) % 1000) as f32 / 400.0 - 20.0,
+        });
+        let only = vec![9, 7, 0, 1, 2048, v - 1];
+        for softcap in [None, Some(3.0)] {
+            let mut p = Problem::new(Logits::F32(x.view()));
+            p.options.softcap = softcap;
+            let shape = p.validate_shapes().unwrap();
+            let row =
+                crate::oracle::row::prepare(&p, &shape, 0, Some(EntropyLogits::Unmasked)).unwrap();
+            let cot = RowCot {
+                g: -1.25,
+                h: 0.5,
+                gk: Vec::new(),
+                lse: 0.0,
+                z_loss: 0.0,
+                z_loss_coef: 0.0,
+                loss: None,
+                policy: Vec::new(),
+                kl: None,
+                soft: 0.0,
+            };
+            let mut row = row;
+            // The runner-up is the target: its `sigma` is the direct sum.
+            row.target = Some(9);
+            let precs = Oracle::default().precisions(Dtype::F32);
+            let dense = vjp_row(&row, &cot, Dtype::F32, &precs);
+            let sparse = vjp_entries(&row, &cot, Dtype::F32, &precs, only.clone());
+            assert_eq!(sparse.len(), only.len());
+            for (j, e) in sparse {
+                let d = &dense[j];
+                assert_eq!(
+                    (
+                        e.rounded.to_bits(),
+                        e.enclosure.lo.to_bits(),
+                        e.enclosure.hi.to_bits()
+                    ),
+                    (
+                        d.rounded.to_bits(),
+                        d.enclosure.lo.to_bits(),
+                        d.enclosure.hi.to_bits()
+                    ),
+                    "entry {j}, softcap {softcap:?}"
+                );
+            }
         }
     }
 }
