@@ -15,7 +15,8 @@
 //!
 //! Memory: the prepared row keeps `16` bytes per entry and family, the
 //! statistics `32` bytes per entry (`d`, `e`), the VJP `[V_total]` results:
-//! `O(V)` per worker.
+//! `O(V)` per worker. MPFR, for the few elements the tier leaves undecided,
+//! keeps state for those elements only ([`Oracle::vjp_pending`]).
 
 use ndarray::Array2;
 
