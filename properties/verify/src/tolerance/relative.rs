@@ -550,8 +550,11 @@ impl CarefulRow {
         let nv = self.naive();
         let err = |l: f64| (l - ln_s.lo).abs().max((l - ln_s.hi).abs());
         // The larger of its two orders' errors (the second NaN where not
-        // computed: `max` ignores it).
-        let e = err(nv.l).max(err(nv.l_lanes));
+        // computed: `max` ignores it; a NaN first stays NaN).
+        let e = match err(nv.l) {
+            e if e.is_nan() => e,
+            e => e.max(err(nv.l_lanes)),
+        };
         if e.is_nan() {
             f64::INFINITY
         } else {

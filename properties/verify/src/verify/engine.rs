@@ -457,11 +457,6 @@ pub(super) fn verify_row(
     Ok((out, fallback, loss_row, (lin.map_err(spec)?, lin_logits)))
 }
 
-/// The relative rule's careful code for row 0 of `p` (TOLERANCE.md
-/// (R2)): on stored logits, and on a fused linear kernel's logits kept
-/// in a 16-bit matmul dtype (the exact matmul rounded to it, twice with a
-/// bias; f32 logits would need the GEMM's own error, so those rows have
-/// no relative rule).
 /// The row's statistical threshold (`c`, `model`): careful code (the
 /// relative rule's reference, when computed) floors its vocabulary sums at
 /// its own normaliser error (S2a) and, when the row has an entropy, the
@@ -486,6 +481,11 @@ fn statistical(
     }
 }
 
+/// The relative rule's careful code for row 0 of `p` (TOLERANCE.md
+/// (R2)): on stored logits, and on a fused linear kernel's logits kept
+/// in a 16-bit matmul dtype (the exact matmul rounded to it, twice with a
+/// bias; f32 logits would need the GEMM's own error, so those rows have
+/// no relative rule).
 fn careful_row(
     dump: &Dump<'_>,
     p: &Problem<'_>,
